@@ -1,0 +1,1 @@
+"""Learning algorithms (numpy / torch, no MPI): advantage estimation and the PPO update."""

@@ -1,0 +1,94 @@
+"""HDF5 checkpoints: model, optimizer, counters, RNG states and config text in one file.
+
+A checkpoint is written to a temporary name in the same directory, flushed, and renamed over the
+old one, so a crash mid-write never leaves a half checkpoint as the latest.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+
+FORMAT_VERSION = 1
+
+
+def _write_tree(group: h5py.Group, tree: Any) -> None:
+    """dict -> groups, tensors/arrays -> datasets, everything else -> a JSON attribute."""
+    if isinstance(tree, dict):
+        group.attrs["_keys"] = json.dumps([[type(k).__name__, str(k)] for k in tree])
+        for i, (key, value) in enumerate(tree.items()):
+            name = f"{i:04d}"
+            if isinstance(value, torch.Tensor):
+                group.create_dataset(name, data=value.detach().cpu().numpy())
+            elif isinstance(value, np.ndarray):
+                group.create_dataset(name, data=value)
+            elif isinstance(value, dict):
+                _write_tree(group.create_group(name), value)
+            else:
+                group.attrs[name] = json.dumps(value)
+    else:
+        raise TypeError(f"checkpoint trees are dicts, got {type(tree)}")
+
+
+def _read_tree(group: h5py.Group, as_torch: bool) -> dict:
+    out: dict = {}
+    for i, (kind, key) in enumerate(json.loads(group.attrs["_keys"])):
+        name = f"{i:04d}"
+        k = int(key) if kind == "int" else key
+        if name in group:
+            item = group[name]
+            if isinstance(item, h5py.Group):
+                out[k] = _read_tree(item, as_torch)
+            else:
+                data = item[()]
+                out[k] = torch.from_numpy(np.array(data)) if as_torch else np.array(data)
+        else:
+            out[k] = json.loads(group.attrs[name])
+    return out
+
+
+def rng_states(np_rng: np.random.Generator) -> dict:
+    return {"numpy": json.dumps(np_rng.bit_generator.state), "torch": torch.get_rng_state().numpy(),
+            "python": json.dumps(random.getstate())}
+
+
+def restore_rng_states(states: dict, np_rng: np.random.Generator) -> None:
+    np_rng.bit_generator.state = json.loads(states["numpy"])
+    torch.set_rng_state(torch.from_numpy(np.asarray(states["torch"], dtype=np.uint8)))
+    py = json.loads(states["python"])
+    random.setstate((py[0], tuple(py[1]), py[2]))
+
+
+def save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    counters: dict[str, int | float], np_rng: np.random.Generator, config_text: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["config"] = config_text
+            _write_tree(f.create_group("model"), dict(model.state_dict()))
+            _write_tree(f.create_group("optimizer"), optimizer.state_dict())
+            _write_tree(f.create_group("counters"), dict(counters))
+            _write_tree(f.create_group("rng"), rng_states(np_rng))
+            f.flush()
+        with open(tmp, "rb") as fh:  # the data is on disk before the name points at it
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load_checkpoint(path: str) -> dict:
+    """{'model', 'optimizer', 'counters', 'rng', 'config'}; tensors as torch tensors."""
+    with h5py.File(path, "r") as f:
+        return {"model": _read_tree(f["model"], as_torch=True),
+                "optimizer": _read_tree(f["optimizer"], as_torch=True),
+                "counters": _read_tree(f["counters"], as_torch=False),
+                "rng": _read_tree(f["rng"], as_torch=False),
+                "config": str(f.attrs["config"])}

@@ -1,0 +1,286 @@
+"""Everything MPI: start-up, communicators, tags, and the nonblocking channels of the hot path.
+
+The only module that imports mpi4py (besides the entry point's abort hook, which comes from here).
+All sample traffic is upper-case buffer calls on preallocated `Message` buffers; lower-case
+(pickled) calls carry only the rare start-up control messages.
+"""
+from __future__ import annotations
+
+import enum
+import sys
+import traceback
+from typing import Callable, Sequence
+
+import mpi4py
+
+# MPI: Horovod runs its own background thread that calls MPI, so request full thread support
+# before MPI_Init, which importing mpi4py.MPI performs.
+mpi4py.rc.thread_level = "multiple"
+mpi4py.rc.errors = "exception"  # MPI errors raise (and so reach the abort hook) instead of aborting mutely
+from mpi4py import MPI  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from hpcrl.messages import STOP, Message  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+
+
+class Tag(enum.IntEnum):
+    """Point-to-point tags; one per message kind."""
+
+    OBS_REQUEST = 101
+    ACTION_REPLY = 102
+    FRAGMENT = 103
+
+
+def world_rank() -> int:
+    return WORLD.Get_rank()
+
+
+def world_size() -> int:
+    return WORLD.Get_size()
+
+
+def thread_level_ok() -> bool:
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def install_abort_hook(describe: Callable[[], str]) -> None:
+    """An uncaught exception on any rank prints its rank and error, then aborts the whole job.
+
+    Without this, the other ranks wait forever on the dead one (as `python -m mpi4py` avoids).
+    """
+    def hook(exc_type, exc, tb):
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write(f"{text}\nhpcrl: rank {WORLD.Get_rank()} ({describe()}) failed: "
+                         f"{exc_type.__name__}: {exc}\nhpcrl: aborting the job\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        WORLD.Abort(1)
+
+    sys.excepthook = hook
+
+
+def broadcast_object(obj, root: int = 0):
+    """Start-up control message (pickled): the validated config, or the error that stops the job."""
+    return WORLD.bcast(obj, root=root)
+
+
+def node_of_rank() -> np.ndarray:
+    """World rank -> node id (the lowest world rank on the same shared-memory node)."""
+    node_comm = WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=WORLD.Get_rank())
+    leader = node_comm.allreduce(WORLD.Get_rank(), op=MPI.MIN)
+    node_comm.Free()
+    out = np.empty(WORLD.Get_size(), dtype=np.int64)
+    WORLD.Allgather(np.array([leader], dtype=np.int64), out)
+    return out
+
+
+def sub_communicator(member: bool, key: int | None = None):
+    """Collective over WORLD: a communicator of the ranks with member=True (None elsewhere)."""
+    comm = WORLD.Split(0 if member else MPI.UNDEFINED, WORLD.Get_rank() if key is None else key)
+    return comm if member else None
+
+
+def wait_all(requests: Sequence) -> None:
+    MPI.Request.Waitall([r for r in requests if r is not None])
+
+
+def cancel_all(requests: Sequence) -> None:
+    """Cancel posted receives and complete them, so none is left behind at shutdown."""
+    for r in requests:
+        if r is not None and r != MPI.REQUEST_NULL:
+            r.Cancel()
+    wait_all(requests)
+
+
+class RequestServer:
+    """Inference side of env <-> inference: one persistent receive per env rank, replies by Isend."""
+
+    def __init__(self, env_ranks: Sequence[int], requests: Sequence[Message], replies: Sequence[Message]):
+        self.env_ranks = list(env_ranks)
+        self.requests = list(requests)
+        self.replies = list(replies)
+        self._recv = [WORLD.Recv_init(m.buffer, source=r, tag=Tag.OBS_REQUEST)
+                      for r, m in zip(self.env_ranks, self.requests)]
+        self._send: list = [None] * len(self.env_ranks)
+        MPI.Prequest.Startall(self._recv)
+
+    def ready(self) -> list[int]:
+        """Indices of env ranks whose request has arrived (each stays ready until `rearm`)."""
+        done = MPI.Request.Testsome(self._recv)
+        return list(done) if done else []
+
+    def rearm(self, i: int) -> None:
+        self._recv[i].Start()
+
+    def reply(self, i: int) -> None:
+        """Send reply buffer i; the env rank can only ask again after it read the last reply."""
+        if self._send[i] is not None:
+            self._send[i].Wait()
+        self._send[i] = WORLD.Isend(self.replies[i].buffer, dest=self.env_ranks[i], tag=Tag.ACTION_REPLY)
+
+    def close(self, armed: Sequence[int]) -> None:
+        """Complete outstanding replies and cancel the receives still posted (`armed`)."""
+        wait_all(self._send)
+        cancel_all([self._recv[i] for i in armed])
+        for r in self._recv:
+            r.Free()
+
+
+class RequestClient:
+    """Env side of env <-> inference: Isend one request, then poll for its reply."""
+
+    def __init__(self, inference_rank: int, request: Message, reply: Message):
+        self.peer = inference_rank
+        self.request, self.reply = request, reply
+        self._reqs: list = []
+
+    def send(self, nbytes: int) -> None:
+        # Post the receive first so the reply never waits in an unexpected-message queue.
+        recv = WORLD.Irecv(self.reply.buffer, source=self.peer, tag=Tag.ACTION_REPLY)
+        send = WORLD.Isend([self.request.buffer[:nbytes], MPI.BYTE], dest=self.peer, tag=Tag.OBS_REQUEST)
+        self._reqs = [recv, send]
+
+    def test(self) -> bool:
+        """True once the reply is in the reply buffer."""
+        return bool(self._reqs) and MPI.Request.Testall(self._reqs)
+
+
+class FragmentSender:
+    """Env side of env -> learner: two fragment buffers, one fills while the other is in flight."""
+
+    def __init__(self, learner_rank: int, buffers: Sequence[Message]):
+        self.peer = learner_rank
+        self.buffers = list(buffers)
+        self._send: list = [None] * len(self.buffers)
+        self._next = 0
+
+    def acquire(self) -> Message:
+        """The next buffer to fill; waits only if its previous send is still in flight."""
+        i = self._next
+        if self._send[i] is not None:
+            self._send[i].Wait()
+            self._send[i] = None
+        return self.buffers[i]
+
+    def send(self) -> None:
+        i = self._next
+        self._send[i] = WORLD.Isend(self.buffers[i].buffer, dest=self.peer, tag=Tag.FRAGMENT)
+        self._next = (i + 1) % len(self.buffers)
+
+    def close(self) -> None:
+        wait_all(self._send)
+
+
+class FragmentReceiver:
+    """Learner side of env -> learner: one persistent receive per env rank into its own buffer."""
+
+    def __init__(self, env_ranks: Sequence[int], buffers: Sequence[Message]):
+        self.env_ranks = list(env_ranks)
+        self.buffers = list(buffers)
+        self._recv = [WORLD.Recv_init(m.buffer, source=r, tag=Tag.FRAGMENT)
+                      for r, m in zip(self.env_ranks, self.buffers)]
+        self.armed = set(range(len(self._recv)))
+        MPI.Prequest.Startall(self._recv)
+
+    def ready(self) -> list[int]:
+        done = MPI.Request.Testsome([self._recv[i] if i in self.armed else MPI.REQUEST_NULL
+                                     for i in range(len(self._recv))])
+        done = [i for i in (done or []) if i in self.armed]
+        self.armed.difference_update(done)
+        return done
+
+    def rearm(self, i: int) -> None:
+        self._recv[i].Start()
+        self.armed.add(i)
+
+    def close(self) -> None:
+        cancel_all([self._recv[i] for i in self.armed])
+        for r in self._recv:
+            r.Free()
+
+
+class WeightPublisher:
+    """Learner root: nonblocking tree broadcast (Ibcast) of each policy version to its subscribers."""
+
+    def __init__(self, comm, message: Message):
+        self.comm = comm  # {learner root} + subscribers, learner root is rank 0; None in serial mode
+        self.message = message
+        self.message.set(version=-1)  # nothing published yet
+        self._bcast = None
+
+    def publish(self, version: int, fill: Callable[[np.ndarray], None], stop: bool = False) -> None:
+        self.wait()  # the previous version must be out before its buffer is overwritten
+        fill(self.message["params"])
+        self.message.set(version=version, flags=STOP if stop else 0)
+        if self.comm is not None:
+            self._bcast = self.comm.Ibcast(self.message.buffer, root=0)
+
+    def poll(self) -> None:
+        """Drive the broadcast along; nonblocking collectives progress only inside MPI calls."""
+        if self._bcast is not None and self._bcast.Test():
+            self._bcast = None
+
+    def wait(self) -> None:
+        if self._bcast is not None:
+            self._bcast.Wait()
+            self._bcast = None
+
+
+class WeightSubscriber:
+    """Inference rank (or env rank with inline inference): always has the next Ibcast posted."""
+
+    def __init__(self, comm, message: Message):
+        self.comm = comm
+        self.message = message
+        self._bcast = comm.Ibcast(message.buffer, root=0)
+
+    def poll(self) -> Message | None:
+        """The newest weights message once it has fully arrived, else None."""
+        if self._bcast is None or not self._bcast.Test():
+            return None
+        self._bcast = None
+        return self.message
+
+    def rearm(self) -> None:
+        """Post the receive of the next version (after the caller copied the weights out)."""
+        self._bcast = self.comm.Ibcast(self.message.buffer, root=0)
+
+
+class LocalWeightSubscriber:
+    """Serial mode: the env role reads the learner's published weights in the same process."""
+
+    def __init__(self, publisher: WeightPublisher):
+        self.publisher = publisher
+        self._seen = None
+
+    def poll(self) -> Message | None:
+        version = self.publisher.message.get("version")
+        if version == self._seen or version < 0:
+            return None
+        self._seen = version
+        return self.publisher.message
+
+    def rearm(self) -> None:
+        pass
+
+
+def allreduce_sum(comm, values: np.ndarray) -> np.ndarray:
+    out = np.empty_like(values)
+    comm.Allreduce(values, out, op=MPI.SUM)
+    return out
+
+
+def allreduce_min_max(comm, low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    lo, hi = np.empty_like(low), np.empty_like(high)
+    comm.Allreduce(low, lo, op=MPI.MIN)
+    comm.Allreduce(high, hi, op=MPI.MAX)
+    return lo, hi
+
+
+def gather_to_root(comm, values: np.ndarray) -> np.ndarray | None:
+    out = np.empty((comm.Get_size(), *values.shape), dtype=values.dtype) if comm.Get_rank() == 0 else None
+    comm.Gather(values, out, root=0)
+    return out

@@ -1,0 +1,270 @@
+"""Rank-role run configuration: typed dataclasses, YAML loading and validation.
+
+Pure Python (no MPI, no torch): every rank can validate a config, and `hpcrl plan` works on a
+laptop. Each field carries its meaning in `metadata["doc"]`; the YAML keys are the field names.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+REST = "rest"
+ROLE_NAMES = ("learner", "inference", "env")
+DEVICES = ("cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A user mistake in the config; the message says where, what, and what would be valid."""
+
+
+def doc(text: str, **kwargs: Any) -> Any:
+    """A dataclass field with its one-line documentation attached."""
+    return field(metadata={"doc": text}, **kwargs)
+
+
+@dataclass
+class RoleSpec:
+    """How many ranks play one role, and on which device."""
+
+    ranks: Union[int, str] = doc("number of ranks for this role, or 'rest' for all ranks left over", default=0)
+    device: str = doc("torch device for this role's policy: 'cpu' or 'cuda'", default="cpu")
+
+
+@dataclass
+class RolesConfig:
+    """The rank-role table: learners take the lowest ranks, then inference, then env ranks."""
+
+    learner: RoleSpec = doc("ranks that train (Horovod among them)", default_factory=lambda: RoleSpec(ranks=1))
+    inference: RoleSpec = doc("ranks that batch observations and run the policy; 0 = inline on env ranks",
+                              default_factory=lambda: RoleSpec(ranks=0))
+    env: RoleSpec = doc("ranks that step gymnasium environments", default_factory=lambda: RoleSpec(ranks=REST))
+
+
+@dataclass
+class RunConfig:
+    """What the run is called, where it writes, and when it stops."""
+
+    name: str = doc("run name; the run directory is output_dir/name", default="run")
+    output_dir: str = doc("directory that holds run directories (relative to the working directory)",
+                          default="runs")
+    seed: int = doc("base random seed; each rank and env derives its own from it", default=1)
+    total_frames: int = doc("stop after this many environment steps (summed over all envs)", default=100_000)
+    target_return: Union[float, None] = doc(
+        "stop early once the mean return of the last >= 20 episodes reaches this (null: never)", default=None)
+    log_interval_s: float = doc("seconds between progress lines on the learner root", default=5.0)
+    checkpoint_interval_s: float = doc("seconds between checkpoints (one is always written at the end)",
+                                       default=300.0)
+    replica_digests: bool = doc("record a digest of every learner's weights after each update in "
+                                "metrics.h5 (checks that learners stay bit-identical)", default=False)
+
+
+@dataclass
+class EnvConfig:
+    """The environments every env rank steps."""
+
+    id: str = doc("gymnasium environment id (e.g. CartPole-v1, or 'module:EnvId' to import a module first)",
+                  default="CartPole-v1")
+    num_envs: int = doc("environments per env rank, stepped as one vector", default=8)
+    kwargs: dict = doc("keyword arguments passed to gymnasium.make", default_factory=dict)
+
+
+@dataclass
+class AlgoConfig:
+    """PPO hyperparameters (clipped objective, GAE, minibatch epochs)."""
+
+    name: str = doc("algorithm: 'ppo'", default="ppo")
+    mode: str = doc("'sync': every sample in an update comes from the current policy", default="sync")
+    rollout_length: int = doc("steps per env per fragment (T); a fragment is T x num_envs frames",
+                              default=128)
+    gamma: float = doc("discount factor, in [0, 1]", default=0.99)
+    gae_lambda: float = doc("GAE lambda, in [0, 1]", default=0.95)
+    lr: float = doc("Adam learning rate (per learner; Horovod averages gradients)", default=3e-4)
+    lr_schedule: str = doc("'constant', or 'linear' decay to 0 at total_frames", default="constant")
+    clip_coef: float = doc("PPO ratio clipping epsilon", default=0.2)
+    clip_vloss: bool = doc("clip the value loss around the old values as PPO2 does", default=False)
+    vf_coef: float = doc("value loss coefficient", default=0.5)
+    ent_coef: float = doc("entropy bonus coefficient", default=0.0)
+    epochs: int = doc("passes over each batch", default=4)
+    num_minibatches: int = doc("minibatches per epoch on every learner", default=4)
+    max_grad_norm: float = doc("global gradient-norm clip (after Horovod averaging)", default=0.5)
+    norm_adv: bool = doc("normalise advantages per minibatch", default=True)
+
+
+@dataclass
+class ModelConfig:
+    """The actor-critic network."""
+
+    hidden_sizes: list = doc("widths of the hidden layers of the actor and of the critic MLPs",
+                             default_factory=lambda: [64, 64])
+    activation: str = doc("'tanh' or 'relu'", default="tanh")
+
+
+@dataclass
+class Config:
+    """A whole hpcrl run: the rank-role table plus what each role needs."""
+
+    run: RunConfig = doc("run name, budget, output", default_factory=RunConfig)
+    roles: RolesConfig = doc("which ranks do what", default_factory=RolesConfig)
+    env: EnvConfig = doc("environments", default_factory=EnvConfig)
+    algo: AlgoConfig = doc("algorithm", default_factory=AlgoConfig)
+    model: ModelConfig = doc("policy network", default_factory=ModelConfig)
+
+
+# --- building dataclasses from plain YAML data, with errors that name the key --------------------
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Union:
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in get_args(tp))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false",
+            list: "a list", dict: "a mapping"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    if get_origin(tp) is Union:
+        for option in get_args(tp):
+            if option is type(None) and value is None:
+                return None
+            try:
+                return _coerce(value, option, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where)
+    ok = (isinstance(value, bool) if tp is bool
+          else isinstance(value, int) and not isinstance(value, bool) if tp is int
+          else isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float
+          else isinstance(value, tp))
+    if not ok:
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    return float(value) if tp is float else value
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {data!r}")
+    hints = get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            full = f"{where}.{key}" if where else str(key)
+            raise ConfigError(f"unknown key '{full}'{hint} (valid keys here: {', '.join(names)})")
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def validate(cfg: Config) -> None:
+    """Range and choice checks that types alone cannot express."""
+    for role in ROLE_NAMES:
+        spec: RoleSpec = getattr(cfg.roles, role)
+        key = f"roles.{role}"
+        _check(spec.ranks == REST or (isinstance(spec.ranks, int) and spec.ranks >= 0),
+               f"{key}.ranks: expected a count >= 0 or 'rest', got {spec.ranks!r}")
+        _check(spec.device in DEVICES, f"{key}.device: expected one of {', '.join(DEVICES)}, got {spec.device!r}")
+    rest = [r for r in ROLE_NAMES if getattr(cfg.roles, r).ranks == REST]
+    _check(len(rest) <= 1, f"roles: only one role may use ranks: rest, got {', '.join(rest)}")
+    _check(cfg.roles.learner.ranks != 0, "roles.learner.ranks: at least 1 learner rank is needed")
+    _check(cfg.roles.env.ranks != 0, "roles.env.ranks: at least 1 env rank is needed")
+
+    r, e, a, m = cfg.run, cfg.env, cfg.algo, cfg.model
+    _check(bool(r.name) and "/" not in r.name, f"run.name: expected a non-empty name without '/', got {r.name!r}")
+    _check(r.total_frames > 0, f"run.total_frames: expected a positive integer, got {r.total_frames}")
+    _check(r.log_interval_s > 0, f"run.log_interval_s: expected > 0 seconds, got {r.log_interval_s}")
+    _check(r.checkpoint_interval_s > 0,
+           f"run.checkpoint_interval_s: expected > 0 seconds, got {r.checkpoint_interval_s}")
+    _check(bool(e.id), "env.id: expected a gymnasium environment id such as CartPole-v1")
+    _check(e.num_envs >= 1, f"env.num_envs: expected >= 1, got {e.num_envs}")
+    _check(a.name == "ppo", f"algo.name: expected 'ppo', got {a.name!r}")
+    _check(a.mode == "sync", f"algo.mode: expected 'sync' (async APPO is not available yet), got {a.mode!r}")
+    _check(a.rollout_length >= 1, f"algo.rollout_length: expected >= 1, got {a.rollout_length}")
+    for key in ("gamma", "gae_lambda"):
+        value = getattr(a, key)
+        _check(0.0 <= value <= 1.0, f"algo.{key}: expected a number in [0, 1], got {value}")
+    for key in ("lr", "clip_coef", "max_grad_norm"):
+        value = getattr(a, key)
+        _check(value > 0 and math.isfinite(value), f"algo.{key}: expected a number > 0, got {value}")
+    for key in ("vf_coef", "ent_coef"):
+        value = getattr(a, key)
+        _check(value >= 0 and math.isfinite(value), f"algo.{key}: expected a number >= 0, got {value}")
+    _check(a.lr_schedule in ("constant", "linear"),
+           f"algo.lr_schedule: expected 'constant' or 'linear', got {a.lr_schedule!r}")
+    _check(a.epochs >= 1, f"algo.epochs: expected >= 1, got {a.epochs}")
+    _check(a.num_minibatches >= 1, f"algo.num_minibatches: expected >= 1, got {a.num_minibatches}")
+    batch_per_env_rank = a.rollout_length * e.num_envs
+    _check(a.num_minibatches <= batch_per_env_rank,
+           f"algo.num_minibatches: {a.num_minibatches} minibatches cannot be cut from one fragment of "
+           f"{batch_per_env_rank} frames (rollout_length x env.num_envs); use at most {batch_per_env_rank}")
+    _check(len(m.hidden_sizes) >= 1 and all(isinstance(h, int) and not isinstance(h, bool) and h >= 1
+                                            for h in m.hidden_sizes),
+           f"model.hidden_sizes: expected a list of positive integers, got {m.hidden_sizes!r}")
+    _check(m.activation in ("tanh", "relu"), f"model.activation: expected 'tanh' or 'relu', got {m.activation!r}")
+
+
+def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_config(text: str, source: str = "<config>", overrides: tuple[str, ...] = ()) -> Config:
+    """YAML text (+ `KEY=VALUE` overrides, values in YAML syntax) -> a validated Config."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections (run, roles, env, algo, model)")
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. run.total_frames=20000")
+        try:
+            _set_dotted(data, key.strip(), yaml.safe_load(raw))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: value is not valid YAML: {exc}") from None
+    try:
+        cfg = _build(Config, data, "")
+        validate(cfg)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return cfg
+
+
+def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, str]:
+    """Read and validate a config file; returns the config and the file's text."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from None
+    return parse_config(text, source=path, overrides=overrides), text
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config (every default filled in), as written into the run directory."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -1,0 +1,130 @@
+"""Fixed-layout messages: a struct of arrays in one contiguous, preallocated byte buffer.
+
+Every hot-path message (observation request, action reply, trajectory fragment, weights) is one
+`Message`: an int64 header followed by named arrays at 8-byte-aligned offsets. Sender and receiver
+build the same `MessageSpec` from the config, so no shapes or pickles travel with the data, and
+one MPI call moves the whole buffer. Pure numpy: the comm layer only sees `Message.buffer`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+ALIGN = 8
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.dtype(self.dtype).itemsize * int(np.prod(self.shape, dtype=np.int64)))
+
+
+class MessageSpec:
+    """Names and places the header words and arrays of one message kind."""
+
+    def __init__(self, header: Iterable[str], fields: Iterable[tuple[str, object, tuple[int, ...]]]):
+        self.header = tuple(header)
+        self.fields = tuple(Field(n, np.dtype(d), tuple(int(s) for s in shape)) for n, d, shape in fields)
+        names = list(self.header) + [f.name for f in self.fields]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate names in message spec: {names}")
+        self.offsets: dict[str, int] = {}
+        offset = 8 * len(self.header)
+        for f in self.fields:
+            self.offsets[f.name] = offset
+            offset += -(-f.nbytes // ALIGN) * ALIGN
+        self.nbytes = offset
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def prefix_nbytes(self, name: str, rows: int) -> int:
+        """Bytes up to and including the first `rows` rows of field `name` (sends a partial tail)."""
+        f = self.field(name)
+        row_bytes = f.nbytes // max(f.shape[0], 1)
+        return self.offsets[name] + rows * row_bytes
+
+    def allocate(self) -> "Message":
+        return Message(self)
+
+
+class Message:
+    """One preallocated buffer with named numpy views onto it."""
+
+    def __init__(self, spec: MessageSpec):
+        self.spec = spec
+        self.buffer = np.zeros(spec.nbytes, dtype=np.uint8)
+        self.header = self.buffer[: 8 * len(spec.header)].view(np.int64)
+        self._header_index = {name: i for i, name in enumerate(spec.header)}
+        self.arrays: dict[str, np.ndarray] = {}
+        for f in spec.fields:
+            start = spec.offsets[f.name]
+            self.arrays[f.name] = self.buffer[start:start + f.nbytes].view(f.dtype).reshape(f.shape)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def get(self, name: str) -> int:
+        return int(self.header[self._header_index[name]])
+
+    def set(self, **values: int) -> None:
+        for name, value in values.items():
+            self.header[self._header_index[name]] = value
+
+
+# --- the message kinds of the hot path ------------------------------------------------------------
+
+STOP = 1  # flags bit: the run is over; the receiver finishes and exits
+EPISODE_STATS = ("episodes", "return_sum", "return_sqsum", "return_min", "return_max", "length_sum")
+
+
+def request_spec(num_envs: int, obs_shape: tuple, obs_dtype) -> MessageSpec:
+    """env -> inference: observations for one step, then final observations of episodes that were
+    truncated (their values bootstrap the return). final_obs is last so a send can stop after
+    `n_final` rows."""
+    return MessageSpec(
+        header=("version", "n_final", "flags"),
+        fields=[("obs", obs_dtype, (num_envs, *obs_shape)),
+                ("final_obs", obs_dtype, (num_envs, *obs_shape))])
+
+
+def reply_spec(num_envs: int, action_shape: tuple, action_dtype) -> MessageSpec:
+    """inference -> env: one action, its log-probability and the state value per env."""
+    return MessageSpec(
+        header=("version", "flags"),
+        fields=[("actions", action_dtype, (num_envs, *action_shape)),
+                ("logp", np.float32, (num_envs,)),
+                ("values", np.float32, (num_envs,)),
+                ("final_values", np.float32, (num_envs,))])
+
+
+def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
+                  action_shape: tuple, action_dtype) -> MessageSpec:
+    """env -> learner: T steps x N envs of experience plus what GAE needs to bootstrap."""
+    t, n = length, num_envs
+    return MessageSpec(
+        header=("env_rank", "version", "index", "frames"),
+        fields=[("obs", obs_dtype, (t, n, *obs_shape)),
+                ("actions", action_dtype, (t, n, *action_shape)),
+                ("logp", np.float32, (t, n)),
+                ("values", np.float32, (t, n)),
+                ("rewards", np.float32, (t, n)),
+                ("dones", np.uint8, (t, n)),
+                ("trunc_values", np.float32, (t, n)),
+                ("last_values", np.float32, (n,)),
+                ("episode_stats", np.float64, (len(EPISODE_STATS),))])
+
+
+def weights_spec(num_params: int) -> MessageSpec:
+    """learner root -> policy holders: the flat parameter vector of one policy version."""
+    return MessageSpec(header=("version", "flags"), fields=[("params", np.float32, (num_params,))])

@@ -1,0 +1,153 @@
+"""Inference rank (policy server) and inline inference: both run `PolicyRunner` on fresh weights.
+
+Sync mode: a request names the policy version it must be answered with. An inference rank holds
+requests for a version it does not have yet, and serves them in one batched forward pass once
+the learner root's broadcast of that version has arrived.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hpcrl.comm import RequestServer
+from hpcrl.messages import STOP, Message
+from hpcrl.models import PolicyRunner
+
+
+class InlinePolicy:
+    """The policy inside an env rank (`inference: {ranks: 0}`, and serial mode): same calls as
+    RemotePolicy, answered in-process once this rank holds the requested version."""
+
+    def __init__(self, runner: PolicyRunner, weights, request: Message, reply: Message):
+        self.runner, self.weights = runner, weights
+        self.request, self.reply = request, reply
+        self.stopped = False
+        self._wanted: int | None = None
+
+    def submit(self, version: int, n_final: int) -> None:
+        self.request.set(version=version, n_final=n_final, flags=0)
+        self._wanted = version
+
+    def poll(self) -> Message | None:
+        if self._wanted is None:
+            return None
+        if not self.stopped and self.runner.version < self._wanted:
+            message = self.weights.poll()
+            if message is None:
+                return None
+            if message.get("flags") & STOP:
+                self.stopped = True
+            else:
+                self.runner.load(message["params"], message.get("version"))
+                self.weights.rearm()
+        if self.stopped:
+            self.reply.set(flags=STOP)
+            return self.reply
+        if self.runner.version != self._wanted:
+            return None
+        answer(self.runner, self.request, self.reply)
+        self._wanted = None
+        return self.reply
+
+
+def answer(runner: PolicyRunner, request: Message, reply: Message) -> None:
+    """Fill one reply for one request (no batching across env ranks)."""
+    runner.act(request["obs"], reply["actions"], reply["logp"], reply["values"])
+    n_final = request.get("n_final")
+    runner.value(request["final_obs"][:n_final], reply["final_values"][:n_final])
+    reply.set(version=runner.version, flags=0)
+
+
+class InferenceRole:
+    """Serves several env ranks; every forward pass covers all requests that are ready."""
+
+    name = "inference"
+
+    def __init__(self, rank: int, runner: PolicyRunner, weights, server: RequestServer):
+        self.rank = rank
+        self.runner, self.weights, self.server = runner, weights, server
+        self.pending: list[int] = []
+        self.stopping = False
+        self.stopped_envs: set[int] = set()
+        self.done = False
+        self.status = "waiting for the first weights"
+        first = server.requests[0]
+        rows = len(server.requests) * first["obs"].shape[0]
+        self.batch_obs = np.zeros((rows, *first["obs"].shape[1:]), dtype=first["obs"].dtype)
+        reply = server.replies[0]
+        self.batch_actions = np.zeros((rows, *reply["actions"].shape[1:]), dtype=reply["actions"].dtype)
+        self.batch_logp = np.zeros(rows, dtype=np.float32)
+        self.batch_values = np.zeros(rows, dtype=np.float32)
+        self.requests_served = 0
+        self.forward_passes = 0
+
+    def poll(self) -> int:
+        work = self._poll_weights()
+        ready = self.server.ready()
+        self.pending.extend(ready)
+        work += len(ready)
+        if self.stopping:
+            return work + self._stop_pending()
+        serve = []
+        for i in self.pending:
+            wanted = self.server.requests[i].get("version")
+            if wanted < self.runner.version:
+                raise RuntimeError(f"inference rank {self.rank}: env rank {self.server.env_ranks[i]} asked for "
+                                   f"policy version {wanted}, older than the current {self.runner.version} (sync mode)")
+            if wanted == self.runner.version:
+                serve.append(i)
+        if serve:
+            self._serve(serve)
+            self.pending = [i for i in self.pending if i not in serve]
+            work += 1
+        return work
+
+    def _poll_weights(self) -> int:
+        message = self.weights.poll()
+        if message is None:
+            return 0
+        if message.get("flags") & STOP:
+            self.stopping = True
+            self.status = "stopping: telling env ranks"
+        else:
+            self.runner.load(message["params"], message.get("version"))
+            self.weights.rearm()
+            self.status = f"serving policy version {self.runner.version}"
+        return 1
+
+    def _serve(self, serve: list[int]) -> None:
+        requests, replies = self.server.requests, self.server.replies
+        spans, start = [], 0
+        for i in serve:
+            obs = requests[i]["obs"]
+            self.batch_obs[start:start + len(obs)] = obs
+            spans.append((i, start, start + len(obs)))
+            start += len(obs)
+        self.runner.act(self.batch_obs[:start], self.batch_actions[:start], self.batch_logp[:start],
+                        self.batch_values[:start])
+        self.forward_passes += 1
+        for i, a, b in spans:
+            reply = replies[i]
+            reply["actions"][...] = self.batch_actions[a:b]
+            reply["logp"][...] = self.batch_logp[a:b]
+            reply["values"][...] = self.batch_values[a:b]
+            n_final = requests[i].get("n_final")
+            self.runner.value(requests[i]["final_obs"][:n_final], reply["final_values"][:n_final])
+            reply.set(version=self.runner.version, flags=0)
+            self.server.reply(i)
+            self.server.rearm(i)
+            self.requests_served += 1
+
+    def _stop_pending(self) -> int:
+        """After the stop word: answer each env rank's next request with STOP, then close."""
+        work = 0
+        for i in self.pending:
+            self.server.replies[i].set(flags=STOP)
+            self.server.reply(i)
+            self.stopped_envs.add(i)
+            work += 1
+        self.pending = []
+        if len(self.stopped_envs) == len(self.server.env_ranks):
+            self.server.close(armed=[])
+            self.done = True
+            self.status = "finished"
+        return work

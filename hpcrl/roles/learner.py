@@ -1,0 +1,219 @@
+"""Learner rank (trainer): fragments -> GAE -> PPO epochs; Horovod averages gradients across learners.
+
+The only importer of horovod. Every learner trains on the fragments of its own env ranks and all
+learners take the same optimizer steps on the same averaged gradients, so their weights stay
+bit-identical; the learner root (world rank 0) publishes weights, logs, and writes checkpoints.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections import deque
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+from hpcrl import comm
+from hpcrl.algos.gae import gae, successor_values
+from hpcrl.algos.ppo import LOSS_KEYS, Batch, ppo_update
+from hpcrl.checkpoint import save_checkpoint
+from hpcrl.config import Config
+from hpcrl.envs import EnvSpaces
+from hpcrl.messages import EPISODE_STATS
+from hpcrl.metrics import MetricsWriter
+from hpcrl.models import build_model, copy_params_to
+
+RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least this many episodes
+
+
+class RunFiles:
+    """The learner root's outputs in the run directory."""
+
+    def __init__(self, run_dir: str, config_text: str):
+        self.run_dir = run_dir
+        self.config_text = config_text
+        self.metrics = MetricsWriter(os.path.join(run_dir, "metrics.h5"), attrs={"config": config_text})
+        self.checkpoint_path = os.path.join(run_dir, "checkpoint.h5")
+
+
+class LearnerRole:
+    name = "learner"
+
+    def __init__(self, cfg: Config, spaces: EnvSpaces, learner_comm, receiver: comm.FragmentReceiver,
+                 publisher: comm.WeightPublisher | None, files: RunFiles | None):
+        self.cfg = cfg
+        self.comm = learner_comm
+        self.receiver = receiver
+        self.publisher = publisher
+        self.files = files
+        self.root = learner_comm.Get_rank() == 0
+        hvd.init(comm=learner_comm)  # Horovod: only the learners, never the whole world
+        device = cfg.roles.learner.device
+        if device == "cuda":
+            torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())  # Horovod: pin by local rank
+        self.device = torch.device(device)
+        self.model = build_model(spaces.obs_shape, spaces.num_actions, cfg.model).to(self.device)
+        optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algo.lr, eps=1e-5)
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod: same start everywhere
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters())
+        self.rng = np.random.default_rng(cfg.run.seed * 7_919 + hvd.rank())
+        self.version = 0
+        self.frames = 0
+        self.updates = 0
+        self.start = time.perf_counter()
+        self.windows: deque = deque()  # (episodes, return_sum) of recent updates, all learners
+        self.have = [False] * len(receiver.buffers)
+        self.done = False
+        self.status = "waiting for fragments of policy version 0"
+        self._last_log = self._last_ckpt = self.start
+        self._last_log_frames = 0
+        self._publish(stop=False)
+
+    # --- the poll loop ----------------------------------------------------------------------------
+    def poll(self) -> int:
+        if self.publisher is not None:
+            self.publisher.poll()
+        ready = self.receiver.ready()
+        for i in ready:
+            fragment = self.receiver.buffers[i]
+            if fragment.get("version") != self.version:  # sync mode: on-policy or a bug
+                raise RuntimeError(f"learner: fragment from env rank {fragment.get('env_rank')} was collected "
+                                   f"with policy version {fragment.get('version')}, expected {self.version}")
+            self.have[i] = True
+        if not all(self.have):
+            return len(ready)
+        self._update()
+        return 1
+
+    def _update(self) -> None:
+        self.status = f"training policy version {self.version}"
+        a = self.cfg.algo
+        if a.lr_schedule == "linear":
+            for group in self.optimizer.param_groups:
+                group["lr"] = a.lr * max(0.0, 1.0 - self.frames / self.cfg.run.total_frames)
+        batch, local = self._assemble()
+        losses = ppo_update(self.model, self.optimizer, batch, a, self.rng,
+                            average_gradients=self.optimizer.synchronize, apply_step=self._step)
+        self.version += 1
+        self.updates += 1
+        for i in range(len(self.have)):
+            self.have[i] = False
+            self.receiver.rearm(i)
+        row = self._reduce_stats(local, losses)
+        stop = row["frames"] >= self.cfg.run.total_frames or self._target_reached()
+        if self.root:
+            self._report(row, stop)
+        self._publish(stop=stop)
+        if stop:
+            self._finish()
+        else:
+            self.status = f"waiting for fragments of policy version {self.version}"
+
+    def _step(self) -> None:
+        with self.optimizer.skip_synchronize():  # Horovod: gradients were averaged before clipping
+            self.optimizer.step()
+
+    def _assemble(self) -> tuple[Batch, np.ndarray]:
+        a = self.cfg.algo
+        parts = {k: [] for k in ("obs", "actions", "logp", "values", "advantages", "returns")}
+        local = np.zeros(1 + len(EPISODE_STATS), dtype=np.float64)  # frames, episode stats...
+        lo_hi = [np.inf, -np.inf]
+        versions = [frag.get("version") for frag in self.receiver.buffers]
+        for frag in self.receiver.buffers:
+            nxt = successor_values(frag["values"], frag["last_values"], frag["dones"], frag["trunc_values"])
+            adv, ret = gae(frag["rewards"], frag["values"], nxt, frag["dones"], a.gamma, a.gae_lambda)
+            for key in ("obs", "actions", "logp", "values"):
+                parts[key].append(frag[key].reshape(-1, *frag[key].shape[2:]))
+            parts["advantages"].append(adv.reshape(-1))
+            parts["returns"].append(ret.reshape(-1))
+            stats = frag["episode_stats"]
+            local[0] += frag.get("frames")
+            local[1:] += stats
+            lo_hi = [min(lo_hi[0], stats[3]), max(lo_hi[1], stats[4])]
+        local[4], local[5] = lo_hi
+        self.sample_versions = (min(versions), max(versions))
+        dtype = {"actions": torch.int64}
+        tensors = {k: torch.as_tensor(np.concatenate(v), dtype=dtype.get(k, torch.float32), device=self.device)
+                   for k, v in parts.items()}
+        return Batch(**tensors), local
+
+    def _reduce_stats(self, local: np.ndarray, losses: dict[str, float]) -> dict:
+        sums = comm.allreduce_sum(self.comm, np.concatenate([local[[0, 1, 2, 3, 6]],
+                                                             [losses[k] for k in LOSS_KEYS]]))
+        lo, hi = comm.allreduce_min_max(self.comm, np.array([local[4], self.sample_versions[0]]),
+                                        np.array([local[5], self.sample_versions[1]]))
+        frames_now, episodes, ret_sum, ret_sq, len_sum = sums[:5]
+        self.frames += int(frames_now)
+        self.windows.append((episodes, ret_sum))
+        while len(self.windows) > 1 and sum(e for e, _ in list(self.windows)[1:]) >= RETURN_WINDOW_EPISODES:
+            self.windows.popleft()
+        n = self.comm.Get_size()
+        elapsed = time.perf_counter() - self.start
+        mean = ret_sum / episodes if episodes else np.nan
+        row = {"frames": self.frames, "wall_time": elapsed, "fps": self.frames / max(elapsed, 1e-9),
+               "policy_version": self.version, "episodes": int(episodes), "return_mean": mean,
+               "return_std": np.sqrt(max(ret_sq / episodes - mean ** 2, 0.0)) if episodes else np.nan,
+               "return_min": lo[0] if episodes else np.nan, "return_max": hi[0] if episodes else np.nan,
+               "length_mean": len_sum / episodes if episodes else np.nan,
+               "return_window_mean": self._window_mean(),
+               "lr": self.optimizer.param_groups[0]["lr"],
+               # the version trained on is self.version - 1; in sync mode every sample must carry it
+               "sample_version_min": int(lo[1]), "sample_version_max": int(hi[1]),
+               "policy_lag_max": int(self.version - 1 - lo[1])}
+        row.update({k: float(v) / n for k, v in zip(LOSS_KEYS, sums[5:])})
+        if self.cfg.run.replica_digests:
+            row["replica_digest"] = comm.gather_to_root(self.comm, np.array([self._digest()], dtype=np.int64))
+        return row
+
+    def _window_mean(self) -> float:
+        episodes = sum(e for e, _ in self.windows)
+        return sum(s for _, s in self.windows) / episodes if episodes else float("nan")
+
+    def _target_reached(self) -> bool:
+        target = self.cfg.run.target_return
+        episodes = sum(e for e, _ in self.windows)
+        return target is not None and episodes >= RETURN_WINDOW_EPISODES and self._window_mean() >= target
+
+    def _digest(self) -> int:
+        h = hashlib.blake2b(digest_size=8)
+        for p in self.model.parameters():
+            h.update(p.detach().cpu().numpy().tobytes())
+        return int(np.frombuffer(h.digest(), dtype=np.int64)[0])
+
+    # --- learner root only --------------------------------------------------------------------------
+    def _publish(self, stop: bool) -> None:
+        if self.publisher is not None:
+            self.publisher.publish(self.version, lambda flat: copy_params_to(self.model, flat), stop=stop)
+
+    def _report(self, row: dict, stop: bool) -> None:
+        if row.get("replica_digest") is not None:
+            row["replica_digest"] = row["replica_digest"].reshape(-1)
+        self.files.metrics.append(row)
+        now = time.perf_counter()
+        if stop or now - self._last_log >= self.cfg.run.log_interval_s:
+            fps = (row["frames"] - self._last_log_frames) / max(now - self._last_log, 1e-9)
+            print(f"[hpcrl] frames {row['frames']:>10,} | {fps:8,.0f} fps | return {row['return_window_mean']:7.1f}"
+                  f" | version {self.version:5d} | pg {row['loss_policy']:+.3f} v {row['loss_value']:.3f}"
+                  f" ent {row['entropy']:.3f} kl {row['approx_kl']:.4f}", flush=True)
+            self._last_log, self._last_log_frames = now, row["frames"]
+        if stop or now - self._last_ckpt >= self.cfg.run.checkpoint_interval_s:
+            self.save()
+            self._last_ckpt = now
+
+    def save(self) -> None:
+        counters = {"frames": self.frames, "updates": self.updates, "policy_version": self.version,
+                    "wall_time": time.perf_counter() - self.start}
+        save_checkpoint(self.files.checkpoint_path, self.model, self.optimizer, counters, self.rng,
+                        self.files.config_text)
+
+    def _finish(self) -> None:
+        self.receiver.close()
+        if self.publisher is not None:
+            self.publisher.wait()
+        if self.files is not None:
+            self.files.metrics.close()
+        self.done = True
+        self.status = "finished"

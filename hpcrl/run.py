@@ -1,0 +1,162 @@
+"""`hpcrl run`: the whole topology wired in one place.
+
+Every rank runs `run()`. Rank 0 validates the config and probes the env; the verdict reaches every
+rank, so a user mistake ends the job with one message and status 2 everywhere. Then each rank
+builds the roles the layout gives it and polls them until they finish.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+from hpcrl import comm
+from hpcrl.config import Config, ConfigError, load_config, to_yaml
+from hpcrl.envs import EnvSpaces, probe_spaces
+from hpcrl.layout import INLINE, Layout, plan_layout
+from hpcrl.messages import fragment_spec, reply_spec, request_spec, weights_spec
+
+EXIT_CONFIG_ERROR = 2
+FRAGMENT_BUFFERS = 2  # per env rank: one fills while the previous is in flight
+
+
+def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size: int):
+    """Rank 0's start-up checks: config, layout fit, env, run directory. Returns state or an error."""
+    try:
+        cfg, _ = load_config(config_path, overrides)
+        plan_layout(cfg.roles, size)  # role counts must fit this world size
+        spaces = probe_spaces(cfg.env)
+        run_dir = os.path.join(cfg.run.output_dir, cfg.run.name)
+        if os.path.exists(os.path.join(run_dir, "checkpoint.h5")) or os.path.exists(
+                os.path.join(run_dir, "metrics.h5")):
+            if not overwrite:
+                raise ConfigError(f"run directory {run_dir!r} already holds a run; choose another run.name "
+                                  f"(e.g. --set run.name=...) or pass --overwrite to replace it")
+            shutil.rmtree(run_dir)
+        os.makedirs(run_dir, exist_ok=True)
+        config_text = to_yaml(cfg)
+        with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as fh:
+            fh.write(config_text)
+        return {"cfg": cfg, "spaces": spaces, "run_dir": run_dir, "config_text": config_text}
+    except ConfigError as exc:
+        return {"error": str(exc)}
+    except OSError as exc:
+        return {"error": f"cannot create the run directory: {exc}"}
+
+
+def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = False) -> int:
+    rank, size = comm.world_rank(), comm.world_size()
+    roles_here: list = []
+    comm.install_abort_hook(lambda: ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up")
+    state = _prepare(config_path, overrides, overwrite, size) if rank == 0 else None
+    state = comm.broadcast_object(state)  # MPI: rank 0's verdict reaches every rank
+    if "error" in state:
+        if rank == 0:
+            print(f"hpcrl: config error: {state['error']}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
+    cfg: Config = state["cfg"]
+    layout = plan_layout(cfg.roles, size, comm.node_of_rank())
+    if rank == 0:
+        _announce(cfg, layout, state["run_dir"])
+    roles_here.extend(build_roles(cfg, state["spaces"], layout, rank, state["run_dir"], state["config_text"]))
+    poll_until_done(roles_here)
+    if rank == 0:
+        print(f"[hpcrl] done: {state['run_dir']}", flush=True)
+    return 0
+
+
+def _announce(cfg: Config, layout: Layout, run_dir: str) -> None:
+    if layout.serial:
+        print("[hpcrl] world size 1: serial mode (learner, env and inline inference in one process)", flush=True)
+    else:
+        print(f"[hpcrl] {layout.world_size} ranks: {len(layout.learners)} learner, {len(layout.inference)} "
+              f"inference{' (inline on env ranks)' if layout.inline_inference else ''}, {len(layout.envs)} env "
+              f"x {cfg.env.num_envs} {cfg.env.id}", flush=True)
+    print(f"[hpcrl] run directory: {run_dir}", flush=True)
+
+
+def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, run_dir: str, config_text: str) -> list:
+    """Create this rank's roles and the channels between them. Collective over WORLD: every rank
+    takes part in creating the learner and weight communicators, in the same order."""
+    learners = [int(r) for r in layout.learners]
+    root = learners[0]
+    is_learner = rank in learners
+    learner_comm = comm.sub_communicator(is_learner)
+    subscribers = layout.weight_subscribers()
+    weight_comm = comm.sub_communicator(rank == root or rank in subscribers, key=0 if rank == root else None)
+
+    obs_shape, obs_dtype = spaces.obs_shape, spaces.obs_dtype
+    T, N = cfg.algo.rollout_length, cfg.env.num_envs
+    req, rep = request_spec(N, obs_shape, obs_dtype), reply_spec(N, spaces.action_shape, spaces.action_dtype)
+    frag = fragment_spec(T, N, obs_shape, obs_dtype, spaces.action_shape, spaces.action_dtype)
+
+    roles: list = []
+    publisher = None
+    if is_learner:
+        from hpcrl.models import build_model, num_params  # torch only on ranks that hold a policy
+        from hpcrl.roles.learner import LearnerRole, RunFiles
+        wspec = weights_spec(num_params(build_model(obs_shape, spaces.num_actions, cfg.model)))
+        envs = layout.envs_of_learner(rank)
+        receiver = comm.FragmentReceiver(envs, [frag.allocate() for _ in envs])
+        if rank == root:
+            publisher = comm.WeightPublisher(weight_comm if size_of(weight_comm) > 1 else None, wspec.allocate())
+        files = RunFiles(run_dir, config_text) if rank == root else None
+        roles.append(LearnerRole(cfg, spaces, learner_comm, receiver, publisher, files))
+
+    if rank in layout.inference:
+        from hpcrl.roles.inference import InferenceRole
+        envs = layout.envs_of_inference(rank)
+        server = comm.RequestServer(envs, [req.allocate() for _ in envs], [rep.allocate() for _ in envs])
+        weights = comm.WeightSubscriber(weight_comm, _weights_message(cfg, spaces))
+        roles.append(InferenceRole(rank, _runner(cfg, spaces, cfg.roles.inference.device, rank), weights, server))
+
+    if rank in layout.envs:
+        from hpcrl.roles.env import EnvRole, RemotePolicy
+        index = layout.index_in("env", rank)
+        inference_rank = int(layout.env_inference[index])
+        if inference_rank == INLINE:
+            from hpcrl.roles.inference import InlinePolicy
+            weights = (comm.LocalWeightSubscriber(publisher) if layout.serial
+                       else comm.WeightSubscriber(weight_comm, _weights_message(cfg, spaces)))
+            policy = InlinePolicy(_runner(cfg, spaces, cfg.roles.env.device, rank), weights,
+                                  req.allocate(), rep.allocate())
+        else:
+            policy = RemotePolicy(comm.RequestClient(inference_rank, req.allocate(), rep.allocate()))
+        sender = comm.FragmentSender(int(layout.env_learner[index]), [frag.allocate() for _ in range(FRAGMENT_BUFFERS)])
+        roles.append(EnvRole(cfg, rank, index, policy, sender))
+    return roles
+
+
+def size_of(c) -> int:
+    return 0 if c is None else c.Get_size()
+
+
+def _weights_message(cfg: Config, spaces: EnvSpaces):
+    from hpcrl.models import build_model, num_params
+    return weights_spec(num_params(build_model(spaces.obs_shape, spaces.num_actions, cfg.model))).allocate()
+
+
+def _runner(cfg: Config, spaces: EnvSpaces, device: str, rank: int):
+    import torch
+
+    from hpcrl.models import PolicyRunner, build_model
+    torch.manual_seed(cfg.run.seed * 1_009 + rank)  # action sampling differs per rank, repeatably
+    return PolicyRunner(build_model(spaces.obs_shape, spaces.num_actions, cfg.model), device)
+
+
+def poll_until_done(roles: list) -> None:
+    """SRL-style poll loop. Idle ranks back off to sleeping, so oversubscribed nodes (more ranks
+    than cores) give their cores to ranks that have work instead of spinning."""
+    idle = 0
+    while True:
+        active = [r for r in roles if not r.done]
+        if not active:
+            return
+        work = sum(r.poll() for r in active)
+        if work:
+            idle = 0
+        else:
+            idle += 1
+            if idle > 50:
+                time.sleep(min(1e-3, 2e-6 * idle))

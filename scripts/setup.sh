@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One idempotent set-up for a fresh Debian 12 machine (root) or a developer's checkout:
+#   Open MPI from Debian -> .venv with torch (CPU), mpi4py built against that MPI,
+#   numpy/gymnasium/h5py/pyyaml/pytest -> Horovod 0.28.1 (PyTorch + MPI) from a wheel cache
+#   -> hpcrl itself (editable). A second run only checks and returns in seconds.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$repo/.venv"
+py="$venv/bin/python"
+# Horovod takes minutes to compile; its wheel lives outside the checkout so fresh clones reuse it.
+wheel_cache="${HPCRL_WHEEL_CACHE:-$HOME/.cache/hpcrl/wheels}"
+torch_version="2.13.0"
+horovod_version="0.28.1"
+stamp="$venv/.hpcrl-setup-stamp"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+fingerprint() {
+    cat "$repo/scripts/setup.sh" "$repo/pyproject.toml" | sha256sum | cut -d' ' -f1
+}
+
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$(fingerprint)" ]] && command -v mpirun >/dev/null \
+        && "$py" -c "import horovod.torch, mpi4py, hpcrl" 2>/dev/null; then
+    exit 0
+fi
+
+# --- Open MPI (the system MPI that mpi4py and Horovod are both built against) ---
+if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
+    if [[ $(id -u) -ne 0 ]]; then
+        log "Open MPI is missing: install openmpi-bin and libopenmpi-dev (needs root), then re-run."
+        exit 1
+    fi
+    log "installing Open MPI from Debian"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null
+fi
+
+# --- virtual environment ---
+if [[ ! -x "$py" ]]; then
+    log "creating $venv"
+    python3 -m venv "$venv"
+fi
+pip() { "$py" -m pip --disable-pip-version-check -q "$@"; }
+pip install --upgrade pip packaging setuptools wheel
+# Pinned: an unpinned torch pulls the CUDA build (gigabytes); 2.13.0 resolves to the local CPU wheel.
+pip install "torch==$torch_version"
+# mpi4py from source so it links the same libmpi as Horovod (a binary wheel may bring its own MPI).
+if ! "$py" -c "import mpi4py" 2>/dev/null; then
+    log "building mpi4py against $(command -v mpicc)"
+    pip install --no-binary=mpi4py "mpi4py>=4.0"
+fi
+pip install "numpy>=1.24" "gymnasium>=1.0" "h5py>=3.8" "pyyaml>=6.0" "pytest>=8"
+
+# --- Horovod (PyTorch + MPI), built once into the wheel cache ---
+if ! "$py" -c "import horovod.torch" 2>/dev/null; then
+    mkdir -p "$wheel_cache"
+    wheel=$(ls "$wheel_cache"/horovod-"$horovod_version"-*.whl 2>/dev/null | head -n1 || true)
+    if [[ -z "$wheel" ]]; then
+        log "building Horovod $horovod_version with PyTorch and MPI (about 3 minutes on 2 cores)"
+        build=$(mktemp -d)
+        pip download --no-deps --no-binary=:all: -d "$build" "horovod==$horovod_version"
+        tar -xzf "$build"/horovod-"$horovod_version".tar.gz -C "$build"
+        src="$build/horovod-$horovod_version"
+        # torch 2.x headers need C++17; Horovod 0.28.1 still asks for C++14.
+        sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' \
+            "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+        # Gloo is off: we launch with mpirun/srun only, and Gloo's bundled CMake breaks with CMake 4.
+        HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 \
+        HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+        MAKEFLAGS="-j$(nproc)" \
+            "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$wheel_cache" "$src"
+        rm -rf "$build"
+        wheel=$(ls "$wheel_cache"/horovod-"$horovod_version"-*.whl | head -n1)
+    fi
+    log "installing $(basename "$wheel")"
+    pip install --no-deps "$wheel"
+    # Horovod's own runtime requirements, minus the launcher extras we never use.
+    pip install cloudpickle psutil "pyyaml>=6.0" packaging
+fi
+
+# --- hpcrl itself ---
+pip install --no-build-isolation -e "$repo"
+"$py" -c "import horovod.torch, mpi4py, hpcrl" || { log "set-up finished but imports fail"; exit 1; }
+fingerprint > "$stamp"
+log "ready: $venv"

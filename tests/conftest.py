@@ -1,0 +1,50 @@
+"""Shared helpers: real mpirun jobs of hpcrl, and small configs written to a temp dir."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+MPIRUN = REPO / "scripts" / "mpirun.sh"
+
+
+def small_config(tmp_path: Path, name: str = "t", **sections) -> dict:
+    """A fast CartPole config; `sections` update it, e.g. roles={...}, run={...}."""
+    cfg = {
+        "run": {"name": name, "output_dir": str(tmp_path / "runs"), "seed": 3, "total_frames": 2048,
+                "log_interval_s": 0.5},
+        "roles": {"learner": {"ranks": 1}, "inference": {"ranks": 1}, "env": {"ranks": "rest"}},
+        "env": {"id": "CartPole-v1", "num_envs": 4},
+        "algo": {"rollout_length": 16, "epochs": 2, "num_minibatches": 2, "lr": 0.001},
+        "model": {"hidden_sizes": [32, 32]},
+    }
+    for key, value in sections.items():
+        cfg[key] = {**cfg.get(key, {}), **value}
+    return cfg
+
+
+def write_config(tmp_path: Path, cfg: dict, filename: str = "config.yaml") -> Path:
+    path = tmp_path / filename
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def mpirun(n: int, *args: str, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`mpirun -n N python -m hpcrl ARGS` through the project's wrapper, as a user runs it."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    cmd = ["bash", str(MPIRUN), "-n", str(n), sys.executable, "-m", "hpcrl", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=env)
+
+
+def run_dir(cfg: dict) -> Path:
+    return Path(cfg["run"]["output_dir"]) / cfg["run"]["name"]
+
+
+@pytest.fixture
+def tmp_cfg(tmp_path):
+    return lambda **sections: small_config(tmp_path, **sections)

@@ -1,0 +1,63 @@
+"""Checkpoint round trip: model, optimizer, counters, RNG states and config text, atomically."""
+import os
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from hpcrl.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
+from hpcrl.config import ModelConfig
+from hpcrl.models import build_model
+
+
+def trained():
+    torch.manual_seed(0)
+    model = build_model((4,), 2, ModelConfig(hidden_sizes=[8]))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        model.value(torch.randn(5, 4)).sum().backward()
+        opt.step()
+    return model, opt
+
+
+def test_round_trip_restores_everything(tmp_path):
+    model, opt = trained()
+    rng = np.random.default_rng(42)
+    rng.normal(size=3)
+    path = str(tmp_path / "checkpoint.h5")
+    save_checkpoint(path, model, opt, {"frames": 1234, "policy_version": 7, "wall_time": 1.5}, rng, "run: {}\n")
+    expected_np, expected_torch = rng.normal(size=2), torch.rand(2)
+
+    ck = load_checkpoint(path)
+    assert ck["counters"] == {"frames": 1234, "policy_version": 7, "wall_time": 1.5}
+    assert ck["config"] == "run: {}\n"
+    fresh = build_model((4,), 2, ModelConfig(hidden_sizes=[8]))
+    fresh.load_state_dict(ck["model"])
+    for a, b in zip(model.parameters(), fresh.parameters()):
+        assert torch.equal(a, b)
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=1e-3)
+    fresh_opt.load_state_dict(ck["optimizer"])
+    for (ka, a), (kb, b) in zip(opt.state_dict()["state"].items(), fresh_opt.state_dict()["state"].items()):
+        assert ka == kb
+        for key in a:
+            assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key])), key
+    assert fresh_opt.state_dict()["param_groups"][0]["lr"] == 1e-3
+    rng2 = np.random.default_rng(0)
+    restore_rng_states(ck["rng"], rng2)
+    np.testing.assert_array_equal(rng2.normal(size=2), expected_np)
+    assert torch.equal(torch.rand(2), expected_torch)
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path):
+    model, opt = trained()
+    path = str(tmp_path / "checkpoint.h5")
+    rng = np.random.default_rng(0)
+    save_checkpoint(path, model, opt, {"frames": 1}, rng, "a")
+    with pytest.raises(TypeError):
+        save_checkpoint(path, model, opt, {"frames": object()}, rng, "b")  # not serialisable
+    assert load_checkpoint(path)["counters"] == {"frames": 1}
+    assert os.listdir(tmp_path) == ["checkpoint.h5"]  # no temp file left behind
+    with h5py.File(path) as f:
+        assert f.attrs["format_version"] == 1

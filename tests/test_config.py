@@ -1,0 +1,83 @@
+"""Config validation: every user mistake gets a message naming the key and what would be valid."""
+import pytest
+
+from hpcrl.config import ConfigError, load_config, parse_config, to_yaml
+from hpcrl.layout import resolve_role_counts
+from tests.conftest import REPO
+
+
+def error_of(text: str, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, source="job.yaml", overrides=overrides)
+    return str(info.value)
+
+
+def test_defaults_and_shipped_jobs_are_valid():
+    cfg = parse_config("")
+    assert cfg.env.id == "CartPole-v1" and cfg.roles.env.ranks == "rest"
+    for path in sorted((REPO / "jobs").glob("*.yaml")):
+        load_config(str(path))
+
+
+def test_unknown_key_names_the_closest_valid_key():
+    msg = error_of("algo:\n  gama: 0.9\n")
+    assert "unknown key 'algo.gama'" in msg and "did you mean 'gamma'" in msg and msg.startswith("job.yaml:")
+
+
+def test_unknown_section_is_named():
+    msg = error_of("rnu:\n  name: x\n")
+    assert "unknown key 'rnu'" in msg and "did you mean 'run'" in msg
+
+
+def test_wrong_type_names_key_and_expected_type():
+    msg = error_of("run:\n  total_frames: lots\n")
+    assert "run.total_frames: expected an integer, got 'lots'" in msg
+    assert "expected true/false" in error_of("algo:\n  norm_adv: 3\n")
+
+
+def test_ranges_and_choices():
+    assert "algo.gamma: expected a number in [0, 1], got 1.5" in error_of("algo: {gamma: 1.5}")
+    assert "roles.learner.device: expected one of cpu, cuda, got 'tpu'" in error_of(
+        "roles: {learner: {ranks: 1, device: tpu}}")
+    assert "algo.mode: expected 'sync'" in error_of("algo: {mode: turbo}")
+    assert "env.num_envs: expected >= 1, got 0" in error_of("env: {num_envs: 0}")
+    assert "run.total_frames: expected a positive integer" in error_of("run: {total_frames: 0}")
+    assert "roles.env.ranks: expected a count >= 0 or 'rest', got -1" in error_of("roles: {env: {ranks: -1}}")
+    assert "at least 1 learner rank" in error_of("roles: {learner: {ranks: 0}}")
+    assert "only one role may use ranks: rest" in error_of(
+        "roles: {inference: {ranks: rest}, env: {ranks: rest}}")
+    assert "model.hidden_sizes: expected a list of positive integers" in error_of("model: {hidden_sizes: [64, 0]}")
+    assert "cannot be cut from one fragment of 8 frames" in error_of(
+        "algo: {rollout_length: 2, num_minibatches: 9}\nenv: {num_envs: 4}")
+
+
+def test_not_yaml_and_not_a_mapping():
+    assert "not valid YAML" in error_of("run: [unclosed")
+    assert "expected a mapping of sections" in error_of("- a\n- b\n")
+
+
+def test_overrides_apply_and_are_checked():
+    cfg = parse_config("", overrides=("run.total_frames=5000", "env.id=Acrobot-v1"))
+    assert cfg.run.total_frames == 5000 and cfg.env.id == "Acrobot-v1"
+    assert "expected KEY=VALUE" in error_of("", "run.total_frames")
+    assert "unknown key 'run.totl_frames'" in error_of("", "run.totl_frames=3")
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(str(tmp_path / "nope.yaml"))
+
+
+def test_role_counts_that_do_not_fit_name_a_size_that_would():
+    fixed = parse_config("roles: {learner: {ranks: 1}, inference: {ranks: 1}, env: {ranks: 2}}").roles
+    with pytest.raises(ConfigError, match="exactly 4, but the job has 3 ranks; run with mpirun -n 4"):
+        resolve_role_counts(fixed, 3)
+    rest = parse_config("roles: {learner: {ranks: 2}, inference: {ranks: 2}, env: {ranks: rest}}").roles
+    with pytest.raises(ConfigError, match="at least 5, but the job has 4 ranks"):
+        resolve_role_counts(rest, 4)
+    assert resolve_role_counts(rest, 9) == {"learner": 2, "inference": 2, "env": 5}
+
+
+def test_resolved_config_round_trips():
+    cfg = parse_config("algo: {lr: 0.01}\nrun: {target_return: 400}")
+    assert parse_config(to_yaml(cfg)) == cfg

@@ -1,0 +1,97 @@
+"""Real multi-rank jobs through mpirun: training, replicas, on-policy versions, failure handling."""
+import time
+
+import numpy as np
+import pytest
+
+from hpcrl.checkpoint import load_checkpoint
+from hpcrl.metrics import read_metrics
+from tests.conftest import mpirun, run_dir, small_config, write_config
+
+
+def check_finished(result, cfg, min_frames):
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    out = run_dir(cfg)
+    metrics = read_metrics(str(out / "metrics.h5"))
+    assert metrics["frames"][-1] >= min_frames
+    assert np.all(np.diff(metrics["policy_version"]) == 1) and metrics["policy_version"][0] == 1
+    # sync mode: every sample of update k was collected with policy version k-1 (the one trained)
+    assert np.all(metrics["sample_version_min"] == metrics["policy_version"] - 1)
+    assert np.all(metrics["sample_version_max"] == metrics["policy_version"] - 1)
+    assert np.all(metrics["policy_lag_max"] == 0)
+    ck = load_checkpoint(str(out / "checkpoint.h5"))
+    assert ck["counters"]["frames"] == metrics["frames"][-1]
+    assert ck["counters"]["policy_version"] == metrics["policy_version"][-1]
+    assert (out / "config.yaml").read_text() == ck["config"]
+    assert "[hpcrl] frames" in result.stdout
+    return metrics
+
+
+@pytest.mark.parametrize("ranks,roles", [
+    (1, {}),  # serial: every role in one process
+    (2, {"inference": {"ranks": 0}}),  # learner + one env rank with inline inference
+    (4, {}),  # 1 learner, 1 inference, 2 env
+])
+def test_short_training_run(tmp_path, ranks, roles):
+    cfg = small_config(tmp_path, roles=roles)
+    result = mpirun(ranks, "run", str(write_config(tmp_path, cfg)))
+    metrics = check_finished(result, cfg, 2048)
+    env_ranks = max(ranks - 2, 1) if ranks != 2 else 1
+    assert metrics["frames"][0] == env_ranks * 16 * 4  # one fragment per env rank per update
+
+
+def test_six_ranks_two_learners_stay_bit_identical(tmp_path):
+    cfg = small_config(tmp_path, run={"replica_digests": True, "total_frames": 4096},
+                       roles={"learner": {"ranks": 2}, "inference": {"ranks": 2}, "env": {"ranks": "rest"}})
+    result = mpirun(6, "run", str(write_config(tmp_path, cfg)))
+    metrics = check_finished(result, cfg, 4096)
+    digests = metrics["replica_digest"]
+    assert digests.shape == (len(metrics["frames"]), 2)
+    assert np.all(digests[:, 0] == digests[:, 1])  # both learners hold the same weights after every update
+    assert len(set(digests[:, 0])) == len(digests)  # and the weights really change every update
+    assert metrics["frames"][0] == 2 * 16 * 4
+
+
+def test_rank_that_raises_aborts_the_whole_job(tmp_path):
+    cfg = small_config(tmp_path, env={"id": "tests.faulty_envs:HpcrlTest/Exploding-v0", "num_envs": 2},
+                       run={"total_frames": 10**7})
+    start = time.monotonic()
+    result = mpirun(4, "run", str(write_config(tmp_path, cfg)), timeout=120)
+    assert time.monotonic() - start < 60
+    assert result.returncode != 0
+    assert "simulated env failure" in result.stderr
+    assert "hpcrl: rank 2 (env: stepping envs" in result.stderr or "hpcrl: rank 3 (env: stepping envs" in result.stderr
+
+
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_config_error_exits_2_with_one_message(tmp_path, ranks):
+    cfg = small_config(tmp_path, algo={"gama": 0.9})
+    result = mpirun(ranks, "run", str(write_config(tmp_path, cfg)), timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.count("did you mean 'gamma'") == 1
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_layout_that_does_not_fit_says_which_size_would(tmp_path):
+    cfg = small_config(tmp_path, roles={"learner": {"ranks": 1}, "inference": {"ranks": 1}, "env": {"ranks": 2}})
+    result = mpirun(3, "run", str(write_config(tmp_path, cfg)), timeout=120)
+    assert result.returncode == 2
+    assert "run with mpirun -n 4" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unknown_env_is_a_config_error(tmp_path):
+    cfg = small_config(tmp_path, env={"id": "CartPole-v99"})
+    result = mpirun(2, "run", str(write_config(tmp_path, cfg)), timeout=120)
+    assert result.returncode == 2 and "env.id: cannot make environment 'CartPole-v99'" in result.stderr
+
+
+def test_existing_run_is_not_overwritten_without_asking(tmp_path):
+    cfg = small_config(tmp_path, run={"total_frames": 256})
+    path = str(write_config(tmp_path, cfg))
+    assert mpirun(1, "run", path).returncode == 0
+    before = (run_dir(cfg) / "metrics.h5").read_bytes()
+    again = mpirun(1, "run", path)
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    assert (run_dir(cfg) / "metrics.h5").read_bytes() == before
+    assert mpirun(1, "run", path, "--overwrite").returncode == 0
