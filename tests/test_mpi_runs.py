@@ -82,7 +82,7 @@ def test_layout_that_does_not_fit_says_which_size_would(tmp_path):
 
 def test_unknown_env_is_a_config_error(tmp_path):
     cfg = small_config(tmp_path, env={"id": "CartPole-v99"})
-    result = mpirun(2, "run", str(write_config(tmp_path, cfg)), timeout=120)
+    result = mpirun(3, "run", str(write_config(tmp_path, cfg)), timeout=120)
     assert result.returncode == 2 and "env.id: cannot make environment 'CartPole-v99'" in result.stderr
 
 

@@ -1,0 +1,19 @@
+"""The shipped CartPole jobs learn: mean return of the last >= 20 episodes reaches 475."""
+import pytest
+
+from hpcrl.metrics import read_metrics
+from tests.conftest import REPO, mpirun
+
+
+@pytest.mark.parametrize("ranks,job", [
+    (4, "cartpole_ppo.yaml"),  # 1 learner, 1 inference, 2 env ranks
+    (1, "cartpole_ppo.yaml"),  # the same config in serial mode
+    (6, "cartpole_ppo_2learners.yaml"),  # 2 learners (Horovod), 2 inference, 2 env ranks
+])
+def test_cartpole_job_reaches_475(tmp_path, ranks, job):
+    result = mpirun(ranks, "run", str(REPO / "jobs" / job), "--set", f"run.output_dir={tmp_path}", timeout=480)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dirs = list(tmp_path.iterdir())
+    metrics = read_metrics(str(run_dirs[0] / "metrics.h5"))
+    assert metrics["return_window_mean"][-1] >= 475  # stopped by run.target_return ...
+    assert metrics["frames"][-1] < 300_000  # ... well inside the frame budget
