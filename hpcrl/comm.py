@@ -67,6 +67,11 @@ def broadcast_object(obj, root: int = 0):
     return WORLD.bcast(obj, root=root)
 
 
+def all_gather_objects(obj) -> list:
+    """Start-up control message (pickled): one small object from every rank, to every rank."""
+    return WORLD.allgather(obj)
+
+
 def node_of_rank() -> np.ndarray:
     """World rank -> node id (the lowest world rank on the same shared-memory node)."""
     node_comm = WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=WORLD.Get_rank())

@@ -59,6 +59,8 @@ class RunConfig:
     log_interval_s: float = doc("seconds between progress lines on the learner root", default=5.0)
     checkpoint_interval_s: float = doc("seconds between checkpoints (one is always written at the end)",
                                        default=300.0)
+    torch_threads: int = doc("torch intra-op threads on each rank that runs a policy; ranks are the "
+                             "parallelism, so 1 unless ranks have spare cores", default=1)
     replica_digests: bool = doc("record a digest of every learner's weights after each update in "
                                 "metrics.h5 (checks that learners stay bit-identical)", default=False)
 
@@ -186,6 +188,7 @@ def validate(cfg: Config) -> None:
     _check(r.log_interval_s > 0, f"run.log_interval_s: expected > 0 seconds, got {r.log_interval_s}")
     _check(r.checkpoint_interval_s > 0,
            f"run.checkpoint_interval_s: expected > 0 seconds, got {r.checkpoint_interval_s}")
+    _check(r.torch_threads >= 1, f"run.torch_threads: expected >= 1, got {r.torch_threads}")
     _check(bool(e.id), "env.id: expected a gymnasium environment id such as CartPole-v1")
     _check(e.num_envs >= 1, f"env.num_envs: expected >= 1, got {e.num_envs}")
     _check(a.name == "ppo", f"algo.name: expected 'ppo', got {a.name!r}")

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from hpcrl.config import ModelConfig
 
@@ -39,13 +40,22 @@ class ActorCritic(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs.flatten(1)).squeeze(-1)
 
-    def distribution(self, obs: torch.Tensor) -> torch.distributions.Categorical:
-        return torch.distributions.Categorical(logits=self.actor(obs.flatten(1)))
+    def log_probs(self, obs: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities of every action, [B, num_actions]. Written out rather than through
+        torch.distributions.Categorical, whose argument checks double the cost of small batches."""
+        return F.log_softmax(self.actor(obs.flatten(1)), dim=-1)
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
         """log-prob of `actions`, entropy and value: what the PPO loss needs."""
-        dist = self.distribution(obs)
-        return dist.log_prob(actions), dist.entropy(), self.value(obs)
+        log_p = self.log_probs(obs)
+        entropy = -(log_p.exp() * log_p).sum(-1)
+        return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy, self.value(obs)
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sampled actions, their log-probs, and state values."""
+        log_p = self.log_probs(obs)
+        actions = torch.multinomial(log_p.exp(), 1)
+        return actions.squeeze(-1), log_p.gather(-1, actions).squeeze(-1), self.value(obs)
 
 
 def build_model(obs_shape: tuple, num_actions: int, cfg: ModelConfig) -> ActorCritic:
@@ -91,12 +101,10 @@ class PolicyRunner:
     @torch.no_grad()
     def act(self, obs: np.ndarray, actions: np.ndarray, logp: np.ndarray, values: np.ndarray) -> None:
         """Fill the output arrays (views into a reply or fragment buffer) for a batch of obs."""
-        x = torch.as_tensor(obs, device=self.device, dtype=torch.float32)
-        dist = self.model.distribution(x)
-        a = dist.sample()
+        a, lp, v = self.model.sample(torch.as_tensor(obs, device=self.device, dtype=torch.float32))
         actions[...] = a.cpu().numpy()
-        logp[...] = dist.log_prob(a).cpu().numpy()
-        values[...] = self.model.value(x).cpu().numpy()
+        logp[...] = lp.cpu().numpy()
+        values[...] = v.cpu().numpy()
 
     @torch.no_grad()
     def value(self, obs: np.ndarray, out: np.ndarray) -> None:

@@ -57,6 +57,12 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
         return EXIT_CONFIG_ERROR
     cfg: Config = state["cfg"]
     layout = plan_layout(cfg.roles, size, comm.node_of_rank())
+    problems = [p for p in comm.all_gather_objects(_device_problem(cfg, layout, rank)) if p]
+    if problems:  # MPI: every rank sees the same list, so every rank stops
+        if rank == 0:
+            print(f"hpcrl: config error: {problems[0]}" + (f" (and {len(problems) - 1} more ranks)"
+                                                           if len(problems) > 1 else ""), file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
     if rank == 0:
         _announce(cfg, layout, state["run_dir"])
     roles_here.extend(build_roles(cfg, state["spaces"], layout, rank, state["run_dir"], state["config_text"]))
@@ -64,6 +70,20 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
     if rank == 0:
         print(f"[hpcrl] done: {state['run_dir']}", flush=True)
     return 0
+
+
+def _device_problem(cfg: Config, layout: Layout, rank: int) -> str | None:
+    """A rank asked to run its policy on a GPU it does not have: a config error, found before work."""
+    for role in layout.roles_of(rank):
+        device = getattr(cfg.roles, role).device
+        if role == "env" and not layout.inline_inference:
+            continue  # the env rank's policy lives on its inference rank
+        if device == "cuda":
+            import torch
+            if not torch.cuda.is_available():
+                return (f"roles.{role}.device is 'cuda' but rank {rank} sees no CUDA device "
+                        f"(torch.cuda.is_available() is False); use device: cpu or run on GPU nodes")
+    return None
 
 
 def _announce(cfg: Config, layout: Layout, run_dir: str) -> None:
@@ -93,6 +113,9 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, run_d
 
     roles: list = []
     publisher = None
+    if is_learner or rank in layout.inference or (rank in layout.envs and layout.inline_inference):
+        import torch  # only ranks that hold a policy; remote-inference env ranks never import torch
+        torch.set_num_threads(cfg.run.torch_threads)
     if is_learner:
         from hpcrl.models import build_model, num_params  # torch only on ranks that hold a policy
         from hpcrl.roles.learner import LearnerRole, RunFiles

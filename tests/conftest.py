@@ -34,9 +34,10 @@ def write_config(tmp_path: Path, cfg: dict, filename: str = "config.yaml") -> Pa
     return path
 
 
-def mpirun(n: int, *args: str, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def mpirun(n: int, *args: str, timeout: float = 240, cwd: Path | None = None,
+           extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """`mpirun -n N python -m hpcrl ARGS` through the project's wrapper, as a user runs it."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **(extra_env or {}))
     cmd = ["bash", str(MPIRUN), "-n", str(n), sys.executable, "-m", "hpcrl", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=env)
 

@@ -86,6 +86,15 @@ def test_unknown_env_is_a_config_error(tmp_path):
     assert result.returncode == 2 and "env.id: cannot make environment 'CartPole-v99'" in result.stderr
 
 
+def test_cuda_device_without_a_gpu_is_a_config_error(tmp_path):
+    cfg = small_config(tmp_path, roles={"inference": {"ranks": 1, "device": "cuda"}})
+    # hide any GPU so the test means the same on a GPU machine (mpirun passes the variable on)
+    result = mpirun(3, "run", str(write_config(tmp_path, cfg)), timeout=120, extra_env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "roles.inference.device is 'cuda' but rank 1 sees no CUDA device" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_existing_run_is_not_overwritten_without_asking(tmp_path):
     cfg = small_config(tmp_path, run={"total_frames": 256})
     path = str(write_config(tmp_path, cfg))

@@ -53,10 +53,8 @@ def test_update_improves_the_surrogate_on_a_real_model():
     model = build_model((4,), 2, ModelConfig(hidden_sizes=[16]))
     obs = torch.randn(64, 4)
     with torch.no_grad():
-        dist = model.distribution(obs)
-        actions = dist.sample()
-        logp = dist.log_prob(actions)
-        values = model.value(obs)
+        actions, logp, values = model.sample(obs)
+        p1_before = model.log_probs(obs).exp()[:, 1].mean()
     adv = torch.where(actions == 1, 1.0, -1.0)
     b = Batch(obs, actions, logp, values, adv, values + adv)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -64,5 +62,17 @@ def test_update_improves_the_surrogate_on_a_real_model():
     stats = ppo_update(model, opt, b, cfg, np.random.default_rng(0))
     assert set(stats) >= {"loss_policy", "loss_value", "entropy", "approx_kl", "clip_frac"}
     with torch.no_grad():
-        p1_after = model.distribution(obs).probs[:, 1].mean()
-    assert p1_after > dist.probs[:, 1].mean()  # advantage favoured action 1
+        p1_after = model.log_probs(obs).exp()[:, 1].mean()
+    assert p1_after > p1_before + 0.05  # the advantage favoured action 1
+
+
+def test_log_prob_and_entropy_match_torch_categorical():
+    torch.manual_seed(1)
+    model = build_model((3,), 4, ModelConfig(hidden_sizes=[8]))
+    obs, actions = torch.randn(10, 3), torch.randint(0, 4, (10,))
+    logp, entropy, _ = model.evaluate(obs, actions)
+    reference = torch.distributions.Categorical(logits=model.actor(obs))
+    torch.testing.assert_close(logp, reference.log_prob(actions))
+    torch.testing.assert_close(entropy, reference.entropy())
+    sampled, sampled_logp, _ = model.sample(obs)
+    torch.testing.assert_close(sampled_logp, reference.log_prob(sampled))
