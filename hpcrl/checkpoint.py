@@ -17,6 +17,25 @@ import torch
 FORMAT_VERSION = 1
 
 
+def _tag_tuples(value: Any) -> Any:
+    """JSON has no tuples; mark them so optimizer settings such as Adam's betas come back as tuples."""
+    if isinstance(value, tuple):
+        return {"__tuple__": [_tag_tuples(v) for v in value]}
+    if isinstance(value, list):
+        return [_tag_tuples(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _tag_tuples(v) for k, v in value.items()}
+    return value
+
+
+def _to_json(value: Any) -> str:
+    return json.dumps(_tag_tuples(value))
+
+
+def _from_json(text: str) -> Any:
+    return json.loads(text, object_hook=lambda d: tuple(d["__tuple__"]) if set(d) == {"__tuple__"} else d)
+
+
 def _write_tree(group: h5py.Group, tree: Any) -> None:
     """dict -> groups, tensors/arrays -> datasets, everything else -> a JSON attribute."""
     if isinstance(tree, dict):
@@ -30,7 +49,7 @@ def _write_tree(group: h5py.Group, tree: Any) -> None:
             elif isinstance(value, dict):
                 _write_tree(group.create_group(name), value)
             else:
-                group.attrs[name] = json.dumps(value)
+                group.attrs[name] = _to_json(value)
     else:
         raise TypeError(f"checkpoint trees are dicts, got {type(tree)}")
 
@@ -48,7 +67,7 @@ def _read_tree(group: h5py.Group, as_torch: bool) -> dict:
                 data = item[()]
                 out[k] = torch.from_numpy(np.array(data)) if as_torch else np.array(data)
         else:
-            out[k] = json.loads(group.attrs[name])
+            out[k] = _from_json(group.attrs[name])
     return out
 
 

@@ -113,17 +113,23 @@ class RequestServer:
         MPI.Prequest.Startall(self._recv)
 
     def ready(self) -> list[int]:
-        """Indices of env ranks whose request has arrived (each stays ready until `rearm`)."""
+        """Indices of env ranks whose request arrived since the last call. A completed persistent
+        receive goes inactive and is reported once; the caller keeps it until it `rearm`s it."""
         done = MPI.Request.Testsome(self._recv)
         return list(done) if done else []
 
     def rearm(self, i: int) -> None:
         self._recv[i].Start()
 
-    def reply(self, i: int) -> None:
-        """Send reply buffer i; the env rank can only ask again after it read the last reply."""
+    def reply_buffer(self, i: int) -> Message:
+        """Reply buffer i, free to fill: its previous send has completed."""
         if self._send[i] is not None:
-            self._send[i].Wait()
+            self._send[i].Wait()  # done already in practice: env i read that reply before asking again
+            self._send[i] = None
+        return self.replies[i]
+
+    def reply(self, i: int) -> None:
+        """Send reply buffer i (filled after `reply_buffer(i)`)."""
         self._send[i] = WORLD.Isend(self.replies[i].buffer, dest=self.env_ranks[i], tag=Tag.ACTION_REPLY)
 
     def close(self, armed: Sequence[int]) -> None:
@@ -276,6 +282,13 @@ def allreduce_sum(comm, values: np.ndarray) -> np.ndarray:
     out = np.empty_like(values)
     comm.Allreduce(values, out, op=MPI.SUM)
     return out
+
+
+def broadcast_flag(comm, flag: bool) -> bool:
+    """The root's decision, on every rank of comm (so no rank decides from its own rounding)."""
+    buf = np.array([1 if flag else 0], dtype=np.int8)
+    comm.Bcast(buf, root=0)
+    return bool(buf[0])
 
 
 def allreduce_min_max(comm, low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,8 @@
-"""metrics.h5: one extendable dataset per scalar, one row per learner update."""
+"""metrics.h5: one extendable dataset per scalar, one row per learner update.
+
+Written in HDF5's single-writer/multiple-reader mode, so `read_metrics` (or h5py, h5dump with
+SWMR) can follow a run while it goes on, and a crash leaves every row written so far readable.
+"""
 from __future__ import annotations
 
 import h5py
@@ -6,31 +10,36 @@ import numpy as np
 
 
 class MetricsWriter:
-    """Appends rows of named scalars (and fixed-width vectors); flushed after every row."""
+    """Appends rows of named scalars (and fixed-width vectors); every row has the same keys."""
 
     def __init__(self, path: str, attrs: dict[str, str] | None = None):
-        self.file = h5py.File(path, "w")
+        self.file = h5py.File(path, "w", libver="latest")
         for key, value in (attrs or {}).items():
             self.file.attrs[key] = value
         self.rows = 0
 
     def append(self, row: dict[str, float | np.ndarray]) -> None:
-        for key, value in row.items():
-            value = np.asarray(value)
-            if key not in self.file:
+        values = {key: np.asarray(value) for key, value in row.items()}
+        if self.rows == 0:
+            for key, value in values.items():
                 dtype = np.int64 if np.issubdtype(value.dtype, np.integer) else np.float64
                 self.file.create_dataset(key, shape=(0, *value.shape), maxshape=(None, *value.shape),
                                          dtype=dtype, chunks=(256, *value.shape))
+            self.file.swmr_mode = True  # datasets exist: readers may open the file from now on
+        if set(values) != set(self.file.keys()):
+            raise ValueError(f"metrics row keys changed: {sorted(set(values) ^ set(self.file.keys()))}")
+        for key, value in values.items():
             ds = self.file[key]
             ds.resize(self.rows + 1, axis=0)
             ds[self.rows] = value
+            ds.flush()
         self.rows += 1
-        self.file.flush()
 
     def close(self) -> None:
         self.file.close()
 
 
 def read_metrics(path: str) -> dict[str, np.ndarray]:
-    with h5py.File(path, "r") as f:
+    """Every series of a metrics file, also while its run is still writing it."""
+    with h5py.File(path, "r", libver="latest", swmr=True) as f:
         return {key: f[key][()] for key in f}

@@ -125,7 +125,8 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, run_d
         if rank == root:
             publisher = comm.WeightPublisher(weight_comm if size_of(weight_comm) > 1 else None, wspec.allocate())
         files = RunFiles(run_dir, config_text) if rank == root else None
-        roles.append(LearnerRole(cfg, spaces, learner_comm, receiver, publisher, files))
+        share = len(envs) * len(learners) / len(layout.envs)  # unequal fan-in: weight by batch size
+        roles.append(LearnerRole(cfg, spaces, learner_comm, receiver, publisher, files, batch_share=share))
 
     if rank in layout.inference:
         from hpcrl.roles.inference import InferenceRole

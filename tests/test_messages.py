@@ -19,6 +19,19 @@ def test_fields_are_aligned_views_of_one_buffer():
     assert other.get("a") == 7 and list(other["x"]) == [1, 2, 3] and other["y"][1, 1] == 1.5
 
 
+def test_fragment_fields_do_not_overlap_and_keep_their_values():
+    spec = fragment_spec(4, 3, (5,), "float32", (), "int64")
+    spans = sorted((spec.offsets[f.name], spec.offsets[f.name] + f.nbytes) for f in spec.fields)
+    assert spans[0][0] >= 8 * len(spec.header)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    assert spans[-1][1] <= spec.nbytes
+    m = spec.allocate()
+    for i, f in enumerate(spec.fields):  # a distinct value per field, all written before any is read
+        m[f.name][...] = i + 1
+    for i, f in enumerate(spec.fields):
+        assert np.all(m[f.name] == i + 1), f.name
+
+
 def test_fragment_round_trip_through_bytes():
     spec = fragment_spec(4, 3, (5,), "float32", (), "int64")
     m = spec.allocate()

@@ -57,9 +57,11 @@ def ppo_loss(model: nn.Module, mb: Batch, cfg: AlgoConfig) -> tuple[torch.Tensor
 
 def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: AlgoConfig,
                rng: np.random.Generator, average_gradients: Callable[[], None] = lambda: None,
-               apply_step: Callable[[], None] | None = None) -> dict[str, float]:
+               apply_step: Callable[[], None] | None = None, loss_scale: float = 1.0) -> dict[str, float]:
     """`epochs` passes of `num_minibatches` minibatches. `average_gradients` runs between backward
-    and clipping (Horovod's synchronize), so the norm is clipped on the averaged gradient."""
+    and clipping (Horovod's synchronize), so the norm is clipped on the averaged gradient.
+    `loss_scale` weights this learner's gradient by its share of the global batch, so that an
+    equal-weight average over learners with unequal batches is still the mean over all samples."""
     apply_step = apply_step or optimizer.step
     totals = {k: 0.0 for k in LOSS_KEYS}
     steps = 0
@@ -68,7 +70,7 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
         for idx in torch.tensor_split(order, cfg.num_minibatches):
             loss, stats = ppo_loss(model, batch.take(idx), cfg)
             optimizer.zero_grad()
-            loss.backward()
+            (loss * loss_scale).backward()
             average_gradients()
             nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             apply_step()

@@ -115,7 +115,7 @@ class InferenceRole:
         return 1
 
     def _serve(self, serve: list[int]) -> None:
-        requests, replies = self.server.requests, self.server.replies
+        requests = self.server.requests
         spans, start = [], 0
         for i in serve:
             obs = requests[i]["obs"]
@@ -126,7 +126,7 @@ class InferenceRole:
                         self.batch_values[:start])
         self.forward_passes += 1
         for i, a, b in spans:
-            reply = replies[i]
+            reply = self.server.reply_buffer(i)
             reply["actions"][...] = self.batch_actions[a:b]
             reply["logp"][...] = self.batch_logp[a:b]
             reply["values"][...] = self.batch_values[a:b]
@@ -141,7 +141,7 @@ class InferenceRole:
         """After the stop word: answer each env rank's next request with STOP, then close."""
         work = 0
         for i in self.pending:
-            self.server.replies[i].set(flags=STOP)
+            self.server.reply_buffer(i).set(flags=STOP)
             self.server.reply(i)
             self.stopped_envs.add(i)
             work += 1

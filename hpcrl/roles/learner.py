@@ -42,12 +42,15 @@ class LearnerRole:
     name = "learner"
 
     def __init__(self, cfg: Config, spaces: EnvSpaces, learner_comm, receiver: comm.FragmentReceiver,
-                 publisher: comm.WeightPublisher | None, files: RunFiles | None):
+                 publisher: comm.WeightPublisher | None, files: RunFiles | None, batch_share: float = 1.0):
+        """`batch_share`: this learner's fraction of the global batch times the number of learners
+        (1.0 when every learner has as many env ranks as the others)."""
         self.cfg = cfg
         self.comm = learner_comm
         self.receiver = receiver
         self.publisher = publisher
         self.files = files
+        self.batch_share = batch_share
         self.root = learner_comm.Get_rank() == 0
         hvd.init(comm=learner_comm)  # Horovod: only the learners, never the whole world
         device = cfg.roles.learner.device
@@ -58,7 +61,8 @@ class LearnerRole:
         # fused: one kernel for all parameters; 7x faster than the per-tensor loop on small MLPs here
         optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algo.lr, eps=1e-5, fused=True)
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod: same start everywhere
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        # A fresh optimizer is identical everywhere already. hvd.broadcast_optimizer_state would
+        # first take a zero-gradient step to create Adam's state, putting bias correction one step off.
         self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters())
         self.rng = np.random.default_rng(cfg.run.seed * 7_919 + hvd.rank())
         self.version = 0
@@ -97,7 +101,8 @@ class LearnerRole:
                 group["lr"] = a.lr * max(0.0, 1.0 - self.frames / self.cfg.run.total_frames)
         batch, local = self._assemble()
         losses = ppo_update(self.model, self.optimizer, batch, a, self.rng,
-                            average_gradients=self.optimizer.synchronize, apply_step=self._step)
+                            average_gradients=self.optimizer.synchronize, apply_step=self._step,
+                            loss_scale=self.batch_share)
         self.version += 1
         self.updates += 1
         for i in range(len(self.have)):
@@ -105,6 +110,7 @@ class LearnerRole:
             self.receiver.rearm(i)
         row = self._reduce_stats(local, losses)
         stop = row["frames"] >= self.cfg.run.total_frames or self._target_reached()
+        stop = comm.broadcast_flag(self.comm, stop)  # MPI: all learners stop after the same update
         if self.root:
             self._report(row, stop)
         self._publish(stop=stop)

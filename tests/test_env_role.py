@@ -1,0 +1,77 @@
+"""EnvRole end to end in one process (the serial-mode plumbing, real MPI self-messages), checked
+against an independent replay of the same seeded environments."""
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from hpcrl import comm
+from hpcrl.config import parse_config
+from hpcrl.envs import probe_spaces
+from hpcrl.messages import EPISODE_STATS, fragment_spec, reply_spec, request_spec, weights_spec
+from hpcrl.models import PolicyRunner, build_model, copy_params_to, num_params
+from hpcrl.roles.env import EnvRole
+from hpcrl.roles.inference import InlinePolicy
+
+T, N, LIMIT = 16, 3, 8  # episodes are cut at 8 steps, so truncation falls on t=7 and t=T-1=15
+
+
+def collect_fragment():
+    cfg = parse_config(f"env: {{id: CartPole-v1, num_envs: {N}, kwargs: {{max_episode_steps: {LIMIT}}}}}\n"
+                       f"algo: {{rollout_length: {T}, num_minibatches: 1}}\nrun: {{seed: 5}}")
+    spaces = probe_spaces(cfg.env)
+    torch.manual_seed(0)
+    model = build_model(spaces.obs_shape, spaces.num_actions, cfg.model)
+    publisher = comm.WeightPublisher(None, weights_spec(num_params(model)).allocate())
+    publisher.publish(0, lambda flat: copy_params_to(model, flat))
+    runner = PolicyRunner(build_model(spaces.obs_shape, spaces.num_actions, cfg.model), "cpu")
+    req = request_spec(N, spaces.obs_shape, spaces.obs_dtype)
+    rep = reply_spec(N, spaces.action_shape, spaces.action_dtype)
+    policy = InlinePolicy(runner, comm.LocalWeightSubscriber(publisher), req.allocate(), rep.allocate())
+    frag = fragment_spec(T, N, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype)
+    me = comm.world_rank()
+    receiver = comm.FragmentReceiver([me], [frag.allocate()])
+    role = EnvRole(cfg, rank=me, index=0, policy=policy, sender=comm.FragmentSender(me, [frag.allocate(), frag.allocate()]))
+    for _ in range(10 * T):
+        role.poll()
+        if receiver.ready():
+            break
+    else:
+        pytest.fail("no fragment arrived")
+    receiver.close()
+    return cfg, model, receiver.buffers[0]
+
+
+def test_fragment_matches_a_replay_and_truncation_bootstraps_from_the_final_obs():
+    cfg, model, f = collect_fragment()
+    assert (f.get("version"), f.get("index"), f.get("frames")) == (0, 0, T * N)
+
+    @torch.no_grad()
+    def value(obs):
+        return float(model.value(torch.as_tensor(obs, dtype=torch.float32)[None])[0])
+
+    truncated_at_end, episodes, returns = 0, 0, []
+    for i in range(N):
+        env = gym.make("CartPole-v1", max_episode_steps=LIMIT)
+        obs, _ = env.reset(seed=cfg.run.seed * 100_003 + i)  # the seeds EnvRole gives env rank 0
+        ep_return = 0.0
+        for t in range(T):
+            np.testing.assert_array_equal(f["obs"][t, i], obs)
+            obs, reward, terminated, truncated, _ = env.step(int(f["actions"][t, i]))
+            ep_return += reward
+            assert f["rewards"][t, i] == reward and f["dones"][t, i] == (terminated or truncated)
+            if truncated and not terminated:
+                assert f["trunc_values"][t, i] == pytest.approx(value(obs), abs=1e-5)  # V(final obs)
+                truncated_at_end += t == T - 1
+            else:
+                assert f["trunc_values"][t, i] == 0.0
+            if terminated or truncated:
+                episodes += 1
+                returns.append(ep_return)
+                ep_return = 0.0
+                obs, _ = env.reset()
+        assert f["last_values"][i] == pytest.approx(value(obs), abs=1e-5)  # V(obs after the last step)
+    assert truncated_at_end >= 1  # the t = T-1 case (value from the extra end-of-rollout request) ran
+    stats = dict(zip(EPISODE_STATS, f["episode_stats"]))
+    assert stats["episodes"] == episodes and stats["return_sum"] == pytest.approx(sum(returns))
+    assert stats["return_min"] == min(returns) and stats["return_max"] == max(returns)

@@ -1,0 +1,34 @@
+"""metrics.h5 is readable while a run writes it, and holds exactly the rows appended."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hpcrl.metrics import MetricsWriter, read_metrics
+
+
+def test_rows_read_back_while_the_writer_is_open(tmp_path):
+    path = str(tmp_path / "metrics.h5")
+    writer = MetricsWriter(path, attrs={"config": "run: {}"})
+    writer.append({"frames": 10, "return_mean": 1.5, "digest": np.array([3, 4], dtype=np.int64)})
+    writer.append({"frames": 20, "return_mean": np.nan, "digest": np.array([5, 6], dtype=np.int64)})
+    # another process, as a user watching a run would
+    code = f"from hpcrl.metrics import read_metrics; print(read_metrics({path!r})['frames'].tolist())"
+    seen = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert seen.returncode == 0, seen.stderr
+    assert seen.stdout.strip() == "[10, 20]"
+    writer.append({"frames": 30, "return_mean": 2.0, "digest": np.array([7, 8], dtype=np.int64)})
+    writer.close()
+    m = read_metrics(path)
+    assert list(m["frames"]) == [10, 20, 30] and m["frames"].dtype == np.int64
+    assert m["return_mean"][0] == 1.5 and np.isnan(m["return_mean"][1])
+    assert m["digest"].tolist() == [[3, 4], [5, 6], [7, 8]]
+
+
+def test_a_row_with_other_keys_is_refused(tmp_path):
+    writer = MetricsWriter(str(tmp_path / "m.h5"))
+    writer.append({"frames": 1})
+    with pytest.raises(ValueError, match="keys changed"):
+        writer.append({"frames": 2, "extra": 1.0})
+    writer.close()
