@@ -54,7 +54,7 @@ def test_six_ranks_two_learners_stay_bit_identical(tmp_path):
 
 
 def test_rank_that_raises_aborts_the_whole_job(tmp_path):
-    cfg = small_config(tmp_path, env={"id": "tests.faulty_envs:HpcrlTest/Exploding-v0", "num_envs": 2},
+    cfg = small_config(tmp_path, env={"id": "tests.probe_envs:HpcrlTest/Exploding-v0", "num_envs": 2},
                        run={"total_frames": 10**7})
     start = time.monotonic()
     result = mpirun(4, "run", str(write_config(tmp_path, cfg)), timeout=120)
@@ -62,6 +62,20 @@ def test_rank_that_raises_aborts_the_whole_job(tmp_path):
     assert result.returncode != 0
     assert "simulated env failure" in result.stderr
     assert "hpcrl: rank 2 (env: stepping envs" in result.stderr or "hpcrl: rank 3 (env: stepping envs" in result.stderr
+
+
+def test_env_ranks_with_remote_inference_never_import_torch(tmp_path):
+    report = tmp_path / "modules"
+    report.mkdir()
+    cfg = small_config(tmp_path, env={"id": "tests.probe_envs:HpcrlTest/ModuleReporting-v0",
+                                      "kwargs": {"report_dir": str(report)}}, run={"total_frames": 256})
+    result = mpirun(4, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 0, result.stderr
+    by_rank = {}
+    for path in report.iterdir():
+        by_rank.setdefault(path.name.split("-")[0], []).append(path.read_text())
+    assert by_rank["rank2"] == [""] and by_rank["rank3"] == [""]  # env ranks: neither torch nor horovod
+    assert "rank1" not in by_rank  # the inference rank steps no env
 
 
 @pytest.mark.parametrize("ranks", [1, 4])

@@ -1,0 +1,41 @@
+"""Environments for tests that watch a run from inside, registered on import ('tests.faulty_envs:HpcrlTest/...')."""
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class ExplodingCartPole(CartPoleEnv):
+    """CartPole that raises after `explode_after` steps: an env bug on one env rank."""
+
+    def __init__(self, explode_after: int = 50, **kwargs):
+        super().__init__(**kwargs)
+        self.explode_after = explode_after
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps > self.explode_after:
+            raise RuntimeError("simulated env failure")
+        return super().step(action)
+
+
+gym.register("HpcrlTest/Exploding-v0", entry_point=ExplodingCartPole, max_episode_steps=500)
+
+
+class ModuleReportingCartPole(CartPoleEnv):
+    """CartPole that, on close, writes which heavy modules its process has imported."""
+
+    def __init__(self, report_dir: str, **kwargs):
+        super().__init__(**kwargs)
+        self.report_dir = report_dir
+
+    def close(self):
+        import os
+        import sys
+        rank = os.environ.get("OMPI_COMM_WORLD_RANK", "serial")
+        loaded = sorted(m for m in ("torch", "horovod") if m in sys.modules)
+        with open(os.path.join(self.report_dir, f"rank{rank}-{os.getpid()}.txt"), "w") as fh:
+            fh.write(",".join(loaded))
+        super().close()
+
+
+gym.register("HpcrlTest/ModuleReporting-v0", entry_point=ModuleReportingCartPole, max_episode_steps=500)
