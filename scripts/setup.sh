@@ -25,16 +25,22 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$(fingerprint)" ]] && command -v mpir
     exit 0
 fi
 
-# --- Open MPI (the system MPI that mpi4py and Horovod are both built against) ---
-if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
+# --- Debian packages: Open MPI (the one MPI that mpi4py and Horovod are both built against),
+#     and the compilers and CMake that Horovod's build needs ---
+missing=()
+command -v mpirun >/dev/null || missing+=(openmpi-bin)
+command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
+command -v cmake >/dev/null || missing+=(cmake)
+command -v g++ >/dev/null || missing+=(g++)
+if (( ${#missing[@]} )); then
     if [[ $(id -u) -ne 0 ]]; then
-        log "Open MPI is missing: install openmpi-bin and libopenmpi-dev (needs root), then re-run."
+        log "missing Debian packages: ${missing[*]}; install them (needs root), then re-run."
         exit 1
     fi
-    log "installing Open MPI from Debian"
+    log "installing from Debian: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 # --- virtual environment ---
