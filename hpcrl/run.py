@@ -117,13 +117,12 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, run_d
         import torch  # only ranks that hold a policy; remote-inference env ranks never import torch
         torch.set_num_threads(cfg.run.torch_threads)
     if is_learner:
-        from hpcrl.models import build_model, num_params  # torch only on ranks that hold a policy
         from hpcrl.roles.learner import LearnerRole, RunFiles
-        wspec = weights_spec(num_params(build_model(obs_shape, spaces.num_actions, cfg.model)))
         envs = layout.envs_of_learner(rank)
         receiver = comm.FragmentReceiver(envs, [frag.allocate() for _ in envs])
         if rank == root:
-            publisher = comm.WeightPublisher(weight_comm if size_of(weight_comm) > 1 else None, wspec.allocate())
+            publisher = comm.WeightPublisher(weight_comm if size_of(weight_comm) > 1 else None,
+                                             _weights_message(cfg, spaces))
         files = RunFiles(run_dir, config_text) if rank == root else None
         share = len(envs) * len(learners) / len(layout.envs)  # unequal fan-in: weight by batch size
         roles.append(LearnerRole(cfg, spaces, learner_comm, receiver, publisher, files, batch_share=share))

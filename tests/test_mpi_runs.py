@@ -41,6 +41,16 @@ def test_short_training_run(tmp_path, ranks, roles):
     assert metrics["frames"][0] == env_ranks * 16 * 4  # one fragment per env rank per update
 
 
+def test_serial_runs_repeat_exactly_for_a_seed(tmp_path):
+    results = []
+    for name in ("a", "b"):
+        cfg = small_config(tmp_path, name=name, run={"total_frames": 1024})
+        assert mpirun(1, "run", str(write_config(tmp_path, cfg, f"{name}.yaml"))).returncode == 0
+        results.append(read_metrics(str(run_dir(cfg) / "metrics.h5")))
+    for key in ("frames", "return_mean", "loss_policy", "loss_value", "entropy", "approx_kl"):
+        np.testing.assert_array_equal(results[0][key], results[1][key], err_msg=key)
+
+
 def test_six_ranks_two_learners_stay_bit_identical(tmp_path):
     cfg = small_config(tmp_path, run={"replica_digests": True, "total_frames": 4096},
                        roles={"learner": {"ranks": 2}, "inference": {"ranks": 2}, "env": {"ranks": "rest"}})

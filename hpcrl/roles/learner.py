@@ -57,6 +57,7 @@ class LearnerRole:
         if device == "cuda":
             torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())  # Horovod: pin by local rank
         self.device = torch.device(device)
+        torch.manual_seed(cfg.run.seed)  # the root's initial weights (Horovod copies them) repeat per seed
         self.model = build_model(spaces.obs_shape, spaces.num_actions, cfg.model).to(self.device)
         # fused: one kernel for all parameters; 7x faster than the per-tensor loop on small MLPs here
         optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algo.lr, eps=1e-5, fused=True)
