@@ -14,35 +14,34 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config value, e.g. --set run.total_frames=20000 (repeatable)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run directory of the same name")
-    plan = sub.add_parser("plan", help="print the rank layout a config gets at a world size (no MPI needed)")
+    plan = sub.add_parser("plan", help="print the layout a config gets at a world size (no MPI needed)")
     plan.add_argument("config", help="rank-role YAML config")
     plan.add_argument("--world-size", type=int, required=True, help="number of MPI ranks")
+    plan.add_argument("--ranks-per-node", type=int, help="MPI ranks per node, placed in blocks (default: one node)")
+    plan.add_argument("--env-steps-per-s", type=float, default=1000.0,
+                      help="vector steps per second per env rank, for the traffic estimate (default 1000)")
+    plan.add_argument("--per-rank", action="store_true", help="list every rank (default for up to 64 ranks)")
     plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     return p
 
 
 def _plan(args) -> int:
     from hpcrl.config import ConfigError, load_config
-    from hpcrl.layout import INLINE, plan_layout
+    from hpcrl.envs import probe_spaces
+    from hpcrl.layout import plan_layout, simulated_nodes
+    from hpcrl.plan import format_plan, traffic
     try:
         cfg, _ = load_config(args.config, tuple(args.overrides))
-        layout = plan_layout(cfg.roles, args.world_size)
+        nodes = simulated_nodes(args.world_size, args.ranks_per_node or max(args.world_size, 1))
+        layout = plan_layout(cfg.roles, args.world_size, nodes)
+        spaces = probe_spaces(cfg.env)
     except ConfigError as exc:
         print(f"hpcrl: config error: {exc}", file=sys.stderr)
         return 2
-    if layout.serial:
-        print("world size 1: serial mode, rank 0 runs learner + env with inline inference")
-        return 0
-    print(f"world size {layout.world_size}: {len(layout.learners)} learner, {len(layout.inference)} inference, "
-          f"{len(layout.envs)} env ranks x {cfg.env.num_envs} envs")
-    for r in layout.learners:
-        print(f"  rank {int(r):>6}  learner    fragments from {len(layout.envs_of_learner(int(r)))} env ranks")
-    for r in layout.inference:
-        print(f"  rank {int(r):>6}  inference  serves {len(layout.envs_of_inference(int(r)))} env ranks")
-    for i, r in enumerate(layout.envs):
-        inf = int(layout.env_inference[i])
-        print(f"  rank {int(r):>6}  env        inference {'inline' if inf == INLINE else f'rank {inf}'}, "
-              f"learner rank {int(layout.env_learner[i])}")
+    from hpcrl.models import build_model, num_params  # torch: only to count the policy's parameters
+    n_params = num_params(build_model(spaces.obs_shape, spaces.num_actions, cfg.model))
+    t = traffic(cfg, layout, spaces, n_params, args.env_steps_per_s)
+    print(format_plan(cfg, layout, t, args.env_steps_per_s, args.per_rank or args.world_size <= 64))
     return 0
 
 

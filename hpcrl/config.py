@@ -27,22 +27,29 @@ def doc(text: str, **kwargs: Any) -> Any:
     return field(metadata={"doc": text}, **kwargs)
 
 
+DEFAULT_RANKS = {"learner": 1, "inference": 0, "env": REST}
+
+
 @dataclass
 class RoleSpec:
     """How many ranks play one role, and on which device."""
 
-    ranks: Union[int, str] = doc("number of ranks for this role, or 'rest' for all ranks left over", default=0)
+    ranks: Union[int, str, None] = doc("number of ranks for this role in total, or 'rest' for all ranks "
+                                       "left over (default: learner 1, inference 0, env rest)", default=None)
+    per_node: Union[int, None] = doc("ranks of this role on every node, instead of a total `ranks`", default=None)
     device: str = doc("torch device for this role's policy: 'cpu' or 'cuda'", default="cpu")
+    max_env_ranks: int = doc("learner and inference: the most env ranks one such rank should serve "
+                             "(0 = no limit); hpcrl plan and the run warn above it", default=0)
 
 
 @dataclass
 class RolesConfig:
     """The rank-role table: learners take the lowest ranks, then inference, then env ranks."""
 
-    learner: RoleSpec = doc("ranks that train (Horovod among them)", default_factory=lambda: RoleSpec(ranks=1))
+    learner: RoleSpec = doc("ranks that train (Horovod among them)", default_factory=RoleSpec)
     inference: RoleSpec = doc("ranks that batch observations and run the policy; 0 = inline on env ranks",
-                              default_factory=lambda: RoleSpec(ranks=0))
-    env: RoleSpec = doc("ranks that step gymnasium environments", default_factory=lambda: RoleSpec(ranks=REST))
+                              default_factory=RoleSpec)
+    env: RoleSpec = doc("ranks that step gymnasium environments", default_factory=RoleSpec)
 
 
 @dataclass
@@ -174,8 +181,18 @@ def validate(cfg: Config) -> None:
     for role in ROLE_NAMES:
         spec: RoleSpec = getattr(cfg.roles, role)
         key = f"roles.{role}"
-        _check(spec.ranks == REST or (isinstance(spec.ranks, int) and spec.ranks >= 0),
+        _check(spec.ranks is None or spec.per_node is None,
+               f"{key}: set either ranks (a total) or per_node (on every node), not both")
+        if spec.per_node is not None:
+            _check(spec.per_node >= (0 if role == "inference" else 1),
+                   f"{key}.per_node: expected >= {0 if role == 'inference' else 1}, got {spec.per_node}")
+        elif spec.ranks is None:
+            spec.ranks = DEFAULT_RANKS[role]  # resolved, so the run directory's config.yaml says it
+        _check(spec.ranks is None or spec.ranks == REST or (isinstance(spec.ranks, int) and spec.ranks >= 0),
                f"{key}.ranks: expected a count >= 0 or 'rest', got {spec.ranks!r}")
+        _check(spec.max_env_ranks >= 0, f"{key}.max_env_ranks: expected >= 0, got {spec.max_env_ranks}")
+        _check(role != "env" or spec.max_env_ranks == 0,
+               f"{key}.max_env_ranks: only learner and inference ranks serve env ranks")
         _check(spec.device in DEVICES, f"{key}.device: expected one of {', '.join(DEVICES)}, got {spec.device!r}")
     rest = [r for r in ROLE_NAMES if getattr(cfg.roles, r).ranks == REST]
     _check(len(rest) <= 1, f"roles: only one role may use ranks: rest, got {', '.join(rest)}")

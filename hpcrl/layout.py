@@ -1,13 +1,16 @@
-"""Who does what: turn the rank-role table and a world size into a plan for every rank.
+"""Who does what: turn the rank-role table, a world size and a node map into a plan for every rank.
 
-Pure numpy (no MPI), so it can be tested with simulated node maps and plans 100,000 ranks fast.
-Learners take the lowest ranks (the learner root is world rank 0, which prints progress), then
-inference ranks, then env ranks. Each env rank talks to exactly one inference rank (preferably
-on its own node) and one learner; fan-in is balanced.
+Pure numpy (no MPI), so it can be tested with simulated node maps, and vectorised so it plans
+100,000 ranks in a fraction of a second. Placement, in this order:
+- learners take the lowest free ranks (the learner root is the lowest learner rank);
+- inference and env ranks with a total count are spread round-robin over the nodes;
+- a role with `per_node: k` takes the k lowest free ranks of every node;
+- the role with `ranks: rest` takes every rank left over.
+Each env rank talks to one inference rank and one learner, on its own node where the node has
+one, else to the least-loaded one elsewhere, so fan-in stays balanced.
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,26 +18,42 @@ import numpy as np
 from hpcrl.config import REST, ROLE_NAMES, ConfigError, RolesConfig
 
 INLINE = -1  # env_inference entry for an env rank that runs its policy itself
+ROLE_CODES = {name: code for code, name in enumerate(ROLE_NAMES)}
 
 
-def resolve_role_counts(roles: RolesConfig, world_size: int) -> dict[str, int]:
+def _role_table(roles: RolesConfig) -> str:
+    parts = []
+    for r in ROLE_NAMES:
+        spec = getattr(roles, r)
+        parts.append(f"{r} {spec.per_node}/node" if spec.per_node is not None else f"{r} {spec.ranks}")
+    return " + ".join(parts)
+
+
+def resolve_role_counts(roles: RolesConfig, world_size: int, num_nodes: int = 1) -> dict[str, int]:
     """Role -> number of ranks for this world size; a ConfigError says which sizes would fit."""
-    fixed = {r: getattr(roles, r).ranks for r in ROLE_NAMES if getattr(roles, r).ranks != REST}
-    rest = [r for r in ROLE_NAMES if getattr(roles, r).ranks == REST]
+    fixed = {}
+    for r in ROLE_NAMES:
+        spec = getattr(roles, r)
+        if spec.per_node is not None:
+            fixed[r] = spec.per_node * num_nodes
+        elif spec.ranks != REST:
+            fixed[r] = spec.ranks
+    rest = [r for r in ROLE_NAMES if r not in fixed]
     needed = sum(fixed.values())
-    table = " + ".join(f"{r} {getattr(roles, r).ranks}" for r in ROLE_NAMES)
+    table = _role_table(roles)
+    where = f"{world_size} ranks" + (f" on {num_nodes} nodes" if num_nodes > 1 else "")
     if rest:
         left = world_size - needed
         minimum = needed + (1 if rest[0] in ("env", "learner") else 0)
         if left < 0 or (left == 0 and rest[0] in ("env", "learner")):
             raise ConfigError(f"roles ({table}) need a world size of at least {minimum}, "
-                              f"but the job has {world_size} ranks; run with mpirun -n {minimum} or more")
+                              f"but the job has {where}; run with mpirun -n {minimum} or more")
         return {**fixed, rest[0]: left}
     if needed != world_size:
         raise ConfigError(f"roles ({table}) need a world size of exactly {needed}, but the job has "
-                          f"{world_size} ranks; run with mpirun -n {needed}, or set one role's ranks to "
+                          f"{where}; run with mpirun -n {needed}, or set one role's ranks to "
                           f"'rest' to fill any size")
-    return dict(fixed)
+    return fixed
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,7 @@ class Layout:
     """The whole job's plan. Arrays are indexed by role index; entries are world ranks."""
 
     world_size: int
+    node_of_rank: np.ndarray
     learners: np.ndarray
     inference: np.ndarray
     envs: np.ndarray
@@ -57,12 +77,13 @@ class Layout:
     def inline_inference(self) -> bool:
         return len(self.inference) == 0
 
+    @property
+    def learner_root(self) -> int:
+        return int(self.learners[0])
+
     def roles_of(self, rank: int) -> tuple[str, ...]:
-        roles = []
-        for name, ranks in (("learner", self.learners), ("inference", self.inference), ("env", self.envs)):
-            if rank in _members(ranks):
-                roles.append(name)
-        return tuple(roles)
+        return tuple(name for name, ranks in (("learner", self.learners), ("inference", self.inference),
+                                              ("env", self.envs)) if np.any(ranks == rank))
 
     def index_in(self, role: str, rank: int) -> int:
         ranks = {"learner": self.learners, "inference": self.inference, "env": self.envs}[role]
@@ -74,43 +95,79 @@ class Layout:
     def envs_of_learner(self, rank: int) -> list[int]:
         return [int(r) for r in self.envs[self.env_learner == rank]]
 
+    def fan_in(self, role: str) -> np.ndarray:
+        """Env ranks per learner (or per inference rank), in role-index order."""
+        servers, routes = ((self.learners, self.env_learner) if role == "learner"
+                           else (self.inference, self.env_inference))
+        if len(servers) == 0:
+            return np.zeros(0, dtype=np.int64)
+        order = np.argsort(servers)
+        counts = np.zeros(len(servers), dtype=np.int64)
+        np.add.at(counts, order[np.searchsorted(servers[order], routes)], 1)
+        return counts
+
     def weight_subscribers(self) -> list[int]:
         """Ranks that hold a policy copy fed by the learner root: inference ranks, else env ranks."""
         ranks = self.envs if self.inline_inference else self.inference
-        return [int(r) for r in ranks if r != self.learners[0]]
+        return [int(r) for r in ranks if r != self.learner_root]
 
 
-def _members(ranks: np.ndarray) -> set[int]:
-    return set(int(r) for r in ranks)
+def _local_positions(free: np.ndarray, node_of_rank: np.ndarray) -> np.ndarray:
+    """For each free rank (ascending), its position among the free ranks of its node."""
+    nodes = node_of_rank[free]
+    order = np.argsort(nodes, kind="stable")
+    sorted_nodes = nodes[order]
+    starts = np.flatnonzero(np.r_[True, sorted_nodes[1:] != sorted_nodes[:-1]])
+    group_start = np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    pos = np.empty(len(free), dtype=np.int64)
+    pos[order] = np.arange(len(order)) - group_start
+    return pos
 
 
-def _route_to_inference(envs: np.ndarray, inference: np.ndarray, node_of_rank: np.ndarray) -> np.ndarray:
-    """Each env rank -> one inference rank, same node first, least-loaded otherwise."""
+def _place(role: str, count: int, per_node: int | None, free: np.ndarray, node_of_rank: np.ndarray,
+           num_nodes: int) -> np.ndarray:
+    """World ranks (ascending) for one role, chosen among the free ranks."""
+    if role == "learner" and per_node is None:
+        return free[:count]
+    pos = _local_positions(free, node_of_rank)
+    if per_node is not None:
+        chosen = free[pos < per_node]
+        short = num_nodes * per_node - len(chosen)
+        if short:
+            raise ConfigError(f"roles.{role}.per_node: {per_node} {role} ranks per node do not fit: "
+                              f"some nodes have fewer free ranks left; use more ranks per node or a smaller per_node")
+        return chosen
+    order = np.lexsort((node_of_rank[free], pos))  # round-robin: first free rank of every node, then second...
+    return np.sort(free[order[:count]])
+
+
+def _route(envs: np.ndarray, servers: np.ndarray, node_of_rank: np.ndarray) -> np.ndarray:
+    """Each env rank -> one server rank: round-robin among servers on its own node; env ranks on
+    nodes without one fill the least-loaded servers up to an even share, grouped by node."""
     out = np.full(len(envs), INLINE, dtype=np.int64)
-    if len(inference) == 0:
+    if len(servers) == 0:
         return out
-    by_node: dict[int, list[int]] = {}
-    for inf in inference:
-        by_node.setdefault(int(node_of_rank[inf]), []).append(int(inf))
-    load = {int(inf): 0 for inf in inference}
-    next_on_node = {node: 0 for node in by_node}
-    orphans = []
-    for i, env in enumerate(envs):
-        node = int(node_of_rank[env])
-        local = by_node.get(node)
-        if local:
-            pick = local[next_on_node[node] % len(local)]
-            next_on_node[node] += 1
-            out[i] = pick
-            load[pick] += 1
-        else:
-            orphans.append(i)
-    heap = [(n, r) for r, n in load.items()]
-    heapq.heapify(heap)
-    for i in orphans:
-        n, r = heapq.heappop(heap)
-        out[i] = r
-        heapq.heappush(heap, (n + 1, r))
+    server_nodes = node_of_rank[servers]
+    by_node = np.argsort(server_nodes, kind="stable")
+    sorted_servers, sorted_nodes = servers[by_node], server_nodes[by_node]
+    env_nodes = node_of_rank[envs]
+    first = np.searchsorted(sorted_nodes, env_nodes, side="left")
+    local_count = np.searchsorted(sorted_nodes, env_nodes, side="right") - first
+    has_local = local_count > 0
+    local_envs = np.flatnonzero(has_local)
+    pos = _local_positions(envs[local_envs], node_of_rank) if len(local_envs) else np.zeros(0, dtype=np.int64)
+    out[local_envs] = sorted_servers[first[local_envs] + pos % local_count[local_envs]]
+    orphans = np.flatnonzero(~has_local)
+    if len(orphans):
+        orphans = orphans[np.argsort(env_nodes[orphans], kind="stable")]
+        ascending = np.sort(servers)
+        load = np.bincount(np.searchsorted(ascending, out[local_envs]), minlength=len(servers))
+        quota = np.full(len(servers), len(envs) // len(servers))  # even shares, differing by at most one
+        quota[: len(envs) % len(servers)] += 1
+        fill = np.repeat(ascending, np.maximum(quota - load, 0))
+        if len(fill) < len(orphans):  # local shares already above the even share somewhere
+            fill = np.r_[fill, np.resize(ascending, len(orphans) - len(fill))]
+        out[orphans] = fill[:len(orphans)]
     return out
 
 
@@ -118,21 +175,41 @@ def plan_layout(roles: RolesConfig, world_size: int, node_of_rank: np.ndarray | 
     """The plan for `world_size` ranks; `node_of_rank[r]` is rank r's node id (default: all on one)."""
     if world_size < 1:
         raise ConfigError(f"world size must be >= 1, got {world_size}")
-    if world_size == 1:
-        zero = np.zeros(1, dtype=np.int64)
-        return Layout(1, zero, np.zeros(0, dtype=np.int64), zero, np.full(1, INLINE, dtype=np.int64), zero)
-    counts = resolve_role_counts(roles, world_size)
     if node_of_rank is None:
         node_of_rank = np.zeros(world_size, dtype=np.int64)
-    node_of_rank = np.asarray(node_of_rank)
+    node_of_rank = np.asarray(node_of_rank, dtype=np.int64)
     if len(node_of_rank) != world_size:
         raise ValueError(f"node_of_rank has {len(node_of_rank)} entries for world size {world_size}")
+    if world_size == 1:
+        zero = np.zeros(1, dtype=np.int64)
+        return Layout(1, node_of_rank, zero, np.zeros(0, dtype=np.int64), zero, np.full(1, INLINE, dtype=np.int64),
+                      zero)
+    num_nodes = len(np.unique(node_of_rank))
+    counts = resolve_role_counts(roles, world_size, num_nodes)
     n_learn, n_inf, n_env = counts["learner"], counts["inference"], counts["env"]
     if n_env < max(n_learn, n_inf):
         raise ConfigError(f"roles: {n_env} env ranks cannot feed {n_learn} learner and {n_inf} inference ranks "
                           f"(each needs at least one env rank); use at least {max(n_learn, n_inf)} env ranks")
-    ranks = np.arange(world_size, dtype=np.int64)
-    learners, inference, envs = ranks[:n_learn], ranks[n_learn:n_learn + n_inf], ranks[n_learn + n_inf:]
-    env_learner = learners[np.arange(n_env) % n_learn]
-    env_inference = _route_to_inference(envs, inference, node_of_rank)
-    return Layout(world_size, learners, inference, envs, env_inference, env_learner)
+    free = np.arange(world_size, dtype=np.int64)
+    placed: dict[str, np.ndarray] = {}
+    rest_role = None
+    for role in ROLE_NAMES:
+        spec = getattr(roles, role)
+        if spec.per_node is None and spec.ranks == REST:
+            rest_role = role
+            continue
+        placed[role] = _place(role, counts[role], spec.per_node, free, node_of_rank, num_nodes)
+        free = np.setdiff1d(free, placed[role], assume_unique=True)
+    if rest_role is not None:
+        placed[rest_role] = free
+    learners, inference, envs = placed["learner"], placed["inference"], placed["env"]
+    return Layout(world_size, node_of_rank, learners, inference, envs,
+                  env_inference=_route(envs, inference, node_of_rank),
+                  env_learner=_route(envs, learners, node_of_rank))
+
+
+def simulated_nodes(world_size: int, ranks_per_node: int) -> np.ndarray:
+    """Node ids for a block placement (SLURM's default): ranks 0..C-1 on node 0, and so on."""
+    if ranks_per_node < 1:
+        raise ConfigError(f"--ranks-per-node: expected >= 1, got {ranks_per_node}")
+    return np.arange(world_size, dtype=np.int64) // ranks_per_node

@@ -90,17 +90,22 @@ def _announce(cfg: Config, layout: Layout, run_dir: str) -> None:
     if layout.serial:
         print("[hpcrl] world size 1: serial mode (learner, env and inline inference in one process)", flush=True)
     else:
-        print(f"[hpcrl] {layout.world_size} ranks: {len(layout.learners)} learner, {len(layout.inference)} "
+        n_nodes = len(set(layout.node_of_rank.tolist()))
+        print(f"[hpcrl] {layout.world_size} ranks on {n_nodes} node{'s' if n_nodes > 1 else ''}: "
+              f"{len(layout.learners)} learner, {len(layout.inference)} "
               f"inference{' (inline on env ranks)' if layout.inline_inference else ''}, {len(layout.envs)} env "
               f"x {cfg.env.num_envs} {cfg.env.id}", flush=True)
     print(f"[hpcrl] run directory: {run_dir}", flush=True)
+    from hpcrl.plan import warnings
+    for warning in warnings(cfg, layout):
+        print(f"[hpcrl] warning: {warning}", flush=True)
 
 
 def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, run_dir: str, config_text: str) -> list:
     """Create this rank's roles and the channels between them. Collective over WORLD: every rank
     takes part in creating the learner and weight communicators, in the same order."""
     learners = [int(r) for r in layout.learners]
-    root = learners[0]
+    root = layout.learner_root
     is_learner = rank in learners
     learner_comm = comm.sub_communicator(is_learner)
     subscribers = layout.weight_subscribers()

@@ -13,9 +13,35 @@ def hpcrl(*args):
 def test_plan_prints_every_rank_and_its_peers():
     result = hpcrl("plan", "jobs/cartpole_ppo_2learners.yaml", "--world-size", "7")
     assert result.returncode == 0, result.stderr
-    assert "2 learner, 2 inference, 3 env ranks" in result.stdout
+    assert "world size 7 on 1 node" in result.stdout
     assert "rank      6  env        inference rank 2, learner rank 0" in result.stdout
     assert "rank      0  learner    fragments from 2 env ranks" in result.stdout
+    # 3 env ranks over 2 learners: one learner trains on twice the data, and the plan says so
+    assert "warning: learner fan-in is uneven (1 to 2 env ranks): learner rank 0 will be the bottleneck" in result.stdout
+
+
+def test_plan_of_a_multi_node_job_shows_per_node_counts_traffic_and_limits():
+    result = hpcrl("plan", "jobs/cartpole_ppo.yaml", "--world-size", "512", "--ranks-per-node", "128",
+                   "--set", "roles.inference={per_node: 2, max_env_ranks: 32}", "--set", "roles.learner.ranks=4")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "world size 512 on 4 nodes" in out
+    assert "  inference          8          2  cpu" in out and "  env              500    122-126  cpu" in out
+    assert "each inference rank serves 61-63 env ranks" in out
+    # 33 requests per 32-step rollout, each 24 header bytes + 8 envs x 4 float32 = 152 bytes
+    assert "observations 156.8 kB/s" in out and "learner root    broadcasts" in out
+    assert "warning: 8 inference ranks serve more than roles.inference.max_env_ranks = 32 env ranks" in out
+    assert "ranks:" not in out  # no per-rank listing for large jobs unless asked
+
+
+def test_plan_at_a_hundred_thousand_ranks():
+    result = hpcrl("plan", "jobs/cartpole_ppo.yaml", "--world-size", "100000", "--ranks-per-node", "128",
+                   "--set", "roles.inference={per_node: 2}", "--set", "roles.learner.ranks=64")
+    assert result.returncode == 0, result.stderr
+    assert "world size 100,000 on 782 nodes" in result.stdout
+    assert "  env           98,372     30-126  cpu" in result.stdout
+    assert "each learner trains on 1537-1538 env ranks' fragments" in result.stdout
+    assert "no warnings" in result.stdout
 
 
 def test_plan_reports_a_layout_that_does_not_fit():

@@ -51,6 +51,17 @@ def test_ranges_and_choices():
         "algo: {rollout_length: 2, num_minibatches: 9}\nenv: {num_envs: 4}")
 
 
+def test_role_counts_per_node_and_fan_in_limits():
+    assert "roles.inference: set either ranks (a total) or per_node (on every node), not both" in error_of(
+        "roles: {inference: {ranks: 2, per_node: 1}}")
+    assert "roles.learner.per_node: expected >= 1, got 0" in error_of("roles: {learner: {per_node: 0}}")
+    assert "roles.env.max_env_ranks: only learner and inference ranks serve env ranks" in error_of(
+        "roles: {env: {ranks: rest, max_env_ranks: 4}}")
+    cfg = parse_config("roles: {learner: {device: cpu}, inference: {per_node: 1}}")
+    assert cfg.roles.learner.ranks == 1 and cfg.roles.inference.ranks is None  # defaults resolved
+    assert cfg.roles.env.ranks == "rest"
+
+
 def test_not_yaml_and_not_a_mapping():
     assert "not valid YAML" in error_of("run: [unclosed")
     assert "expected a mapping of sections" in error_of("- a\n- b\n")

@@ -1,0 +1,66 @@
+"""How long planning a 100,000-rank layout takes (layout + fan-in + warnings + traffic), as JSON.
+
+The target is under one second. A same-run baseline (one argsort over the ranks, a floor for any
+O(n log n) plan) shows how much of the time is machine speed.
+
+    .venv/bin/python bench/plan.py [--world-size 100000] [--ranks-per-node 128] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from hpcrl.config import parse_config  # noqa: E402
+from hpcrl.envs import EnvSpaces  # noqa: E402
+from hpcrl.layout import plan_layout, simulated_nodes  # noqa: E402
+from hpcrl.plan import traffic, warnings  # noqa: E402
+
+ROLES = "roles: {learner: {ranks: 64}, inference: {per_node: 2}, env: {ranks: rest}}"
+
+
+def median_seconds(fn, repeats: int = 7) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-size", type=int, default=100_000)
+    parser.add_argument("--ranks-per-node", type=int, default=128)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    cfg = parse_config(ROLES)
+    spaces = EnvSpaces(obs_shape=(4,), obs_dtype="float32", num_actions=2)
+    nodes = simulated_nodes(args.world_size, args.ranks_per_node)
+
+    def plan():
+        layout = plan_layout(cfg.roles, args.world_size, nodes)
+        warnings(cfg, layout)
+        traffic(cfg, layout, spaces, 9_155, 1000.0)
+
+    plan_s = median_seconds(plan)
+    baseline_s = median_seconds(lambda: np.argsort(np.random.default_rng(0).random(args.world_size)))
+    report = {"benchmark": "hpcrl plan", "world_size": args.world_size, "ranks_per_node": args.ranks_per_node,
+              "roles": ROLES, "plan_seconds": round(plan_s, 4), "budget_seconds": 1.0,
+              "fraction_of_budget": round(plan_s / 1.0, 3), "argsort_baseline_seconds": round(baseline_s, 5),
+              "ratio_to_argsort": round(plan_s / baseline_s, 1)}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""`hpcrl plan`: what a layout means before a job is submitted (no MPI).
+
+Ranks per role and per node, fan-in per inference and learner rank, the bytes each role sends at
+an assumed env step rate (from the exact message sizes), and warnings about layouts that will
+be slow or exceed the config's fan-in limits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcrl.config import Config
+from hpcrl.envs import EnvSpaces
+from hpcrl.layout import INLINE, Layout
+from hpcrl.messages import fragment_spec, reply_spec, request_spec
+
+
+@dataclass
+class Traffic:
+    """Bytes per second sent by one rank of each kind, at `steps_per_second` vector steps per env rank."""
+
+    env_requests: float
+    env_fragments: float
+    inference_replies: float  # per inference rank at its largest fan-in
+    learner_fragments_in: float  # received by the learner with the largest fan-in
+    weights_per_update: int
+    updates_per_second: float
+    allreduce_per_second: float  # gradient bytes each learner reduces per second
+
+
+def traffic(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int, steps_per_second: float) -> Traffic:
+    T, N = cfg.algo.rollout_length, cfg.env.num_envs
+    req = request_spec(N, spaces.obs_shape, spaces.obs_dtype)
+    rep = reply_spec(N, spaces.action_shape, spaces.action_dtype)
+    frag = fragment_spec(T, N, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype)
+    requests_per_s = steps_per_second * (T + 1) / T  # one extra request per rollout for bootstrap values
+    fragments_per_s = steps_per_second / T
+    remote = not layout.inline_inference
+    inf_fan = int(layout.fan_in("inference").max()) if remote else 0
+    learner_fan = int(layout.fan_in("learner").max())
+    updates_per_s = fragments_per_s  # sync mode: one update per rollout, if training keeps up
+    return Traffic(
+        env_requests=requests_per_s * req.offsets["final_obs"] if remote else 0.0,
+        env_fragments=fragments_per_s * frag.nbytes,
+        inference_replies=inf_fan * requests_per_s * rep.nbytes,
+        learner_fragments_in=learner_fan * fragments_per_s * frag.nbytes,
+        weights_per_update=4 * num_params,
+        updates_per_second=updates_per_s,
+        allreduce_per_second=(updates_per_s * cfg.algo.epochs * cfg.algo.num_minibatches * 4 * num_params
+                              if len(layout.learners) > 1 else 0.0))
+
+
+def warnings(cfg: Config, layout: Layout) -> list[str]:
+    """Layout problems worth fixing before a long job: fan-in limits, imbalance, cross-node traffic."""
+    out = []
+    for role in ("inference", "learner"):
+        fan = layout.fan_in(role)
+        if len(fan) == 0:
+            continue
+        limit = getattr(cfg.roles, role).max_env_ranks
+        servers = layout.learners if role == "learner" else layout.inference
+        if limit and fan.max() > limit:
+            worst = int(servers[int(np.argmax(fan))])
+            out.append(f"{int((fan > limit).sum())} {role} ranks serve more than roles.{role}.max_env_ranks = "
+                       f"{limit} env ranks (rank {worst} serves {int(fan.max())}); add {role} ranks")
+        # learners: imbalance stalls every sync update; inference: only a marked one matters
+        uneven = (fan.max() > 1.05 * fan.min() if role == "learner"
+                  else fan.max() > max(1.2 * fan.mean(), fan.min() + 1))
+        if uneven:
+            slow = int(servers[int(np.argmax(fan))])
+            what = ("every sync update waits for it" if role == "learner"
+                    else "its env ranks wait longer for actions")
+            out.append(f"{role} fan-in is uneven ({int(fan.min())} to {int(fan.max())} env ranks): {role} rank "
+                       f"{slow} will be the bottleneck, {what}; make the env rank count a multiple of the "
+                       f"{role} count")
+    if not layout.inline_inference:
+        remote = layout.node_of_rank[layout.envs] != layout.node_of_rank[layout.env_inference]
+        if remote.any():
+            out.append(f"{int(remote.sum())} env ranks use an inference rank on another node (their nodes have "
+                       f"none): observations cross the network every step; use inference per_node")
+    return out
+
+
+def _per_node(layout: Layout, ranks: np.ndarray) -> str:
+    if len(ranks) == 0:
+        return "-"
+    nodes, inverse = np.unique(layout.node_of_rank, return_inverse=True)
+    counts = np.bincount(inverse[ranks], minlength=len(nodes))
+    return f"{counts.min()}-{counts.max()}" if counts.min() != counts.max() else str(counts.min())
+
+
+def _rate(x: float) -> str:
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if x >= size:
+            return f"{x / size:.1f} {unit}"
+    return f"{x:.0f} B/s"
+
+
+def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float, per_rank: bool) -> str:
+    n_nodes = len(np.unique(layout.node_of_rank))
+    lines = [f"world size {layout.world_size:,} on {n_nodes:,} node{'s' if n_nodes > 1 else ''}; "
+             f"env {cfg.env.id} x {cfg.env.num_envs} per env rank, rollout {cfg.algo.rollout_length}"]
+    if layout.serial:
+        lines.append("serial mode: rank 0 runs learner + env with inline inference")
+        return "\n".join(lines)
+    lines.append(f"  {'role':<10} {'ranks':>9}  {'per node':>9}  device")
+    for role, ranks in (("learner", layout.learners), ("inference", layout.inference), ("env", layout.envs)):
+        lines.append(f"  {role:<10} {len(ranks):>9,}  {_per_node(layout, ranks):>9}  "
+                     f"{getattr(cfg.roles, role).device}")
+    learner_fan = layout.fan_in("learner")
+    lines.append(f"fan-in: each learner trains on {learner_fan.min()}-{learner_fan.max()} env ranks' fragments"
+                 if learner_fan.min() != learner_fan.max() else
+                 f"fan-in: each learner trains on {learner_fan.min()} env ranks' fragments")
+    if layout.inline_inference:
+        lines.append("        inference is inline on every env rank (inference ranks: 0)")
+    else:
+        fan = layout.fan_in("inference")
+        lines.append(f"        each inference rank serves {fan.min()}-{fan.max()} env ranks"
+                     if fan.min() != fan.max() else f"        each inference rank serves {fan.min()} env ranks")
+    lines.append(f"traffic at {steps_per_second:,.0f} vector steps/s per env rank (--env-steps-per-s):")
+    if not layout.inline_inference:
+        lines.append(f"  env rank        sends {_rate(t.env_requests + t.env_fragments)} "
+                     f"(observations {_rate(t.env_requests)}, fragments {_rate(t.env_fragments)})")
+        lines.append(f"  inference rank  sends {_rate(t.inference_replies)} of actions (busiest rank)")
+    else:
+        lines.append(f"  env rank        sends {_rate(t.env_fragments)} of fragments")
+    lines.append(f"  learner         receives {_rate(t.learner_fragments_in)} of fragments (busiest learner)")
+    lines.append(f"  learner root    broadcasts {t.weights_per_update:,} bytes of weights per update, "
+                 f"{t.updates_per_second:,.1f} updates/s")
+    if t.allreduce_per_second:
+        lines.append(f"  each learner    allreduces {_rate(t.allreduce_per_second)} of gradients")
+    problems = warnings(cfg, layout)
+    lines += [f"warning: {w}" for w in problems] or ["no warnings"]
+    if per_rank:
+        lines.append("ranks:")
+        for r in layout.learners:
+            lines.append(f"  rank {int(r):>6}  learner    fragments from {len(layout.envs_of_learner(int(r)))} env ranks")
+        for r in layout.inference:
+            lines.append(f"  rank {int(r):>6}  inference  serves {len(layout.envs_of_inference(int(r)))} env ranks")
+        for i, r in enumerate(layout.envs):
+            inf = int(layout.env_inference[i])
+            lines.append(f"  rank {int(r):>6}  env        inference {'inline' if inf == INLINE else f'rank {inf}'}, "
+                         f"learner rank {int(layout.env_learner[i])}")
+    return "\n".join(lines)
+
