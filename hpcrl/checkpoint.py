@@ -1,10 +1,14 @@
 """HDF5 checkpoints: model, optimizer, counters, RNG states and config text in one file.
 
+torch is imported only where tensors are made: rank 0 inspects checkpoints (`inspect_latest`)
+before it knows its role, and env ranks never import torch.
+
 A checkpoint is written to a temporary name in the same directory, flushed, and renamed over the
 old one, so a crash mid-write never leaves a half checkpoint as the latest.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -12,7 +16,6 @@ from typing import Any
 
 import h5py
 import numpy as np
-import torch
 
 FORMAT_VERSION = 1
 
@@ -38,6 +41,7 @@ def _from_json(text: str) -> Any:
 
 def _write_tree(group: h5py.Group, tree: Any) -> None:
     """dict -> groups, tensors/arrays -> datasets, everything else -> a JSON attribute."""
+    import torch
     if isinstance(tree, dict):
         group.attrs["_keys"] = json.dumps([[type(k).__name__, str(k)] for k in tree])
         for i, (key, value) in enumerate(tree.items()):
@@ -55,6 +59,8 @@ def _write_tree(group: h5py.Group, tree: Any) -> None:
 
 
 def _read_tree(group: h5py.Group, as_torch: bool) -> dict:
+    if as_torch:
+        import torch
     out: dict = {}
     for i, (kind, key) in enumerate(json.loads(group.attrs["_keys"])):
         name = f"{i:04d}"
@@ -72,19 +78,54 @@ def _read_tree(group: h5py.Group, as_torch: bool) -> dict:
 
 
 def rng_states(np_rng: np.random.Generator) -> dict:
+    import torch
     return {"numpy": json.dumps(np_rng.bit_generator.state), "torch": torch.get_rng_state().numpy(),
             "python": json.dumps(random.getstate())}
 
 
 def restore_rng_states(states: dict, np_rng: np.random.Generator) -> None:
+    import torch
     np_rng.bit_generator.state = json.loads(states["numpy"])
     torch.set_rng_state(torch.from_numpy(np.asarray(states["torch"], dtype=np.uint8)))
     py = json.loads(states["python"])
     random.setstate((py[0], tuple(py[1]), py[2]))
 
 
-def save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    counters: dict[str, int | float], np_rng: np.random.Generator, config_text: str) -> None:
+class CheckpointError(RuntimeError):
+    """A checkpoint file that cannot be used: unreadable, truncated, or its checksum does not match."""
+
+
+def _digest(f: h5py.File) -> str:
+    """sha256 over every dataset and attribute (names, dtypes, shapes, bytes), in a fixed order."""
+    h = hashlib.sha256()
+
+    def attrs(obj) -> None:
+        for key in sorted(obj.attrs):
+            if key != "sha256":
+                h.update(f"@{obj.name}/{key}={obj.attrs[key]!r}".encode())
+
+    attrs(f)
+    names: list[str] = []
+    f.visit(names.append)
+    for name in sorted(names):
+        item = f[name]
+        attrs(item)
+        if isinstance(item, h5py.Dataset):
+            data = np.ascontiguousarray(item[()])
+            h.update(f"{name}:{data.dtype.str}:{data.shape}".encode())
+            h.update(data.tobytes())
+    return h.hexdigest()
+
+
+def previous_path(path: str) -> str:
+    root, ext = os.path.splitext(path)
+    return f"{root}.prev{ext}"
+
+
+def save_checkpoint(path: str, model, optimizer,
+                    counters: dict[str, int | float], np_rng: np.random.Generator, config_text: str,
+                    extra: dict[str, np.ndarray] | None = None) -> None:
+    """Write a checkpoint with a content checksum; the one it replaces becomes `*.prev.h5`."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with h5py.File(tmp, "w") as f:
@@ -94,9 +135,13 @@ def save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Op
             _write_tree(f.create_group("optimizer"), optimizer.state_dict())
             _write_tree(f.create_group("counters"), dict(counters))
             _write_tree(f.create_group("rng"), rng_states(np_rng))
+            _write_tree(f.create_group("extra"), dict(extra or {}))
+            f.attrs["sha256"] = _digest(f)
             f.flush()
         with open(tmp, "rb") as fh:  # the data is on disk before the name points at it
             os.fsync(fh.fileno())
+        if os.path.exists(path):
+            os.replace(path, previous_path(path))  # a crash right here leaves the previous one to load
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -104,10 +149,49 @@ def save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Op
 
 
 def load_checkpoint(path: str) -> dict:
-    """{'model', 'optimizer', 'counters', 'rng', 'config'}; tensors as torch tensors."""
-    with h5py.File(path, "r") as f:
-        return {"model": _read_tree(f["model"], as_torch=True),
-                "optimizer": _read_tree(f["optimizer"], as_torch=True),
-                "counters": _read_tree(f["counters"], as_torch=False),
-                "rng": _read_tree(f["rng"], as_torch=False),
-                "config": str(f.attrs["config"])}
+    """{'model', 'optimizer', 'counters', 'rng', 'extra', 'config'}; tensors as torch tensors.
+    Raises CheckpointError if the file is unreadable or its content does not match its checksum."""
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("sha256") != _digest(f):
+                raise CheckpointError(f"{path}: checksum mismatch (the file is corrupt)")
+            return {"model": _read_tree(f["model"], as_torch=True),
+                    "optimizer": _read_tree(f["optimizer"], as_torch=True),
+                    "counters": _read_tree(f["counters"], as_torch=False),
+                    "rng": _read_tree(f["rng"], as_torch=False),
+                    "extra": _read_tree(f["extra"], as_torch=False),
+                    "config": str(f.attrs["config"])}
+    except (OSError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from None
+
+
+def inspect_latest(path: str) -> tuple[str | None, str, dict, list[str]]:
+    """The newest checkpoint among `path` and its previous one whose checksum holds, read without
+    torch: (file or None, config text, counters, warnings about files skipped)."""
+    problems = []
+    for candidate in (path, previous_path(path)):
+        if not os.path.exists(candidate):
+            continue
+        try:
+            with h5py.File(candidate, "r") as f:
+                if f.attrs.get("sha256") != _digest(f):
+                    raise CheckpointError(f"{candidate}: checksum mismatch (the file is corrupt)")
+                return candidate, str(f.attrs["config"]), _read_tree(f["counters"], as_torch=False), problems
+        except CheckpointError as exc:
+            problems.append(f"skipping {exc}")
+        except (OSError, KeyError, ValueError) as exc:
+            problems.append(f"skipping {candidate}: unreadable checkpoint ({exc})")
+    return None, "", {}, problems
+
+
+def load_latest(path: str) -> tuple[dict | None, str | None, list[str]]:
+    """The newest usable checkpoint among `path` and its previous one: (checkpoint, file, warnings)."""
+    problems = []
+    for candidate in (path, previous_path(path)):
+        if not os.path.exists(candidate):
+            continue
+        try:
+            return load_checkpoint(candidate), candidate, problems
+        except CheckpointError as exc:
+            problems.append(f"skipping {exc}")
+    return None, None, problems

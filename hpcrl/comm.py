@@ -21,7 +21,7 @@ from mpi4py import MPI  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from hpcrl.messages import STOP, Message  # noqa: E402
+from hpcrl.messages import PREEMPTED, STOP, Message  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
@@ -222,10 +222,11 @@ class WeightPublisher:
         self.message.set(version=-1)  # nothing published yet
         self._bcast = None
 
-    def publish(self, version: int, fill: Callable[[np.ndarray], None], stop: bool = False) -> None:
+    def publish(self, version: int, fill: Callable[[np.ndarray], None], stop: bool = False,
+                preempted: bool = False) -> None:
         self.wait()  # the previous version must be out before its buffer is overwritten
         fill(self.message["params"])
-        self.message.set(version=version, flags=STOP if stop else 0)
+        self.message.set(version=version, flags=(STOP if stop else 0) | (PREEMPTED if preempted else 0))
         if self.comm is not None:
             self._bcast = self.comm.Ibcast(self.message.buffer, root=0)
 
@@ -284,11 +285,16 @@ def allreduce_sum(comm, values: np.ndarray) -> np.ndarray:
     return out
 
 
-def broadcast_flag(comm, flag: bool) -> bool:
+def broadcast_int(comm, value: int) -> int:
     """The root's decision, on every rank of comm (so no rank decides from its own rounding)."""
-    buf = np.array([1 if flag else 0], dtype=np.int8)
+    buf = np.array([value], dtype=np.int64)
     comm.Bcast(buf, root=0)
-    return bool(buf[0])
+    return int(buf[0])
+
+
+def broadcast_object_on(comm, obj):
+    """Start-up control message (pickled) from rank 0 of `comm` to the rest of it."""
+    return comm.bcast(obj, root=0)
 
 
 def allreduce_min_max(comm, low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -4,6 +4,7 @@ No MPI and no torch here: env ranks that use remote inference import only this a
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -52,7 +53,8 @@ def make_vector_env(cfg: EnvConfig, seed: int) -> tuple[gym.vector.VectorEnv, np
     """`num_envs` copies stepped in this process. SAME_STEP autoreset: a finished env returns its
     reset observation at once and its final observation in info (needed to bootstrap truncation).
     Returns the vector and its first observations."""
-    envs = gym.vector.SyncVectorEnv([lambda: _make(cfg) for _ in range(cfg.num_envs)],
+    # partial, not a lambda: the vector stays picklable, so serial-mode checkpoints can hold it
+    envs = gym.vector.SyncVectorEnv([functools.partial(_make, cfg) for _ in range(cfg.num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs, _ = envs.reset(seed=seed)
     return envs, obs

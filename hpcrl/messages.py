@@ -85,6 +85,7 @@ class Message:
 # --- the message kinds of the hot path ------------------------------------------------------------
 
 STOP = 1  # flags bit: the run is over; the receiver finishes and exits
+PREEMPTED = 2  # flags bit, with STOP: the run was stopped by a signal and will resume from its checkpoint
 EPISODE_STATS = ("episodes", "return_sum", "return_sqsum", "return_min", "return_max", "length_sum")
 
 

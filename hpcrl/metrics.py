@@ -5,6 +5,8 @@ SWMR) can follow a run while it goes on, and a crash leaves every row written so
 """
 from __future__ import annotations
 
+import os
+
 import h5py
 import numpy as np
 
@@ -12,15 +14,26 @@ import numpy as np
 class MetricsWriter:
     """Appends rows of named scalars (and fixed-width vectors); every row has the same keys."""
 
-    def __init__(self, path: str, attrs: dict[str, str] | None = None):
-        self.file = h5py.File(path, "w", libver="latest")
+    def __init__(self, path: str, attrs: dict[str, str] | None = None, resume_through_version: int | None = None):
+        """A new file; or, with `resume_through_version`, the existing one cut back to the rows of
+        policy versions up to the resumed checkpoint's, so the series continue without a gap or repeat."""
+        if resume_through_version is None or not os.path.exists(path):
+            self.file = h5py.File(path, "w", libver="latest")
+            self.rows = 0
+        else:
+            self.file = h5py.File(path, "a", libver="latest")
+            versions = self.file["policy_version"][()] if "policy_version" in self.file else np.zeros(0)
+            self.rows = int(np.searchsorted(versions, resume_through_version, side="right"))
+            for key in self.file:
+                self.file[key].resize(self.rows, axis=0)
+            if self.rows:
+                self.file.swmr_mode = True
         for key, value in (attrs or {}).items():
             self.file.attrs[key] = value
-        self.rows = 0
 
     def append(self, row: dict[str, float | np.ndarray]) -> None:
         values = {key: np.asarray(value) for key, value in row.items()}
-        if self.rows == 0:
+        if not len(self.file):  # first row: create one dataset per key
             for key, value in values.items():
                 dtype = np.int64 if np.issubdtype(value.dtype, np.integer) else np.float64
                 self.file.create_dataset(key, shape=(0, *value.shape), maxshape=(None, *value.shape),

@@ -51,10 +51,10 @@ class ActorCritic(nn.Module):
         entropy = -(log_p.exp() * log_p).sum(-1)
         return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy, self.value(obs)
 
-    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None):
         """Sampled actions, their log-probs, and state values."""
         log_p = self.log_probs(obs)
-        actions = torch.multinomial(log_p.exp(), 1)
+        actions = torch.multinomial(log_p.exp(), 1, generator=generator)
         return actions.squeeze(-1), log_p.gather(-1, actions).squeeze(-1), self.value(obs)
 
 
@@ -88,11 +88,14 @@ def load_params_from(model: nn.Module, flat: np.ndarray) -> None:
 class PolicyRunner:
     """Runs the policy forward on numpy batches: sample actions, log-probs and values."""
 
-    def __init__(self, model: ActorCritic, device: str):
+    def __init__(self, model: ActorCritic, device: str, seed: int):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.model.eval()
         self.version = -1
+        # Its own stream: action sampling repeats per seed and can be saved and restored alone.
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
 
     def load(self, flat: np.ndarray, version: int) -> None:
         load_params_from(self.model, flat)
@@ -101,7 +104,7 @@ class PolicyRunner:
     @torch.no_grad()
     def act(self, obs: np.ndarray, actions: np.ndarray, logp: np.ndarray, values: np.ndarray) -> None:
         """Fill the output arrays (views into a reply or fragment buffer) for a batch of obs."""
-        a, lp, v = self.model.sample(torch.as_tensor(obs, device=self.device, dtype=torch.float32))
+        a, lp, v = self.model.sample(torch.as_tensor(obs, device=self.device, dtype=torch.float32), self.generator)
         actions[...] = a.cpu().numpy()
         logp[...] = lp.cpu().numpy()
         values[...] = v.cpu().numpy()

@@ -1,54 +1,62 @@
 """`hpcrl run`: the whole topology wired in one place.
 
-Every rank runs `run()`. Rank 0 validates the config and probes the env; the verdict reaches every
-rank, so a user mistake ends the job with one message and status 2 everywhere. Then each rank
-builds the roles the layout gives it and polls them until they finish.
+Every rank runs `run()`. Rank 0 validates the config, probes the env and prepares the run
+directory (new, or resumed from its checkpoint); the verdict reaches every rank, so a user mistake
+ends the job with one message and status 2 everywhere. Then each rank builds the roles the layout
+gives it and polls them until they finish (status 0) or a signal preempts the run (status 3).
 """
 from __future__ import annotations
 
-import os
-import shutil
+import signal
 import sys
 import time
 
-from hpcrl import comm
+from hpcrl import comm, rundir
 from hpcrl.config import Config, ConfigError, load_config, to_yaml
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.layout import INLINE, Layout, plan_layout
 from hpcrl.messages import fragment_spec, reply_spec, request_spec, weights_spec
 
 EXIT_CONFIG_ERROR = 2
+EXIT_PREEMPTED = 3  # stopped by SIGTERM/SIGUSR1 after writing a checkpoint: resubmit or requeue to go on
 FRAGMENT_BUFFERS = 2  # per env rank: one fills while the previous is in flight
 
 
-def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size: int):
+def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size: int) -> dict:
     """Rank 0's start-up checks: config, layout fit, env, run directory. Returns state or an error."""
     try:
         cfg, _ = load_config(config_path, overrides)
         plan_layout(cfg.roles, size)  # role counts must fit this world size
-        spaces = probe_spaces(cfg.env)
-        run_dir = os.path.join(cfg.run.output_dir, cfg.run.name)
-        if os.path.exists(os.path.join(run_dir, "checkpoint.h5")) or os.path.exists(
-                os.path.join(run_dir, "metrics.h5")):
-            if not overwrite:
-                raise ConfigError(f"run directory {run_dir!r} already holds a run; choose another run.name "
-                                  f"(e.g. --set run.name=...) or pass --overwrite to replace it")
-            shutil.rmtree(run_dir)
-        os.makedirs(run_dir, exist_ok=True)
-        config_text = to_yaml(cfg)
-        with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as fh:
-            fh.write(config_text)
-        return {"cfg": cfg, "spaces": spaces, "run_dir": run_dir, "config_text": config_text}
+        return {"cfg": cfg, "spaces": probe_spaces(cfg.env), "start": rundir.prepare(cfg, overwrite)}
     except ConfigError as exc:
         return {"error": str(exc)}
     except OSError as exc:
-        return {"error": f"cannot create the run directory: {exc}"}
+        return {"error": f"cannot prepare the run directory: {exc}"}
+
+
+class PreemptionSignals:
+    """SIGTERM (SLURM's time limit, preemption) and SIGUSR1 (sbatch --signal=USR1@...) ask for a
+    checkpoint at the next update and a clean exit with EXIT_PREEMPTED, instead of death."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self):
+        self.received: int | None = None
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signum
+
+    def requested(self) -> bool:
+        return self.received is not None
 
 
 def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = False) -> int:
     rank, size = comm.world_rank(), comm.world_size()
     roles_here: list = []
     comm.install_abort_hook(lambda: ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up")
+    signals = PreemptionSignals()
     state = _prepare(config_path, overrides, overwrite, size) if rank == 0 else None
     state = comm.broadcast_object(state)  # MPI: rank 0's verdict reaches every rank
     if "error" in state:
@@ -56,6 +64,12 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
             print(f"hpcrl: config error: {state['error']}", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
     cfg: Config = state["cfg"]
+    start: rundir.RunStart = state["start"]
+    if start.finished:
+        if rank == 0:
+            print(f"[hpcrl] nothing to do: the run in {start.run_dir} is complete: {start.finished} "
+                  f"(or pass --overwrite to start it again)", flush=True)
+        return 0
     layout = plan_layout(cfg.roles, size, comm.node_of_rank())
     problems = [p for p in comm.all_gather_objects(_device_problem(cfg, layout, rank)) if p]
     if problems:  # MPI: every rank sees the same list, so every rank stops
@@ -64,11 +78,13 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
                                                            if len(problems) > 1 else ""), file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
     if rank == 0:
-        _announce(cfg, layout, state["run_dir"])
-    roles_here.extend(build_roles(cfg, state["spaces"], layout, rank, state["run_dir"], state["config_text"]))
+        _announce(cfg, layout, start)
+    roles_here.extend(build_roles(cfg, state["spaces"], layout, rank, start, signals.requested))
     poll_until_done(roles_here)
+    if any(getattr(r, "preempted", False) for r in roles_here):
+        return EXIT_PREEMPTED
     if rank == 0:
-        print(f"[hpcrl] done: {state['run_dir']}", flush=True)
+        print(f"[hpcrl] done: {start.run_dir}", flush=True)
     return 0
 
 
@@ -86,7 +102,7 @@ def _device_problem(cfg: Config, layout: Layout, rank: int) -> str | None:
     return None
 
 
-def _announce(cfg: Config, layout: Layout, run_dir: str) -> None:
+def _announce(cfg: Config, layout: Layout, start: rundir.RunStart) -> None:
     if layout.serial:
         print("[hpcrl] world size 1: serial mode (learner, env and inline inference in one process)", flush=True)
     else:
@@ -95,13 +111,19 @@ def _announce(cfg: Config, layout: Layout, run_dir: str) -> None:
               f"{len(layout.learners)} learner, {len(layout.inference)} "
               f"inference{' (inline on env ranks)' if layout.inline_inference else ''}, {len(layout.envs)} env "
               f"x {cfg.env.num_envs} {cfg.env.id}", flush=True)
-    print(f"[hpcrl] run directory: {run_dir}", flush=True)
+    print(f"[hpcrl] run directory: {start.run_dir}", flush=True)
+    for warning in start.warnings:
+        print(f"[hpcrl] warning: {warning}", flush=True)
+    if start.resume_file:
+        print(f"[hpcrl] resuming from {start.resume_file}: policy version {start.start_version}, "
+              f"{start.start_frames:,} frames", flush=True)
     from hpcrl.plan import warnings
     for warning in warnings(cfg, layout):
         print(f"[hpcrl] warning: {warning}", flush=True)
 
 
-def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, run_dir: str, config_text: str) -> list:
+def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start: rundir.RunStart,
+                preempt_requested=lambda: False) -> list:
     """Create this rank's roles and the channels between them. Collective over WORLD: every rank
     takes part in creating the learner and weight communicators, in the same order."""
     learners = [int(r) for r in layout.learners]
@@ -128,9 +150,12 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, run_d
         if rank == root:
             publisher = comm.WeightPublisher(weight_comm if size_of(weight_comm) > 1 else None,
                                              _weights_message(cfg, spaces))
-        files = RunFiles(run_dir, config_text) if rank == root else None
+        files = (RunFiles(start.run_dir, start.config_text,
+                          resume_through_version=start.start_version if start.resume_file else None)
+                 if rank == root else None)
         share = len(envs) * len(learners) / len(layout.envs)  # unequal fan-in: weight by batch size
-        roles.append(LearnerRole(cfg, spaces, learner_comm, receiver, publisher, files, batch_share=share))
+        roles.append(LearnerRole(cfg, spaces, learner_comm, receiver, publisher, files, batch_share=share,
+                                 resume_path=start.resume_file, preempt_requested=preempt_requested))
 
     if rank in layout.inference:
         from hpcrl.roles.inference import InferenceRole
@@ -152,7 +177,12 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, run_d
         else:
             policy = RemotePolicy(comm.RequestClient(inference_rank, req.allocate(), rep.allocate()))
         sender = comm.FragmentSender(int(layout.env_learner[index]), [frag.allocate() for _ in range(FRAGMENT_BUFFERS)])
-        roles.append(EnvRole(cfg, rank, index, policy, sender))
+        roles.append(EnvRole(cfg, rank, index, policy, sender, start_version=start.start_version))
+    if layout.serial:  # one process: the learner's checkpoints carry the env's state, for exact resumes
+        learner, env = roles
+        learner.local_env = env
+        if learner.env_state is not None:
+            env.restore(learner.env_state.tobytes())
     return roles
 
 
@@ -169,8 +199,10 @@ def _runner(cfg: Config, spaces: EnvSpaces, device: str, rank: int):
     import torch
 
     from hpcrl.models import PolicyRunner, build_model
-    torch.manual_seed(cfg.run.seed * 1_009 + rank)  # action sampling differs per rank, repeatably
-    return PolicyRunner(build_model(spaces.obs_shape, spaces.num_actions, cfg.model), device)
+    torch.manual_seed(cfg.run.seed)  # initial weights; the learner root's broadcast replaces them
+    # action sampling differs per rank, repeatably
+    return PolicyRunner(build_model(spaces.obs_shape, spaces.num_actions, cfg.model), device,
+                        seed=cfg.run.seed * 1_009 + rank)
 
 
 def poll_until_done(roles: list) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
+from hpcrl.checkpoint import CheckpointError, load_checkpoint, load_latest, restore_rng_states, save_checkpoint
 from hpcrl.config import ModelConfig
 from hpcrl.models import build_model
 
@@ -66,3 +66,39 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path):
     assert os.listdir(tmp_path) == ["checkpoint.h5"]  # no temp file left behind
     with h5py.File(path) as f:
         assert f.attrs["format_version"] == 1
+
+
+def test_corrupt_or_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    model, opt = trained()
+    rng = np.random.default_rng(0)
+    path = str(tmp_path / "checkpoint.h5")
+    save_checkpoint(path, model, opt, {"frames": 1}, rng, "first")
+    save_checkpoint(path, model, opt, {"frames": 2}, rng, "second")
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.h5", "checkpoint.prev.h5"]
+    ck, used, problems = load_latest(path)
+    assert ck["counters"] == {"frames": 2} and used == path and problems == []
+
+    with h5py.File(path, "r+") as f:  # silent corruption: one weight changes, the file stays valid HDF5
+        ds = f["model/0000"]
+        data = ds[()]
+        data.flat[0] += 1.0
+        ds[...] = data
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        load_checkpoint(path)
+    ck, used, problems = load_latest(path)
+    assert ck["counters"] == {"frames": 1} and used.endswith("checkpoint.prev.h5")
+    assert len(problems) == 1 and "checksum mismatch" in problems[0]
+
+    size = os.path.getsize(path)
+    with open(path, "r+b") as fh:  # a write cut short
+        fh.truncate(size // 2)
+    ck, used, problems = load_latest(path)
+    assert ck["counters"] == {"frames": 1} and "unreadable checkpoint" in problems[0]
+
+
+def test_extra_state_round_trips(tmp_path):
+    model, opt = trained()
+    path = str(tmp_path / "checkpoint.h5")
+    blob = np.frombuffer(b"env state bytes", dtype=np.uint8)
+    save_checkpoint(path, model, opt, {"frames": 1}, np.random.default_rng(0), "c", extra={"env_state": blob})
+    assert load_checkpoint(path)["extra"]["env_state"].tobytes() == b"env state bytes"

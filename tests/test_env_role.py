@@ -24,7 +24,7 @@ def collect_fragment():
     model = build_model(spaces.obs_shape, spaces.num_actions, cfg.model)
     publisher = comm.WeightPublisher(None, weights_spec(num_params(model)).allocate())
     publisher.publish(0, lambda flat: copy_params_to(model, flat))
-    runner = PolicyRunner(build_model(spaces.obs_shape, spaces.num_actions, cfg.model), "cpu")
+    runner = PolicyRunner(build_model(spaces.obs_shape, spaces.num_actions, cfg.model), "cpu", seed=0)
     req = request_spec(N, spaces.obs_shape, spaces.obs_dtype)
     rep = reply_spec(N, spaces.action_shape, spaces.action_dtype)
     policy = InlinePolicy(runner, comm.LocalWeightSubscriber(publisher), req.allocate(), rep.allocate())

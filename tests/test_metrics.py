@@ -32,3 +32,16 @@ def test_a_row_with_other_keys_is_refused(tmp_path):
     with pytest.raises(ValueError, match="keys changed"):
         writer.append({"frames": 2, "extra": 1.0})
     writer.close()
+
+
+def test_resume_cuts_rows_after_the_checkpoint_and_continues(tmp_path):
+    path = str(tmp_path / "metrics.h5")
+    writer = MetricsWriter(path)
+    for v in (1, 2, 3, 4):  # the run wrote rows for versions 3 and 4 after its checkpoint at 2
+        writer.append({"frames": 10 * v, "policy_version": v})
+    writer.close()
+    resumed = MetricsWriter(path, resume_through_version=2)
+    resumed.append({"frames": 30, "policy_version": 3})
+    resumed.close()
+    m = read_metrics(path)
+    assert m["policy_version"].tolist() == [1, 2, 3] and m["frames"].tolist() == [10, 20, 30]

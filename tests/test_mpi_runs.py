@@ -119,12 +119,31 @@ def test_cuda_device_without_a_gpu_is_a_config_error(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_existing_run_is_not_overwritten_without_asking(tmp_path):
+def test_a_finished_run_is_not_trained_again_nor_overwritten_without_asking(tmp_path):
     cfg = small_config(tmp_path, run={"total_frames": 256})
     path = str(write_config(tmp_path, cfg))
     assert mpirun(1, "run", path).returncode == 0
     before = (run_dir(cfg) / "metrics.h5").read_bytes()
     again = mpirun(1, "run", path)
-    assert again.returncode == 2 and "--overwrite" in again.stderr
+    assert again.returncode == 0 and "nothing to do" in again.stdout and "raise run.total_frames" in again.stdout
     assert (run_dir(cfg) / "metrics.h5").read_bytes() == before
-    assert mpirun(1, "run", path, "--overwrite").returncode == 0
+    fresh = mpirun(1, "run", path, "--overwrite")
+    assert fresh.returncode == 0 and "resuming" not in fresh.stdout
+
+
+def test_a_run_without_a_usable_checkpoint_is_not_overwritten(tmp_path):
+    cfg = small_config(tmp_path, run={"total_frames": 256})
+    path = str(write_config(tmp_path, cfg))
+    assert mpirun(1, "run", path).returncode == 0
+    (run_dir(cfg) / "checkpoint.h5").write_bytes(b"not hdf5")
+    again = mpirun(1, "run", path, "--set", "run.total_frames=512")
+    assert again.returncode == 2 and "no usable checkpoint" in again.stderr and "--overwrite" in again.stderr
+
+
+def test_resume_refuses_a_different_model(tmp_path):
+    cfg = small_config(tmp_path, run={"total_frames": 256})
+    path = str(write_config(tmp_path, cfg))
+    assert mpirun(1, "run", path).returncode == 0
+    again = mpirun(1, "run", path, "--set", "run.total_frames=512", "--set", "model.hidden_sizes=[16]")
+    assert again.returncode == 2
+    assert "its checkpoint was trained with model.hidden_sizes = [32, 32], the config now says [16]" in again.stderr

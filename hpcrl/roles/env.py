@@ -5,12 +5,14 @@ object handed in by the wiring (roles/inference.py), which is the only side that
 """
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 
 from hpcrl.comm import FragmentSender, RequestClient
 from hpcrl.config import Config
 from hpcrl.envs import make_vector_env
-from hpcrl.messages import EPISODE_STATS, STOP, Message
+from hpcrl.messages import EPISODE_STATS, PREEMPTED, STOP, Message
 
 
 class RemotePolicy:
@@ -37,7 +39,7 @@ class EnvRole:
 
     name = "env"
 
-    def __init__(self, cfg: Config, rank: int, index: int, policy, sender: FragmentSender):
+    def __init__(self, cfg: Config, rank: int, index: int, policy, sender: FragmentSender, start_version: int = 0):
         self.rank = rank
         self.T, self.N = cfg.algo.rollout_length, cfg.env.num_envs
         self.policy = policy
@@ -45,10 +47,11 @@ class EnvRole:
         self.envs, first_obs = make_vector_env(cfg.env, seed=cfg.run.seed * 100_003 + 1_000 * index)
         self.request, self.reply = policy.request, policy.reply
         self.request["obs"][...] = first_obs
-        self.version = 0  # the policy version this rollout must be collected with
+        self.version = start_version  # the policy version this rollout must be collected with
         self.t = 0
         self.waiting = False
         self.done = False
+        self.preempted = False
         self.fragments_sent = 0
         self.fragment = sender.acquire()
         self.ep_return = np.zeros(self.N, dtype=np.float64)
@@ -73,6 +76,7 @@ class EnvRole:
             return 0
         self.waiting = False
         if reply.get("flags") & STOP:
+            self.preempted = bool(reply.get("flags") & PREEMPTED)
             self._finish()
             return 1
         if reply.get("version") != self.version:
@@ -133,6 +137,25 @@ class EnvRole:
         self.status = "waiting for a free fragment buffer"
         self.fragment = self.sender.acquire()
         self._reset_stats()
+
+    def snapshot(self) -> bytes:
+        """Serial mode: everything needed to continue exactly, taken between rollouts (when the
+        learner checkpoints). Raises pickle/type errors for envs that cannot be pickled."""
+        if self.t != 0:
+            raise RuntimeError("env snapshots are taken between rollouts")
+        return pickle.dumps({"envs": self.envs, "obs": self.request["obs"].copy(), "version": self.version,
+                             "ep_return": self.ep_return, "ep_length": self.ep_length,
+                             "fragments_sent": self.fragments_sent,
+                             "sampling": self.policy.sampling_state()})
+
+    def restore(self, blob: bytes) -> None:
+        state = pickle.loads(blob)
+        self.envs.close()
+        self.envs = state["envs"]
+        self.request["obs"][...] = state["obs"]
+        self.version, self.fragments_sent = state["version"], state["fragments_sent"]
+        self.ep_return, self.ep_length = state["ep_return"], state["ep_length"]
+        self.policy.restore_sampling_state(state["sampling"])
 
     def _finish(self) -> None:
         self.sender.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcrl.comm import RequestServer
-from hpcrl.messages import STOP, Message
+from hpcrl.messages import PREEMPTED, STOP, Message
 from hpcrl.models import PolicyRunner
 
 
@@ -21,11 +21,18 @@ class InlinePolicy:
         self.runner, self.weights = runner, weights
         self.request, self.reply = request, reply
         self.stopped = False
+        self.stop_flags = 0
         self._wanted: int | None = None
 
     def submit(self, version: int, n_final: int) -> None:
         self.request.set(version=version, n_final=n_final, flags=0)
         self._wanted = version
+
+    def sampling_state(self):
+        return self.runner.generator.get_state()
+
+    def restore_sampling_state(self, state) -> None:
+        self.runner.generator.set_state(state)
 
     def poll(self) -> Message | None:
         if self._wanted is None:
@@ -36,11 +43,12 @@ class InlinePolicy:
                 return None
             if message.get("flags") & STOP:
                 self.stopped = True
+                self.stop_flags = message.get("flags")
             else:
                 self.runner.load(message["params"], message.get("version"))
                 self.weights.rearm()
         if self.stopped:
-            self.reply.set(flags=STOP)
+            self.reply.set(flags=self.stop_flags)
             return self.reply
         if self.runner.version != self._wanted:
             return None
@@ -67,6 +75,8 @@ class InferenceRole:
         self.runner, self.weights, self.server = runner, weights, server
         self.pending: list[int] = []
         self.stopping = False
+        self.stop_flags = 0
+        self.preempted = False
         self.stopped_envs: set[int] = set()
         self.done = False
         self.status = "waiting for the first weights"
@@ -107,6 +117,8 @@ class InferenceRole:
             return 0
         if message.get("flags") & STOP:
             self.stopping = True
+            self.stop_flags = message.get("flags")
+            self.preempted = bool(self.stop_flags & PREEMPTED)
             self.status = "stopping: telling env ranks"
         else:
             self.runner.load(message["params"], message.get("version"))
@@ -141,7 +153,7 @@ class InferenceRole:
         """After the stop word: answer each env rank's next request with STOP, then close."""
         work = 0
         for i in self.pending:
-            self.server.reply_buffer(i).set(flags=STOP)
+            self.server.reply_buffer(i).set(flags=self.stop_flags)
             self.server.reply(i)
             self.stopped_envs.add(i)
             work += 1

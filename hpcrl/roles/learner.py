@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import time
 from collections import deque
+from typing import Callable
 
 import horovod.torch as hvd
 import numpy as np
@@ -18,39 +20,49 @@ import torch
 from hpcrl import comm
 from hpcrl.algos.gae import gae, successor_values
 from hpcrl.algos.ppo import LOSS_KEYS, Batch, ppo_update
-from hpcrl.checkpoint import save_checkpoint
+from hpcrl.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from hpcrl.config import Config
 from hpcrl.envs import EnvSpaces
 from hpcrl.messages import EPISODE_STATS
 from hpcrl.metrics import MetricsWriter
 from hpcrl.models import build_model, copy_params_to
+from hpcrl.rundir import CHECKPOINT_FILE, METRICS_FILE
 
 RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least this many episodes
+FRAMES_CODE, TARGET_CODE, PREEMPTED_CODE = 1, 2, 3  # how an update ends the run (0: it goes on)
+STOP_REASONS = {0: "", FRAMES_CODE: "total_frames", TARGET_CODE: "target_return", PREEMPTED_CODE: "preempted"}
 
 
 class RunFiles:
     """The learner root's outputs in the run directory."""
 
-    def __init__(self, run_dir: str, config_text: str):
+    def __init__(self, run_dir: str, config_text: str, resume_through_version: int | None = None):
         self.run_dir = run_dir
         self.config_text = config_text
-        self.metrics = MetricsWriter(os.path.join(run_dir, "metrics.h5"), attrs={"config": config_text})
-        self.checkpoint_path = os.path.join(run_dir, "checkpoint.h5")
+        self.metrics = MetricsWriter(os.path.join(run_dir, METRICS_FILE), attrs={"config": config_text},
+                                     resume_through_version=resume_through_version)
+        self.checkpoint_path = os.path.join(run_dir, CHECKPOINT_FILE)
 
 
 class LearnerRole:
     name = "learner"
 
     def __init__(self, cfg: Config, spaces: EnvSpaces, learner_comm, receiver: comm.FragmentReceiver,
-                 publisher: comm.WeightPublisher | None, files: RunFiles | None, batch_share: float = 1.0):
+                 publisher: comm.WeightPublisher | None, files: RunFiles | None, batch_share: float = 1.0,
+                 resume_path: str | None = None, preempt_requested: Callable[[], bool] = lambda: False):
         """`batch_share`: this learner's fraction of the global batch times the number of learners
-        (1.0 when every learner has as many env ranks as the others)."""
+        (1.0 when every learner has as many env ranks as the others). `resume_path`: the checkpoint
+        to continue from (every learner is told; the root reads it). `preempt_requested`: polled by
+        the root after every update; True stops the run with a checkpoint, marked preempted."""
         self.cfg = cfg
         self.comm = learner_comm
         self.receiver = receiver
         self.publisher = publisher
         self.files = files
         self.batch_share = batch_share
+        self.preempt_requested = preempt_requested
+        self.local_env = None  # serial mode: the env role in this process, saved with the checkpoint
+        self._warned_env_state = False
         self.root = learner_comm.Get_rank() == 0
         hvd.init(comm=learner_comm)  # Horovod: only the learners, never the whole world
         device = cfg.roles.learner.device
@@ -61,20 +73,35 @@ class LearnerRole:
         self.model = build_model(spaces.obs_shape, spaces.num_actions, cfg.model).to(self.device)
         # fused: one kernel for all parameters; 7x faster than the per-tensor loop on small MLPs here
         optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algo.lr, eps=1e-5, fused=True)
-        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod: same start everywhere
-        # A fresh optimizer is identical everywhere already. hvd.broadcast_optimizer_state would
-        # first take a zero-gradient step to create Adam's state, putting bias correction one step off.
-        self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters())
         self.rng = np.random.default_rng(cfg.run.seed * 7_919 + hvd.rank())
-        self.version = 0
-        self.frames = 0
-        self.updates = 0
-        self.start = time.perf_counter()
+        # Horovod: the wrapper is a new optimizer over the same parameter groups (not the same state),
+        # so any saved state is loaded into the wrapper, after wrapping.
+        self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters())
+        checkpoint = load_checkpoint(resume_path) if resume_path and self.root else None
+        if checkpoint is not None:
+            self.model.load_state_dict(checkpoint["model"])
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod: same start everywhere
+        if resume_path:  # MPI: the root's optimizer state, pickled once at start, loaded as saved
+            state = comm.broadcast_object_on(learner_comm, checkpoint["optimizer"] if self.root else None)
+            self.optimizer.load_state_dict(state)
+        # (Not hvd.broadcast_optimizer_state: on a fresh optimizer it takes a zero-gradient step to
+        # create Adam's state, putting bias correction one step off.)
+        counters = checkpoint["counters"] if checkpoint else {}
+        counters = comm.broadcast_object_on(learner_comm, counters)  # MPI: one set of counters everywhere
+        self.version = int(counters.get("policy_version", 0))
+        self.frames = int(counters.get("frames", 0))
+        self.updates = int(counters.get("updates", 0))
+        self.start = time.perf_counter() - float(counters.get("wall_time", 0.0))  # wall time continues
+        self.env_state = checkpoint["extra"].get("env_state") if checkpoint else None
+        if checkpoint is not None:
+            restore_rng_states(checkpoint["rng"], self.rng)
+        self.preempted = False
+        self.stopped_by = ""
         self.windows: deque = deque()  # (episodes, return_sum) of recent updates, all learners
         self.have = [False] * len(receiver.buffers)
         self.done = False
-        self.status = "waiting for fragments of policy version 0"
-        self._last_log = self._last_ckpt = self.start
+        self.status = f"waiting for fragments of policy version {self.version}"
+        self._last_log = self._last_ckpt = time.perf_counter()
         self._last_log_frames = 0
         self._publish(stop=False)
 
@@ -110,8 +137,16 @@ class LearnerRole:
             self.have[i] = False
             self.receiver.rearm(i)
         row = self._reduce_stats(local, losses)
-        stop = row["frames"] >= self.cfg.run.total_frames or self._target_reached()
-        stop = comm.broadcast_flag(self.comm, stop)  # MPI: all learners stop after the same update
+        code = 0
+        if self.root and self.preempt_requested():
+            code = PREEMPTED_CODE
+        elif row["frames"] >= self.cfg.run.total_frames:
+            code = FRAMES_CODE
+        elif self._target_reached():
+            code = TARGET_CODE
+        code = comm.broadcast_int(self.comm, code)  # MPI: all learners stop after the same update, the same way
+        stop, self.preempted = code != 0, code == PREEMPTED_CODE
+        self.stopped_by = STOP_REASONS[code]
         if self.root:
             self._report(row, stop)
         self._publish(stop=stop)
@@ -194,7 +229,8 @@ class LearnerRole:
     # --- learner root only --------------------------------------------------------------------------
     def _publish(self, stop: bool) -> None:
         if self.publisher is not None:
-            self.publisher.publish(self.version, lambda flat: copy_params_to(self.model, flat), stop=stop)
+            self.publisher.publish(self.version, lambda flat: copy_params_to(self.model, flat), stop=stop,
+                                   preempted=self.preempted)
 
     def _report(self, row: dict, stop: bool) -> None:
         if row.get("replica_digest") is not None:
@@ -210,12 +246,25 @@ class LearnerRole:
         if stop or now - self._last_ckpt >= self.cfg.run.checkpoint_interval_s:
             self.save()
             self._last_ckpt = now
+        if self.preempted:
+            print(f"[hpcrl] preempted: checkpoint of policy version {self.version} at {row['frames']:,} frames "
+                  f"written; run the same command again to resume", flush=True)
 
     def save(self) -> None:
         counters = {"frames": self.frames, "updates": self.updates, "policy_version": self.version,
-                    "wall_time": time.perf_counter() - self.start}
+                    "wall_time": time.perf_counter() - self.start, "stopped_by": self.stopped_by,
+                    "target_return": self.cfg.run.target_return}
+        extra = {}
+        if self.local_env is not None:  # serial mode: the env's state too, for an exact continuation
+            try:
+                extra["env_state"] = np.frombuffer(self.local_env.snapshot(), dtype=np.uint8)
+            except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                if not self._warned_env_state:
+                    print(f"[hpcrl] warning: {self.cfg.env.id} cannot be pickled ({exc}); checkpoints hold no "
+                          f"env state, so a resumed serial run starts new episodes", flush=True)
+                    self._warned_env_state = True
         save_checkpoint(self.files.checkpoint_path, self.model, self.optimizer, counters, self.rng,
-                        self.files.config_text)
+                        self.files.config_text, extra=extra)
 
     def _finish(self) -> None:
         self.receiver.close()
