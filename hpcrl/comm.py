@@ -46,6 +46,11 @@ def thread_level_ok() -> bool:
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
+def abort_job(code: int = 1) -> None:
+    """End every rank of the job now (MPI_Abort); safe from any thread under THREAD_MULTIPLE."""
+    WORLD.Abort(code)
+
+
 def install_abort_hook(describe: Callable[[], str]) -> None:
     """An uncaught exception on any rank prints its rank and error, then aborts the whole job.
 

@@ -66,6 +66,9 @@ class RunConfig:
     log_interval_s: float = doc("seconds between progress lines on the learner root", default=5.0)
     checkpoint_interval_s: float = doc("seconds between checkpoints (one is always written at the end)",
                                        default=300.0)
+    hang_timeout_s: float = doc("a rank stuck this long inside one step of its own work (an env step, a "
+                                "forward pass, a training minibatch) ends the job with a message naming it; "
+                                "a rank that waits twice this long for its peers does too", default=300.0)
     torch_threads: int = doc("torch intra-op threads on each rank that runs a policy; ranks are the "
                              "parallelism, so 1 unless ranks have spare cores", default=1)
     replica_digests: bool = doc("record a digest of every learner's weights after each update in "
@@ -205,6 +208,7 @@ def validate(cfg: Config) -> None:
     _check(r.log_interval_s > 0, f"run.log_interval_s: expected > 0 seconds, got {r.log_interval_s}")
     _check(r.checkpoint_interval_s > 0,
            f"run.checkpoint_interval_s: expected > 0 seconds, got {r.checkpoint_interval_s}")
+    _check(r.hang_timeout_s > 0, f"run.hang_timeout_s: expected > 0 seconds, got {r.hang_timeout_s}")
     _check(r.torch_threads >= 1, f"run.torch_threads: expected >= 1, got {r.torch_threads}")
     _check(bool(e.id), "env.id: expected a gymnasium environment id such as CartPole-v1")
     _check(e.num_envs >= 1, f"env.num_envs: expected >= 1, got {e.num_envs}")

@@ -16,6 +16,7 @@ from hpcrl.config import Config, ConfigError, load_config, to_yaml
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.layout import INLINE, Layout, plan_layout
 from hpcrl.messages import fragment_spec, reply_spec, request_spec, weights_spec
+from hpcrl.watchdog import Watchdog
 
 EXIT_CONFIG_ERROR = 2
 EXIT_PREEMPTED = 3  # stopped by SIGTERM/SIGUSR1 after writing a checkpoint: resubmit or requeue to go on
@@ -79,8 +80,12 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
         return EXIT_CONFIG_ERROR
     if rank == 0:
         _announce(cfg, layout, start)
-    roles_here.extend(build_roles(cfg, state["spaces"], layout, rank, start, signals.requested))
-    poll_until_done(roles_here)
+    describe = lambda: ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up"  # noqa: E731
+    watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
+    roles_here.extend(build_roles(cfg, state["spaces"], layout, rank, start, signals.requested,
+                                  heartbeat=lambda: watchdog.tick(True)))
+    poll_until_done(roles_here, watchdog)
+    watchdog.stop()
     if any(getattr(r, "preempted", False) for r in roles_here):
         return EXIT_PREEMPTED
     if rank == 0:
@@ -111,6 +116,10 @@ def _announce(cfg: Config, layout: Layout, start: rundir.RunStart) -> None:
               f"{len(layout.learners)} learner, {len(layout.inference)} "
               f"inference{' (inline on env ranks)' if layout.inline_inference else ''}, {len(layout.envs)} env "
               f"x {cfg.env.num_envs} {cfg.env.id}", flush=True)
+    if not layout.serial:  # which rank is what: Open MPI names dead ranks by number only
+        print("[hpcrl] roles: " + "; ".join(f"{name} ranks {_ranges(ranks)}" for name, ranks in (
+            ("learner", layout.learners), ("inference", layout.inference), ("env", layout.envs)) if len(ranks)),
+              flush=True)
     print(f"[hpcrl] run directory: {start.run_dir}", flush=True)
     for warning in start.warnings:
         print(f"[hpcrl] warning: {warning}", flush=True)
@@ -122,8 +131,26 @@ def _announce(cfg: Config, layout: Layout, start: rundir.RunStart) -> None:
         print(f"[hpcrl] warning: {warning}", flush=True)
 
 
+def _ranges(ranks, limit: int = 8) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8' (the first `limit` runs, then a count)."""
+    runs, start = [], None
+    for i, r in enumerate(ranks):
+        r = int(r)
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            runs.append((start, prev))
+            start = prev = r
+        if i == len(ranks) - 1:
+            runs.append((start, prev))
+    text = ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs[:limit])
+    return text + (f" and {len(runs) - limit} more runs" if len(runs) > limit else "")
+
+
 def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start: rundir.RunStart,
-                preempt_requested=lambda: False) -> list:
+                preempt_requested=lambda: False, heartbeat=lambda: None) -> list:
     """Create this rank's roles and the channels between them. Collective over WORLD: every rank
     takes part in creating the learner and weight communicators, in the same order."""
     learners = [int(r) for r in layout.learners]
@@ -155,7 +182,8 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
                  if rank == root else None)
         share = len(envs) * len(learners) / len(layout.envs)  # unequal fan-in: weight by batch size
         roles.append(LearnerRole(cfg, spaces, learner_comm, receiver, publisher, files, batch_share=share,
-                                 resume_path=start.resume_file, preempt_requested=preempt_requested))
+                                 resume_path=start.resume_file, preempt_requested=preempt_requested,
+                                 heartbeat=heartbeat))
 
     if rank in layout.inference:
         from hpcrl.roles.inference import InferenceRole
@@ -205,7 +233,7 @@ def _runner(cfg: Config, spaces: EnvSpaces, device: str, rank: int):
                         seed=cfg.run.seed * 1_009 + rank)
 
 
-def poll_until_done(roles: list) -> None:
+def poll_until_done(roles: list, watchdog: Watchdog | None = None) -> None:
     """SRL-style poll loop. Idle ranks back off to sleeping, so oversubscribed nodes (more ranks
     than cores) give their cores to ranks that have work instead of spinning."""
     idle = 0
@@ -214,6 +242,8 @@ def poll_until_done(roles: list) -> None:
         if not active:
             return
         work = sum(r.poll() for r in active)
+        if watchdog is not None:
+            watchdog.tick(work > 0)
         if work:
             idle = 0
         else:

@@ -39,3 +39,22 @@ class ModuleReportingCartPole(CartPoleEnv):
 
 
 gym.register("HpcrlTest/ModuleReporting-v0", entry_point=ModuleReportingCartPole, max_episode_steps=500)
+
+
+class HangingCartPole(CartPoleEnv):
+    """CartPole whose step never returns after `hang_after` steps: a deadlocked simulator."""
+
+    def __init__(self, hang_after: int = 50, **kwargs):
+        super().__init__(**kwargs)
+        self.hang_after = hang_after
+        self.steps = 0
+
+    def step(self, action):
+        import time
+        self.steps += 1
+        while self.steps > self.hang_after:
+            time.sleep(1.0)
+        return super().step(action)
+
+
+gym.register("HpcrlTest/Hanging-v0", entry_point=HangingCartPole, max_episode_steps=500)

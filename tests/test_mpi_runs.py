@@ -1,5 +1,4 @@
 """Real multi-rank jobs through mpirun: training, replicas, on-policy versions, failure handling."""
-import time
 
 import numpy as np
 import pytest
@@ -61,17 +60,6 @@ def test_six_ranks_two_learners_stay_bit_identical(tmp_path):
     assert np.all(digests[:, 0] == digests[:, 1])  # both learners hold the same weights after every update
     assert len(set(digests[:, 0])) == len(digests)  # and the weights really change every update
     assert metrics["frames"][0] == 2 * 16 * 4
-
-
-def test_rank_that_raises_aborts_the_whole_job(tmp_path):
-    cfg = small_config(tmp_path, env={"id": "tests.probe_envs:HpcrlTest/Exploding-v0", "num_envs": 2},
-                       run={"total_frames": 10**7})
-    start = time.monotonic()
-    result = mpirun(4, "run", str(write_config(tmp_path, cfg)), timeout=120)
-    assert time.monotonic() - start < 60
-    assert result.returncode != 0
-    assert "simulated env failure" in result.stderr
-    assert "hpcrl: rank 2 (env: stepping envs" in result.stderr or "hpcrl: rank 3 (env: stepping envs" in result.stderr
 
 
 def test_env_ranks_with_remote_inference_never_import_torch(tmp_path):

@@ -49,7 +49,8 @@ class LearnerRole:
 
     def __init__(self, cfg: Config, spaces: EnvSpaces, learner_comm, receiver: comm.FragmentReceiver,
                  publisher: comm.WeightPublisher | None, files: RunFiles | None, batch_share: float = 1.0,
-                 resume_path: str | None = None, preempt_requested: Callable[[], bool] = lambda: False):
+                 resume_path: str | None = None, preempt_requested: Callable[[], bool] = lambda: False,
+                 heartbeat: Callable[[], None] = lambda: None):
         """`batch_share`: this learner's fraction of the global batch times the number of learners
         (1.0 when every learner has as many env ranks as the others). `resume_path`: the checkpoint
         to continue from (every learner is told; the root reads it). `preempt_requested`: polled by
@@ -61,6 +62,7 @@ class LearnerRole:
         self.files = files
         self.batch_share = batch_share
         self.preempt_requested = preempt_requested
+        self.heartbeat = heartbeat  # called per minibatch: a long update is work, not a hang
         self.local_env = None  # serial mode: the env role in this process, saved with the checkpoint
         self._warned_env_state = False
         self.root = learner_comm.Get_rank() == 0
@@ -100,7 +102,7 @@ class LearnerRole:
         self.windows: deque = deque()  # (episodes, return_sum) of recent updates, all learners
         self.have = [False] * len(receiver.buffers)
         self.done = False
-        self.status = f"waiting for fragments of policy version {self.version}"
+        self._set_waiting_status()
         self._last_log = self._last_ckpt = time.perf_counter()
         self._last_log_frames = 0
         self._publish(stop=False)
@@ -117,6 +119,8 @@ class LearnerRole:
                                    f"with policy version {fragment.get('version')}, expected {self.version}")
             self.have[i] = True
         if not all(self.have):
+            if ready:
+                self._set_waiting_status()
             return len(ready)
         self._update()
         return 1
@@ -153,11 +157,18 @@ class LearnerRole:
         if stop:
             self._finish()
         else:
-            self.status = f"waiting for fragments of policy version {self.version}"
+            self._set_waiting_status()
+
+    def _set_waiting_status(self) -> None:
+        """Name the env ranks whose fragments are missing: the watchdog's message, if it fires."""
+        missing = [self.receiver.env_ranks[i] for i, have in enumerate(self.have) if not have]
+        shown = ", ".join(str(r) for r in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        self.status = f"waiting for fragments of policy version {self.version} from env ranks {shown}"
 
     def _step(self) -> None:
         with self.optimizer.skip_synchronize():  # Horovod: gradients were averaged before clipping
             self.optimizer.step()
+        self.heartbeat()
 
     def _assemble(self) -> tuple[Batch, np.ndarray]:
         a = self.cfg.algo

@@ -1,0 +1,76 @@
+"""Jobs fail loudly and quickly: a killed rank, a hung env step, an exception; checkpoints stay valid."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpcrl.checkpoint import load_latest
+from tests.conftest import MPIRUN, REPO, mpirun, run_dir, small_config, write_config
+from tests.test_resume import wait_for_rows
+
+
+def test_hung_env_step_ends_the_job_naming_the_rank_and_what_it_did(tmp_path):
+    cfg = small_config(tmp_path, env={"id": "tests.probe_envs:HpcrlTest/Hanging-v0", "num_envs": 2,
+                                      "kwargs": {"hang_after": 200}},
+                       run={"total_frames": 10**7, "hang_timeout_s": 4, "checkpoint_interval_s": 0.01})
+    start = time.monotonic()
+    result = mpirun(4, "run", str(write_config(tmp_path, cfg)), timeout=120)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert elapsed < 60, elapsed  # the 4 s timeout, plus start-up: not the allocation's wall time
+    assert "has been stuck for" in result.stderr and "stepping envs" in result.stderr, result.stderr
+    assert any(f"hpcrl: rank {r} has been stuck" in result.stderr for r in (2, 3))
+    ck, used, problems = load_latest(str(run_dir(cfg) / "checkpoint.h5"))
+    assert ck is not None and problems == []  # the checkpoints written before the hang stay valid
+
+
+def rank_pids(rank: int) -> list[int]:
+    """PIDs of hpcrl processes that Open MPI started as `rank`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"hpcrl" in cmdline and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_killed_env_rank_ends_the_job_within_seconds(tmp_path):
+    cfg = small_config(tmp_path, run={"total_frames": 10**7, "checkpoint_interval_s": 0.5, "log_interval_s": 60})
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(["bash", str(MPIRUN), "-n", "4", sys.executable, "-m", "hpcrl", "run",
+                             str(write_config(tmp_path, cfg))],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_rows(str(run_dir(cfg) / "metrics.h5"), 3, proc)
+    deadline = time.monotonic() + 60
+    while not (run_dir(cfg) / "checkpoint.h5").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    victims = rank_pids(2)
+    assert len(victims) == 1
+    os.kill(victims[0], signal.SIGKILL)
+    killed = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - killed < 30
+    assert proc.returncode != 0
+    assert "rank 2" in err and "signal 9" in err, err  # Open MPI names the dead rank
+    assert "env ranks 2-3" in out  # and the start-up banner says what rank 2 was
+    ck, _, problems = load_latest(str(run_dir(cfg) / "checkpoint.h5"))
+    assert ck is not None and problems == []
+
+
+def test_rank_that_raises_aborts_the_whole_job(tmp_path):
+    cfg = small_config(tmp_path, env={"id": "tests.probe_envs:HpcrlTest/Exploding-v0", "num_envs": 2},
+                       run={"total_frames": 10**7})
+    start = time.monotonic()
+    result = mpirun(4, "run", str(write_config(tmp_path, cfg)), timeout=120)
+    assert time.monotonic() - start < 60
+    assert result.returncode != 0
+    assert "simulated env failure" in result.stderr
+    assert "hpcrl: rank 2 (env: stepping envs" in result.stderr or "hpcrl: rank 3 (env: stepping envs" in result.stderr
