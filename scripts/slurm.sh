@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# A real single-node SLURM on this machine, for the tests that submit jobs/*.sbatch:
+#   bash scripts/slurm.sh start    install (Debian's slurmctld, slurmd, slurm-client, munge) if
+#                                  missing, write the config, start munged, slurmctld, slurmd
+#   bash scripts/slurm.sh stop     stop the daemons
+#   bash scripts/slurm.sh status   exit 0 when the node is up
+# The node is declared with 16 CPUs whatever the machine has (SlurmdParameters=config_overrides),
+# so a 4- or 6-task job is accepted on a 2-core machine; mpirun inside a job uses the allocation.
+set -euo pipefail
+
+state=${HPCRL_SLURM_DIR:-/var/lib/hpcrl-slurm}
+conf=/etc/slurm/slurm.conf
+node=$(hostname -s)
+log() { printf '[slurm] %s\n' "$*" >&2; }
+
+node_up() {
+    sinfo -h -n "$node" -o '%t' 2>/dev/null | grep -qE '^(idle|mix|alloc)'
+}
+
+install() {
+    local missing=()
+    for cmd in slurmctld slurmd sbatch munged; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
+    (( ${#missing[@]} )) || return 0
+    [[ $(id -u) -eq 0 ]] || { log "SLURM is missing and installing it needs root"; exit 1; }
+    log "installing slurmctld slurmd slurm-client munge from Debian"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+}
+
+write_config() {
+    mkdir -p "$state/ctld" "$state/d" /etc/slurm
+    cat > "$conf" <<CONF
+# Written by hpcrl's scripts/slurm.sh: a single-node test cluster.
+ClusterName=hpcrl-test
+SlurmctldHost=$node
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation=$state/ctld
+SlurmdSpoolDir=$state/d
+SlurmctldPidFile=$state/slurmctld.pid
+SlurmdPidFile=$state/slurmd.pid
+SlurmctldLogFile=$state/slurmctld.log
+SlurmdLogFile=$state/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+MpiDefault=none
+ReturnToService=2
+JobRequeue=1
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1
+MinJobAge=3600
+KillWait=10
+InactiveLimit=0
+NodeName=$node CPUs=16 RealMemory=4096 State=UNKNOWN
+PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
+CONF
+}
+
+start() {
+    install
+    if node_up; then log "already running"; return 0; fi
+    write_config
+    mkdir -p /run/munge /var/log/munge /var/lib/munge /etc/munge
+    if [[ ! -s /etc/munge/munge.key ]]; then
+        dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+    fi
+    chown -R munge:munge /run/munge /var/log/munge /var/lib/munge /etc/munge 2>/dev/null || true
+    chmod 0400 /etc/munge/munge.key
+    pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged 2>/dev/null || /usr/sbin/munged --force
+    pgrep -x slurmctld >/dev/null || slurmctld -c
+    pgrep -x slurmd >/dev/null || slurmd -c
+    for _ in $(seq 60); do
+        if node_up; then log "node $node is up"; return 0; fi
+        scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true
+        sleep 1
+    done
+    log "SLURM did not come up; see $state/slurmctld.log and $state/slurmd.log"
+    exit 1
+}
+
+stop() {
+    pkill -x slurmd 2>/dev/null || true
+    pkill -x slurmctld 2>/dev/null || true
+    log "stopped"
+}
+
+case "${1:-}" in
+    start) start ;;
+    stop) stop ;;
+    status) node_up ;;
+    *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac
