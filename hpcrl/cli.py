@@ -1,4 +1,4 @@
-"""Command line: `hpcrl run CONFIG.yaml` (under mpirun/srun) and `hpcrl plan CONFIG.yaml`."""
+"""Command line: `hpcrl run CONFIG.yaml` (under mpirun/srun), `hpcrl plan` and `hpcrl sbatch`."""
 from __future__ import annotations
 
 import argparse
@@ -22,7 +22,39 @@ def _parser() -> argparse.ArgumentParser:
                       help="vector steps per second per env rank, for the traffic estimate (default 1000)")
     plan.add_argument("--per-rank", action="store_true", help="list every rank (default for up to 64 ranks)")
     plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    sb = sub.add_parser("sbatch", help="write a SLURM job script that fits the config's layout (no MPI needed)")
+    sb.add_argument("config", help="rank-role YAML config (as the job will find it, relative to the submit dir)")
+    sb.add_argument("--nodes", type=int, required=True)
+    sb.add_argument("--ntasks-per-node", type=int, required=True, help="MPI ranks per node")
+    sb.add_argument("--time", default="01:00:00", help="wall-clock limit, [D-]HH:MM:SS (default 01:00:00)")
+    sb.add_argument("--launcher", default="mpirun", help="mpirun (default) or srun")
+    sb.add_argument("--partition")
+    sb.add_argument("--account")
+    sb.add_argument("-o", "--output", help="write the script here (default: print it)")
     return p
+
+
+def _sbatch(args) -> int:
+    import os
+
+    from hpcrl.config import ConfigError, load_config
+    from hpcrl.sbatch import JobRequest, check, render
+    request = JobRequest(args.config, args.nodes, args.ntasks_per_node, args.time, args.launcher,
+                         args.partition, args.account)
+    try:
+        cfg, _ = load_config(args.config)
+        layout = check(request, cfg)
+    except ConfigError as exc:
+        print(f"hpcrl: cannot write the job script: {exc}", file=sys.stderr)
+        return 2
+    text = render(request, cfg, layout)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(args.output, 0o755)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _plan(args) -> int:
@@ -49,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "plan":
         return _plan(args)
+    if args.command == "sbatch":
+        return _sbatch(args)
     from hpcrl.run import run  # imports mpi4py, which initialises MPI
     return run(args.config, tuple(args.overrides), args.overwrite)
 

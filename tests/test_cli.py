@@ -54,3 +54,34 @@ def test_console_script_is_installed():
     exe = Path(sys.executable).parent / "hpcrl"  # installed beside the interpreter running the tests
     result = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "run" in result.stdout and "plan" in result.stdout
+
+
+def test_sbatch_writes_a_script_for_the_layout_and_refuses_one_that_cannot_fit(tmp_path):
+    out = tmp_path / "job.sbatch"
+    result = hpcrl("sbatch", "jobs/cartpole_ppo_multinode.yaml", "--nodes", "2", "--ntasks-per-node", "8",
+                   "--time", "02:00:00", "--partition", "gpu", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert "2 nodes x 8 MPI ranks = 16 (2 learner, 4 inference, 10 env)" in text
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --time=02:00:00",
+                 "#SBATCH --partition=gpu", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@120",
+                 "CONFIG=${CONFIG:-jobs/cartpole_ppo_multinode.yaml}", 'scontrol requeue "${SLURM_JOB_ID}"'):
+        assert line in text, line
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
+    # a learner and two inference ranks per node leave no room for env ranks on 2-rank nodes
+    refused = hpcrl("sbatch", "jobs/cartpole_ppo_multinode.yaml", "--nodes", "2", "--ntasks-per-node", "2")
+    assert refused.returncode == 2 and "cannot write the job script" in refused.stderr
+    assert "need a world size of at least" in refused.stderr
+    assert "--time" in hpcrl("sbatch", "jobs/cartpole_ppo.yaml", "--nodes", "1", "--ntasks-per-node", "4",
+                             "--time", "two hours").stderr
+
+
+def test_committed_job_scripts_are_what_hpcrl_sbatch_writes():
+    """jobs/*.sbatch come from the generator; edit the generator (hpcrl/sbatch.py), then re-run
+    the commands in each script's 'Written by' line."""
+    for script in sorted((REPO / "jobs").glob("*.sbatch")):
+        written_by = next(line for line in script.read_text().splitlines() if line.startswith("# Written by: "))
+        args = written_by.removeprefix("# Written by: hpcrl ").split()
+        regenerated = hpcrl(*args)
+        assert regenerated.returncode == 0, regenerated.stderr
+        assert regenerated.stdout == script.read_text(), f"{script.name} is stale: {written_by}"
