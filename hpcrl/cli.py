@@ -20,6 +20,8 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--ranks-per-node", type=int, help="MPI ranks per node, placed in blocks (default: one node)")
     plan.add_argument("--env-steps-per-s", type=float, default=1000.0,
                       help="vector steps per second per env rank, for the traffic estimate (default 1000)")
+    plan.add_argument("--gpus-per-node", type=int, help="GPUs on every node: roles with device cuda go only where "
+                      "there are GPUs (default: not checked)")
     plan.add_argument("--per-rank", action="store_true", help="list every rank (default for up to 64 ranks)")
     plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     sb = sub.add_parser("sbatch", help="write a SLURM job script that fits the config's layout (no MPI needed)")
@@ -58,6 +60,8 @@ def _sbatch(args) -> int:
 
 
 def _plan(args) -> int:
+    import numpy as np
+
     from hpcrl.config import ConfigError, load_config
     from hpcrl.envs import probe_spaces
     from hpcrl.layout import plan_layout, simulated_nodes
@@ -65,7 +69,8 @@ def _plan(args) -> int:
     try:
         cfg, _ = load_config(args.config, tuple(args.overrides))
         nodes = simulated_nodes(args.world_size, args.ranks_per_node or max(args.world_size, 1))
-        layout = plan_layout(cfg.roles, args.world_size, nodes)
+        gpus = None if args.gpus_per_node is None else np.full(args.world_size, args.gpus_per_node)
+        layout = plan_layout(cfg.roles, args.world_size, nodes, gpus)
         spaces = probe_spaces(cfg.env)
     except ConfigError as exc:
         print(f"hpcrl: config error: {exc}", file=sys.stderr)

@@ -126,7 +126,9 @@ def _local_positions(free: np.ndarray, node_of_rank: np.ndarray) -> np.ndarray:
 
 def _place(role: str, count: int, per_node: int | None, free: np.ndarray, node_of_rank: np.ndarray,
            num_nodes: int) -> np.ndarray:
-    """World ranks (ascending) for one role, chosen among the free ranks."""
+    """World ranks (ascending) for one role, chosen among the free (eligible) ranks."""
+    if per_node is None and len(free) < count:
+        raise ConfigError(f"roles.{role}: {count} ranks needed but only {len(free)} suitable ranks are free")
     if role == "learner" and per_node is None:
         return free[:count]
     pos = _local_positions(free, node_of_rank)
@@ -171,8 +173,11 @@ def _route(envs: np.ndarray, servers: np.ndarray, node_of_rank: np.ndarray) -> n
     return out
 
 
-def plan_layout(roles: RolesConfig, world_size: int, node_of_rank: np.ndarray | None = None) -> Layout:
-    """The plan for `world_size` ranks; `node_of_rank[r]` is rank r's node id (default: all on one)."""
+def plan_layout(roles: RolesConfig, world_size: int, node_of_rank: np.ndarray | None = None,
+                gpus_of_rank: np.ndarray | None = None) -> Layout:
+    """The plan for `world_size` ranks; `node_of_rank[r]` is rank r's node id (default: all on one);
+    `gpus_of_rank[r]` the GPUs rank r's node has (default: unknown, no constraint). Roles with
+    `device: cuda` are placed only on ranks whose node has a GPU."""
     if world_size < 1:
         raise ConfigError(f"world size must be >= 1, got {world_size}")
     if node_of_rank is None:
@@ -198,9 +203,27 @@ def plan_layout(roles: RolesConfig, world_size: int, node_of_rank: np.ndarray | 
         if spec.per_node is None and spec.ranks == REST:
             rest_role = role
             continue
-        placed[role] = _place(role, counts[role], spec.per_node, free, node_of_rank, num_nodes)
+        if spec.device == "cuda" and gpus_of_rank is not None:
+            gpu_nodes = len(np.unique(node_of_rank[gpus_of_rank > 0]))
+            if gpu_nodes == 0:
+                raise ConfigError(f"roles.{role}.device is 'cuda' but no node of this job has a GPU it may use "
+                                  f"(check the allocation and CUDA_VISIBLE_DEVICES), or use device: cpu")
+            eligible = free[gpus_of_rank[free] > 0]
+            if spec.per_node is not None and gpu_nodes < num_nodes:
+                raise ConfigError(f"roles.{role}: device cuda with per_node needs a GPU on every node, but only "
+                                  f"{gpu_nodes} of {num_nodes} nodes have one")
+            try:
+                placed[role] = _place(role, counts[role], spec.per_node, eligible, node_of_rank,
+                                      gpu_nodes if spec.per_node is not None else num_nodes)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (device cuda: only ranks on the {gpu_nodes} nodes with a GPU qualify)") from None
+        else:
+            placed[role] = _place(role, counts[role], spec.per_node, free, node_of_rank, num_nodes)
         free = np.setdiff1d(free, placed[role], assume_unique=True)
     if rest_role is not None:
+        if getattr(roles, rest_role).device == "cuda" and gpus_of_rank is not None and np.any(gpus_of_rank[free] == 0):
+            raise ConfigError(f"roles.{rest_role}: ranks: rest with device cuda would put {rest_role} ranks on "
+                              f"nodes without a GPU; give it a count or per_node instead")
         placed[rest_role] = free
     learners, inference, envs = placed["learner"], placed["inference"], placed["env"]
     return Layout(world_size, node_of_rank, learners, inference, envs,

@@ -7,6 +7,7 @@ gives it and polls them until they finish (status 0) or a signal preempts the ru
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -71,7 +72,13 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
             print(f"[hpcrl] nothing to do: the run in {start.run_dir} is complete: {start.finished} "
                   f"(or pass --overwrite to start it again)", flush=True)
         return 0
-    layout = plan_layout(cfg.roles, size, comm.node_of_rank())
+    nodes = comm.node_of_rank()
+    try:
+        layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes))
+    except ConfigError as exc:  # every rank computed the same layout from the same gathered facts
+        if rank == 0:
+            print(f"hpcrl: config error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
     problems = [p for p in comm.all_gather_objects(_device_problem(cfg, layout, rank)) if p]
     if problems:  # MPI: every rank sees the same list, so every rank stops
         if rank == 0:
@@ -91,6 +98,30 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
     if rank == 0:
         print(f"[hpcrl] done: {start.run_dir}", flush=True)
     return 0
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs this process may use, without importing torch (env ranks never do): the
+    driver's device list, narrowed by CUDA_VISIBLE_DEVICES."""
+    try:
+        present = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return present
+    wanted = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+    return min(present, len(wanted))
+
+
+def _gpus_of_rank(cfg: Config, nodes):
+    """Per rank, the GPUs of its node (the most any rank there sees); None when no role wants cuda."""
+    if all(getattr(cfg.roles, role).device == "cpu" for role in ("learner", "inference", "env")):
+        return None
+    import numpy as np
+    seen = np.array(comm.all_gather_objects(visible_gpus()), dtype=np.int64)  # MPI: start-up control message
+    per_node = {node: seen[nodes == node].max() for node in np.unique(nodes)}
+    return np.array([per_node[node] for node in nodes], dtype=np.int64)
 
 
 def _device_problem(cfg: Config, layout: Layout, rank: int) -> str | None:

@@ -98,3 +98,22 @@ def test_plans_a_hundred_thousand_ranks():
 def test_every_learner_and_inference_rank_gets_an_env_rank():
     with pytest.raises(ConfigError, match="2 env ranks cannot feed 1 learner and 3 inference ranks"):
         plan_layout(roles("{learner: {ranks: 1}, inference: {ranks: 3}, env: {ranks: rest}}"), 6)
+
+
+def test_cuda_roles_go_to_nodes_with_a_gpu():
+    node = simulated_nodes(12, 4)  # node 0 has no GPU; nodes 1 and 2 have one each
+    gpus = np.repeat([0, 1, 1], 4)
+    layout = plan_layout(roles("{learner: {ranks: 1, device: cuda}, inference: {ranks: 2, device: cuda}, "
+                               "env: {ranks: rest}}"), 12, node, gpus)
+    assert list(layout.learners) == [4]  # the learner root is the lowest rank on a GPU node
+    assert all(gpus[r] == 1 for r in layout.inference) and len(set(node[layout.inference])) == 2
+    assert 0 in layout.envs  # CPU roles still use the GPU-less node
+    with pytest.raises(ConfigError, match="5 ranks needed but only 4 suitable.*only ranks on the 1 nodes with a GPU"):
+        plan_layout(roles("{learner: {ranks: 5, device: cuda}, env: {ranks: rest}}"), 24,
+                    simulated_nodes(24, 4), np.repeat([0, 1, 0, 0, 0, 0], 4))
+    with pytest.raises(ConfigError, match="only 2 of 3 nodes have one"):
+        plan_layout(roles("{learner: {per_node: 1, device: cuda}, env: {ranks: rest}}"), 12, node, gpus)
+    with pytest.raises(ConfigError, match="no node of this job has a GPU"):
+        plan_layout(roles("{learner: {ranks: 1, device: cuda}, env: {ranks: rest}}"), 12, node, np.zeros(12, int))
+    cpu_only = plan_layout(roles("{learner: {ranks: 1, device: cuda}, env: {ranks: rest}}"), 12, node)
+    assert list(cpu_only.learners) == [0]  # without a GPU map (hpcrl plan) there is no constraint

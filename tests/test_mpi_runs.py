@@ -103,7 +103,7 @@ def test_cuda_device_without_a_gpu_is_a_config_error(tmp_path):
     # hide any GPU so the test means the same on a GPU machine (mpirun passes the variable on)
     result = mpirun(3, "run", str(write_config(tmp_path, cfg)), timeout=120, extra_env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "roles.inference.device is 'cuda' but rank 1 sees no CUDA device" in result.stderr
+    assert "roles.inference.device is 'cuda' but no node of this job has a GPU it may use" in result.stderr
     assert "Traceback" not in result.stderr
 
 
