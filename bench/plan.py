@@ -8,7 +8,6 @@ O(n log n) plan) shows how much of the time is machine speed.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -18,6 +17,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from report import emit  # noqa: E402
 from hpcrl.config import parse_config  # noqa: E402
 from hpcrl.envs import EnvSpaces  # noqa: E402
 from hpcrl.layout import plan_layout, simulated_nodes  # noqa: E402
@@ -56,10 +57,7 @@ def main() -> None:
               "roles": ROLES, "plan_seconds": round(plan_s, 4), "budget_seconds": 1.0,
               "fraction_of_budget": round(plan_s / 1.0, 3), "argsort_baseline_seconds": round(baseline_s, 5),
               "ratio_to_argsort": round(plan_s / baseline_s, 1)}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,7 @@ serial layout (world size 1) measured in the same run, since these machines are 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -21,6 +19,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from report import emit  # noqa: E402
 from hpcrl.metrics import read_metrics  # noqa: E402
 
 LAYOUTS = [  # (name, ranks, job): serial first, it is the baseline
@@ -46,20 +46,12 @@ def one_run(ranks: int, job: str, seed: int) -> dict:
             "train_fps": round(float(metrics["fps"][-1]), 1)}
 
 
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    mpi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-    import torch
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "mpi": mpi}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
-    report = {"benchmark": "solve CartPole-v1 (window mean >= 475)", "machine": machine(), "layouts": []}
+    report = {"benchmark": "solve CartPole-v1 (window mean >= 475)", "layouts": []}
     for name, ranks, job in LAYOUTS:
         runs = [one_run(ranks, job, seed) for seed in args.seeds]
         report["layouts"].append({
@@ -70,10 +62,7 @@ def main() -> None:
     serial = report["layouts"][0]["median_seconds"]
     for entry in report["layouts"]:
         entry["speedup_vs_serial"] = round(serial / entry["median_seconds"], 2)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

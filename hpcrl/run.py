@@ -13,7 +13,7 @@ import sys
 import time
 
 from hpcrl import comm, rundir
-from hpcrl.config import Config, ConfigError, load_config, to_yaml
+from hpcrl.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.layout import INLINE, Layout, plan_layout
 from hpcrl.messages import fragment_spec, reply_spec, request_spec, weights_spec

@@ -1,6 +1,5 @@
 """GAE against hand-computed cases, including termination and truncation."""
 import numpy as np
-import pytest
 
 from hpcrl.algos.gae import gae, successor_values
 

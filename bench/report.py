@@ -1,0 +1,25 @@
+"""What every benchmark script ends with: its JSON, with the machine it ran on, printed and saved."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    mpi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()
+    import numpy
+    import torch
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": numpy.__version__,
+            "torch": torch.__version__, "mpi": mpi[0] if mpi else "not found"}
+
+
+def emit(report: dict, out: str | None) -> None:
+    """Print the report (with the machine description) as JSON, and write it to `out` if given."""
+    text = json.dumps({**report, "machine": machine()}, indent=2)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
