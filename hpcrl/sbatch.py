@@ -52,7 +52,8 @@ def render(request: JobRequest, cfg: Config, layout: Layout) -> str:
     gpu_line = "#SBATCH --gpus-per-node=1             # edit: GPUs per node (roles with device: cuda)\n" if gpus else ""
     mpirun = ('mpirun -n "${SLURM_NTASKS}" --map-by "ppr:${SLURM_NTASKS_PER_NODE}:node" '
               '--bind-to "${HPCRL_BIND:-core}" python -m hpcrl run "$CONFIG" "$@"')
-    srun = 'srun --mpi=pmix --cpu-bind="${HPCRL_CPU_BIND:-cores}" python -m hpcrl run "$CONFIG" "$@"'
+    srun = ('srun --mpi=pmix --kill-on-bad-exit=1 --cpu-bind="${HPCRL_CPU_BIND:-cores}" '
+            'python -m hpcrl run "$CONFIG" "$@"')
     launch, other = (srun, mpirun) if request.launcher == "srun" else (mpirun, srun)
     return f"""#!/bin/bash
 # {cfg.env.id} {cfg.algo.name.upper()} on {request.nodes} node{'s' if request.nodes > 1 else ''} x {request.ntasks_per_node} MPI ranks = {world} ({counts}).

@@ -64,6 +64,8 @@ CONF
 start() {
     install
     if node_up; then log "already running"; return 0; fi
+    # slurmctld and slurmd find each other by this host name
+    getent hosts "$node" >/dev/null || echo "127.0.0.1 $node" >> /etc/hosts
     write_config
     mkdir -p /run/munge /var/log/munge /var/lib/munge /etc/munge
     if [[ ! -s /etc/munge/munge.key ]]; then
