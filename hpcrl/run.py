@@ -57,14 +57,16 @@ class PreemptionSignals:
 def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = False) -> int:
     rank, size = comm.world_rank(), comm.world_size()
     roles_here: list = []
-    comm.install_abort_hook(lambda: ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up")
+
+    def describe() -> str:  # what this rank is doing, for the abort hook and the watchdog
+        return ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up"
+
+    comm.install_abort_hook(describe)
     signals = PreemptionSignals()
     state = _prepare(config_path, overrides, overwrite, size) if rank == 0 else None
     state = comm.broadcast_object(state)  # MPI: rank 0's verdict reaches every rank
     if "error" in state:
-        if rank == 0:
-            print(f"hpcrl: config error: {state['error']}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG_ERROR
+        return _refuse(rank, state["error"])
     cfg: Config = state["cfg"]
     start: rundir.RunStart = state["start"]
     if start.finished:
@@ -76,18 +78,13 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
     try:
         layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes))
     except ConfigError as exc:  # every rank computed the same layout from the same gathered facts
-        if rank == 0:
-            print(f"hpcrl: config error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG_ERROR
+        return _refuse(rank, str(exc))
     problems = [p for p in comm.all_gather_objects(_device_problem(cfg, layout, rank)) if p]
     if problems:  # MPI: every rank sees the same list, so every rank stops
-        if rank == 0:
-            print(f"hpcrl: config error: {problems[0]}" + (f" (and {len(problems) - 1} more ranks)"
-                                                           if len(problems) > 1 else ""), file=sys.stderr, flush=True)
-        return EXIT_CONFIG_ERROR
+        more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
+        return _refuse(rank, problems[0] + more)
     if rank == 0:
         _announce(cfg, layout, start)
-    describe = lambda: ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up"  # noqa: E731
     watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
     roles_here.extend(build_roles(cfg, state["spaces"], layout, rank, start, signals.requested,
                                   heartbeat=lambda: watchdog.tick(True)))
@@ -98,6 +95,13 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
     if rank == 0:
         print(f"[hpcrl] done: {start.run_dir}", flush=True)
     return 0
+
+
+def _refuse(rank: int, message: str) -> int:
+    """A user mistake found at start-up: one message (from rank 0), status 2 on every rank."""
+    if rank == 0:
+        print(f"hpcrl: config error: {message}", file=sys.stderr, flush=True)
+    return EXIT_CONFIG_ERROR
 
 
 def visible_gpus() -> int:

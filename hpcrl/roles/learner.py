@@ -79,24 +79,11 @@ class LearnerRole:
         # Horovod: the wrapper is a new optimizer over the same parameter groups (not the same state),
         # so any saved state is loaded into the wrapper, after wrapping.
         self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters())
-        checkpoint = load_checkpoint(resume_path) if resume_path and self.root else None
-        if checkpoint is not None:
-            self.model.load_state_dict(checkpoint["model"])
-        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod: same start everywhere
-        if resume_path:  # MPI: the root's optimizer state, pickled once at start, loaded as saved
-            state = comm.broadcast_object_on(learner_comm, checkpoint["optimizer"] if self.root else None)
-            self.optimizer.load_state_dict(state)
-        # (Not hvd.broadcast_optimizer_state: on a fresh optimizer it takes a zero-gradient step to
-        # create Adam's state, putting bias correction one step off.)
-        counters = checkpoint["counters"] if checkpoint else {}
-        counters = comm.broadcast_object_on(learner_comm, counters)  # MPI: one set of counters everywhere
+        counters = self._start_from(resume_path)
         self.version = int(counters.get("policy_version", 0))
         self.frames = int(counters.get("frames", 0))
         self.updates = int(counters.get("updates", 0))
         self.start = time.perf_counter() - float(counters.get("wall_time", 0.0))  # wall time continues
-        self.env_state = checkpoint["extra"].get("env_state") if checkpoint else None
-        if checkpoint is not None:
-            restore_rng_states(checkpoint["rng"], self.rng)
         self.preempted = False
         self.stopped_by = ""
         self.windows: deque = deque()  # (episodes, return_sum) of recent updates, all learners
@@ -104,8 +91,28 @@ class LearnerRole:
         self.done = False
         self._set_waiting_status()
         self._last_log = self._last_ckpt = time.perf_counter()
-        self._last_log_frames = 0
+        self._last_log_frames = self.frames
         self._publish(stop=False)
+
+    def _start_from(self, resume_path: str | None) -> dict:
+        """Same weights (and, resuming, optimizer state and counters) on every learner; returns the
+        counters. The root reads the checkpoint; the others receive it."""
+        checkpoint = load_checkpoint(resume_path) if resume_path and self.root else None
+        if checkpoint is not None:
+            self.model.load_state_dict(checkpoint["model"])
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod: same start everywhere
+        self.env_state = checkpoint["extra"].get("env_state") if checkpoint else None
+        if not resume_path:
+            # A fresh optimizer is identical everywhere already; hvd.broadcast_optimizer_state would
+            # take a zero-gradient step to create Adam's state, putting bias correction one step off.
+            return {}
+        # MPI: the root's optimizer state and counters, pickled once at start, loaded as saved
+        state, counters = comm.broadcast_object_on(
+            self.comm, (checkpoint["optimizer"], checkpoint["counters"]) if self.root else None)
+        self.optimizer.load_state_dict(state)
+        if checkpoint is not None:
+            restore_rng_states(checkpoint["rng"], self.rng)
+        return counters
 
     # --- the poll loop ----------------------------------------------------------------------------
     def poll(self) -> int:
