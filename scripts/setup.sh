@@ -17,11 +17,11 @@ stamp="$venv/.hpcrl-setup-stamp"
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 fingerprint() {
-    cat "$repo/scripts/setup.sh" "$repo/pyproject.toml" | sha256sum | cut -d' ' -f1
+    cat "$repo/scripts/setup.sh" "$repo/pyproject.toml" "$repo/setup.py" "$repo"/src_ext/*.c | sha256sum | cut -d' ' -f1
 }
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$(fingerprint)" ]] && command -v mpirun >/dev/null \
-        && "$py" -c "import horovod.torch, mpi4py, hpcrl" 2>/dev/null; then
+        && "$py" -c "import horovod.torch, mpi4py, hpcrl, hpcrl._kernels" 2>/dev/null; then
     exit 0
 fi
 
@@ -86,7 +86,7 @@ if ! "$py" -c "import horovod.torch" 2>/dev/null; then
     pip install cloudpickle psutil "pyyaml>=6.0" packaging
 fi
 
-# --- hpcrl itself ---
+# --- hpcrl itself (editable; builds the C kernels of src_ext/ in place) ---
 pip install --no-build-isolation -e "$repo"
 "$py" -c "import horovod.torch, mpi4py, hpcrl" || { log "set-up finished but imports fail"; exit 1; }
 fingerprint > "$stamp"

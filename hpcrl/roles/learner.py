@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from hpcrl import comm
-from hpcrl.algos.gae import gae, successor_values
+from hpcrl.algos.gae import successor_values
+from hpcrl.algos.kernels import gae
 from hpcrl.algos.ppo import LOSS_KEYS, Batch, ppo_update
 from hpcrl.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from hpcrl.config import Config
