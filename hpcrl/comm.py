@@ -106,7 +106,8 @@ def cancel_all(requests: Sequence) -> None:
 
 
 class RequestServer:
-    """Inference side of env <-> inference: one persistent receive per env rank, replies by Isend."""
+    """Inference side of env <-> inference: per env rank, one persistent receive for its requests
+    and one persistent send for its replies (no request objects built per step)."""
 
     def __init__(self, env_ranks: Sequence[int], requests: Sequence[Message], replies: Sequence[Message]):
         self.env_ranks = list(env_ranks)
@@ -114,7 +115,8 @@ class RequestServer:
         self.replies = list(replies)
         self._recv = [WORLD.Recv_init(m.buffer, source=r, tag=Tag.OBS_REQUEST)
                       for r, m in zip(self.env_ranks, self.requests)]
-        self._send: list = [None] * len(self.env_ranks)
+        self._send = [WORLD.Send_init(m.buffer, dest=r, tag=Tag.ACTION_REPLY)
+                      for r, m in zip(self.env_ranks, self.replies)]
         MPI.Prequest.Startall(self._recv)
 
     def ready(self) -> list[int]:
@@ -128,66 +130,77 @@ class RequestServer:
 
     def reply_buffer(self, i: int) -> Message:
         """Reply buffer i, free to fill: its previous send has completed."""
-        if self._send[i] is not None:
-            self._send[i].Wait()  # done already in practice: env i read that reply before asking again
-            self._send[i] = None
+        self._send[i].Wait()  # done already in practice (env i read that reply before asking again)
         return self.replies[i]
 
     def reply(self, i: int) -> None:
         """Send reply buffer i (filled after `reply_buffer(i)`)."""
-        self._send[i] = WORLD.Isend(self.replies[i].buffer, dest=self.env_ranks[i], tag=Tag.ACTION_REPLY)
+        self._send[i].Start()
 
     def close(self, armed: Sequence[int]) -> None:
         """Complete outstanding replies and cancel the receives still posted (`armed`)."""
         wait_all(self._send)
         cancel_all([self._recv[i] for i in armed])
-        for r in self._recv:
+        for r in self._recv + self._send:
             r.Free()
 
 
 class RequestClient:
-    """Env side of env <-> inference: Isend one request, then poll for its reply."""
+    """Env side of env <-> inference: a persistent receive for the reply and a persistent send
+    for a request without final observations (the common step); requests that carry final
+    observations of truncated episodes go as a longer one-off Isend."""
 
     def __init__(self, inference_rank: int, request: Message, reply: Message):
         self.peer = inference_rank
         self.request, self.reply = request, reply
-        self._reqs: list = []
+        self.plain_nbytes = request.spec.offsets["final_obs"]
+        self._recv = WORLD.Recv_init(reply.buffer, source=self.peer, tag=Tag.ACTION_REPLY)
+        self._send_plain = WORLD.Send_init([request.buffer[:self.plain_nbytes], MPI.BYTE], dest=self.peer,
+                                           tag=Tag.OBS_REQUEST)
+        self._active: list = []
 
     def send(self, nbytes: int) -> None:
-        # Post the receive first so the reply never waits in an unexpected-message queue.
-        recv = WORLD.Irecv(self.reply.buffer, source=self.peer, tag=Tag.ACTION_REPLY)
-        send = WORLD.Isend([self.request.buffer[:nbytes], MPI.BYTE], dest=self.peer, tag=Tag.OBS_REQUEST)
-        self._reqs = [recv, send]
+        # Start the receive first so the reply never waits in an unexpected-message queue.
+        if nbytes == self.plain_nbytes:
+            self._active = [self._recv, self._send_plain]
+            MPI.Prequest.Startall(self._active)
+        else:
+            self._recv.Start()
+            self._active = [self._recv, WORLD.Isend([self.request.buffer[:nbytes], MPI.BYTE], dest=self.peer,
+                                                    tag=Tag.OBS_REQUEST)]
 
     def test(self) -> bool:
         """True once the reply is in the reply buffer."""
-        return bool(self._reqs) and MPI.Request.Testall(self._reqs)
+        return bool(self._active) and MPI.Request.Testall(self._active)
+
+    def close(self) -> None:
+        for r in (self._recv, self._send_plain):
+            r.Free()
 
 
 class FragmentSender:
-    """Env side of env -> learner: two fragment buffers, one fills while the other is in flight."""
+    """Env side of env -> learner: two fragment buffers, each with a persistent send; one fills
+    while the other is in flight."""
 
     def __init__(self, learner_rank: int, buffers: Sequence[Message]):
         self.peer = learner_rank
         self.buffers = list(buffers)
-        self._send: list = [None] * len(self.buffers)
+        self._send = [WORLD.Send_init(m.buffer, dest=learner_rank, tag=Tag.FRAGMENT) for m in self.buffers]
         self._next = 0
 
     def acquire(self) -> Message:
         """The next buffer to fill; waits only if its previous send is still in flight."""
-        i = self._next
-        if self._send[i] is not None:
-            self._send[i].Wait()
-            self._send[i] = None
-        return self.buffers[i]
+        self._send[self._next].Wait()  # an inactive (never started or done) request returns at once
+        return self.buffers[self._next]
 
     def send(self) -> None:
-        i = self._next
-        self._send[i] = WORLD.Isend(self.buffers[i].buffer, dest=self.peer, tag=Tag.FRAGMENT)
-        self._next = (i + 1) % len(self.buffers)
+        self._send[self._next].Start()
+        self._next = (self._next + 1) % len(self.buffers)
 
     def close(self) -> None:
         wait_all(self._send)
+        for r in self._send:
+            r.Free()
 
 
 class FragmentReceiver:

@@ -16,7 +16,7 @@ from hpcrl.messages import EPISODE_STATS, PREEMPTED, STOP, Message
 
 
 class RemotePolicy:
-    """Actions from an inference rank: the request goes out as one Isend, the reply is polled."""
+    """Actions from an inference rank: the request goes out as one message, the reply is polled."""
 
     def __init__(self, client: RequestClient):
         self.client = client
@@ -28,6 +28,15 @@ class RemotePolicy:
 
     def poll(self) -> Message | None:
         return self.reply if self.client.test() else None
+
+    def close(self) -> None:
+        self.client.close()
+
+    def sampling_state(self):
+        return None  # sampling happens on the inference rank
+
+    def restore_sampling_state(self, state) -> None:
+        pass
 
 
 class EnvRole:
@@ -159,6 +168,7 @@ class EnvRole:
 
     def _finish(self) -> None:
         self.sender.close()
+        self.policy.close()
         self.envs.close()
         self.done = True
         self.status = "finished"

@@ -28,6 +28,9 @@ class InlinePolicy:
         self.request.set(version=version, n_final=n_final, flags=0)
         self._wanted = version
 
+    def close(self) -> None:
+        pass  # nothing posted: weights are polled by the env role's own subscriber
+
     def sampling_state(self):
         return self.runner.generator.get_state()
 
