@@ -36,7 +36,7 @@ def measure(name, obs_shape, obs_dtype, trips, fragments):
 
     from hpcrl import comm
     from hpcrl.messages import fragment_spec, reply_spec, request_spec
-    MPI, world = comm.MPI, comm.WORLD
+    world = comm.WORLD
     rank = world.Get_rank()
     req, rep = request_spec(N, obs_shape, obs_dtype), reply_spec(N, (), "int64")
     frag = fragment_spec(T, N, obs_shape, obs_dtype, (), "int64")

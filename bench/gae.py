@@ -9,26 +9,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from report import emit  # noqa: E402
+from report import emit, median_seconds  # noqa: E402
 from hpcrl.algos import kernels  # noqa: E402
 from tests.test_kernels import random_fragment  # noqa: E402
-
-
-def median_ms(fn, repeats: int = 21) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
 
 
 def main() -> None:
@@ -43,9 +32,9 @@ def main() -> None:
     results = {}
     for name, fn in cases.items():
         os.environ["HPCRL_KERNELS"] = "c"
-        c_ms = median_ms(fn)
+        c_ms = 1e3 * median_seconds(fn, repeats=21)
         os.environ["HPCRL_KERNELS"] = "numpy"
-        numpy_ms = median_ms(fn)
+        numpy_ms = 1e3 * median_seconds(fn, repeats=21)
         results[name] = {"c_ms": round(c_ms, 3), "numpy_ms": round(numpy_ms, 3),
                          "speedup_c_vs_numpy": round(numpy_ms / c_ms, 1)}
     os.environ.pop("HPCRL_KERNELS")

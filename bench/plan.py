@@ -8,9 +8,7 @@ O(n log n) plan) shows how much of the time is machine speed.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,22 +16,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from report import emit  # noqa: E402
+from report import emit, median_seconds  # noqa: E402
 from hpcrl.config import parse_config  # noqa: E402
 from hpcrl.envs import EnvSpaces  # noqa: E402
 from hpcrl.layout import plan_layout, simulated_nodes  # noqa: E402
 from hpcrl.plan import traffic, warnings  # noqa: E402
 
 ROLES = "roles: {learner: {ranks: 64}, inference: {per_node: 2}, env: {ranks: rest}}"
-
-
-def median_seconds(fn, repeats: int = 7) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:

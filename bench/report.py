@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
+import time
 from pathlib import Path
 
 
@@ -23,3 +25,13 @@ def emit(report: dict, out: str | None) -> None:
     print(text)
     if out:
         Path(out).write_text(text + "\n")
+
+
+def median_seconds(fn, repeats: int = 7) -> float:
+    """Median wall time of `repeats` calls: robust to the odd slow call on a shared machine."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
