@@ -67,9 +67,9 @@ class LearnerRole:
         self.local_env = None  # serial mode: the env role in this process, saved with the checkpoint
         self._warned_env_state = False
         self.root = learner_comm.Get_rank() == 0
-        # Horovod: one small allreduce per minibatch waits for the background thread's next cycle;
-        # 0.1 ms instead of the default took a 2-learner CartPole job from 16.3/20.5 s to
-        # 13.9/19.0 s (bench/allreduce.py has the per-call figures). A user's setting wins.
+        # Horovod: each minibatch's allreduce waits for the background thread's next cycle; with
+        # 0.1 ms instead of 1 ms a 2-learner CartPole job took 14.0/17.4 s instead of 17.2/21.7 s
+        # (seeds 1/3, same frames). A user's HOROVOD_CYCLE_TIME wins.
         os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1")
         hvd.init(comm=learner_comm)  # Horovod: only the learners, never the whole world
         device = cfg.roles.learner.device
@@ -79,10 +79,14 @@ class LearnerRole:
         torch.manual_seed(cfg.run.seed)  # the root's initial weights (Horovod copies them) repeat per seed
         self.model = build_model(spaces.obs_shape, spaces.num_actions, cfg.model).to(self.device)
         # fused: one kernel for all parameters; 7x faster than the per-tensor loop on small MLPs here
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algo.lr, eps=1e-5, fused=True)
+        optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algo.lr, eps=1e-5, fused=True)
         self.rng = np.random.default_rng(cfg.run.seed * 7_919 + hvd.rank())
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.grad_flat = torch.zeros(sum(p.numel() for p in self.params), device=self.device)
+        # Horovod: one group holding every parameter, so the whole gradient goes out as one fused
+        # allreduce once backward has produced all of it, instead of one per tensor as each becomes
+        # ready (bench/allreduce.py). The wrapper is a new optimizer over the same parameter
+        # groups, so saved state is loaded into it, after wrapping.
+        self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters(),
+                                                  groups=[list(self.model.parameters())])
         counters = self._start_from(resume_path)
         self.version = int(counters.get("policy_version", 0))
         self.frames = int(counters.get("frames", 0))
@@ -144,7 +148,7 @@ class LearnerRole:
                 group["lr"] = a.lr * max(0.0, 1.0 - self.frames / self.cfg.run.total_frames)
         batch, local = self._assemble()
         losses = ppo_update(self.model, self.optimizer, batch, a, self.rng,
-                            average_gradients=self._average_gradients, apply_step=self._step,
+                            average_gradients=self.optimizer.synchronize, apply_step=self._step,
                             loss_scale=self.batch_share)
         self.version += 1
         self.updates += 1
@@ -176,28 +180,9 @@ class LearnerRole:
         shown = ", ".join(str(r) for r in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         self.status = f"waiting for fragments of policy version {self.version} from env ranks {shown}"
 
-    def _average_gradients(self) -> None:
-        """Horovod: the whole gradient as one flat buffer in one allreduce. RL-sized gradients are
-        latency-bound, and Horovod's per-tensor hooks (DistributedOptimizer) cost several cycles
-        per minibatch (bench/allreduce.py). One learner: nothing to average."""
-        if hvd.size() == 1:
-            return
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            if p.grad is None:  # a parameter this loss did not reach: it contributes zeros
-                p.grad = torch.zeros_like(p)
-            self.grad_flat[offset:offset + n].copy_(p.grad.reshape(-1))
-            offset += n
-        hvd.allreduce_(self.grad_flat, op=hvd.Average, name="gradients")
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad.copy_(self.grad_flat[offset:offset + n].view_as(p.grad))
-            offset += n
-
     def _step(self) -> None:
-        self.optimizer.step()  # on the averaged, then clipped, gradient: the same step on every learner
+        with self.optimizer.skip_synchronize():  # Horovod: gradients were averaged before clipping
+            self.optimizer.step()
         self.heartbeat()
 
     def _assemble(self) -> tuple[Batch, np.ndarray]:
