@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+from report import under_mpi  # noqa: E402
 
 MODELS = [("cartpole_mlp_64x64", (4,), 2, [64, 64], 200), ("mlp_5M", (512,), 18, [1024, 1024, 1024], 30)]
 
@@ -90,9 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out")
     args = parser.parse_args()
-    if "OMPI_COMM_WORLD_SIZE" not in os.environ:  # start ourselves under MPI, 2 ranks
-        cmd = ["bash", str(REPO / "scripts/mpirun.sh"), "-n", "2", sys.executable, __file__]
-        sys.exit(subprocess.run(cmd + (["--out", args.out] if args.out else []), cwd=REPO).returncode)
+    under_mpi(2, __file__, args.out)
     from hpcrl import comm  # MPI at THREAD_MULTIPLE before Horovod starts its thread
     import horovod.torch as hvd
     import torch

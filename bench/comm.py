@@ -9,8 +9,6 @@ Ratios are project time / raw time (target <= 1.25). Sizes: CartPole and Atari-l
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+from report import under_mpi  # noqa: E402
 
 CASES = [  # name, obs shape, obs dtype, round trips, fragments
     ("cartpole", (4,), "float32", 4000, 400),
@@ -117,9 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out")
     args = parser.parse_args()
-    if "OMPI_COMM_WORLD_SIZE" not in os.environ:  # start ourselves under MPI, 2 ranks
-        cmd = ["bash", str(REPO / "scripts/mpirun.sh"), "-n", "2", sys.executable, __file__]
-        sys.exit(subprocess.run(cmd + (["--out", args.out] if args.out else []), cwd=REPO).returncode)
+    under_mpi(2, __file__, args.out)
     results = [measure(*case) for case in CASES]
     from hpcrl import comm
     if comm.world_rank() == 0:

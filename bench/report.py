@@ -35,3 +35,14 @@ def median_seconds(fn, repeats: int = 7) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def under_mpi(ranks: int, script: str, out: str | None) -> None:
+    """Outside MPI, run `script` again under `mpirun -n ranks` (the project's wrapper) and exit
+    with its status; inside MPI, return."""
+    if "OMPI_COMM_WORLD_SIZE" in os.environ:
+        return
+    import sys
+    repo = Path(__file__).resolve().parents[1]
+    cmd = ["bash", str(repo / "scripts/mpirun.sh"), "-n", str(ranks), sys.executable, script]
+    sys.exit(subprocess.run(cmd + (["--out", out] if out else []), cwd=repo).returncode)
