@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import random
-from typing import Any
+from typing import Any, Callable
 
 import h5py
 import numpy as np
@@ -148,50 +148,49 @@ def save_checkpoint(path: str, model, optimizer,
             os.unlink(tmp)
 
 
-def load_checkpoint(path: str) -> dict:
-    """{'model', 'optimizer', 'counters', 'rng', 'extra', 'config'}; tensors as torch tensors.
-    Raises CheckpointError if the file is unreadable or its content does not match its checksum."""
+def _read_verified(path: str, read: Callable[[h5py.File], Any]) -> Any:
+    """`read(file)` on a checkpoint whose content matches its checksum; CheckpointError otherwise."""
     try:
         with h5py.File(path, "r") as f:
             if f.attrs.get("sha256") != _digest(f):
                 raise CheckpointError(f"{path}: checksum mismatch (the file is corrupt)")
-            return {"model": _read_tree(f["model"], as_torch=True),
-                    "optimizer": _read_tree(f["optimizer"], as_torch=True),
-                    "counters": _read_tree(f["counters"], as_torch=False),
-                    "rng": _read_tree(f["rng"], as_torch=False),
-                    "extra": _read_tree(f["extra"], as_torch=False),
-                    "config": str(f.attrs["config"])}
+            return read(f)
     except (OSError, KeyError, ValueError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from None
+
+
+def _newest_usable(path: str, read: Callable[[str], Any]) -> tuple[str | None, Any, list[str]]:
+    """`read` the first of `path` and its previous checkpoint that works: (file, result, warnings)."""
+    problems = []
+    for candidate in (path, previous_path(path)):
+        if not os.path.exists(candidate):
+            continue
+        try:
+            return candidate, read(candidate), problems
+        except CheckpointError as exc:
+            problems.append(f"skipping {exc}")
+    return None, None, problems
+
+
+def load_checkpoint(path: str) -> dict:
+    """{'model', 'optimizer', 'counters', 'rng', 'extra', 'config'}; tensors as torch tensors.
+    Raises CheckpointError if the file is unreadable or its content does not match its checksum."""
+    return _read_verified(path, lambda f: {
+        "model": _read_tree(f["model"], as_torch=True), "optimizer": _read_tree(f["optimizer"], as_torch=True),
+        "counters": _read_tree(f["counters"], as_torch=False), "rng": _read_tree(f["rng"], as_torch=False),
+        "extra": _read_tree(f["extra"], as_torch=False), "config": str(f.attrs["config"])})
 
 
 def inspect_latest(path: str) -> tuple[str | None, str, dict, list[str]]:
     """The newest checkpoint among `path` and its previous one whose checksum holds, read without
     torch: (file or None, config text, counters, warnings about files skipped)."""
-    problems = []
-    for candidate in (path, previous_path(path)):
-        if not os.path.exists(candidate):
-            continue
-        try:
-            with h5py.File(candidate, "r") as f:
-                if f.attrs.get("sha256") != _digest(f):
-                    raise CheckpointError(f"{candidate}: checksum mismatch (the file is corrupt)")
-                return candidate, str(f.attrs["config"]), _read_tree(f["counters"], as_torch=False), problems
-        except CheckpointError as exc:
-            problems.append(f"skipping {exc}")
-        except (OSError, KeyError, ValueError) as exc:
-            problems.append(f"skipping {candidate}: unreadable checkpoint ({exc})")
-    return None, "", {}, problems
+    found, summary, problems = _newest_usable(path, lambda candidate: _read_verified(
+        candidate, lambda f: (str(f.attrs["config"]), _read_tree(f["counters"], as_torch=False))))
+    config_text, counters = summary if found else ("", {})
+    return found, config_text, counters, problems
 
 
 def load_latest(path: str) -> tuple[dict | None, str | None, list[str]]:
     """The newest usable checkpoint among `path` and its previous one: (checkpoint, file, warnings)."""
-    problems = []
-    for candidate in (path, previous_path(path)):
-        if not os.path.exists(candidate):
-            continue
-        try:
-            return load_checkpoint(candidate), candidate, problems
-        except CheckpointError as exc:
-            problems.append(f"skipping {exc}")
-    return None, None, problems
+    found, checkpoint, problems = _newest_usable(path, load_checkpoint)
+    return checkpoint, found, problems
