@@ -146,7 +146,8 @@ class LearnerRole:
         if a.lr_schedule == "linear":
             for group in self.optimizer.param_groups:
                 group["lr"] = a.lr * max(0.0, 1.0 - self.frames / self.cfg.run.total_frames)
-        batch, local = self._assemble()
+        batch = self._assemble()
+        local = self._local_stats()  # read the headers now: the buffers are re-armed below
         losses = ppo_update(self.model, self.optimizer, batch, a, self.rng,
                             average_gradients=self.optimizer.synchronize, apply_step=self._step,
                             loss_scale=self.batch_share)
@@ -185,12 +186,10 @@ class LearnerRole:
             self.optimizer.step()
         self.heartbeat()
 
-    def _assemble(self) -> tuple[Batch, np.ndarray]:
+    def _assemble(self) -> Batch:
+        """This learner's fragments, advantages computed per fragment, as one flat batch."""
         a = self.cfg.algo
         parts = {k: [] for k in ("obs", "actions", "logp", "values", "advantages", "returns")}
-        local = np.zeros(1 + len(EPISODE_STATS), dtype=np.float64)  # frames, episode stats...
-        lo_hi = [np.inf, -np.inf]
-        versions = [frag.get("version") for frag in self.receiver.buffers]
         for frag in self.receiver.buffers:
             nxt = successor_values(frag["values"], frag["last_values"], frag["dones"], frag["trunc_values"])
             adv, ret = gae(frag["rewards"], frag["values"], nxt, frag["dones"], a.gamma, a.gae_lambda)
@@ -198,22 +197,26 @@ class LearnerRole:
                 parts[key].append(frag[key].reshape(-1, *frag[key].shape[2:]))
             parts["advantages"].append(adv.reshape(-1))
             parts["returns"].append(ret.reshape(-1))
-            stats = frag["episode_stats"]
-            local[0] += frag.get("frames")
-            local[1:] += stats
-            lo_hi = [min(lo_hi[0], stats[3]), max(lo_hi[1], stats[4])]
-        local[4], local[5] = lo_hi
-        self.sample_versions = (min(versions), max(versions))
         dtype = {"actions": torch.int64}
-        tensors = {k: torch.as_tensor(np.concatenate(v), dtype=dtype.get(k, torch.float32), device=self.device)
-                   for k, v in parts.items()}
-        return Batch(**tensors), local
+        return Batch(**{k: torch.as_tensor(np.concatenate(v), dtype=dtype.get(k, torch.float32), device=self.device)
+                        for k, v in parts.items()})
 
-    def _reduce_stats(self, local: np.ndarray, losses: dict[str, float]) -> dict:
-        sums = comm.allreduce_sum(self.comm, np.concatenate([local[[0, 1, 2, 3, 6]],
-                                                             [losses[k] for k in LOSS_KEYS]]))
-        lo, hi = comm.allreduce_min_max(self.comm, np.array([local[4], self.sample_versions[0]]),
-                                        np.array([local[5], self.sample_versions[1]]))
+    def _local_stats(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """From this learner's fragment headers: sums (frames, episodes, return sum, return sum of
+        squares, length sum), lows (return min, version min) and highs (return max, version max)."""
+        frags = self.receiver.buffers
+        ep = {name: np.array([f["episode_stats"][i] for f in frags]) for i, name in enumerate(EPISODE_STATS)}
+        versions = [f.get("version") for f in frags]
+        sums = np.array([sum(f.get("frames") for f in frags), ep["episodes"].sum(), ep["return_sum"].sum(),
+                         ep["return_sqsum"].sum(), ep["length_sum"].sum()], dtype=np.float64)
+        lows = np.array([ep["return_min"].min(), min(versions)], dtype=np.float64)
+        highs = np.array([ep["return_max"].max(), max(versions)], dtype=np.float64)
+        return sums, lows, highs
+
+    def _reduce_stats(self, local: tuple[np.ndarray, np.ndarray, np.ndarray], losses: dict[str, float]) -> dict:
+        sums, lows, highs = local
+        sums = comm.allreduce_sum(self.comm, np.concatenate([sums, [losses[k] for k in LOSS_KEYS]]))
+        lo, hi = comm.allreduce_min_max(self.comm, lows, highs)
         frames_now, episodes, ret_sum, ret_sq, len_sum = sums[:5]
         self.frames += int(frames_now)
         self.windows.append((episodes, ret_sum))
