@@ -42,10 +42,6 @@ def world_size() -> int:
     return WORLD.Get_size()
 
 
-def thread_level_ok() -> bool:
-    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
-
-
 def abort_job(code: int = 1) -> None:
     """End every rank of the job now (MPI_Abort); safe from any thread under THREAD_MULTIPLE."""
     WORLD.Abort(code)

@@ -18,7 +18,6 @@ import numpy as np
 from hpcrl.config import REST, ROLE_NAMES, ConfigError, RolesConfig
 
 INLINE = -1  # env_inference entry for an env rank that runs its policy itself
-ROLE_CODES = {name: code for code, name in enumerate(ROLE_NAMES)}
 
 
 def _role_table(roles: RolesConfig) -> str:

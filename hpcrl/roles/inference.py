@@ -63,6 +63,11 @@ class InlinePolicy:
 def answer(runner: PolicyRunner, request: Message, reply: Message) -> None:
     """Fill one reply for one request (no batching across env ranks)."""
     runner.act(request["obs"], reply["actions"], reply["logp"], reply["values"])
+    finish_reply(runner, request, reply)
+
+
+def finish_reply(runner: PolicyRunner, request: Message, reply: Message) -> None:
+    """After the actions: values of the request's final observations, and the policy version."""
     n_final = request.get("n_final")
     runner.value(request["final_obs"][:n_final], reply["final_values"][:n_final])
     reply.set(version=runner.version, flags=0)
@@ -90,8 +95,6 @@ class InferenceRole:
         self.batch_actions = np.zeros((rows, *reply["actions"].shape[1:]), dtype=reply["actions"].dtype)
         self.batch_logp = np.zeros(rows, dtype=np.float32)
         self.batch_values = np.zeros(rows, dtype=np.float32)
-        self.requests_served = 0
-        self.forward_passes = 0
 
     def poll(self) -> int:
         work = self._poll_weights()
@@ -139,18 +142,14 @@ class InferenceRole:
             start += len(obs)
         self.runner.act(self.batch_obs[:start], self.batch_actions[:start], self.batch_logp[:start],
                         self.batch_values[:start])
-        self.forward_passes += 1
         for i, a, b in spans:
             reply = self.server.reply_buffer(i)
             reply["actions"][...] = self.batch_actions[a:b]
             reply["logp"][...] = self.batch_logp[a:b]
             reply["values"][...] = self.batch_values[a:b]
-            n_final = requests[i].get("n_final")
-            self.runner.value(requests[i]["final_obs"][:n_final], reply["final_values"][:n_final])
-            reply.set(version=self.runner.version, flags=0)
+            finish_reply(self.runner, requests[i], reply)
             self.server.reply(i)
             self.server.rearm(i)
-            self.requests_served += 1
 
     def _stop_pending(self) -> int:
         """After the stop word: answer each env rank's next request with STOP, then close."""
