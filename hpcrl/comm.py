@@ -193,6 +193,13 @@ class FragmentSender:
         self._send[self._next].Start()
         self._next = (self._next + 1) % len(self.buffers)
 
+    def say_goodbye(self, env_rank: int) -> None:
+        """The last message: a STOP-flagged header. Messages from one rank with one tag arrive in
+        order, so the learner, draining until it has every env rank's goodbye, has matched every
+        fragment sent before it, and `close` never waits on a fragment nobody will receive."""
+        self.acquire().set(env_rank=env_rank, frames=0, flags=STOP)
+        self.send()
+
     def close(self) -> None:
         wait_all(self._send)
         for r in self._send:

@@ -87,14 +87,24 @@ class EnvConfig:
 
 @dataclass
 class AlgoConfig:
-    """PPO hyperparameters (clipped objective, GAE, minibatch epochs)."""
+    """PPO hyperparameters (clipped objective, GAE, minibatch epochs); async mode is APPO."""
 
     name: str = doc("algorithm: 'ppo'", default="ppo")
-    mode: str = doc("'sync': every sample in an update comes from the current policy", default="sync")
+    mode: str = doc("'sync' (PPO): every sample in an update comes from the current policy, and env ranks "
+                    "wait for each new version; 'async' (APPO/IMPALA): inference answers with the newest "
+                    "weights it has, env ranks never wait for the learner, and the learner corrects the "
+                    "policy lag with V-trace", default="sync")
+    max_policy_lag: int = doc("async: a fragment whose oldest step was collected more than this many "
+                              "policy versions ago is dropped, not trained on (counted in metrics as "
+                              "fragments_dropped)", default=8)
+    vtrace_rho_bar: float = doc("async: V-trace clip of the importance weights in the targets and policy "
+                                "gradient (rho-bar, Espeholt et al. 2018)", default=1.0)
+    vtrace_c_bar: float = doc("async: V-trace clip of the trace-cutting weights (c-bar)", default=1.0)
     rollout_length: int = doc("steps per env per fragment (T); a fragment is T x num_envs frames",
                               default=128)
     gamma: float = doc("discount factor, in [0, 1]", default=0.99)
-    gae_lambda: float = doc("GAE lambda, in [0, 1]", default=0.95)
+    gae_lambda: float = doc("GAE lambda, in [0, 1]; in async mode also V-trace's lambda (traces "
+                            "c_t = lambda * min(c_bar, rho_t))", default=0.95)
     lr: float = doc("Adam learning rate (per learner; Horovod averages gradients)", default=3e-4)
     lr_schedule: str = doc("'constant', or 'linear' decay to 0 at total_frames", default="constant")
     clip_coef: float = doc("PPO ratio clipping epsilon", default=0.2)
@@ -213,7 +223,11 @@ def validate(cfg: Config) -> None:
     _check(bool(e.id), "env.id: expected a gymnasium environment id such as CartPole-v1")
     _check(e.num_envs >= 1, f"env.num_envs: expected >= 1, got {e.num_envs}")
     _check(a.name == "ppo", f"algo.name: expected 'ppo', got {a.name!r}")
-    _check(a.mode == "sync", f"algo.mode: expected 'sync' (async APPO is not available yet), got {a.mode!r}")
+    _check(a.mode in ("sync", "async"), f"algo.mode: expected 'sync' or 'async', got {a.mode!r}")
+    _check(a.max_policy_lag >= 0, f"algo.max_policy_lag: expected >= 0 policy versions, got {a.max_policy_lag}")
+    for key in ("vtrace_rho_bar", "vtrace_c_bar"):
+        value = getattr(a, key)
+        _check(value > 0 and math.isfinite(value), f"algo.{key}: expected a number > 0, got {value}")
     _check(a.rollout_length >= 1, f"algo.rollout_length: expected >= 1, got {a.rollout_length}")
     for key in ("gamma", "gae_lambda"):
         value = getattr(a, key)

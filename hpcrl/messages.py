@@ -111,10 +111,13 @@ def reply_spec(num_envs: int, action_shape: tuple, action_dtype) -> MessageSpec:
 
 def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                   action_shape: tuple, action_dtype) -> MessageSpec:
-    """env -> learner: T steps x N envs of experience plus what GAE needs to bootstrap."""
+    """env -> learner: T steps x N envs of experience plus what GAE needs to bootstrap.
+    `version` is the policy version of the fragment's first step (async: the oldest in it);
+    `last_obs` are the observations after step T-1, for V-trace's bootstrap with the learner's
+    own critic. A message with the STOP flag is an env rank's last (no data)."""
     t, n = length, num_envs
     return MessageSpec(
-        header=("env_rank", "version", "index", "frames"),
+        header=("env_rank", "version", "index", "frames", "flags"),
         fields=[("obs", obs_dtype, (t, n, *obs_shape)),
                 ("actions", action_dtype, (t, n, *action_shape)),
                 ("logp", np.float32, (t, n)),
@@ -123,6 +126,7 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                 ("dones", np.uint8, (t, n)),
                 ("trunc_values", np.float32, (t, n)),
                 ("last_values", np.float32, (n,)),
+                ("last_obs", obs_dtype, (n, *obs_shape)),
                 ("episode_stats", np.float64, (len(EPISODE_STATS),))])
 
 

@@ -225,7 +225,8 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
         envs = layout.envs_of_inference(rank)
         server = comm.RequestServer(envs, [req.allocate() for _ in envs], [rep.allocate() for _ in envs])
         weights = comm.WeightSubscriber(weight_comm, _weights_message(cfg, spaces))
-        roles.append(InferenceRole(rank, _runner(cfg, spaces, cfg.roles.inference.device, rank), weights, server))
+        roles.append(InferenceRole(rank, _runner(cfg, spaces, cfg.roles.inference.device, rank), weights, server,
+                                   sync=cfg.algo.mode == "sync"))
 
     if rank in layout.envs:
         from hpcrl.roles.env import EnvRole, RemotePolicy
@@ -236,12 +237,14 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
             weights = (comm.LocalWeightSubscriber(publisher) if layout.serial
                        else comm.WeightSubscriber(weight_comm, _weights_message(cfg, spaces)))
             policy = InlinePolicy(_runner(cfg, spaces, cfg.roles.env.device, rank), weights,
-                                  req.allocate(), rep.allocate())
+                                  req.allocate(), rep.allocate(), sync=cfg.algo.mode == "sync")
         else:
             policy = RemotePolicy(comm.RequestClient(inference_rank, req.allocate(), rep.allocate()))
         sender = comm.FragmentSender(int(layout.env_learner[index]), [frag.allocate() for _ in range(FRAGMENT_BUFFERS)])
         roles.append(EnvRole(cfg, rank, index, policy, sender, start_version=start.start_version))
-    if layout.serial:  # one process: the learner's checkpoints carry the env's state, for exact resumes
+    # Serial sync mode: the learner's checkpoints carry the env's state, for exact resumes. (Async
+    # mode steps on while the learner trains, so there is no exact point to save it at.)
+    if layout.serial and cfg.algo.mode == "sync":
         learner, env = roles
         learner.local_env = env
         if learner.env_state is not None:

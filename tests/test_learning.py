@@ -9,6 +9,7 @@ from tests.conftest import REPO, mpirun
     (4, "cartpole_ppo.yaml"),  # 1 learner, 1 inference, 2 env ranks
     (1, "cartpole_ppo.yaml"),  # the same config in serial mode
     (6, "cartpole_ppo_2learners.yaml"),  # 2 learners (Horovod), 2 inference, 2 env ranks
+    (4, "cartpole_appo.yaml"),  # async APPO with V-trace: 1 learner, 1 inference, 2 env ranks
 ])
 def test_cartpole_job_reaches_475(tmp_path, ranks, job):
     result = mpirun(ranks, "run", str(REPO / "jobs" / job), "--set", f"run.output_dir={tmp_path}", timeout=480)

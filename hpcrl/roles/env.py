@@ -40,10 +40,14 @@ class RemotePolicy:
 
 
 class EnvRole:
-    """One rollout of T steps per policy version (sync mode): fragment k is collected with version k.
+    """Collects fragments of T steps x N envs and ships each to its learner.
 
-    A rollout makes T+1 policy calls: the last one only asks for the values of the observations
-    after step T-1 (and of episodes truncated there), which the learner needs to bootstrap.
+    Sync mode: fragment k is collected with policy version k, and a rollout makes T+1 policy
+    calls: the last only asks for the values of the observations after step T-1 (and of episodes
+    truncated there), which GAE needs to bootstrap; then the rank waits for version k+1.
+    Async mode: every request takes the newest version the policy has (at least the start
+    version), so the (T+1)-th reply's actions also begin the next fragment: no call is wasted and
+    the rank never waits for the learner.
     """
 
     name = "env"
@@ -56,7 +60,10 @@ class EnvRole:
         self.envs, first_obs = make_vector_env(cfg.env, seed=cfg.run.seed * 100_003 + 1_000 * index)
         self.request, self.reply = policy.request, policy.reply
         self.request["obs"][...] = first_obs
-        self.version = start_version  # the policy version this rollout must be collected with
+        self.sync = cfg.algo.mode == "sync"
+        # sync: the version this rollout must be collected with; async: the oldest version accepted
+        self.version = start_version
+        self.fragment_version = start_version  # the version of this fragment's first step
         self.t = 0
         self.waiting = False
         self.done = False
@@ -88,7 +95,7 @@ class EnvRole:
             self.preempted = bool(reply.get("flags") & PREEMPTED)
             self._finish()
             return 1
-        if reply.get("version") != self.version:
+        if self.sync and reply.get("version") != self.version:
             raise RuntimeError(f"env rank {self.rank}: sync mode got actions from policy version "
                                f"{reply.get('version')} while collecting with version {self.version}")
         frag = self.fragment
@@ -96,13 +103,17 @@ class EnvRole:
             frag["trunc_values"][self.t - 1, self.truncated_envs] = reply["final_values"][:len(self.truncated_envs)]
         if self.t == self.T:
             frag["last_values"][...] = reply["values"]
+            frag["last_obs"][...] = self.request["obs"]
             self._ship()
-            return 1
+            if self.sync:
+                return 1
         self._step(reply)
         return 1
 
     def _step(self, reply: Message) -> None:
         t, frag = self.t, self.fragment
+        if t == 0:
+            self.fragment_version = reply.get("version")
         frag["obs"][t] = self.request["obs"]
         frag["actions"][t] = reply["actions"]
         frag["logp"][t] = reply["logp"]
@@ -136,11 +147,12 @@ class EnvRole:
         self.ep_length[ended] = 0
 
     def _ship(self) -> None:
-        self.fragment.set(env_rank=self.rank, version=self.version, index=self.fragments_sent,
-                          frames=self.T * self.N)
+        self.fragment.set(env_rank=self.rank, version=self.fragment_version, index=self.fragments_sent,
+                          frames=self.T * self.N, flags=0)
         self.sender.send()
         self.fragments_sent += 1
-        self.version += 1
+        if self.sync:
+            self.version += 1
         self.t = 0
         self.truncated_envs = np.zeros(0, dtype=np.int64)
         self.status = "waiting for a free fragment buffer"
@@ -167,6 +179,7 @@ class EnvRole:
         self.policy.restore_sampling_state(state["sampling"])
 
     def _finish(self) -> None:
+        self.sender.say_goodbye(self.rank)
         self.sender.close()
         self.policy.close()
         self.envs.close()

@@ -3,6 +3,8 @@
 Sync mode: a request names the policy version it must be answered with. An inference rank holds
 requests for a version it does not have yet, and serves them in one batched forward pass once
 the learner root's broadcast of that version has arrived.
+Async mode: a request names the oldest version it accepts, and is answered with the newest
+weights at hand: inference never waits for the learner.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ class InlinePolicy:
     """The policy inside an env rank (`inference: {ranks: 0}`, and serial mode): same calls as
     RemotePolicy, answered in-process once this rank holds the requested version."""
 
-    def __init__(self, runner: PolicyRunner, weights, request: Message, reply: Message):
+    def __init__(self, runner: PolicyRunner, weights, request: Message, reply: Message, sync: bool = True):
         self.runner, self.weights = runner, weights
+        self.sync = sync
         self.request, self.reply = request, reply
         self.stopped = False
         self.stop_flags = 0
@@ -40,24 +43,27 @@ class InlinePolicy:
     def poll(self) -> Message | None:
         if self._wanted is None:
             return None
-        if not self.stopped and self.runner.version < self._wanted:
+        if not self.stopped and (not self.sync or self.runner.version < self._wanted):
             message = self.weights.poll()
-            if message is None:
-                return None
-            if message.get("flags") & STOP:
+            if message is not None and message.get("flags") & STOP:
                 self.stopped = True
                 self.stop_flags = message.get("flags")
-            else:
+            elif message is not None:
                 self.runner.load(message["params"], message.get("version"))
                 self.weights.rearm()
         if self.stopped:
             self.reply.set(flags=self.stop_flags)
             return self.reply
-        if self.runner.version != self._wanted:
+        if not can_answer(self.runner.version, self._wanted, self.sync):
             return None
         answer(self.runner, self.request, self.reply)
         self._wanted = None
         return self.reply
+
+
+def can_answer(have: int, wanted: int, sync: bool) -> bool:
+    """Sync: exactly the requested version; async: the requested one or newer."""
+    return have == wanted or (not sync and have > wanted)
 
 
 def answer(runner: PolicyRunner, request: Message, reply: Message) -> None:
@@ -78,8 +84,9 @@ class InferenceRole:
 
     name = "inference"
 
-    def __init__(self, rank: int, runner: PolicyRunner, weights, server: RequestServer):
+    def __init__(self, rank: int, runner: PolicyRunner, weights, server: RequestServer, sync: bool = True):
         self.rank = rank
+        self.sync = sync
         self.runner, self.weights, self.server = runner, weights, server
         self.pending: list[int] = []
         self.stopping = False
@@ -106,10 +113,10 @@ class InferenceRole:
         serve = []
         for i in self.pending:
             wanted = self.server.requests[i].get("version")
-            if wanted < self.runner.version:
+            if self.sync and wanted < self.runner.version:
                 raise RuntimeError(f"inference rank {self.rank}: env rank {self.server.env_ranks[i]} asked for "
                                    f"policy version {wanted}, older than the current {self.runner.version} (sync mode)")
-            if wanted == self.runner.version:
+            if can_answer(self.runner.version, wanted, self.sync):
                 serve.append(i)
         if serve:
             self._serve(serve)

@@ -19,12 +19,12 @@ import torch
 
 from hpcrl import comm
 from hpcrl.algos.gae import successor_values
-from hpcrl.algos.kernels import gae
+from hpcrl.algos.kernels import gae, vtrace
 from hpcrl.algos.ppo import LOSS_KEYS, Batch, ppo_update
 from hpcrl.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from hpcrl.config import Config
 from hpcrl.envs import EnvSpaces
-from hpcrl.messages import EPISODE_STATS
+from hpcrl.messages import EPISODE_STATS, STOP
 from hpcrl.metrics import MetricsWriter
 from hpcrl.models import build_model, copy_params_to
 from hpcrl.rundir import CHECKPOINT_FILE, METRICS_FILE
@@ -95,7 +95,17 @@ class LearnerRole:
         self.preempted = False
         self.stopped_by = ""
         self.windows: deque = deque()  # (episodes, return_sum) of recent updates, all learners
-        self.have = [False] * len(receiver.buffers)
+        self.fragments_dropped = int(counters.get("fragments_dropped", 0))
+        self.sync = cfg.algo.mode == "sync"
+        self.batch_fragments = len(receiver.buffers)  # one per env rank, as in sync mode
+        self.have = [False] * len(receiver.buffers)  # sync: which env ranks' fragments are in
+        # async: fragments copied out of the receive buffers, and the spare buffers they go to
+        self.held: list[int] = []  # arrived, not copied yet (no spare free)
+        self.queue: list = []
+        self.spares = [receiver.buffers[0].spec.allocate() for _ in range(0 if self.sync else 2 * len(receiver.buffers))]
+        self.dropped_since: list = []  # (frames, episode stats) of fragments dropped since the last update
+        self.draining = False
+        self.goodbyes: set[int] = set()
         self.done = False
         self._set_waiting_status()
         self._last_log = self._last_ckpt = time.perf_counter()
@@ -126,6 +136,12 @@ class LearnerRole:
     def poll(self) -> int:
         if self.publisher is not None:
             self.publisher.poll()
+        if self.draining:
+            return self._drain()
+        return self._poll_sync() if self.sync else self._poll_async()
+
+    def _poll_sync(self) -> int:
+        """Train once every env rank's fragment of the current version is in (they arrive in place)."""
         ready = self.receiver.ready()
         for i in ready:
             fragment = self.receiver.buffers[i]
@@ -137,26 +153,62 @@ class LearnerRole:
             if ready:
                 self._set_waiting_status()
             return len(ready)
-        self._update()
+        self._update(self.receiver.buffers)
+        for i in range(len(self.have)):
+            self.have[i] = False
+            self.receiver.rearm(i)
+        self._after_update()
         return 1
 
-    def _update(self) -> None:
+    def _poll_async(self) -> int:
+        """Copy arrived fragments out and re-arm their receives at once, so env ranks never wait on a
+        training learner while spare buffers last; train whenever a batch is queued. With no spare
+        left a fragment stays in its receive buffer, and its env rank slows down (back-pressure)."""
+        ready = self.receiver.ready()
+        self.held.extend(ready)
+        while self.held and self.spares:
+            i = self.held.pop(0)
+            spare = self.spares.pop()
+            spare.buffer[...] = self.receiver.buffers[i].buffer
+            self.receiver.rearm(i)
+            self.queue.append(spare)
+        self._drop_stale()
+        if len(self.queue) < self.batch_fragments:
+            if ready:
+                self._set_waiting_status()
+            return len(ready)
+        batch, self.queue = self.queue[:self.batch_fragments], self.queue[self.batch_fragments:]
+        self._update(batch)
+        self.spares.extend(batch)
+        self._after_update()
+        return 1
+
+    def _drop_stale(self) -> None:
+        """Async: fragments whose oldest step is more than max_policy_lag versions old are not
+        trained on; their frames and finished episodes still count."""
+        oldest_ok = self.version - self.cfg.algo.max_policy_lag
+        for frag in [f for f in self.queue if f.get("version") < oldest_ok]:
+            self.dropped_since.append((frag.get("frames"), frag["episode_stats"].copy()))
+            self.queue.remove(frag)
+            self.spares.append(frag)
+
+    def _update(self, frags: list) -> None:
         self.status = f"training policy version {self.version}"
         a = self.cfg.algo
         if a.lr_schedule == "linear":
             for group in self.optimizer.param_groups:
                 group["lr"] = a.lr * max(0.0, 1.0 - self.frames / self.cfg.run.total_frames)
-        batch = self._assemble()
-        local = self._local_stats()  # read the headers now: the buffers are re-armed below
-        losses = ppo_update(self.model, self.optimizer, batch, a, self.rng,
-                            average_gradients=self.optimizer.synchronize, apply_step=self._step,
-                            loss_scale=self.batch_share)
+        batch = self._assemble(frags)
+        self._local = self._local_stats(frags)  # read the headers now: sync re-arms the buffers next
+        self._losses = ppo_update(self.model, self.optimizer, batch, a, self.rng,
+                                  average_gradients=self.optimizer.synchronize, apply_step=self._step,
+                                  loss_scale=self.batch_share)
         self.version += 1
         self.updates += 1
-        for i in range(len(self.have)):
-            self.have[i] = False
-            self.receiver.rearm(i)
-        row = self._reduce_stats(local, losses)
+
+    def _after_update(self) -> None:
+        """Statistics, the stop decision, the report, and the new weights (or the stop word)."""
+        row = self._reduce_stats(self._local, self._losses)
         code = 0
         if self.root and self.preempt_requested():
             code = PREEMPTED_CODE
@@ -171,12 +223,40 @@ class LearnerRole:
             self._report(row, stop)
         self._publish(stop=stop)
         if stop:
-            self._finish()
+            self._start_draining()
         else:
             self._set_waiting_status()
 
+    def _start_draining(self) -> None:
+        """After the stop word: take (and discard) fragments until every env rank's goodbye is in,
+        so no env rank is left waiting on a send nobody receives."""
+        self.draining = True
+        self.status = "stopping: waiting for the env ranks' last messages"
+        for i in self.held:  # async: receives left unarmed for back-pressure
+            self._take_last(i)
+        self.held = []
+        self._drain()
+
+    def _drain(self) -> int:
+        ready = self.receiver.ready()
+        for i in ready:
+            self._take_last(i)
+        if len(self.goodbyes) == len(self.receiver.buffers):
+            self._finish()
+        return len(ready)
+
+    def _take_last(self, i: int) -> None:
+        if self.receiver.buffers[i].get("flags") & STOP:
+            self.goodbyes.add(i)
+        else:
+            self.receiver.rearm(i)
+
     def _set_waiting_status(self) -> None:
         """Name the env ranks whose fragments are missing: the watchdog's message, if it fires."""
+        if not self.sync:
+            self.status = (f"waiting for fragments: {len(self.queue)} of {self.batch_fragments} queued "
+                           f"for policy version {self.version}")
+            return
         missing = [self.receiver.env_ranks[i] for i, have in enumerate(self.have) if not have]
         shown = ", ".join(str(r) for r in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         self.status = f"waiting for fragments of policy version {self.version} from env ranks {shown}"
@@ -186,29 +266,55 @@ class LearnerRole:
             self.optimizer.step()
         self.heartbeat()
 
-    def _assemble(self) -> Batch:
-        """This learner's fragments, advantages computed per fragment, as one flat batch."""
+    def _assemble(self, frags: list) -> Batch:
+        """The fragments side by side as [T, K*N] arrays, advantages and value targets computed
+        over them (GAE in sync mode; V-trace with the current critic and policy in async mode),
+        flattened into one batch."""
         a = self.cfg.algo
-        parts = {k: [] for k in ("obs", "actions", "logp", "values", "advantages", "returns")}
-        for frag in self.receiver.buffers:
-            nxt = successor_values(frag["values"], frag["last_values"], frag["dones"], frag["trunc_values"])
-            adv, ret = gae(frag["rewards"], frag["values"], nxt, frag["dones"], a.gamma, a.gae_lambda)
-            for key in ("obs", "actions", "logp", "values"):
-                parts[key].append(frag[key].reshape(-1, *frag[key].shape[2:]))
-            parts["advantages"].append(adv.reshape(-1))
-            parts["returns"].append(ret.reshape(-1))
-        dtype = {"actions": torch.int64}
-        return Batch(**{k: torch.as_tensor(np.concatenate(v), dtype=dtype.get(k, torch.float32), device=self.device)
+
+        def cat(key: str, axis: int = 1) -> np.ndarray:
+            return np.concatenate([f[key] for f in frags], axis=axis)
+
+        obs, actions, behaviour_logp = cat("obs"), cat("actions"), cat("logp")
+        rewards, dones = cat("rewards"), cat("dones")
+        if self.sync:
+            values = cat("values")
+            nxt = successor_values(values, cat("last_values", 0), dones, cat("trunc_values"))
+            advantages, returns = gae(rewards, values, nxt, dones, a.gamma, a.gae_lambda)
+        else:
+            # Truncated episodes bootstrap from the behaviour policy's V(final obs), the only
+            # value the env rank could ask for then; everything else uses the current critic.
+            values, last_values, logp_now = self._evaluate_now(obs, actions, cat("last_obs", 0))
+            nxt = successor_values(values, last_values, dones, cat("trunc_values"))
+            returns, advantages = vtrace(logp_now - behaviour_logp, rewards, values, nxt, dones, a.gamma,
+                                         a.vtrace_rho_bar, a.vtrace_c_bar, a.gae_lambda)
+        parts = {"obs": obs, "actions": actions, "logp": behaviour_logp, "values": values,
+                 "advantages": advantages, "returns": returns}
+        return Batch(**{k: torch.as_tensor(v.reshape(-1, *v.shape[2:]), device=self.device,
+                                           dtype=None if k == "actions" else torch.float32)
                         for k, v in parts.items()})
 
-    def _local_stats(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """From this learner's fragment headers: sums (frames, episodes, return sum, return sum of
-        squares, length sum), lows (return min, version min) and highs (return max, version max)."""
-        frags = self.receiver.buffers
-        ep = {name: np.array([f["episode_stats"][i] for f in frags]) for i, name in enumerate(EPISODE_STATS)}
+    @torch.no_grad()
+    def _evaluate_now(self, obs: np.ndarray, actions: np.ndarray, last_obs: np.ndarray):
+        """Async: V(s_t), V(s_T) and log pi(a_t|s_t) under the weights about to be trained."""
+        T, B = obs.shape[:2]
+        logp, _, values = self.model.evaluate(
+            torch.as_tensor(obs.reshape(T * B, *obs.shape[2:]), dtype=torch.float32, device=self.device),
+            torch.as_tensor(actions.reshape(T * B, *actions.shape[2:]), device=self.device))
+        last = self.model.value(torch.as_tensor(last_obs, dtype=torch.float32, device=self.device))
+        return (values.cpu().numpy().reshape(T, B), last.cpu().numpy(), logp.cpu().numpy().reshape(T, B))
+
+    def _local_stats(self, frags: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """From this learner's fragment headers (trained, and dropped since the last update): sums
+        (frames, episodes, return sum, return sum of squares, length sum, fragments dropped), lows
+        (return min, version min) and highs (return max, version max) of the trained fragments."""
+        counted = [(f.get("frames"), f["episode_stats"]) for f in frags] + self.dropped_since
+        ep = {name: np.array([st[i] for _, st in counted]) for i, name in enumerate(EPISODE_STATS)}
         versions = [f.get("version") for f in frags]
-        sums = np.array([sum(f.get("frames") for f in frags), ep["episodes"].sum(), ep["return_sum"].sum(),
-                         ep["return_sqsum"].sum(), ep["length_sum"].sum()], dtype=np.float64)
+        sums = np.array([sum(frames for frames, _ in counted), ep["episodes"].sum(), ep["return_sum"].sum(),
+                         ep["return_sqsum"].sum(), ep["length_sum"].sum(), len(self.dropped_since)],
+                        dtype=np.float64)
+        self.dropped_since = []
         lows = np.array([ep["return_min"].min(), min(versions)], dtype=np.float64)
         highs = np.array([ep["return_max"].max(), max(versions)], dtype=np.float64)
         return sums, lows, highs
@@ -217,8 +323,9 @@ class LearnerRole:
         sums, lows, highs = local
         sums = comm.allreduce_sum(self.comm, np.concatenate([sums, [losses[k] for k in LOSS_KEYS]]))
         lo, hi = comm.allreduce_min_max(self.comm, lows, highs)
-        frames_now, episodes, ret_sum, ret_sq, len_sum = sums[:5]
+        frames_now, episodes, ret_sum, ret_sq, len_sum, dropped = sums[:6]
         self.frames += int(frames_now)
+        self.fragments_dropped += int(dropped)
         self.windows.append((episodes, ret_sum))
         while len(self.windows) > 1 and sum(e for e, _ in list(self.windows)[1:]) >= RETURN_WINDOW_EPISODES:
             self.windows.popleft()
@@ -234,8 +341,8 @@ class LearnerRole:
                "lr": self.optimizer.param_groups[0]["lr"],
                # the version trained on is self.version - 1; in sync mode every sample must carry it
                "sample_version_min": int(lo[1]), "sample_version_max": int(hi[1]),
-               "policy_lag_max": int(self.version - 1 - lo[1])}
-        row.update({k: float(v) / n for k, v in zip(LOSS_KEYS, sums[5:])})
+               "policy_lag_max": int(self.version - 1 - lo[1]), "fragments_dropped": self.fragments_dropped}
+        row.update({k: float(v) / n for k, v in zip(LOSS_KEYS, sums[6:])})
         if self.cfg.run.replica_digests:
             row["replica_digest"] = comm.gather_to_root(self.comm, np.array([self._digest()], dtype=np.int64))
         return row
@@ -282,6 +389,7 @@ class LearnerRole:
     def save(self) -> None:
         counters = {"frames": self.frames, "updates": self.updates, "policy_version": self.version,
                     "wall_time": time.perf_counter() - self.start, "stopped_by": self.stopped_by,
+                    "fragments_dropped": self.fragments_dropped,
                     "target_return": self.cfg.run.target_return}
         extra = {}
         if self.local_env is not None:  # serial mode: the env's state too, for an exact continuation
