@@ -1,14 +1,22 @@
-"""Time to solve CartPole-v1 (mean return of the last >= 20 episodes >= 475) from launch.
+"""Time to solve CartPole-v1 (mean return of the last >= 20 episodes >= 475) from launch: hpcrl's
+layouts against Stable-Baselines3 PPO, measured by this script in the same run.
 
-Runs the shipped jobs through the real launcher for several seeds and prints JSON: per layout the
-median wall seconds from `mpirun` start to exit, frames at the stop, and the speed-up against the
-serial layout (world size 1) measured in the same run, since these machines are shared and noisy.
+Every run is a fresh process timed from launch to exit, so start-up (imports, MPI, env creation)
+counts the same for every system: hpcrl's shipped jobs through the real launcher
+(`scripts/mpirun.sh`, even for world size 1), and SB3 2.9.2 PPO with the rl-zoo CartPole-v1
+hyperparameters (`bench/sb3_cartpole.py`, torch threads 1 like hpcrl, stopped at the target by a
+callback). Seeds are interleaved over the systems so a noisy moment of a shared machine does not
+hit one system only. Prints JSON: per system the seconds and frames of each seed and their
+medians; per hpcrl layout `ratio_to_sb3` = hpcrl median seconds / SB3 median seconds (target
+<= 1) and the speed-up against the serial layout.
 
-    .venv/bin/python bench/solve.py [--seeds 1 2 3] [--out bench/results/solve.json]
+    .venv/bin/python bench/solve.py [--seeds 1 2 3] [--layouts serial 4ranks 6ranks] [--out FILE]
+    .venv/bin/python bench/solve.py --seeds 1 --layouts serial       # a quick check (~1 minute)
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -23,46 +31,79 @@ sys.path.insert(0, str(REPO / "bench"))
 from report import emit  # noqa: E402
 from hpcrl.metrics import read_metrics  # noqa: E402
 
-LAYOUTS = [  # (name, ranks, job): serial first, it is the baseline
-    ("serial", 1, "cartpole_ppo.yaml"),
-    ("4 ranks: 1 learner, 1 inference, 2 env", 4, "cartpole_ppo.yaml"),
-    ("6 ranks: 2 learners, 2 inference, 2 env", 6, "cartpole_ppo_2learners.yaml"),
-]
+TARGET = 475
+LAYOUTS = {  # key: (description, ranks, job); serial is the baseline of speedup_vs_serial
+    "serial": ("serial", 1, "cartpole_ppo.yaml"),
+    "4ranks": ("4 ranks: 1 learner, 1 inference, 2 env", 4, "cartpole_ppo.yaml"),
+    "6ranks": ("6 ranks: 2 learners, 2 inference, 2 env", 6, "cartpole_ppo_2learners.yaml"),
+}
+SB3 = "stable-baselines3 2.9.2 PPO, rl-zoo CartPole-v1 hyperparameters (bench/sb3_cartpole.py)"
 
 
-def one_run(ranks: int, job: str, seed: int) -> dict:
+def timed(cmd: list[str], what: str) -> tuple[float, str]:
+    """Run `cmd` from the repository root; its wall seconds from launch to exit, and its stdout."""
+    start = time.perf_counter()
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"{what} failed (status {result.returncode}):\n{result.stderr[-2000:]}")
+    return seconds, result.stdout
+
+
+def hpcrl_run(ranks: int, job: str, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cmd = ["bash", str(REPO / "scripts/mpirun.sh"), "-n", str(ranks), sys.executable, "-m", "hpcrl", "run",
-               str(REPO / "jobs" / job), "--set", f"run.output_dir={out}", "--set", f"run.seed={seed}"]
-        start = time.perf_counter()
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
-                                env=dict(os.environ, PYTHONPATH=str(REPO)))
-        seconds = time.perf_counter() - start
-        if result.returncode != 0:
-            raise RuntimeError(f"{job} on {ranks} ranks failed:\n{result.stderr[-2000:]}")
+               str(REPO / "jobs" / job), "--set", f"run.output_dir={out}", "--set", f"run.seed={seed}",
+               "--set", f"run.target_return={TARGET}"]
+        seconds, _ = timed(cmd, f"hpcrl {job} on {ranks} ranks, seed {seed}")
         metrics = read_metrics(str(next(Path(out).iterdir()) / "metrics.h5"))
     return {"seed": seed, "seconds_from_launch": round(seconds, 2), "frames": int(metrics["frames"][-1]),
-            "solved": bool(metrics["return_window_mean"][-1] >= 475),
+            "solved": bool(metrics["return_window_mean"][-1] >= TARGET),
             "train_fps": round(float(metrics["fps"][-1]), 1)}
+
+
+def sb3_run(seed: int) -> dict:
+    cmd = [sys.executable, str(REPO / "bench/sb3_cartpole.py"), "--seed", str(seed), "--target", str(TARGET)]
+    seconds, stdout = timed(cmd, f"SB3 seed {seed}")
+    result = json.loads(stdout.strip().splitlines()[-1])
+    return {"seed": seed, "seconds_from_launch": round(seconds, 2), "frames": result["frames"],
+            "solved": result["solved"], "hyperparameters": result["hyperparameters"]}
+
+
+def summary(runs: list[dict]) -> dict:
+    return {"runs": runs, "all_solved": all(r["solved"] for r in runs),
+            "median_seconds": statistics.median(r["seconds_from_launch"] for r in runs),
+            "median_frames": statistics.median(r["frames"] for r in runs)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds to run (default: 1 2 3)")
+    parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS),
+                        help="hpcrl layouts to run (default: all)")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
-    report = {"benchmark": "solve CartPole-v1 (window mean >= 475)", "layouts": []}
-    for name, ranks, job in LAYOUTS:
-        runs = [one_run(ranks, job, seed) for seed in args.seeds]
-        report["layouts"].append({
-            "layout": name, "ranks": ranks, "job": f"jobs/{job}", "runs": runs,
-            "all_solved": all(r["solved"] for r in runs),
-            "median_seconds": statistics.median(r["seconds_from_launch"] for r in runs),
-            "median_frames": statistics.median(r["frames"] for r in runs)})
-    serial = report["layouts"][0]["median_seconds"]
-    for entry in report["layouts"]:
-        entry["speedup_vs_serial"] = round(serial / entry["median_seconds"], 2)
-    emit(report, args.out)
+    runs: dict[str, list[dict]] = {key: [] for key in [*args.layouts, "sb3"]}
+    for seed in args.seeds:  # interleaved: every system sees the same stretch of machine noise
+        for key in args.layouts:
+            _, ranks, job = LAYOUTS[key]
+            runs[key].append(hpcrl_run(ranks, job, seed))
+        runs["sb3"].append(sb3_run(seed))
+    sb3 = {"system": SB3, "hyperparameters": runs["sb3"][0].pop("hyperparameters"), **summary(runs["sb3"])}
+    for run in runs["sb3"]:
+        run.pop("hyperparameters", None)
+    layouts = []
+    for key in args.layouts:
+        name, ranks, job = LAYOUTS[key]
+        entry = {"layout": name, "key": key, "ranks": ranks, "job": f"jobs/{job}", **summary(runs[key])}
+        entry["ratio_to_sb3"] = round(entry["median_seconds"] / sb3["median_seconds"], 2)
+        layouts.append(entry)
+    if "serial" in args.layouts:
+        serial = layouts[args.layouts.index("serial")]["median_seconds"]
+        for entry in layouts:
+            entry["speedup_vs_serial"] = round(serial / entry["median_seconds"], 2)
+    emit({"benchmark": f"solve CartPole-v1 (mean return of the last >= 20 episodes >= {TARGET}) from launch",
+          "seeds": args.seeds, "target_ratio_to_sb3": "<= 1", "sb3": sb3, "layouts": layouts}, args.out)
 
 
 if __name__ == "__main__":

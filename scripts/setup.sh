@@ -2,7 +2,8 @@
 # One idempotent set-up for a fresh Debian 12 machine (root) or a developer's checkout:
 #   Open MPI from Debian -> .venv with torch (CPU), mpi4py built against that MPI,
 #   numpy/gymnasium/h5py/pyyaml/pytest -> Horovod 0.28.1 (PyTorch + MPI) from a wheel cache
-#   -> hpcrl itself (editable). A second run only checks and returns in seconds.
+#   -> hpcrl itself (editable) with every extra of pyproject.toml (test, atari, mujoco, box2d,
+#   envpool, bench). A second run only checks and returns in seconds.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -86,8 +87,15 @@ if ! "$py" -c "import horovod.torch" 2>/dev/null; then
     pip install cloudpickle psutil "pyyaml>=6.0" packaging
 fi
 
-# --- hpcrl itself (editable; builds the C kernels of src_ext/ in place) ---
-pip install --no-build-isolation -e "$repo"
-"$py" -c "import horovod.torch, mpi4py, hpcrl" || { log "set-up finished but imports fail"; exit 1; }
+# --- hpcrl itself (editable; builds the C kernels of src_ext/ in place) with every extra of
+#     pyproject.toml: tests, env families (atari, mujoco, box2d, envpool) and the benchmarks' baseline.
+#     The constraint keeps torch at its pin: no extra may swap it for another build. ---
+extras=$("$py" -c 'import sys, tomllib; print(",".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]))' \
+    "$repo/pyproject.toml")
+printf 'torch==%s\n' "$torch_version" > "$venv/hpcrl-constraints.txt"
+log "installing hpcrl with extras [$extras]"
+pip install --no-build-isolation -c "$venv/hpcrl-constraints.txt" -e "$repo[$extras]"
+"$py" -c "import horovod.torch, mpi4py, hpcrl, torch; assert torch.__version__.split('+')[0] == '$torch_version'" \
+    || { log "set-up finished but imports fail (or torch is not $torch_version)"; exit 1; }
 fingerprint > "$stamp"
 log "ready: $venv"

@@ -1,4 +1,6 @@
-"""environment.yml (conda, for clusters) and pyproject.toml (pip) name the same packages."""
+"""environment.yml (conda, for clusters) and pyproject.toml (pip) name the same packages; the
+benchmarks' baseline (Stable-Baselines3) is an extra that hpcrl itself never imports."""
+import ast
 import re
 import tomllib
 
@@ -14,10 +16,18 @@ def name(requirement: str) -> str:
     return re.split(r"[<>=!~ \[]", requirement.strip(), maxsplit=1)[0].lower()
 
 
+def project() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def pip_section() -> list[str]:
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    return next(dep["pip"] for dep in env["dependencies"] if isinstance(dep, dict))
+
+
 def test_environment_yml_matches_pyproject():
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    pip_names = {name(r) for r in project["dependencies"]} | {
-        name(r) for r in project["optional-dependencies"]["test"]}
+    pip_names = {name(r) for r in project()["dependencies"]} | {
+        name(r) for r in project()["optional-dependencies"]["test"]}
     env = yaml.safe_load((REPO / "environment.yml").read_text())
     conda_names = set()
     for dep in env["dependencies"]:
@@ -26,3 +36,32 @@ def test_environment_yml_matches_pyproject():
         else:
             conda_names.add(CONDA_TO_PIP.get(name(dep), name(dep)))
     assert conda_names - BUILD_ONLY == pip_names
+
+
+def test_environment_yml_installs_hpcrl_with_every_extra():
+    editable = [r for r in pip_section() if r.startswith("-e")]
+    assert len(editable) == 1, editable
+    match = re.fullmatch(r"-e \.\[([\w,-]+)\]", editable[0].strip())
+    assert match, f"expected '-e .[extra,...]', got {editable[0]!r}"
+    assert set(match.group(1).split(",")) == set(project()["optional-dependencies"])
+
+
+def test_env_family_and_bench_extras_are_declared():
+    extras = {key: {name(r) for r in reqs} for key, reqs in project()["optional-dependencies"].items()}
+    assert extras["atari"] == {"ale-py"}
+    assert extras["mujoco"] == {"mujoco", "imageio"}
+    assert extras["box2d"] == {"box2d", "pygame"}
+    assert extras["envpool"] == {"envpool"}
+    assert project()["optional-dependencies"]["bench"] == ["stable-baselines3==2.9.2"]
+
+
+def test_hpcrl_never_imports_stable_baselines3():
+    assert "stable-baselines3" not in {name(r) for r in project()["dependencies"]}
+    importers = []
+    for path in sorted((REPO / "hpcrl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(m.split(".")[0] == "stable_baselines3" for m in modules):
+                importers.append(str(path.relative_to(REPO)))
+    assert importers == []

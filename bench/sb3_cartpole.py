@@ -1,0 +1,70 @@
+"""Stable-Baselines3 PPO on CartPole-v1 with the rl-zoo hyperparameters, stopped at the target:
+the baseline that bench/solve.py launches as a subprocess, timing it from launch like hpcrl.
+
+Prints one JSON line: seed, frames at the stop, whether the target was reached, the window mean.
+
+    .venv/bin/python bench/sb3_cartpole.py --seed 1 [--target 475]
+
+Stable-Baselines3 is a benchmark extra (`pip install -e .[bench]`), never a dependency of hpcrl.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import deque
+
+import torch
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.utils import LinearSchedule
+
+# rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1 (tuned). lin_X is X * progress_remaining over
+# n_timesteps, so learn() is given the full budget and the callback stops it early.
+N_ENVS = 8
+N_TIMESTEPS = 100_000
+PPO_KWARGS = dict(policy="MlpPolicy", n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                  ent_coef=0.0, learning_rate=LinearSchedule(1e-3, 0.0, 1.0), clip_range=LinearSchedule(0.2, 0.0, 1.0))
+WINDOW_EPISODES = 20  # as hpcrl's target_return: the mean return of the last 20 finished episodes
+
+
+class StopAtTarget(BaseCallback):
+    """Stops learn() once the last WINDOW_EPISODES finished episodes average at least `target`.
+    Checked after every vector step, the earliest SB3 can stop (hpcrl checks after each update)."""
+
+    def __init__(self, target: float) -> None:
+        super().__init__()
+        self.target = target
+        self.returns: deque = deque(maxlen=WINDOW_EPISODES)
+
+    def window_mean(self) -> float:
+        return sum(self.returns) / len(self.returns) if self.returns else float("nan")
+
+    def reached(self) -> bool:
+        return len(self.returns) == WINDOW_EPISODES and self.window_mean() >= self.target
+
+    def _on_step(self) -> bool:
+        # the Monitor wrapper of make_vec_env puts each finished episode's return in info["episode"]
+        finished = [info["episode"]["r"] for info in self.locals["infos"] if "episode" in info]
+        self.returns.extend(float(r) for r in finished)
+        return not (finished and self.reached())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--target", type=float, default=475.0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # as hpcrl (run.torch_threads: 1)
+    envs = make_vec_env("CartPole-v1", n_envs=N_ENVS, seed=args.seed)
+    model = PPO(env=envs, seed=args.seed, device="cpu", verbose=0, **PPO_KWARGS)
+    stop = StopAtTarget(args.target)
+    model.learn(total_timesteps=N_TIMESTEPS, callback=stop)
+    print(json.dumps({"seed": args.seed, "frames": int(model.num_timesteps), "solved": stop.reached(),
+                      "window_mean": round(stop.window_mean(), 1),
+                      "hyperparameters": {"n_envs": N_ENVS, "n_timesteps": N_TIMESTEPS,
+                                          **{k: repr(v) if callable(v) else v for k, v in PPO_KWARGS.items()}}}))
+
+
+if __name__ == "__main__":
+    main()
