@@ -34,6 +34,13 @@ class Tag(enum.IntEnum):
     FRAGMENT = 103
 
 
+GROUP_TAG_STRIDE = 1_000  # env group g's requests and replies use tag + g * stride (one channel each)
+
+
+def group_tag(tag: Tag, group: int) -> int:
+    return int(tag) + GROUP_TAG_STRIDE * group
+
+
 def world_rank() -> int:
     return WORLD.Get_rank()
 
@@ -102,17 +109,18 @@ def cancel_all(requests: Sequence) -> None:
 
 
 class RequestServer:
-    """Inference side of env <-> inference: per env rank, one persistent receive for its requests
-    and one persistent send for its replies (no request objects built per step)."""
+    """Inference side of env <-> inference: per (env rank, env group), one persistent receive for
+    its requests and one persistent send for its replies (no request objects built per step)."""
 
-    def __init__(self, env_ranks: Sequence[int], requests: Sequence[Message], replies: Sequence[Message]):
+    def __init__(self, env_ranks: Sequence[int], groups: Sequence[int], requests: Sequence[Message],
+                 replies: Sequence[Message]):
         self.env_ranks = list(env_ranks)
         self.requests = list(requests)
         self.replies = list(replies)
-        self._recv = [WORLD.Recv_init(m.buffer, source=r, tag=Tag.OBS_REQUEST)
-                      for r, m in zip(self.env_ranks, self.requests)]
-        self._send = [WORLD.Send_init(m.buffer, dest=r, tag=Tag.ACTION_REPLY)
-                      for r, m in zip(self.env_ranks, self.replies)]
+        self._recv = [WORLD.Recv_init(m.buffer, source=r, tag=group_tag(Tag.OBS_REQUEST, g))
+                      for r, g, m in zip(self.env_ranks, groups, self.requests)]
+        self._send = [WORLD.Send_init(m.buffer, dest=r, tag=group_tag(Tag.ACTION_REPLY, g))
+                      for r, g, m in zip(self.env_ranks, groups, self.replies)]
         MPI.Prequest.Startall(self._recv)
 
     def ready(self) -> list[int]:
@@ -146,13 +154,14 @@ class RequestClient:
     for a request without final observations (the common step); requests that carry final
     observations of truncated episodes go as a longer one-off Isend."""
 
-    def __init__(self, inference_rank: int, request: Message, reply: Message):
+    def __init__(self, inference_rank: int, request: Message, reply: Message, group: int = 0):
         self.peer = inference_rank
         self.request, self.reply = request, reply
         self.plain_nbytes = request.spec.offsets["final_obs"]
-        self._recv = WORLD.Recv_init(reply.buffer, source=self.peer, tag=Tag.ACTION_REPLY)
+        self.request_tag = group_tag(Tag.OBS_REQUEST, group)
+        self._recv = WORLD.Recv_init(reply.buffer, source=self.peer, tag=group_tag(Tag.ACTION_REPLY, group))
         self._send_plain = WORLD.Send_init([request.buffer[:self.plain_nbytes], MPI.BYTE], dest=self.peer,
-                                           tag=Tag.OBS_REQUEST)
+                                           tag=self.request_tag)
         self._active: list = []
 
     def send(self, nbytes: int) -> None:
@@ -163,7 +172,7 @@ class RequestClient:
         else:
             self._recv.Start()
             self._active = [self._recv, WORLD.Isend([self.request.buffer[:nbytes], MPI.BYTE], dest=self.peer,
-                                                    tag=Tag.OBS_REQUEST)]
+                                                    tag=self.request_tag)]
 
     def test(self) -> bool:
         """True once the reply is in the reply buffer."""

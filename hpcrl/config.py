@@ -81,7 +81,11 @@ class EnvConfig:
 
     id: str = doc("gymnasium environment id (e.g. CartPole-v1, or 'module:EnvId' to import a module first)",
                   default="CartPole-v1")
-    num_envs: int = doc("environments per env rank, stepped as one vector", default=8)
+    num_envs: int = doc("environments per env rank", default=8)
+    groups: Union[int, None] = doc(
+        "with remote inference, the env rank's envs are split into this many groups (vectors) that take "
+        "turns: one steps while the others wait for actions, hiding the inference round trip; must divide "
+        "num_envs (default: 2, or 1 for an odd num_envs; inline inference always uses 1)", default=None)
     kwargs: dict = doc("keyword arguments passed to gymnasium.make", default_factory=dict)
 
 
@@ -222,6 +226,11 @@ def validate(cfg: Config) -> None:
     _check(r.torch_threads >= 1, f"run.torch_threads: expected >= 1, got {r.torch_threads}")
     _check(bool(e.id), "env.id: expected a gymnasium environment id such as CartPole-v1")
     _check(e.num_envs >= 1, f"env.num_envs: expected >= 1, got {e.num_envs}")
+    if e.groups is None:
+        e.groups = 2 if e.num_envs % 2 == 0 else 1  # resolved, so the run directory's config.yaml says it
+    _check(e.groups >= 1 and e.num_envs % e.groups == 0,
+           f"env.groups: expected a divisor of env.num_envs ({e.num_envs}) such as "
+           f"{', '.join(str(d) for d in range(1, min(e.num_envs, 4) + 1) if e.num_envs % d == 0)}, got {e.groups}")
     _check(a.name == "ppo", f"algo.name: expected 'ppo', got {a.name!r}")
     _check(a.mode in ("sync", "async"), f"algo.mode: expected 'sync' or 'async', got {a.mode!r}")
     _check(a.max_policy_lag >= 0, f"algo.max_policy_lag: expected >= 0 policy versions, got {a.max_policy_lag}")

@@ -49,12 +49,12 @@ def probe_spaces(cfg: EnvConfig) -> EnvSpaces:
     return EnvSpaces(obs_shape=tuple(obs.shape), obs_dtype=np.dtype(obs.dtype).name, num_actions=int(act.n))
 
 
-def make_vector_env(cfg: EnvConfig, seed: int) -> tuple[gym.vector.VectorEnv, np.ndarray]:
-    """`num_envs` copies stepped in this process. SAME_STEP autoreset: a finished env returns its
+def make_vector_env(cfg: EnvConfig, seed: int, num_envs: int | None = None) -> tuple[gym.vector.VectorEnv, np.ndarray]:
+    """`num_envs` copies (default: the config's) stepped in this process; env i is seeded seed + i. SAME_STEP autoreset: a finished env returns its
     reset observation at once and its final observation in info (needed to bootstrap truncation).
     Returns the vector and its first observations."""
     # partial, not a lambda: the vector stays picklable, so serial-mode checkpoints can hold it
-    envs = gym.vector.SyncVectorEnv([functools.partial(_make, cfg) for _ in range(cfg.num_envs)],
+    envs = gym.vector.SyncVectorEnv([functools.partial(_make, cfg) for _ in range(num_envs or cfg.num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs, _ = envs.reset(seed=seed)
     return envs, obs

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcrl.config import REST, ROLE_NAMES, ConfigError, RolesConfig
+from hpcrl.config import REST, ROLE_NAMES, Config, ConfigError, RolesConfig
 
 INLINE = -1  # env_inference entry for an env rank that runs its policy itself
 
@@ -235,3 +235,9 @@ def simulated_nodes(world_size: int, ranks_per_node: int) -> np.ndarray:
     if ranks_per_node < 1:
         raise ConfigError(f"--ranks-per-node: expected >= 1, got {ranks_per_node}")
     return np.arange(world_size, dtype=np.int64) // ranks_per_node
+
+
+def env_groups(cfg: Config, layout: Layout) -> int:
+    """Env groups per env rank (`env.groups`): double buffering hides a remote inference round
+    trip; an inline policy answers at once, so there is nothing to hide and one vector is kept."""
+    return 1 if layout.inline_inference else cfg.env.groups

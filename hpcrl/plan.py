@@ -12,7 +12,7 @@ import numpy as np
 
 from hpcrl.config import Config
 from hpcrl.envs import EnvSpaces
-from hpcrl.layout import INLINE, Layout
+from hpcrl.layout import INLINE, Layout, env_groups
 from hpcrl.messages import fragment_spec, reply_spec, request_spec
 
 
@@ -31,10 +31,12 @@ class Traffic:
 
 def traffic(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int, steps_per_second: float) -> Traffic:
     T, N = cfg.algo.rollout_length, cfg.env.num_envs
-    req = request_spec(N, spaces.obs_shape, spaces.obs_dtype)
-    rep = reply_spec(N, spaces.action_shape, spaces.action_dtype)
+    G = env_groups(cfg, layout)
+    req = request_spec(N // G, spaces.obs_shape, spaces.obs_dtype)
+    rep = reply_spec(N // G, spaces.action_shape, spaces.action_dtype)
     frag = fragment_spec(T, N, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype)
-    requests_per_s = steps_per_second * (T + 1) / T  # one extra request per rollout for bootstrap values
+    # per group and step one request (G per env step), plus one per rollout for bootstrap values
+    requests_per_s = G * steps_per_second * (T + 1) / T
     fragments_per_s = steps_per_second / T
     remote = not layout.inline_inference
     inf_fan = int(layout.fan_in("inference").max()) if remote else 0

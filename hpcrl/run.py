@@ -15,7 +15,7 @@ import time
 from hpcrl import comm, rundir
 from hpcrl.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
-from hpcrl.layout import INLINE, Layout, plan_layout
+from hpcrl.layout import INLINE, Layout, env_groups, plan_layout
 from hpcrl.messages import fragment_spec, reply_spec, request_spec, weights_spec
 from hpcrl.watchdog import Watchdog
 
@@ -197,7 +197,9 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
 
     obs_shape, obs_dtype = spaces.obs_shape, spaces.obs_dtype
     T, N = cfg.algo.rollout_length, cfg.env.num_envs
-    req, rep = request_spec(N, obs_shape, obs_dtype), reply_spec(N, spaces.action_shape, spaces.action_dtype)
+    G = env_groups(cfg, layout)
+    req = request_spec(N // G, obs_shape, obs_dtype)  # one request/reply channel per env group
+    rep = reply_spec(N // G, spaces.action_shape, spaces.action_dtype)
     frag = fragment_spec(T, N, obs_shape, obs_dtype, spaces.action_shape, spaces.action_dtype)
 
     roles: list = []
@@ -222,8 +224,9 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
 
     if rank in layout.inference:
         from hpcrl.roles.inference import InferenceRole
-        envs = layout.envs_of_inference(rank)
-        server = comm.RequestServer(envs, [req.allocate() for _ in envs], [rep.allocate() for _ in envs])
+        slots = [(int(env), g) for env in layout.envs_of_inference(rank) for g in range(G)]
+        server = comm.RequestServer([e for e, _ in slots], [g for _, g in slots], [req.allocate() for _ in slots],
+                                    [rep.allocate() for _ in slots])
         weights = comm.WeightSubscriber(weight_comm, _weights_message(cfg, spaces))
         roles.append(InferenceRole(rank, _runner(cfg, spaces, cfg.roles.inference.device, rank), weights, server,
                                    sync=cfg.algo.mode == "sync"))
@@ -236,12 +239,13 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
             from hpcrl.roles.inference import InlinePolicy
             weights = (comm.LocalWeightSubscriber(publisher) if layout.serial
                        else comm.WeightSubscriber(weight_comm, _weights_message(cfg, spaces)))
-            policy = InlinePolicy(_runner(cfg, spaces, cfg.roles.env.device, rank), weights,
-                                  req.allocate(), rep.allocate(), sync=cfg.algo.mode == "sync")
+            policies = [InlinePolicy(_runner(cfg, spaces, cfg.roles.env.device, rank), weights,
+                                     req.allocate(), rep.allocate(), sync=cfg.algo.mode == "sync")]
         else:
-            policy = RemotePolicy(comm.RequestClient(inference_rank, req.allocate(), rep.allocate()))
+            policies = [RemotePolicy(comm.RequestClient(inference_rank, req.allocate(), rep.allocate(), group=g))
+                        for g in range(G)]
         sender = comm.FragmentSender(int(layout.env_learner[index]), [frag.allocate() for _ in range(FRAGMENT_BUFFERS)])
-        roles.append(EnvRole(cfg, rank, index, policy, sender, start_version=start.start_version))
+        roles.append(EnvRole(cfg, rank, index, policies, sender, start_version=start.start_version))
     # Serial sync mode: the learner's checkpoints carry the env's state, for exact resumes. (Async
     # mode steps on while the learner trains, so there is no exact point to save it at.)
     if layout.serial and cfg.algo.mode == "sync":

@@ -58,3 +58,19 @@ class HangingCartPole(CartPoleEnv):
 
 
 gym.register("HpcrlTest/Hanging-v0", entry_point=HangingCartPole, max_episode_steps=500)
+
+
+class SlowCartPole(CartPoleEnv):
+    """CartPole whose step takes `step_seconds` of wall time (sleeping): a costly simulator."""
+
+    def __init__(self, step_seconds: float = 0.002, **kwargs):
+        super().__init__(**kwargs)
+        self.step_seconds = step_seconds
+
+    def step(self, action):
+        import time
+        time.sleep(self.step_seconds)
+        return super().step(action)
+
+
+gym.register("HpcrlTest/Slow-v0", entry_point=SlowCartPole, max_episode_steps=500)

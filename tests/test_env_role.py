@@ -31,7 +31,7 @@ def collect_fragment():
     frag = fragment_spec(T, N, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype)
     me = comm.world_rank()
     receiver = comm.FragmentReceiver([me], [frag.allocate()])
-    role = EnvRole(cfg, rank=me, index=0, policy=policy, sender=comm.FragmentSender(me, [frag.allocate(), frag.allocate()]))
+    role = EnvRole(cfg, rank=me, index=0, policies=[policy], sender=comm.FragmentSender(me, [frag.allocate(), frag.allocate()]))
     for _ in range(10 * T):
         role.poll()
         if receiver.ready():

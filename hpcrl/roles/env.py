@@ -1,4 +1,4 @@
-"""Env rank (actor): steps a gymnasium vector, asks a policy for actions, ships fragments.
+"""Env rank (actor): steps gymnasium vectors, asks a policy for actions, ships fragments.
 
 Never imports torch: the policy is either remote (`RemotePolicy`, over MPI) or an inline policy
 object handed in by the wiring (roles/inference.py), which is the only side that needs torch.
@@ -6,6 +6,7 @@ object handed in by the wiring (roles/inference.py), which is the only side that
 from __future__ import annotations
 
 import pickle
+import time
 
 import numpy as np
 
@@ -39,12 +40,38 @@ class RemotePolicy:
         pass
 
 
+class EnvGroup:
+    """One slice of the rank's envs with its own vector and its own policy channel. While one
+    group waits for its actions another steps (double buffering, as SRL's env ring): the env rank
+    hides the inference round trip behind env work."""
+
+    def __init__(self, envs, first_obs: np.ndarray, policy, columns: slice):
+        self.envs, self.policy, self.columns = envs, policy, columns
+        self.request, self.reply = policy.request, policy.reply
+        self.request["obs"][...] = first_obs
+        n = first_obs.shape[0]
+        self.t = 0
+        self.waiting = False
+        self.at_end = False  # took step T's reply (values for the bootstrap); waits for the other groups
+        self.first_version = -1  # policy version of this group's first step in the current fragment
+        self.stopped = False  # has had its STOP reply
+        self.ep_return = np.zeros(n, dtype=np.float64)
+        self.ep_length = np.zeros(n, dtype=np.int64)
+        self.truncated_envs = np.zeros(0, dtype=np.int64)  # envs whose final obs rides on the next request
+
+    def submit(self, version: int) -> None:
+        self.policy.submit(version, len(self.truncated_envs))
+        self.waiting = True
+
+
 class EnvRole:
     """Collects fragments of T steps x N envs and ships each to its learner.
 
-    Sync mode: fragment k is collected with policy version k, and a rollout makes T+1 policy
-    calls: the last only asks for the values of the observations after step T-1 (and of episodes
-    truncated there), which GAE needs to bootstrap; then the rank waits for version k+1.
+    The N envs are split into `groups` that step independently, each writing its columns of the
+    fragment. A group makes T+1 policy calls per fragment: the last only asks for the values of
+    the observations after step T-1 (and of episodes truncated there), which GAE needs to
+    bootstrap. The fragment ships once every group has had that reply.
+    Sync mode: fragment k is collected with policy version k; then the rank waits for k+1.
     Async mode: every request takes the newest version the policy has (at least the start
     version), so the (T+1)-th reply's actions also begin the next fragment: no call is wasted and
     the rank never waits for the learner.
@@ -52,27 +79,28 @@ class EnvRole:
 
     name = "env"
 
-    def __init__(self, cfg: Config, rank: int, index: int, policy, sender: FragmentSender, start_version: int = 0):
+    def __init__(self, cfg: Config, rank: int, index: int, policies: list, sender: FragmentSender,
+                 start_version: int = 0):
         self.rank = rank
         self.T, self.N = cfg.algo.rollout_length, cfg.env.num_envs
-        self.policy = policy
-        self.sender = sender
-        self.envs, first_obs = make_vector_env(cfg.env, seed=cfg.run.seed * 100_003 + 1_000 * index)
-        self.request, self.reply = policy.request, policy.reply
-        self.request["obs"][...] = first_obs
         self.sync = cfg.algo.mode == "sync"
+        self.sender = sender
+        per_group = self.N // len(policies)
+        seed = cfg.run.seed * 100_003 + 1_000 * index  # env i of this rank: seed + i, however grouped
+        self.groups = []
+        for g, policy in enumerate(policies):
+            envs, first_obs = make_vector_env(cfg.env, num_envs=per_group, seed=seed + g * per_group)
+            self.groups.append(EnvGroup(envs, first_obs, policy, slice(g * per_group, (g + 1) * per_group)))
         # sync: the version this rollout must be collected with; async: the oldest version accepted
         self.version = start_version
-        self.fragment_version = start_version  # the version of this fragment's first step
-        self.t = 0
-        self.waiting = False
         self.done = False
+        self.stopping = False  # a group had the stop word: collect every group's, then finish
         self.preempted = False
         self.fragments_sent = 0
         self.fragment = sender.acquire()
-        self.ep_return = np.zeros(self.N, dtype=np.float64)
-        self.ep_length = np.zeros(self.N, dtype=np.int64)
-        self.truncated_envs = np.zeros(0, dtype=np.int64)  # envs whose final obs rides on the next request
+        self.rollout_start = time.perf_counter()
+        self.waited = 0.0  # seconds of this rollout in which every group was waiting for actions
+        self.idle_since: float | None = None
         self.status = "starting"
         self._reset_stats()
 
@@ -83,105 +111,162 @@ class EnvRole:
         stats[EPISODE_STATS.index("return_max")] = -np.inf
 
     def poll(self) -> int:
-        if not self.waiting:
-            self.policy.submit(self.version, len(self.truncated_envs))
-            self.waiting = True
-            self.status = f"waiting for actions (policy version {self.version}, step {self.t})"
-        reply = self.policy.poll()
+        if self.stopping:
+            return self._stop_groups()
+        work = 0
+        for group in self.groups:
+            if not group.waiting and not group.at_end:
+                group.submit(self.version)
+            work += self._poll_group(group)
+            if self.stopping:
+                return work + self._stop_groups()
+        if all(g.at_end for g in self.groups):
+            self._ship()
+            work += 1
+        self._account_wait(work)
+        return work
+
+    def _account_wait(self, work: int) -> None:
+        """Time in which no group had anything to step (what double buffering is meant to hide)
+        runs from the first poll that found nothing to the next reply."""
+        if not work and self.idle_since is None:
+            self.idle_since = time.perf_counter()
+            self.status = f"waiting for actions (policy version {self.version}, step {self.groups[0].t})"
+
+    def _reply_arrived(self) -> None:
+        if self.idle_since is not None:
+            self.waited += time.perf_counter() - self.idle_since
+            self.idle_since = None
+
+    def _poll_group(self, group: EnvGroup) -> int:
+        if not group.waiting:
+            return 0
+        reply = group.policy.poll()
         if reply is None:
             return 0
-        self.waiting = False
+        self._reply_arrived()
+        group.waiting = False
         if reply.get("flags") & STOP:
             self.preempted = bool(reply.get("flags") & PREEMPTED)
-            self._finish()
+            group.stopped = self.stopping = True
             return 1
         if self.sync and reply.get("version") != self.version:
             raise RuntimeError(f"env rank {self.rank}: sync mode got actions from policy version "
                                f"{reply.get('version')} while collecting with version {self.version}")
-        frag = self.fragment
-        if len(self.truncated_envs):
-            frag["trunc_values"][self.t - 1, self.truncated_envs] = reply["final_values"][:len(self.truncated_envs)]
-        if self.t == self.T:
-            frag["last_values"][...] = reply["values"]
-            frag["last_obs"][...] = self.request["obs"]
-            self._ship()
-            if self.sync:
-                return 1
-        self._step(reply)
+        frag, cols = self.fragment, group.columns
+        if len(group.truncated_envs):
+            trunc = frag["trunc_values"][group.t - 1, cols]
+            trunc[group.truncated_envs] = reply["final_values"][:len(group.truncated_envs)]
+        if group.t == self.T:
+            frag["last_values"][cols] = reply["values"]
+            frag["last_obs"][cols] = group.request["obs"]
+            group.at_end = True
+            return 1
+        self._step(group, reply)
         return 1
 
-    def _step(self, reply: Message) -> None:
-        t, frag = self.t, self.fragment
+    def _step(self, group: EnvGroup, reply: Message) -> None:
+        t, frag, cols = group.t, self.fragment, group.columns
         if t == 0:
-            self.fragment_version = reply.get("version")
-        frag["obs"][t] = self.request["obs"]
-        frag["actions"][t] = reply["actions"]
-        frag["logp"][t] = reply["logp"]
-        frag["values"][t] = reply["values"]
+            group.first_version = reply.get("version")
+        frag["obs"][t, cols] = group.request["obs"]
+        frag["actions"][t, cols] = reply["actions"]
+        frag["logp"][t, cols] = reply["logp"]
+        frag["values"][t, cols] = reply["values"]
         self.status = f"stepping envs (step {t})"
-        obs, rewards, terminated, truncated, info = self.envs.step(reply["actions"])
+        obs, rewards, terminated, truncated, info = group.envs.step(reply["actions"])
         done = terminated | truncated
-        frag["rewards"][t] = rewards
-        frag["dones"][t] = done
-        frag["trunc_values"][t] = 0.0
-        self.request["obs"][...] = obs
+        frag["rewards"][t, cols] = rewards
+        frag["dones"][t, cols] = done
+        frag["trunc_values"][t, cols] = 0.0
+        group.request["obs"][...] = obs
         # Truncated (not terminated) episodes still have a future: send their final obs for a value.
-        self.truncated_envs = np.flatnonzero(truncated & ~terminated)
-        if len(self.truncated_envs):
-            self.request["final_obs"][:len(self.truncated_envs)] = np.stack(info["final_obs"][self.truncated_envs])
-        self.ep_return += rewards
-        self.ep_length += 1
+        group.truncated_envs = np.flatnonzero(truncated & ~terminated)
+        if len(group.truncated_envs):
+            group.request["final_obs"][:len(group.truncated_envs)] = np.stack(info["final_obs"][group.truncated_envs])
+        group.ep_return += rewards
+        group.ep_length += 1
         if done.any():
-            self._count_episodes(np.flatnonzero(done))
-        self.t += 1
+            self._count_episodes(group, np.flatnonzero(done))
+        group.t += 1
+        group.submit(self.version)  # at once: its round trip overlaps the other groups' steps
 
-    def _count_episodes(self, ended: np.ndarray) -> None:
-        stats, returns = self.fragment["episode_stats"], self.ep_return[ended]
+    def _count_episodes(self, group: EnvGroup, ended: np.ndarray) -> None:
+        stats, returns = self.fragment["episode_stats"], group.ep_return[ended]
         stats[0] += len(ended)
         stats[1] += returns.sum()
         stats[2] += (returns ** 2).sum()
         stats[3] = min(stats[3], returns.min())
         stats[4] = max(stats[4], returns.max())
-        stats[5] += self.ep_length[ended].sum()
-        self.ep_return[ended] = 0.0
-        self.ep_length[ended] = 0
+        stats[5] += group.ep_length[ended].sum()
+        group.ep_return[ended] = 0.0
+        group.ep_length[ended] = 0
 
     def _ship(self) -> None:
-        self.fragment.set(env_rank=self.rank, version=self.fragment_version, index=self.fragments_sent,
-                          frames=self.T * self.N, flags=0)
+        now = time.perf_counter()
+        self.fragment.set(env_rank=self.rank, version=min(g.first_version for g in self.groups),
+                          index=self.fragments_sent, frames=self.T * self.N, flags=0,
+                          rollout_us=int(1e6 * (now - self.rollout_start)), wait_us=int(1e6 * self.waited))
         self.sender.send()
         self.fragments_sent += 1
         if self.sync:
             self.version += 1
-        self.t = 0
-        self.truncated_envs = np.zeros(0, dtype=np.int64)
         self.status = "waiting for a free fragment buffer"
         self.fragment = self.sender.acquire()
+        self.rollout_start, self.waited = time.perf_counter(), 0.0
         self._reset_stats()
+        for group in self.groups:
+            group.t, group.at_end = 0, False
+            group.truncated_envs = np.zeros(0, dtype=np.int64)
+            if not self.sync:  # async: the end-of-fragment reply's actions begin the next fragment
+                self._step(group, group.reply)
+
+    def _stop_groups(self) -> int:
+        """The inference side answers one request per group with STOP before it closes: make sure
+        every group has asked (again, if its last reply was an ordinary one) and had that answer."""
+        work = 0
+        for group in self.groups:
+            if group.stopped:
+                continue
+            if not group.waiting:
+                group.submit(self.version)
+                continue
+            reply = group.policy.poll()
+            if reply is not None:
+                group.waiting = False
+                group.stopped = bool(reply.get("flags") & STOP)
+                work += 1
+        if all(g.stopped for g in self.groups):
+            self._finish()
+        return work
 
     def snapshot(self) -> bytes:
         """Serial mode: everything needed to continue exactly, taken between rollouts (when the
         learner checkpoints). Raises pickle/type errors for envs that cannot be pickled."""
-        if self.t != 0:
+        if any(g.t != 0 for g in self.groups):
             raise RuntimeError("env snapshots are taken between rollouts")
-        return pickle.dumps({"envs": self.envs, "obs": self.request["obs"].copy(), "version": self.version,
-                             "ep_return": self.ep_return, "ep_length": self.ep_length,
-                             "fragments_sent": self.fragments_sent,
-                             "sampling": self.policy.sampling_state()})
+        return pickle.dumps({"groups": [{"envs": g.envs, "obs": g.request["obs"].copy(), "ep_return": g.ep_return,
+                                         "ep_length": g.ep_length, "sampling": g.policy.sampling_state()}
+                                        for g in self.groups],
+                             "version": self.version, "fragments_sent": self.fragments_sent})
 
     def restore(self, blob: bytes) -> None:
         state = pickle.loads(blob)
-        self.envs.close()
-        self.envs = state["envs"]
-        self.request["obs"][...] = state["obs"]
+        if len(state["groups"]) != len(self.groups):
+            raise ValueError(f"the saved env state has {len(state['groups'])} groups, this run {len(self.groups)}")
+        for group, saved in zip(self.groups, state["groups"]):
+            group.envs.close()
+            group.envs = saved["envs"]
+            group.request["obs"][...] = saved["obs"]
+            group.ep_return, group.ep_length = saved["ep_return"], saved["ep_length"]
+            group.policy.restore_sampling_state(saved["sampling"])
         self.version, self.fragments_sent = state["version"], state["fragments_sent"]
-        self.ep_return, self.ep_length = state["ep_return"], state["ep_length"]
-        self.policy.restore_sampling_state(state["sampling"])
 
     def _finish(self) -> None:
         self.sender.say_goodbye(self.rank)
         self.sender.close()
-        self.policy.close()
-        self.envs.close()
+        for group in self.groups:
+            group.policy.close()
+            group.envs.close()
         self.done = True
         self.status = "finished"

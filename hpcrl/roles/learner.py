@@ -306,13 +306,15 @@ class LearnerRole:
 
     def _local_stats(self, frags: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """From this learner's fragment headers (trained, and dropped since the last update): sums
-        (frames, episodes, return sum, return sum of squares, length sum, fragments dropped), lows
+        (frames, episodes, return sum, return sum of squares, length sum, fragments dropped, env
+        rollout and wait microseconds of the trained fragments), lows
         (return min, version min) and highs (return max, version max) of the trained fragments."""
         counted = [(f.get("frames"), f["episode_stats"]) for f in frags] + self.dropped_since
         ep = {name: np.array([st[i] for _, st in counted]) for i, name in enumerate(EPISODE_STATS)}
         versions = [f.get("version") for f in frags]
         sums = np.array([sum(frames for frames, _ in counted), ep["episodes"].sum(), ep["return_sum"].sum(),
-                         ep["return_sqsum"].sum(), ep["length_sum"].sum(), len(self.dropped_since)],
+                         ep["return_sqsum"].sum(), ep["length_sum"].sum(), len(self.dropped_since),
+                         sum(f.get("rollout_us") for f in frags), sum(f.get("wait_us") for f in frags)],
                         dtype=np.float64)
         self.dropped_since = []
         lows = np.array([ep["return_min"].min(), min(versions)], dtype=np.float64)
@@ -323,7 +325,7 @@ class LearnerRole:
         sums, lows, highs = local
         sums = comm.allreduce_sum(self.comm, np.concatenate([sums, [losses[k] for k in LOSS_KEYS]]))
         lo, hi = comm.allreduce_min_max(self.comm, lows, highs)
-        frames_now, episodes, ret_sum, ret_sq, len_sum, dropped = sums[:6]
+        frames_now, episodes, ret_sum, ret_sq, len_sum, dropped, rollout_us, wait_us = sums[:8]
         self.frames += int(frames_now)
         self.fragments_dropped += int(dropped)
         self.windows.append((episodes, ret_sum))
@@ -341,8 +343,10 @@ class LearnerRole:
                "lr": self.optimizer.param_groups[0]["lr"],
                # the version trained on is self.version - 1; in sync mode every sample must carry it
                "sample_version_min": int(lo[1]), "sample_version_max": int(hi[1]),
-               "policy_lag_max": int(self.version - 1 - lo[1]), "fragments_dropped": self.fragments_dropped}
-        row.update({k: float(v) / n for k, v in zip(LOSS_KEYS, sums[6:])})
+               "policy_lag_max": int(self.version - 1 - lo[1]), "fragments_dropped": self.fragments_dropped,
+               # share of the env ranks' rollout time in which no env group could step
+               "env_wait_fraction": wait_us / rollout_us if rollout_us else 0.0}
+        row.update({k: float(v) / n for k, v in zip(LOSS_KEYS, sums[8:])})
         if self.cfg.run.replica_digests:
             row["replica_digest"] = comm.gather_to_root(self.comm, np.array([self._digest()], dtype=np.int64))
         return row
