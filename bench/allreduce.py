@@ -26,14 +26,16 @@ def measure(name, obs_shape, actions, hidden, repeats):
 
     from hpcrl import comm
     from hpcrl.config import ModelConfig
+    from hpcrl.envs import EnvSpaces
     from hpcrl.models import build_model, num_params
     from report import median_seconds
     torch.manual_seed(0)
-    model = build_model(obs_shape, actions, ModelConfig(hidden_sizes=hidden))
-    plain = build_model(obs_shape, actions, ModelConfig(hidden_sizes=hidden))  # no Horovod hooks on it
+    spaces = EnvSpaces(obs_shape=obs_shape, obs_dtype="float32", num_actions=actions)
+    model = build_model(spaces, ModelConfig(hidden_sizes=hidden))
+    plain = build_model(spaces, ModelConfig(hidden_sizes=hidden))  # no Horovod hooks on it
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), fused=True),
                                    named_parameters=model.named_parameters())
-    grouped_model = build_model(obs_shape, actions, ModelConfig(hidden_sizes=hidden))
+    grouped_model = build_model(spaces, ModelConfig(hidden_sizes=hidden))
     grouped = hvd.DistributedOptimizer(torch.optim.Adam(grouped_model.parameters(), fused=True),  # as the learner
                                        named_parameters=[(f"g.{n}", p) for n, p in grouped_model.named_parameters()],
                                        groups=[list(grouped_model.parameters())])

@@ -29,7 +29,7 @@ envs, obs = make_vector_env(cfg.env, seed=0)
 INLINE = """
 from hpcrl.models import PolicyRunner, build_model
 spaces = probe_spaces(cfg.env)
-runner = PolicyRunner(build_model(spaces.obs_shape, spaces.num_actions, cfg.model), "cpu", seed=0)
+runner = PolicyRunner(build_model(spaces, cfg.model), "cpu", seed=0)
 """
 REPORT = """
 rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS"))

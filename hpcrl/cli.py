@@ -72,11 +72,11 @@ def _plan(args) -> int:
         gpus = None if args.gpus_per_node is None else np.full(args.world_size, args.gpus_per_node)
         layout = plan_layout(cfg.roles, args.world_size, nodes, gpus)
         spaces = probe_spaces(cfg.env)
+        from hpcrl.models import build_model, num_params  # torch: only to count the policy's parameters
+        n_params = num_params(build_model(spaces, cfg.model))  # ConfigError: model.encoder unfit for the obs
     except ConfigError as exc:
         print(f"hpcrl: config error: {exc}", file=sys.stderr)
         return 2
-    from hpcrl.models import build_model, num_params  # torch: only to count the policy's parameters
-    n_params = num_params(build_model(spaces.obs_shape, spaces.num_actions, cfg.model))
     t = traffic(cfg, layout, spaces, n_params, args.env_steps_per_s)
     print(format_plan(cfg, layout, t, args.env_steps_per_s, args.per_rank or args.world_size <= 64))
     return 0

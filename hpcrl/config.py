@@ -16,6 +16,7 @@ import yaml
 REST = "rest"
 ROLE_NAMES = ("learner", "inference", "env")
 DEVICES = ("cpu", "cuda")
+ENCODERS = ("auto", "mlp", "cnn")
 
 
 class ConfigError(ValueError):
@@ -71,8 +72,9 @@ class RunConfig:
                                 "a rank that waits twice this long for its peers does too", default=300.0)
     torch_threads: int = doc("torch intra-op threads on each rank that runs a policy; ranks are the "
                              "parallelism, so 1 unless ranks have spare cores", default=1)
-    replica_digests: bool = doc("record a digest of every learner's weights after each update in "
-                                "metrics.h5 (checks that learners stay bit-identical)", default=False)
+    replica_digests: bool = doc("record a digest of every learner's weights and observation-normaliser "
+                                "stats after each update in metrics.h5 (checks that learners stay "
+                                "bit-identical)", default=False)
 
 
 @dataclass
@@ -125,9 +127,15 @@ class AlgoConfig:
 class ModelConfig:
     """The actor-critic network."""
 
-    hidden_sizes: list = doc("widths of the hidden layers of the actor and of the critic MLPs",
+    hidden_sizes: list = doc("widths of the hidden layers of the actor and of the critic MLPs (MLP encoder)",
                              default_factory=lambda: [64, 64])
-    activation: str = doc("'tanh' or 'relu'", default="tanh")
+    activation: str = doc("'tanh' or 'relu' (MLP encoder)", default="tanh")
+    encoder: str = doc("'mlp' (flattened observations; separate actor and critic MLPs), 'cnn' (the Nature CNN "
+                       "of Mnih et al. 2015 over channel-first [C, H, W] frame stacks, one trunk for both heads; "
+                       "uint8 frames are scaled by 1/255) or 'auto' (cnn for 3-D observations, mlp otherwise)",
+                       default="auto")
+    obs_norm: bool = doc("normalise observations by a running mean and variance (clipped to +-10), kept in "
+                         "the model, updated by the learners from every update's batch", default=False)
 
 
 @dataclass
@@ -259,6 +267,7 @@ def validate(cfg: Config) -> None:
                                             for h in m.hidden_sizes),
            f"model.hidden_sizes: expected a list of positive integers, got {m.hidden_sizes!r}")
     _check(m.activation in ("tanh", "relu"), f"model.activation: expected 'tanh' or 'relu', got {m.activation!r}")
+    _check(m.encoder in ENCODERS, f"model.encoder: expected one of {', '.join(ENCODERS)}, got {m.encoder!r}")
 
 
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:

@@ -17,11 +17,17 @@ from hpcrl.config import ConfigError, EnvConfig
 class EnvSpaces:
     """What buffers and networks need to know about an env, small enough to broadcast at start."""
 
-    obs_shape: tuple
-    obs_dtype: str
-    num_actions: int
-    action_shape: tuple = ()
-    action_dtype: str = "int64"
+    obs_shape: tuple          # e.g. (4,) or (4, 84, 84) for stacked Atari frames
+    obs_dtype: str            # 'float32', 'float64' or 'uint8'
+    num_actions: int          # Discrete: n; continuous (Box actions): 0
+    action_shape: tuple = ()  # Discrete: (); Box: (d,)
+    action_dtype: str = "int64"   # Discrete: 'int64'; Box: 'float32'
+    action_low: tuple = ()    # Box only: per-dimension bounds (floats), for clipping on env ranks
+    action_high: tuple = ()
+
+    @property
+    def continuous(self) -> bool:
+        return self.num_actions == 0
 
 
 def _make(cfg: EnvConfig) -> gym.Env:

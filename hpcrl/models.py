@@ -1,87 +1,259 @@
-"""Actor-critic networks and the policy runner shared by inference ranks and inline inference."""
+"""Actor-critic networks and the policy runner shared by inference ranks and inline inference.
+
+Encoders: an MLP over flat observations (separate actor and critic nets) or the Nature CNN over
+[C, H, W] frame stacks (one trunk shared by both heads). Heads: categorical for Discrete actions,
+diagonal Gaussian with a state-independent log-std for Box actions. An optional running
+observation normaliser lives inside the model as buffers, so checkpoints and the weights message
+carry it. Pure torch: learners pass a `reduce` callable to synchronise the normaliser.
+"""
 from __future__ import annotations
 
+import hashlib
 import math
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hpcrl.config import ModelConfig
+from hpcrl.config import ConfigError, ModelConfig
+
+if TYPE_CHECKING:  # not at run time: inference ranks need no gymnasium
+    from hpcrl.envs import EnvSpaces
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+NATURE_CNN = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels, kernel, stride): Mnih et al. 2015
+NATURE_CNN_FEATURES = 512
+CNN_MIN_SIZE = 36  # the smallest height/width the three Nature CNN convolutions reduce to 1x1
+OBS_NORM_CLIP, OBS_NORM_EPS = 10.0, 1e-8  # as SB3 VecNormalize and gymnasium NormalizeObservation
+MOMENT_ROWS = 1024  # observations per float64 slice when summing a batch's moments
+
+
+def _linear(a: int, b: int, gain: float) -> nn.Linear:
+    layer = nn.Linear(a, b)
+    # Orthogonal init with small policy-head gain: the standard PPO recipe (Andrychowicz et al. 2021).
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
 
 
 def _mlp(sizes: list[int], activation: type, out_gain: float) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        linear = nn.Linear(a, b)
         last = i == len(sizes) - 2
-        # Orthogonal init with small policy-head gain: the standard PPO recipe (Andrychowicz et al. 2021).
-        nn.init.orthogonal_(linear.weight, out_gain if last else math.sqrt(2))
-        nn.init.zeros_(linear.bias)
-        layers.append(linear)
+        layers.append(_linear(a, b, out_gain if last else math.sqrt(2)))
         if not last:
             layers.append(activation())
     return nn.Sequential(*layers)
 
 
-class ActorCritic(nn.Module):
-    """Separate MLPs for a categorical policy and a state-value function over flat observations."""
+def _nature_cnn(obs_shape: tuple) -> nn.Sequential:
+    """conv 32x8x8/4, 64x4x4/2, 64x3x3/1, fc 512, ReLU after each; CleanRL's orthogonal init."""
+    channels, h, w = obs_shape
+    layers: list[nn.Module] = []
+    for out, kernel, stride in NATURE_CNN:
+        conv = nn.Conv2d(channels, out, kernel, stride)
+        nn.init.orthogonal_(conv.weight, math.sqrt(2))
+        nn.init.zeros_(conv.bias)
+        layers += [conv, nn.ReLU()]
+        channels, h, w = out, (h - kernel) // stride + 1, (w - kernel) // stride + 1
+    layers += [nn.Flatten(), _linear(channels * h * w, NATURE_CNN_FEATURES, math.sqrt(2)), nn.ReLU()]
+    return nn.Sequential(*layers)
 
-    def __init__(self, obs_dim: int, num_actions: int, cfg: ModelConfig):
+
+def encoder_for(spaces: EnvSpaces, cfg: ModelConfig) -> str:
+    """'mlp' or 'cnn' for these observations; a ConfigError if model.encoder cannot take them."""
+    shape = tuple(spaces.obs_shape)
+    kind = cfg.encoder if cfg.encoder != "auto" else ("cnn" if len(shape) == 3 else "mlp")
+    if kind == "cnn":
+        how = "model.encoder: auto chose cnn for 3-D observations" if cfg.encoder == "auto" else "model.encoder: cnn"
+        if len(shape) != 3:
+            raise ConfigError(f"{how} needs [C, H, W] image observations, got shape {shape}; use encoder: mlp")
+        if min(shape[1:]) < CNN_MIN_SIZE:
+            raise ConfigError(f"{how} needs channel-first [C, H, W] images with H, W >= {CNN_MIN_SIZE} "
+                              f"(the Nature CNN), got shape {shape}; stack frames channel-first or use encoder: mlp")
+    return kind
+
+
+class ObsNormalizer(nn.Module):
+    """Running mean and variance of observations (Chan et al.'s parallel merge of count, mean and
+    M2); normalises to (x - mean) / sqrt(var + eps), clipped to +-10. Stats are float64 buffers;
+    the forward casts them to float32 first, so a policy holder that received them as float32 in
+    the weights message normalises bit-identically to the learner."""
+
+    def __init__(self, obs_shape: tuple):
         super().__init__()
-        act = ACTIVATIONS[cfg.activation]
-        hidden = list(cfg.hidden_sizes)
-        self.actor = _mlp([obs_dim, *hidden, num_actions], act, out_gain=0.01)
-        self.critic = _mlp([obs_dim, *hidden, 1], act, out_gain=1.0)
+        # count starts at 0, not SB3's 1e-4: the first merge then gives the batch's exact moments
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(obs_shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(obs_shape, dtype=torch.float64))
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean, var = self.mean.float(), self.var.float()
+        return ((x - mean) / torch.sqrt(var + OBS_NORM_EPS)).clamp(-OBS_NORM_CLIP, OBS_NORM_CLIP)
+
+    @torch.no_grad()
+    def moments(self, x: torch.Tensor) -> np.ndarray:
+        """[n, sum(x - m), sum((x - m)^2)] of a batch, flat float64, around the current mean m (a
+        shift every learner shares, which keeps the sums accurate). Moments of several batches add."""
+        shift = self.mean.flatten()
+        s1, s2 = torch.zeros_like(shift), torch.zeros_like(shift)
+        for rows in x.flatten(1).split(MOMENT_ROWS):  # float64 in slices: frame batches stay small
+            d = rows.double() - shift
+            s1 += d.sum(0)
+            s2 += (d * d).sum(0)
+        return torch.cat([shift.new_tensor([x.shape[0]]), s1, s2]).cpu().numpy()
+
+    @torch.no_grad()
+    def merge(self, moments: np.ndarray) -> None:
+        """Fold (summed) batch moments from `moments` into the running stats."""
+        m = torch.from_numpy(np.asarray(moments, dtype=np.float64)).to(self.mean.device)
+        size = self.mean.numel()
+        n, s1, s2 = m[0], m[1:1 + size].view_as(self.mean), m[1 + size:].view_as(self.mean)
+        if n <= 0:
+            return
+        batch_mean = self.mean + s1 / n  # the same shift moments() used
+        batch_m2 = (s2 - s1 * s1 / n).clamp_min(0.0)
+        delta, total = batch_mean - self.mean, self.count + n
+        m2 = self.var * self.count + batch_m2 + delta * delta * self.count * n / total
+        self.mean.add_(delta * n / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+
+class ActorCritic(nn.Module):
+    """An encoder, a policy head (categorical or diagonal Gaussian) and a state-value head."""
+
+    def __init__(self, spaces: EnvSpaces, cfg: ModelConfig):
+        super().__init__()
+        self.continuous = spaces.continuous
+        self.action_shape = tuple(spaces.action_shape)
+        # uint8 frames are scaled to [0, 1] here, so they travel and are stored as bytes
+        self.obs_scale = 1.0 / 255.0 if spaces.obs_dtype == "uint8" else None
+        self.obs_norm = ObsNormalizer(tuple(spaces.obs_shape)) if cfg.obs_norm else None
+        out = int(np.prod(self.action_shape)) if self.continuous else spaces.num_actions
+        if encoder_for(spaces, cfg) == "cnn":
+            # One trunk for both heads, as in Atari PPO: the features are learned once.
+            self.trunk = _nature_cnn(tuple(spaces.obs_shape))
+            self.actor = _linear(NATURE_CNN_FEATURES, out, 0.01)
+            self.critic = _linear(NATURE_CNN_FEATURES, 1, 1.0)
+        else:
+            self.trunk = nn.Flatten()
+            act, hidden, obs_dim = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes), int(np.prod(spaces.obs_shape))
+            self.actor = _mlp([obs_dim, *hidden, out], act, out_gain=0.01)
+            self.critic = _mlp([obs_dim, *hidden, 1], act, out_gain=1.0)
+        if self.continuous:  # state-independent log-std, init 0 (std 1), as CleanRL ppo_continuous_action
+            self.log_std = nn.Parameter(torch.zeros(out))
+
+    # --- inputs ------------------------------------------------------------------------------------
+    def _scaled(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float()
+        return x * self.obs_scale if self.obs_scale is not None else x
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """What both heads read: scaled, normalised, encoded observations."""
+        x = self._scaled(obs)
+        if self.obs_norm is not None:
+            x = self.obs_norm(x)
+        return self.trunk(x)
+
+    def update_obs_norm(self, obs: torch.Tensor, reduce: Callable[[np.ndarray], np.ndarray] = lambda m: m) -> None:
+        """Fold a batch into the observation normaliser (a no-op without model.obs_norm). `reduce`
+        sums the moments over every learner's batch (an allreduce), so all learners merge the same
+        numbers and hold identical stats."""
+        if self.obs_norm is not None:
+            self.obs_norm.merge(reduce(self.obs_norm.moments(self._scaled(obs))))
+
+    # --- the policy --------------------------------------------------------------------------------
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs.flatten(1)).squeeze(-1)
+        return self.critic(self.features(obs)).squeeze(-1)
 
     def log_probs(self, obs: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities of every action, [B, num_actions]. Written out rather than through
-        torch.distributions.Categorical, whose argument checks double the cost of small batches."""
-        return F.log_softmax(self.actor(obs.flatten(1)), dim=-1)
+        """Categorical only: log-probabilities of every action, [B, num_actions]. Written out rather
+        than through torch.distributions.Categorical, whose argument checks double the cost of small
+        batches."""
+        return F.log_softmax(self.actor(self.features(obs)), dim=-1)
+
+    def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Policy output (log-probs, or the Gaussian mean flattened to [B, d]) and values."""
+        x = self.features(obs)
+        out = self.actor(x)
+        return (out if self.continuous else F.log_softmax(out, dim=-1)), self.critic(x).squeeze(-1)
+
+    def _gaussian_logp(self, mean: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        z = (actions - mean) * torch.exp(-self.log_std)
+        return (-0.5 * z * z - self.log_std - HALF_LOG_2PI).sum(-1)
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
         """log-prob of `actions`, entropy and value: what the PPO loss needs."""
-        log_p = self.log_probs(obs)
-        entropy = -(log_p.exp() * log_p).sum(-1)
-        return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy, self.value(obs)
+        out, values = self._heads(obs)
+        if self.continuous:
+            logp = self._gaussian_logp(out, actions.reshape(out.shape).to(out.dtype))
+            entropy = (0.5 + HALF_LOG_2PI + self.log_std).sum().expand(out.shape[0])
+            return logp, entropy, values
+        entropy = -(out.exp() * out).sum(-1)
+        return out.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy, values
 
     def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None):
-        """Sampled actions, their log-probs, and state values."""
-        log_p = self.log_probs(obs)
-        actions = torch.multinomial(log_p.exp(), 1, generator=generator)
-        return actions.squeeze(-1), log_p.gather(-1, actions).squeeze(-1), self.value(obs)
+        """Sampled actions, their log-probs, and state values. Gaussian samples are not clipped to
+        the action bounds: env ranks clip what they step with, the fragment keeps the sample, so its
+        log-prob stays right."""
+        out, values = self._heads(obs)
+        if self.continuous:
+            noise = torch.randn(out.shape, generator=generator, device=out.device, dtype=out.dtype)
+            actions = out + torch.exp(self.log_std) * noise
+            return actions.reshape(-1, *self.action_shape), self._gaussian_logp(out, actions), values
+        actions = torch.multinomial(out.exp(), 1, generator=generator)
+        return actions.squeeze(-1), out.gather(-1, actions).squeeze(-1), values
+
+    def mode(self, obs: torch.Tensor) -> torch.Tensor:
+        """The most likely action: the argmax for categorical, the mean for Gaussian."""
+        out = self.actor(self.features(obs))
+        return out.reshape(-1, *self.action_shape) if self.continuous else out.argmax(-1)
 
 
-def build_model(obs_shape: tuple, num_actions: int, cfg: ModelConfig) -> ActorCritic:
-    return ActorCritic(int(np.prod(obs_shape)), num_actions, cfg)
+def build_model(spaces: EnvSpaces, cfg: ModelConfig) -> ActorCritic:
+    return ActorCritic(spaces, cfg)
+
+
+# --- the weights message: parameters, then buffers (the normaliser's stats) ---------------------------
+
+def policy_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Every tensor a policy holder needs, in a fixed order: parameters, then buffers."""
+    return [*model.parameters(), *model.buffers()]
+
+
+def policy_digest(model: nn.Module) -> int:
+    """A 64-bit hash of every policy tensor (parameters and normaliser stats), to compare replicas."""
+    h = hashlib.blake2b(digest_size=8)
+    for t in policy_tensors(model):
+        h.update(t.detach().cpu().numpy().tobytes())
+    return int(np.frombuffer(h.digest(), dtype=np.int64)[0])
 
 
 def num_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+    """Length of the weights message (parameters and normaliser buffers)."""
+    return sum(t.numel() for t in policy_tensors(model))
 
 
 def copy_params_to(model: nn.Module, flat: np.ndarray) -> None:
-    """Model parameters -> a preallocated float32 vector (the weights message)."""
+    """Model tensors -> a preallocated float32 vector (the weights message)."""
     offset = 0
-    for p in model.parameters():
-        n = p.numel()
-        flat[offset:offset + n] = p.detach().reshape(-1).cpu().numpy()
+    for t in policy_tensors(model):
+        n = t.numel()
+        flat[offset:offset + n] = t.detach().reshape(-1).cpu().numpy()
         offset += n
 
 
 def load_params_from(model: nn.Module, flat: np.ndarray) -> None:
-    """A float32 vector (the weights message) -> model parameters, in place."""
+    """A float32 vector (the weights message) -> model tensors, in place."""
     offset = 0
     with torch.no_grad():
-        for p in model.parameters():
-            n = p.numel()
-            p.copy_(torch.from_numpy(flat[offset:offset + n]).view_as(p))
+        for t in policy_tensors(model):
+            n = t.numel()
+            t.copy_(torch.from_numpy(flat[offset:offset + n]).view(t.shape))
             offset += n
 
 
@@ -101,10 +273,14 @@ class PolicyRunner:
         load_params_from(self.model, flat)
         self.version = version
 
+    def _tensor(self, obs: np.ndarray) -> torch.Tensor:
+        # native dtype: uint8 frames cross to the device as bytes; the model casts to float32
+        return torch.as_tensor(obs, device=self.device)
+
     @torch.no_grad()
     def act(self, obs: np.ndarray, actions: np.ndarray, logp: np.ndarray, values: np.ndarray) -> None:
         """Fill the output arrays (views into a reply or fragment buffer) for a batch of obs."""
-        a, lp, v = self.model.sample(torch.as_tensor(obs, device=self.device, dtype=torch.float32), self.generator)
+        a, lp, v = self.model.sample(self._tensor(obs), self.generator)
         actions[...] = a.cpu().numpy()
         logp[...] = lp.cpu().numpy()
         values[...] = v.cpu().numpy()
@@ -112,4 +288,4 @@ class PolicyRunner:
     @torch.no_grad()
     def value(self, obs: np.ndarray, out: np.ndarray) -> None:
         if len(obs):
-            out[...] = self.model.value(torch.as_tensor(obs, device=self.device, dtype=torch.float32)).cpu().numpy()
+            out[...] = self.model.value(self._tensor(obs)).cpu().numpy()

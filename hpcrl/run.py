@@ -29,7 +29,10 @@ def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size
     try:
         cfg, _ = load_config(config_path, overrides)
         plan_layout(cfg.roles, size)  # role counts must fit this world size
-        return {"cfg": cfg, "spaces": probe_spaces(cfg.env), "start": rundir.prepare(cfg, overwrite)}
+        spaces = probe_spaces(cfg.env)
+        from hpcrl.models import encoder_for  # rank 0 is a learner: torch is coming anyway
+        encoder_for(spaces, cfg.model)  # a ConfigError now, not on every rank later
+        return {"cfg": cfg, "spaces": spaces, "start": rundir.prepare(cfg, overwrite)}
     except ConfigError as exc:
         return {"error": str(exc)}
     except OSError as exc:
@@ -262,7 +265,7 @@ def size_of(c) -> int:
 
 def _weights_message(cfg: Config, spaces: EnvSpaces):
     from hpcrl.models import build_model, num_params
-    return weights_spec(num_params(build_model(spaces.obs_shape, spaces.num_actions, cfg.model))).allocate()
+    return weights_spec(num_params(build_model(spaces, cfg.model))).allocate()
 
 
 def _runner(cfg: Config, spaces: EnvSpaces, device: str, rank: int):
@@ -271,7 +274,7 @@ def _runner(cfg: Config, spaces: EnvSpaces, device: str, rank: int):
     from hpcrl.models import PolicyRunner, build_model
     torch.manual_seed(cfg.run.seed)  # initial weights; the learner root's broadcast replaces them
     # action sampling differs per rank, repeatably
-    return PolicyRunner(build_model(spaces.obs_shape, spaces.num_actions, cfg.model), device,
+    return PolicyRunner(build_model(spaces, cfg.model), device,
                         seed=cfg.run.seed * 1_009 + rank)
 
 

@@ -17,7 +17,8 @@ from hpcrl.config import Config, ConfigError, to_dict, to_yaml
 CHECKPOINT_FILE = "checkpoint.h5"
 METRICS_FILE = "metrics.h5"
 # What a resumed run may not change: the policy's shape and what it was trained on.
-MUST_MATCH = ("env.id", "env.kwargs", "model.hidden_sizes", "model.activation", "algo.name", "algo.mode")
+MUST_MATCH = ("env.id", "env.kwargs", "model.hidden_sizes", "model.activation", "model.encoder", "model.obs_norm",
+              "algo.name", "algo.mode")
 
 
 @dataclass

@@ -8,12 +8,13 @@ import torch
 
 from hpcrl.checkpoint import CheckpointError, load_checkpoint, load_latest, restore_rng_states, save_checkpoint
 from hpcrl.config import ModelConfig
+from hpcrl.envs import EnvSpaces
 from hpcrl.models import build_model
 
 
 def trained():
     torch.manual_seed(0)
-    model = build_model((4,), 2, ModelConfig(hidden_sizes=[8]))
+    model = build_model(EnvSpaces((4,), "float32", 2), ModelConfig(hidden_sizes=[8]))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)  # as the learner builds it
     for _ in range(3):
         opt.zero_grad()
@@ -35,7 +36,7 @@ def test_round_trip_restores_everything(tmp_path):
     ck = load_checkpoint(path)
     assert ck["counters"] == {"frames": 1234, "policy_version": 7, "wall_time": 1.5}
     assert ck["config"] == "run: {}\n"
-    fresh = build_model((4,), 2, ModelConfig(hidden_sizes=[8]))
+    fresh = build_model(EnvSpaces((4,), "float32", 2), ModelConfig(hidden_sizes=[8]))
     fresh.load_state_dict(ck["model"])
     for a, b in zip(model.parameters(), fresh.parameters()):
         assert torch.equal(a, b)

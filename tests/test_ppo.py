@@ -7,6 +7,7 @@ import torch
 
 from hpcrl.algos.ppo import Batch, ppo_loss, ppo_update
 from hpcrl.config import AlgoConfig, ModelConfig
+from hpcrl.envs import EnvSpaces
 from hpcrl.models import build_model
 
 
@@ -50,7 +51,7 @@ def test_loss_matches_hand_computation_and_clipping_stops_gradient():
 
 def test_update_improves_the_surrogate_on_a_real_model():
     torch.manual_seed(0)
-    model = build_model((4,), 2, ModelConfig(hidden_sizes=[16]))
+    model = build_model(EnvSpaces((4,), "float32", 2), ModelConfig(hidden_sizes=[16]))
     obs = torch.randn(64, 4)
     with torch.no_grad():
         actions, logp, values = model.sample(obs)
@@ -68,7 +69,7 @@ def test_update_improves_the_surrogate_on_a_real_model():
 
 def test_log_prob_and_entropy_match_torch_categorical():
     torch.manual_seed(1)
-    model = build_model((3,), 4, ModelConfig(hidden_sizes=[8]))
+    model = build_model(EnvSpaces((3,), "float32", 4), ModelConfig(hidden_sizes=[8]))
     obs, actions = torch.randn(10, 3), torch.randint(0, 4, (10,))
     logp, entropy, _ = model.evaluate(obs, actions)
     reference = torch.distributions.Categorical(logits=model.actor(obs))
@@ -76,3 +77,22 @@ def test_log_prob_and_entropy_match_torch_categorical():
     torch.testing.assert_close(entropy, reference.entropy())
     sampled, sampled_logp, _ = model.sample(obs)
     torch.testing.assert_close(sampled_logp, reference.log_prob(sampled))
+
+
+def test_update_moves_a_gaussian_policy_towards_advantaged_actions():
+    torch.manual_seed(0)
+    spaces = EnvSpaces((4,), "float32", 0, action_shape=(2,), action_dtype="float32",
+                       action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+    model = build_model(spaces, ModelConfig(hidden_sizes=[16]))
+    obs = torch.randn(256, 4)
+    with torch.no_grad():
+        actions, logp, values = model.sample(obs)
+        mean_before = model.mode(obs)[:, 0].mean()
+    assert actions.dtype == torch.float32 and actions.shape == (256, 2)
+    adv = torch.where(actions[:, 0] > mean_before, 1.0, -1.0)  # larger first components were better
+    b = Batch(obs, actions, logp, values, adv, values + adv)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    stats = ppo_update(model, opt, b, AlgoConfig(epochs=4, num_minibatches=4), np.random.default_rng(0))
+    assert np.isfinite(list(stats.values())).all()
+    with torch.no_grad():
+        assert model.mode(obs)[:, 0].mean() > mean_before + 0.05

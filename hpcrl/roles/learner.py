@@ -6,7 +6,6 @@ bit-identical; the learner root (world rank 0) publishes weights, logs, and writ
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import time
@@ -26,7 +25,7 @@ from hpcrl.config import Config
 from hpcrl.envs import EnvSpaces
 from hpcrl.messages import EPISODE_STATS, STOP
 from hpcrl.metrics import MetricsWriter
-from hpcrl.models import build_model, copy_params_to
+from hpcrl.models import build_model, copy_params_to, policy_digest
 from hpcrl.rundir import CHECKPOINT_FILE, METRICS_FILE
 
 RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least this many episodes
@@ -77,7 +76,10 @@ class LearnerRole:
             torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())  # Horovod: pin by local rank
         self.device = torch.device(device)
         torch.manual_seed(cfg.run.seed)  # the root's initial weights (Horovod copies them) repeat per seed
-        self.model = build_model(spaces.obs_shape, spaces.num_actions, cfg.model).to(self.device)
+        self.model = build_model(spaces, cfg.model).to(self.device)
+        # actions as the env takes them (int64 or float32); uint8 frames stay bytes (the model scales them)
+        self.batch_dtypes = {"actions": getattr(torch, spaces.action_dtype),
+                             "obs": torch.uint8 if spaces.obs_dtype == "uint8" else torch.float32}
         # fused: one kernel for all parameters; 7x faster than the per-tensor loop on small MLPs here
         optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algo.lr, eps=1e-5, fused=True)
         self.rng = np.random.default_rng(cfg.run.seed * 7_919 + hvd.rank())
@@ -200,6 +202,9 @@ class LearnerRole:
                 group["lr"] = a.lr * max(0.0, 1.0 - self.frames / self.cfg.run.total_frames)
         batch = self._assemble(frags)
         self._local = self._local_stats(frags)  # read the headers now: sync re-arms the buffers next
+        # MPI: every learner folds the moments of all learners' batches into its observation
+        # normaliser (a no-op without model.obs_norm), so the update trains with the stats it acts with
+        self.model.update_obs_norm(batch.obs, reduce=lambda moments: comm.allreduce_sum(self.comm, moments))
         self._losses = ppo_update(self.model, self.optimizer, batch, a, self.rng,
                                   average_gradients=self.optimizer.synchronize, apply_step=self._step,
                                   loss_scale=self.batch_share)
@@ -291,7 +296,7 @@ class LearnerRole:
         parts = {"obs": obs, "actions": actions, "logp": behaviour_logp, "values": values,
                  "advantages": advantages, "returns": returns}
         return Batch(**{k: torch.as_tensor(v.reshape(-1, *v.shape[2:]), device=self.device,
-                                           dtype=None if k == "actions" else torch.float32)
+                                           dtype=self.batch_dtypes.get(k, torch.float32))
                         for k, v in parts.items()})
 
     @torch.no_grad()
@@ -299,9 +304,9 @@ class LearnerRole:
         """Async: V(s_t), V(s_T) and log pi(a_t|s_t) under the weights about to be trained."""
         T, B = obs.shape[:2]
         logp, _, values = self.model.evaluate(
-            torch.as_tensor(obs.reshape(T * B, *obs.shape[2:]), dtype=torch.float32, device=self.device),
+            torch.as_tensor(obs.reshape(T * B, *obs.shape[2:]), dtype=self.batch_dtypes["obs"], device=self.device),
             torch.as_tensor(actions.reshape(T * B, *actions.shape[2:]), device=self.device))
-        last = self.model.value(torch.as_tensor(last_obs, dtype=torch.float32, device=self.device))
+        last = self.model.value(torch.as_tensor(last_obs, dtype=self.batch_dtypes["obs"], device=self.device))
         return (values.cpu().numpy().reshape(T, B), last.cpu().numpy(), logp.cpu().numpy().reshape(T, B))
 
     def _local_stats(self, frags: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -348,7 +353,7 @@ class LearnerRole:
                "env_wait_fraction": wait_us / rollout_us if rollout_us else 0.0}
         row.update({k: float(v) / n for k, v in zip(LOSS_KEYS, sums[8:])})
         if self.cfg.run.replica_digests:
-            row["replica_digest"] = comm.gather_to_root(self.comm, np.array([self._digest()], dtype=np.int64))
+            row["replica_digest"] = comm.gather_to_root(self.comm, np.array([policy_digest(self.model)], dtype=np.int64))
         return row
 
     def _window_mean(self) -> float:
@@ -359,12 +364,6 @@ class LearnerRole:
         target = self.cfg.run.target_return
         episodes = sum(e for e, _ in self.windows)
         return target is not None and episodes >= RETURN_WINDOW_EPISODES and self._window_mean() >= target
-
-    def _digest(self) -> int:
-        h = hashlib.blake2b(digest_size=8)
-        for p in self.model.parameters():
-            h.update(p.detach().cpu().numpy().tobytes())
-        return int(np.frombuffer(h.digest(), dtype=np.int64)[0])
 
     # --- learner root only --------------------------------------------------------------------------
     def _publish(self, stop: bool) -> None:
