@@ -11,7 +11,7 @@ import numpy as np
 
 from hpcrl.comm import FragmentSender, RequestClient
 from hpcrl.config import Config
-from hpcrl.envs import make_vector_env
+from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
 from hpcrl.messages import EPISODE_STATS, PREEMPTED, STOP, Message
 
 
@@ -53,7 +53,8 @@ class EnvRole:
         self.T, self.N = cfg.algo.rollout_length, cfg.env.num_envs
         self.policy = policy
         self.sender = sender
-        self.envs, first_obs = make_vector_env(cfg.env, seed=cfg.run.seed * 100_003 + 1_000 * index)
+        self.envs, first_obs = make_vector_env(cfg.env, seed=cfg.run.seed * 100_003 + 1_000 * index,
+                                               gamma=cfg.algo.gamma)
         self.request, self.reply = policy.request, policy.reply
         self.request["obs"][...] = first_obs
         self.version = start_version  # the policy version this rollout must be collected with
@@ -118,10 +119,13 @@ class EnvRole:
         self.truncated_envs = np.flatnonzero(truncated & ~terminated)
         if len(self.truncated_envs):
             self.request["final_obs"][:len(self.truncated_envs)] = np.stack(info["final_obs"][self.truncated_envs])
-        self.ep_return += rewards
+        # Metrics: raw rewards over whole episodes (an Atari game of several lives), when training
+        # sees clipped or normalised rewards and life losses as ends (hpcrl/vector_envs.py)
+        self.ep_return += info.get(RAW_REWARD, rewards)
         self.ep_length += 1
-        if done.any():
-            self._count_episodes(np.flatnonzero(done))
+        ended = info.get(GAME_OVER, done)
+        if ended.any():
+            self._count_episodes(np.flatnonzero(ended))
         self.t += 1
 
     def _count_episodes(self, ended: np.ndarray) -> None:
