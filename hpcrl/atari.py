@@ -58,22 +58,19 @@ def wrap(env: gym.Env, at: AtariConfig, env_id: str) -> gym.Env:
     return gym.wrappers.FrameStackObservation(env, at.frame_stack)
 
 
-def area_weights(src: int, dst: int) -> np.ndarray:
-    """(dst, src) weights of an area resize: output pixel i is the mean of the source interval
-    [i * src/dst, (i+1) * src/dst), each source pixel weighted by its overlap (OpenCV's INTER_AREA)."""
-    scale = src / dst
-    edges = np.arange(dst + 1) * scale
-    pixel = np.arange(src)[None, :]
-    overlap = np.minimum(edges[1:, None], pixel + 1) - np.maximum(edges[:-1, None], pixel)
-    return np.clip(overlap, 0.0, None) / scale
-
-
-def _taps(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The few source pixels (and weights) of each output pixel: a gather, not a BLAS matmul
-    (BLAS threads oversubscribe the cores that env ranks already fill)."""
+def area_taps(src: int, dst: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """An area resize of one axis (OpenCV's INTER_AREA): output pixel i averages the source interval
+    [i * src/dst, (i+1) * src/dst), each source pixel weighted by its overlap. Returned as the few
+    source pixels of each output pixel, their integer weights, and the weights' sum (exact integer
+    arithmetic; a gather, not a BLAS matmul whose threads would oversubscribe the env ranks' cores)."""
+    g = np.gcd(src, dst)
+    pixel, out = dst // g, src // g  # lengths on a grid where both kinds of edge fall on whole numbers
+    edges = np.arange(dst + 1) * out
+    starts = np.arange(src)[None, :] * pixel
+    weights = np.clip(np.minimum(edges[1:, None], starts + pixel) - np.maximum(edges[:-1, None], starts), 0, None)
     k = int((weights > 0).sum(axis=1).max())
-    index = np.argsort(weights <= 0, axis=1, kind="stable")[:, :k]
-    return index, np.take_along_axis(weights, index, axis=1)
+    index = np.argsort(weights == 0, axis=1, kind="stable")[:, :k]
+    return index, np.take_along_axis(weights, index, axis=1).astype(np.int64), int(out)
 
 
 class AtariFrames(gym.Wrapper):
@@ -86,8 +83,9 @@ class AtariFrames(gym.Wrapper):
             raise ConfigError("env.atari.noop_max: this game's action 0 is not NOOP; set noop_max: 0")
         height, width = env.observation_space.shape
         self.noop_max, self.frame_skip = noop_max, frame_skip
-        (self.row_index, self.row_weight), (self.col_index, self.col_weight) = (
-            _taps(area_weights(height, size)), _taps(area_weights(width, size)))
+        self.row_index, self.row_weight, row_sum = area_taps(height, size)
+        self.col_index, self.col_weight, col_sum = area_taps(width, size)
+        self.total = row_sum * col_sum
         self.observation_space = gym.spaces.Box(0, 255, (size, size), np.uint8)
 
     # Pickling (serial-mode checkpoints): ale-py's env pickles as its constructor arguments (a fresh
@@ -104,7 +102,8 @@ class AtariFrames(gym.Wrapper):
 
     def resize(self, frame: np.ndarray) -> np.ndarray:
         rows = (frame[self.row_index] * self.row_weight[..., None]).sum(axis=1)  # (size, width)
-        return np.rint((rows[:, self.col_index] * self.col_weight).sum(axis=2)).astype(np.uint8)
+        area_sum = (rows[:, self.col_index] * self.col_weight).sum(axis=2)
+        return ((2 * area_sum + self.total) // (2 * self.total)).astype(np.uint8)  # the mean, halves up
 
     def reset(self, *, seed=None, options=None):
         frame, info = self.env.reset(seed=seed, options=options)
