@@ -77,18 +77,56 @@ class RunConfig:
                                 "bit-identical)", default=False)
 
 
+ENV_BACKENDS = ("sync", "numpy", "envpool")
+ENV_PRESETS = ("atari",)
+
+
+@dataclass
+class AtariConfig:
+    """DeepMind-style Atari preprocessing, used when env.preset is 'atari' (ids such as ALE/Breakout-v5)."""
+
+    noop_max: int = doc("at most this many no-op actions after each reset (a random number in [1, noop_max]; "
+                        "0 = none)", default=30)
+    frame_skip: int = doc("emulator frames per agent step (the action repeats; the observation is the max "
+                          "of the last two frames)", default=4)
+    frame_size: int = doc("observations are frame_size x frame_size grey frames", default=84)
+    frame_stack: int = doc("the observation stacks this many most recent frames: uint8 [frame_stack, "
+                           "frame_size, frame_size]", default=4)
+    terminal_on_life_loss: bool = doc("a lost life ends the episode for training (the game goes on; "
+                                      "metrics count whole games)", default=True)
+    fire_reset: bool = doc("press FIRE after each reset, in games that have a FIRE action", default=True)
+    clip_rewards: bool = doc("train on the sign of each reward (metrics report the raw game score)",
+                             default=True)
+    repeat_action_probability: float = doc(
+        "sticky actions: chance the emulator repeats the previous action (ALE v5: 0.25; the "
+        "NoFrameskip-v4 setting of SB3/CleanRL results: 0.0)", default=0.25)
+
+
 @dataclass
 class EnvConfig:
     """The environments every env rank steps."""
 
-    id: str = doc("gymnasium environment id (e.g. CartPole-v1, or 'module:EnvId' to import a module first)",
-                  default="CartPole-v1")
+    id: str = doc("gymnasium environment id (e.g. CartPole-v1, ALE/Breakout-v5), 'module:EnvId' to import a "
+                  "module that registers EnvId first, or 'module:Name' for a gymnasium.Env subclass (or a "
+                  "function returning an Env) defined in that module", default="CartPole-v1")
     num_envs: int = doc("environments per env rank", default=8)
     groups: Union[int, None] = doc(
         "with remote inference, the env rank's envs are split into this many groups (vectors) that take "
         "turns: one steps while the others wait for actions, hiding the inference round trip; must divide "
         "num_envs (default: 2, or 1 for an odd num_envs; inline inference always uses 1)", default=None)
-    kwargs: dict = doc("keyword arguments passed to gymnasium.make", default_factory=dict)
+    kwargs: dict = doc("keyword arguments passed to gymnasium.make (or to the class / function of a "
+                       "'module:Name' id; max_episode_steps adds a time limit in both cases)",
+                       default_factory=dict)
+    backend: str = doc("how an env rank steps its vector: 'sync' (gymnasium envs one after the other, any "
+                       "env), 'numpy' (gymnasium's numpy-vectorised env where the env has one, e.g. "
+                       "CartPole-v1), 'envpool' (envpool's C++ thread pool; pip install hpcrl[envpool])",
+                       default="sync")
+    preset: Union[str, None] = doc("a standard wrapper stack: null (none) or 'atari' (see env.atari)",
+                                   default=None)
+    atari: AtariConfig = doc("Atari preprocessing options (used with preset: atari)", default_factory=AtariConfig)
+    normalize_reward: bool = doc("train on rewards divided by a running std of the discounted return "
+                                 "(gamma = algo.gamma), kept per env rank; metrics report raw returns",
+                                 default=False)
 
 
 @dataclass
@@ -239,6 +277,7 @@ def validate(cfg: Config) -> None:
     _check(e.groups >= 1 and e.num_envs % e.groups == 0,
            f"env.groups: expected a divisor of env.num_envs ({e.num_envs}) such as "
            f"{', '.join(str(d) for d in range(1, min(e.num_envs, 4) + 1) if e.num_envs % d == 0)}, got {e.groups}")
+    _validate_env(e)
     _check(a.name == "ppo", f"algo.name: expected 'ppo', got {a.name!r}")
     _check(a.mode in ("sync", "async"), f"algo.mode: expected 'sync' or 'async', got {a.mode!r}")
     _check(a.max_policy_lag >= 0, f"algo.max_policy_lag: expected >= 0 policy versions, got {a.max_policy_lag}")
@@ -268,6 +307,26 @@ def validate(cfg: Config) -> None:
            f"model.hidden_sizes: expected a list of positive integers, got {m.hidden_sizes!r}")
     _check(m.activation in ("tanh", "relu"), f"model.activation: expected 'tanh' or 'relu', got {m.activation!r}")
     _check(m.encoder in ENCODERS, f"model.encoder: expected one of {', '.join(ENCODERS)}, got {m.encoder!r}")
+
+
+def _validate_env(e: EnvConfig) -> None:
+    _check(e.backend in ENV_BACKENDS,
+           f"env.backend: expected one of {', '.join(ENV_BACKENDS)}, got {e.backend!r}")
+    _check(e.preset is None or e.preset in ENV_PRESETS,
+           f"env.preset: expected null or one of {', '.join(ENV_PRESETS)}, got {e.preset!r}")
+    _check(all(isinstance(k, str) for k in e.kwargs), f"env.kwargs: expected names as keys, got {e.kwargs!r}")
+    if e.preset != "atari":
+        return
+    at = e.atari
+    _check(at.noop_max >= 0, f"env.atari.noop_max: expected >= 0, got {at.noop_max}")
+    for key in ("frame_skip", "frame_size", "frame_stack"):
+        _check(getattr(at, key) >= 1, f"env.atari.{key}: expected >= 1, got {getattr(at, key)}")
+    _check(0.0 <= at.repeat_action_probability <= 1.0,
+           f"env.atari.repeat_action_probability: expected a number in [0, 1], got {at.repeat_action_probability}")
+    owned = {"frameskip": "env.atari.frame_skip", "repeat_action_probability": "env.atari.repeat_action_probability",
+             "obs_type": "env.atari.frame_size (the preset makes grey frames)"}
+    for key, instead in owned.items():
+        _check(key not in e.kwargs, f"env.kwargs.{key}: the atari preset sets it; use {instead} instead")
 
 
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:

@@ -1,16 +1,27 @@
 """Gymnasium environments: the vector an env rank steps, and the spaces every role sizes buffers by.
 
 No MPI and no torch here: env ranks that use remote inference import only this and numpy.
+The vector's step contract (SAME_STEP autoreset, raw episode rewards) is described in
+hpcrl/vector_envs.py, which adapts every backend to it.
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
+import importlib
+import time
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 
 from hpcrl.config import ConfigError, EnvConfig
+from hpcrl.vector_envs import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, NormalizeReward,
+                               envpool_vector, numpy_vector)
+
+__all__ = ["EnvSpaces", "make_env", "probe_spaces", "make_vector_env", "random_actions",
+           "env_steps_per_second", "RAW_REWARD", "GAME_OVER"]
 
 
 @dataclass(frozen=True)
@@ -30,37 +41,158 @@ class EnvSpaces:
         return self.num_actions == 0
 
 
-def _make(cfg: EnvConfig) -> gym.Env:
+# --- one env -------------------------------------------------------------------------------------
+
+def _import_module(env_id: str, module_name: str):
     try:
-        return gym.make(cfg.id, **cfg.kwargs)
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"env.id: cannot import module {module_name!r} of {env_id!r}: "
+                          f"{type(exc).__name__}: {exc}") from None
+
+
+def _call_factory(factory, env_id: str, **kwargs) -> gym.Env:
+    env = factory(**kwargs)
+    if not isinstance(env, gym.Env):
+        raise ConfigError(f"env.id: {env_id!r} returned {type(env).__name__}, not a gymnasium.Env")
+    return env
+
+
+def _resolve(env_id: str):
+    """What gymnasium.make gets for env.id: a registered id, or an EnvSpec around a 'module:Name'
+    class or factory. Imports the module first (it may register ids)."""
+    if env_id.startswith("ALE/"):
+        from hpcrl.atari import import_ale
+        import_ale()
+    if ":" not in env_id:
+        return env_id
+    module_name, name = env_id.split(":", 1)
+    module = _import_module(env_id, module_name)
+    target = getattr(module, name, None) if name.isidentifier() else None
+    if target is None:
+        if name in gym.registry:
+            return name  # 'module:EnvId': the module registered EnvId on import
+        candidates = [a for a in dir(module) if not a.startswith("_")] + list(gym.registry)
+        close = difflib.get_close_matches(name, candidates, n=3)
+        raise ConfigError(f"env.id: module {module_name!r} has no attribute {name!r} and no environment id "
+                          f"{name!r} is registered" + (f"; close names: {', '.join(close)}" if close else ""))
+    if isinstance(target, type):
+        if not issubclass(target, gym.Env):
+            raise ConfigError(f"env.id: {env_id!r} is a class but not a gymnasium.Env subclass")
+        entry_point = target
+    elif callable(target):
+        entry_point = functools.partial(_call_factory, target, env_id)
+    else:
+        raise ConfigError(f"env.id: {env_id!r} is a {type(target).__name__}, not a gymnasium.Env subclass "
+                          f"or a function returning one")
+    return gym.envs.registration.EnvSpec(id=name, entry_point=entry_point)
+
+
+def _make(env_id: str, kwargs: dict) -> gym.Env:
+    target = _resolve(env_id)
+    try:
+        return gym.make(target, **kwargs)
     except gym.error.Error as exc:
-        raise ConfigError(f"env.id: cannot make environment {cfg.id!r}: {exc}") from None
-    except (ImportError, ModuleNotFoundError) as exc:
-        raise ConfigError(f"env.id: cannot import the module for {cfg.id!r}: {exc}") from None
+        raise ConfigError(f"env.id: cannot make environment {env_id!r}: {exc}") from None
+    except ImportError as exc:
+        raise ConfigError(f"env.id: cannot import the module for {env_id!r}: {exc}") from None
     except TypeError as exc:
-        raise ConfigError(f"env.kwargs: {cfg.id!r} rejected the keyword arguments {cfg.kwargs}: {exc}") from None
+        raise ConfigError(f"env.kwargs: {env_id!r} rejected the keyword arguments {kwargs}: {exc}") from None
+
+
+def make_env(cfg: EnvConfig) -> gym.Env:
+    """One env as configured: env.id made with env.kwargs, inside the preset's wrappers."""
+    if cfg.preset == "atari":
+        from hpcrl import atari
+        return atari.wrap(_make(cfg.id, {**cfg.kwargs, **atari.make_kwargs(cfg.atari)}), cfg.atari, cfg.id)
+    return _make(cfg.id, cfg.kwargs)
+
+
+# --- the vector an env rank steps ----------------------------------------------------------------
+
+def _vector(cfg: EnvConfig, num_envs: int, seed: int, gamma: float) -> gym.vector.VectorEnv:
+    if cfg.backend == "sync":
+        # partial, not a lambda: the vector stays picklable, so serial-mode checkpoints can hold it
+        envs = gym.vector.SyncVectorEnv([functools.partial(make_env, cfg) for _ in range(num_envs)],
+                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        envs = LiftEpisodeInfo(envs)
+    elif cfg.backend == "numpy":
+        if cfg.preset is not None:
+            raise ConfigError(f"env.backend: 'numpy' has no {cfg.preset} preset; use backend: sync or envpool")
+        envs = numpy_vector(_resolve(cfg.id), cfg.id, cfg.kwargs, num_envs)
+    else:
+        atari_kwargs = None
+        if cfg.preset == "atari":
+            from hpcrl.atari import envpool_kwargs
+            atari_kwargs = envpool_kwargs(cfg.atari)
+        envs = envpool_vector(cfg.id, cfg.kwargs, num_envs, seed, atari_kwargs)
+    if isinstance(envs.single_action_space, gym.spaces.Box):
+        envs = ClipActions(envs)
+    if cfg.normalize_reward:
+        envs = NormalizeReward(envs, gamma)
+    return envs
+
+
+def make_vector_env(cfg: EnvConfig, seed: int, gamma: float = 0.99,
+                    num_envs: int | None = None) -> tuple[gym.vector.VectorEnv, np.ndarray]:
+    """`num_envs` envs (default: the config's) stepped in this process by `cfg.backend`, reset with
+    `seed` (env i gets seed + i). Every backend
+    autoresets SAME_STEP: a finished env returns its reset observation at once and its final
+    observation in info["final_obs"] (needed to bootstrap truncation). `gamma` is the discount of
+    env.normalize_reward. Returns the vector and its first observations."""
+    envs = _vector(cfg, num_envs or cfg.num_envs, seed, gamma)
+    obs, _ = envs.reset(seed=seed)
+    return envs, obs
 
 
 def probe_spaces(cfg: EnvConfig) -> EnvSpaces:
-    """Make one env to read its spaces; a ConfigError if the env or its spaces are unsupported."""
-    env = _make(cfg)
+    """Make the configured vector with one env to read its spaces; a ConfigError if the env or its
+    spaces are unsupported."""
+    envs = _vector(dataclasses.replace(cfg, num_envs=1), 1, seed=0, gamma=0.99)
     try:
-        obs, act = env.observation_space, env.action_space
+        obs, act = envs.single_observation_space, envs.single_action_space
     finally:
-        env.close()
+        envs.close()
     if not isinstance(obs, gym.spaces.Box):
         raise ConfigError(f"env.id: {cfg.id!r} has observation space {obs}; hpcrl supports Box observations")
-    if not isinstance(act, gym.spaces.Discrete):
-        raise ConfigError(f"env.id: {cfg.id!r} has action space {act}; hpcrl supports Discrete actions so far")
-    return EnvSpaces(obs_shape=tuple(obs.shape), obs_dtype=np.dtype(obs.dtype).name, num_actions=int(act.n))
+    spaces = EnvSpaces(obs_shape=tuple(obs.shape), obs_dtype=np.dtype(obs.dtype).name, num_actions=0)
+    if isinstance(act, gym.spaces.Discrete) and int(act.start) == 0:
+        return dataclasses.replace(spaces, num_actions=int(act.n))
+    if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
+        return dataclasses.replace(spaces, action_shape=tuple(act.shape), action_dtype="float32",
+                                   action_low=tuple(float(x) for x in act.low),
+                                   action_high=tuple(float(x) for x in act.high))
+    raise ConfigError(f"env.id: {cfg.id!r} has action space {act}; hpcrl supports Discrete actions (starting "
+                      f"at 0) and one-dimensional Box (continuous) actions, not Dict, Tuple, MultiDiscrete, "
+                      f"MultiBinary or multi-dimensional Box")
 
 
-def make_vector_env(cfg: EnvConfig, seed: int, num_envs: int | None = None) -> tuple[gym.vector.VectorEnv, np.ndarray]:
-    """`num_envs` copies (default: the config's) stepped in this process; env i is seeded seed + i. SAME_STEP autoreset: a finished env returns its
-    reset observation at once and its final observation in info (needed to bootstrap truncation).
-    Returns the vector and its first observations."""
-    # partial, not a lambda: the vector stays picklable, so serial-mode checkpoints can hold it
-    envs = gym.vector.SyncVectorEnv([functools.partial(_make, cfg) for _ in range(num_envs or cfg.num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    obs, _ = envs.reset(seed=seed)
-    return envs, obs
+# --- the env ceiling (bench/env_ceiling.py) ------------------------------------------------------
+
+def random_actions(spaces: EnvSpaces, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Uniform random actions for `n` envs (continuous: uniform within the bounds; an unbounded
+    dimension draws from a standard normal)."""
+    if not spaces.continuous:
+        return rng.integers(0, spaces.num_actions, size=n, dtype=np.int64)
+    low, high = np.array(spaces.action_low), np.array(spaces.action_high)
+    bounded = np.isfinite(low) & np.isfinite(high)
+    uniform = rng.uniform(np.where(bounded, low, 0.0), np.where(bounded, high, 1.0), size=(n, *spaces.action_shape))
+    return np.where(bounded, uniform, rng.standard_normal((n, *spaces.action_shape))).astype(np.float32)
+
+
+def env_steps_per_second(cfg: EnvConfig, steps: int = 1000, seed: int = 0) -> float:
+    """Frames per second (env steps summed over the vector) that one process gets from `cfg`'s env,
+    vector size and backend with random actions and no policy: the ceiling of one env rank."""
+    spaces = probe_spaces(cfg)
+    envs, _ = make_vector_env(cfg, seed)
+    rng = np.random.default_rng(seed)
+    actions = [random_actions(spaces, cfg.num_envs, rng) for _ in range(min(steps, 100))]
+    try:
+        envs.step(actions[0])  # warm-up (first-step allocations)
+        start = time.perf_counter()
+        for i in range(steps):
+            envs.step(actions[i % len(actions)])
+        elapsed = time.perf_counter() - start
+    finally:
+        envs.close()
+    return steps * cfg.num_envs / elapsed

@@ -51,6 +51,17 @@ def test_ranges_and_choices():
         "algo: {rollout_length: 2, num_minibatches: 9}\nenv: {num_envs: 4}")
 
 
+def test_env_backend_preset_and_atari_options_are_checked():
+    assert "env.backend: expected one of sync, numpy, envpool, got 'gpu'" in error_of("env: {backend: gpu}")
+    assert "env.preset: expected null or one of atari, got 'mujoco'" in error_of("env: {preset: mujoco}")
+    assert "env.atari.frame_stack: expected >= 1, got 0" in error_of(
+        "env: {id: ALE/Pong-v5, preset: atari, atari: {frame_stack: 0}}")
+    assert "env.atari.repeat_action_probability: expected a number in [0, 1]" in error_of(
+        "env: {id: ALE/Pong-v5, preset: atari, atari: {repeat_action_probability: 2}}")
+    assert "unknown key 'env.atari.frameskip'; did you mean 'frame_skip'" in error_of(
+        "env: {preset: atari, atari: {frameskip: 4}}")
+
+
 def test_role_counts_per_node_and_fan_in_limits():
     assert "roles.inference: set either ranks (a total) or per_node (on every node), not both" in error_of(
         "roles: {inference: {ranks: 2, per_node: 1}}")

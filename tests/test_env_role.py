@@ -16,9 +16,8 @@ from hpcrl.roles.inference import InlinePolicy
 T, N, LIMIT = 16, 3, 8  # episodes are cut at 8 steps, so truncation falls on t=7 and t=T-1=15
 
 
-def collect_fragment():
-    cfg = parse_config(f"env: {{id: CartPole-v1, num_envs: {N}, kwargs: {{max_episode_steps: {LIMIT}}}}}\n"
-                       f"algo: {{rollout_length: {T}, num_minibatches: 1}}\nrun: {{seed: 5}}")
+def collect_fragment(env: str = f"{{id: CartPole-v1, num_envs: {N}, kwargs: {{max_episode_steps: {LIMIT}}}}}"):
+    cfg = parse_config(f"env: {env}\nalgo: {{rollout_length: {T}, num_minibatches: 1}}\nrun: {{seed: 5}}")
     spaces = probe_spaces(cfg.env)
     torch.manual_seed(0)
     model = build_model(spaces, cfg.model)
@@ -75,3 +74,23 @@ def test_fragment_matches_a_replay_and_truncation_bootstraps_from_the_final_obs(
     stats = dict(zip(EPISODE_STATS, f["episode_stats"]))
     assert stats["episodes"] == episodes and stats["return_sum"] == pytest.approx(sum(returns))
     assert stats["return_min"] == min(returns) and stats["return_max"] == max(returns)
+
+
+def test_metrics_count_raw_rewards_when_training_sees_normalised_ones():
+    _, _, f = collect_fragment(f"{{id: CartPole-v1, num_envs: {N}, normalize_reward: true, "
+                               f"kwargs: {{max_episode_steps: {LIMIT}}}}}")
+    stats = dict(zip(EPISODE_STATS, f["episode_stats"]))
+    assert not np.allclose(f["rewards"], 1.0)  # training: scaled rewards
+    assert stats["episodes"] >= N and stats["return_max"] <= LIMIT
+    assert stats["return_sum"] == stats["length_sum"]  # metrics: CartPole's raw reward, 1 a step
+
+
+def test_metrics_count_whole_games_of_raw_score_across_life_losses():
+    """tests.custom_envs:ThreeLives loses a life every 4 steps (terminal for training) and ends the
+    game with the third; step k of a game has raw reward k. A fragment of 16 steps holds one whole
+    game of 12 steps per env: return 1 + ... + 12 = 78."""
+    _, _, f = collect_fragment(f"{{id: 'tests.custom_envs:ThreeLives', num_envs: {N}}}")
+    np.testing.assert_array_equal(f["dones"][:, 0], [(t + 1) % 4 == 0 for t in range(T)])
+    assert (f["rewards"] == 1.0).all()
+    stats = dict(zip(EPISODE_STATS, f["episode_stats"]))
+    assert stats["episodes"] == N and stats["return_sum"] == N * 78 and stats["length_sum"] == N * 12

@@ -12,7 +12,7 @@ import numpy as np
 
 from hpcrl.comm import FragmentSender, RequestClient
 from hpcrl.config import Config
-from hpcrl.envs import make_vector_env
+from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
 from hpcrl.messages import EPISODE_STATS, PREEMPTED, STOP, Message
 
 
@@ -89,7 +89,8 @@ class EnvRole:
         seed = cfg.run.seed * 100_003 + 1_000 * index  # env i of this rank: seed + i, however grouped
         self.groups = []
         for g, policy in enumerate(policies):
-            envs, first_obs = make_vector_env(cfg.env, num_envs=per_group, seed=seed + g * per_group)
+            envs, first_obs = make_vector_env(cfg.env, seed=seed + g * per_group, gamma=cfg.algo.gamma,
+                                              num_envs=per_group)
             self.groups.append(EnvGroup(envs, first_obs, policy, slice(g * per_group, (g + 1) * per_group)))
         # sync: the version this rollout must be collected with; async: the oldest version accepted
         self.version = start_version
@@ -184,10 +185,13 @@ class EnvRole:
         group.truncated_envs = np.flatnonzero(truncated & ~terminated)
         if len(group.truncated_envs):
             group.request["final_obs"][:len(group.truncated_envs)] = np.stack(info["final_obs"][group.truncated_envs])
-        group.ep_return += rewards
+        # Metrics: raw rewards over whole episodes (an Atari game of several lives), when training
+        # sees clipped or normalised rewards and life losses as ends (hpcrl/vector_envs.py)
+        group.ep_return += info.get(RAW_REWARD, rewards)
         group.ep_length += 1
-        if done.any():
-            self._count_episodes(group, np.flatnonzero(done))
+        ended = info.get(GAME_OVER, done)
+        if ended.any():
+            self._count_episodes(group, np.flatnonzero(ended))
         group.t += 1
         group.submit(self.version)  # at once: its round trip overlaps the other groups' steps
 
