@@ -73,6 +73,8 @@ class RunConfig:
                              "parallelism, so 1 unless ranks have spare cores", default=1)
     replica_digests: bool = doc("record a digest of every learner's weights after each update in "
                                 "metrics.h5 (checks that learners stay bit-identical)", default=False)
+    tensorboard: bool = doc("also write every metrics row as TensorBoard scalars (step = frames) in event "
+                            "files in the run directory: tensorboard --logdir runs", default=True)
 
 
 @dataclass
