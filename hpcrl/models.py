@@ -51,6 +51,10 @@ class ActorCritic(nn.Module):
         entropy = -(log_p.exp() * log_p).sum(-1)
         return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy, self.value(obs)
 
+    def mode(self, obs: torch.Tensor) -> torch.Tensor:
+        """The most likely actions (hpcrl eval --deterministic)."""
+        return self.log_probs(obs).argmax(-1)
+
     def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None):
         """Sampled actions, their log-probs, and state values."""
         log_p = self.log_probs(obs)
