@@ -57,7 +57,26 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="seed of the env and of action sampling (default 0)")
     ev.add_argument("--video", metavar="OUT.mp4", help="render every step of every episode into this video")
     ev.add_argument("--json", action="store_true", help="print the result as JSON (every episode's return too)")
+    ref = sub.add_parser("config-reference", help="write the config reference (every key, its type, default "
+                         "and meaning) as Markdown")
+    ref.add_argument("-o", "--output", help="write it here, e.g. docs/config.md (default: print it)")
     return p
+
+
+def _config_reference(args) -> int:
+    from hpcrl.docs import config_reference
+    text = config_reference()
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        print(f"hpcrl: config-reference: cannot write {args.output!r}: {exc.strerror}", file=sys.stderr)
+        return 2
+    print(f"[hpcrl] wrote {args.output}")
+    return 0
 
 
 def _eval(args) -> int:
@@ -166,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         return _plot(args)
     if args.command == "eval":
         return _eval(args)
+    if args.command == "config-reference":
+        return _config_reference(args)
     from hpcrl.run import run  # imports mpi4py, which initialises MPI
     return run(args.config, tuple(args.overrides), args.overwrite)
 
