@@ -181,11 +181,16 @@ def load_checkpoint(path: str) -> dict:
         "extra": _read_tree(f["extra"], as_torch=False), "config": str(f.attrs["config"])})
 
 
+def read_summary(path: str) -> tuple[str, dict]:
+    """(config text, counters) of one checkpoint, read without torch; CheckpointError if the file
+    is unreadable or its content does not match its checksum."""
+    return _read_verified(path, lambda f: (str(f.attrs["config"]), _read_tree(f["counters"], as_torch=False)))
+
+
 def inspect_latest(path: str) -> tuple[str | None, str, dict, list[str]]:
     """The newest checkpoint among `path` and its previous one whose checksum holds, read without
     torch: (file or None, config text, counters, warnings about files skipped)."""
-    found, summary, problems = _newest_usable(path, lambda candidate: _read_verified(
-        candidate, lambda f: (str(f.attrs["config"]), _read_tree(f["counters"], as_torch=False))))
+    found, summary, problems = _newest_usable(path, read_summary)
     config_text, counters = summary if found else ("", {})
     return found, config_text, counters, problems
 

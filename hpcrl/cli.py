@@ -1,4 +1,5 @@
-"""Command line: `hpcrl run CONFIG.yaml` (under mpirun/srun), `hpcrl plan` and `hpcrl sbatch`."""
+"""Command line: `hpcrl run CONFIG.yaml` (under mpirun/srun), `hpcrl plan` and `hpcrl sbatch`; for a
+run directory `hpcrl inspect`, `hpcrl plot` and `hpcrl eval`; `hpcrl config-reference`."""
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,97 @@ def _parser() -> argparse.ArgumentParser:
     sb.add_argument("--partition")
     sb.add_argument("--account")
     sb.add_argument("-o", "--output", help="write the script here (default: print it)")
+    ins = sub.add_parser("inspect", help="print a run directory's config, progress and checkpoints (no MPI)")
+    ins.add_argument("run_dir", help="run directory (run.output_dir/run.name, e.g. runs/cartpole_ppo)")
+    ins.add_argument("--config", action="store_true", help="print the whole resolved config, not a summary")
+    ins.add_argument("--json", action="store_true", help="print the report as JSON")
+    pl = sub.add_parser("plot", help="plot learning curves of run directories against frames and wall time",
+                        description="Runs that differ only in run.seed and run.name are one group: their mean "
+                                    "with a band of one standard deviation.")
+    pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                    help="run directories; a directory of run directories (e.g. runs) stands for all of them")
+    pl.add_argument("-o", "--output", default="curves.png", help="image file; format from the extension (default curves.png)")
+    pl.add_argument("--metric", help="series of metrics.h5 to plot (default return_window_mean, else return_mean)")
+    pl.add_argument("--smooth", type=float, default=0.0,
+                    help="exponential moving average weight in [0, 1), as TensorBoard's slider (default 0: none)")
+    pl.add_argument("--group-by", choices=("config", "name", "none"), default="config",
+                    help="config (default): same config but seed/name; name: same run name once a trailing "
+                         "seed suffix (_s1, -seed2, _3) is removed; none: every run alone")
+    ev = sub.add_parser("eval", help="play a run's latest checkpoint for some episodes in one process (no MPI)")
+    ev.add_argument("run_dir", help="run directory (run.output_dir/run.name, e.g. runs/cartpole_ppo)")
+    ev.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
+    ev.add_argument("--deterministic", action="store_true", help="take the most likely action instead of sampling")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the env and of action sampling (default 0)")
+    ev.add_argument("--video", metavar="OUT.mp4", help="render every step of every episode into this video")
+    ev.add_argument("--json", action="store_true", help="print the result as JSON (every episode's return too)")
+    ref = sub.add_parser("config-reference", help="write the config reference (every key, its type, default "
+                         "and meaning) as Markdown")
+    ref.add_argument("-o", "--output", help="write it here, e.g. docs/config.md (default: print it)")
     return p
+
+
+def _config_reference(args) -> int:
+    from hpcrl.docs import config_reference
+    text = config_reference()
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        print(f"hpcrl: config-reference: cannot write {args.output!r}: {exc.strerror}", file=sys.stderr)
+        return 2
+    print(f"[hpcrl] wrote {args.output}")
+    return 0
+
+
+def _eval(args) -> int:
+    import json
+
+    from hpcrl.config import ConfigError
+    if args.episodes < 1:
+        print(f"hpcrl: eval: --episodes: expected at least 1, got {args.episodes}", file=sys.stderr)
+        return 2
+    from hpcrl.evaluate import evaluate, format_result
+    from hpcrl.runinfo import RunDirError
+    try:
+        result = evaluate(args.run_dir, args.episodes, args.deterministic, args.seed, args.video)
+    except (RunDirError, ConfigError) as exc:
+        print(f"hpcrl: eval: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.summary(), indent=2) if args.json else format_result(result, args.run_dir))
+    return 0
+
+
+def _plot(args) -> int:
+    from hpcrl.plot import PlotError, plot_runs
+    from hpcrl.runinfo import RunDirError
+    if not 0.0 <= args.smooth < 1.0:
+        print(f"hpcrl: plot: --smooth: expected a weight in [0, 1), got {args.smooth}", file=sys.stderr)
+        return 2
+    try:
+        groups = plot_runs(args.run_dirs, args.output, args.metric, args.smooth, args.group_by)
+    except (RunDirError, PlotError) as exc:
+        print(f"hpcrl: plot: {exc}", file=sys.stderr)
+        return 2
+    runs = sum(len(dirs) for _, dirs in groups)
+    print(f"[hpcrl] wrote {args.output}: {runs} run{'s' * (runs != 1)} in {len(groups)} "
+          f"curve{'s' * (len(groups) != 1)} ({', '.join(label for label, _ in groups)})")
+    return 0
+
+
+def _inspect(args) -> int:
+    import json
+
+    from hpcrl.runinfo import RunDirError, describe, format_report
+    try:
+        info = describe(args.run_dir)
+    except RunDirError as exc:
+        print(f"hpcrl: inspect: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(info, indent=2) if args.json else format_report(info, full_config=args.config))
+    return 0
 
 
 def _sbatch(args) -> int:
@@ -88,6 +179,14 @@ def main(argv: list[str] | None = None) -> int:
         return _plan(args)
     if args.command == "sbatch":
         return _sbatch(args)
+    if args.command == "inspect":
+        return _inspect(args)
+    if args.command == "plot":
+        return _plot(args)
+    if args.command == "eval":
+        return _eval(args)
+    if args.command == "config-reference":
+        return _config_reference(args)
     from hpcrl.run import run  # imports mpi4py, which initialises MPI
     return run(args.config, tuple(args.overrides), args.overwrite)
 

@@ -218,7 +218,8 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
             publisher = comm.WeightPublisher(weight_comm if size_of(weight_comm) > 1 else None,
                                              _weights_message(cfg, spaces))
         files = (RunFiles(start.run_dir, start.config_text,
-                          resume_through_version=start.start_version if start.resume_file else None)
+                          resume_through_version=start.start_version if start.resume_file else None,
+                          tensorboard=cfg.run.tensorboard)
                  if rank == root else None)
         share = len(envs) * len(learners) / len(layout.envs)  # unequal fan-in: weight by batch size
         roles.append(LearnerRole(cfg, spaces, learner_comm, receiver, publisher, files, batch_share=share,

@@ -58,7 +58,8 @@ if ! "$py" -c "import mpi4py" 2>/dev/null; then
     log "building mpi4py against $(command -v mpicc)"
     pip install --no-binary=mpi4py "mpi4py>=4.0"
 fi
-pip install "numpy>=1.24" "gymnasium>=1.0" "h5py>=3.8" "pyyaml>=6.0" "pytest>=8"
+pip install "numpy>=1.24" "gymnasium>=1.0" "h5py>=3.8" "pyyaml>=6.0" "pytest>=8" \
+    "tensorboard>=2.14" "matplotlib>=3.7" "imageio>=2.31" "imageio-ffmpeg>=0.4.9"
 
 # --- Horovod (PyTorch + MPI), built once into the wheel cache ---
 if ! "$py" -c "import horovod.torch" 2>/dev/null; then

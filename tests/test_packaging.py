@@ -8,7 +8,7 @@ import yaml
 
 from tests.conftest import REPO
 
-CONDA_TO_PIP = {"pytorch": "torch"}
+CONDA_TO_PIP = {"pytorch": "torch", "matplotlib-base": "matplotlib"}  # conda-forge's matplotlib without Qt
 BUILD_ONLY = {"python", "pip", "openmpi", "cmake", "cxx-compiler"}  # conda brings what pip cannot
 
 

@@ -36,11 +36,13 @@ STOP_REASONS = {0: "", FRAMES_CODE: "total_frames", TARGET_CODE: "target_return"
 class RunFiles:
     """The learner root's outputs in the run directory."""
 
-    def __init__(self, run_dir: str, config_text: str, resume_through_version: int | None = None):
+    def __init__(self, run_dir: str, config_text: str, resume_through_version: int | None = None,
+                 tensorboard: bool = False):
         self.run_dir = run_dir
         self.config_text = config_text
         self.metrics = MetricsWriter(os.path.join(run_dir, METRICS_FILE), attrs={"config": config_text},
-                                     resume_through_version=resume_through_version)
+                                     resume_through_version=resume_through_version,
+                                     tensorboard_dir=run_dir if tensorboard else None)
         self.checkpoint_path = os.path.join(run_dir, CHECKPOINT_FILE)
 
 

@@ -1,0 +1,139 @@
+"""`hpcrl eval`: the latest checkpoint of a run played for N episodes in one process (no MPI).
+
+The env is built as env ranks build theirs (a vector of one env) and the model as learners build
+theirs, from the config saved in the checkpoint; `--video` renders every step into an MP4.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from hpcrl.checkpoint import load_latest
+from hpcrl.config import Config, ConfigError, parse_config
+from hpcrl.envs import GAME_OVER, RAW_REWARD, EnvSpaces, make_vector_env, probe_spaces
+from hpcrl.rundir import CHECKPOINT_FILE
+from hpcrl.runinfo import RunDirError, open_run_dir
+
+
+@dataclass
+class EvalResult:
+    returns: list[float]
+    lengths: list[int]
+    checkpoint: str
+    policy_version: int
+    frames: int
+    deterministic: bool
+    seed: int
+    video: str | None = None
+    video_frames: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        r = np.asarray(self.returns)
+        return {"episodes": len(r), "return_mean": float(r.mean()), "return_std": float(r.std()),
+                "return_min": float(r.min()), "return_max": float(r.max()),
+                "length_mean": float(np.mean(self.lengths)), **dataclasses.asdict(self)}
+
+
+def build_policy(spaces: EnvSpaces, cfg: Config):
+    from hpcrl.models import build_model
+    return build_model(spaces, cfg.model)
+
+
+def load_run(run_dir: str) -> tuple[Config, dict, str, list[str]]:
+    """(config, checkpoint, checkpoint file, warnings) of a run's newest usable checkpoint."""
+    checkpoint, found, problems = load_latest(os.path.join(open_run_dir(run_dir), CHECKPOINT_FILE))
+    if checkpoint is None:
+        why = f" ({'; '.join(problems)})" if problems else ""
+        raise RunDirError(f"{run_dir!r} holds no usable checkpoint{why}; a run writes one every "
+                          f"run.checkpoint_interval_s and at its end")
+    try:
+        cfg = parse_config(checkpoint["config"], source=f"{found} (its config)")
+    except ConfigError as exc:
+        raise RunDirError(f"cannot rebuild the run from its checkpoint: {exc}") from None
+    return cfg, checkpoint, found, problems
+
+
+def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int = 0,
+             video: str | None = None) -> EvalResult:
+    if video and not os.path.isdir(os.path.dirname(os.path.abspath(video))):
+        raise RunDirError(f"--video {video}: directory {os.path.dirname(video)!r} does not exist")
+    cfg, checkpoint, found, problems = load_run(run_dir)
+    env_cfg = dataclasses.replace(cfg.env, num_envs=1,
+                                  kwargs={**cfg.env.kwargs, **({"render_mode": "rgb_array"} if video else {})})
+    spaces = probe_spaces(cfg.env)
+    model = build_policy(spaces, cfg)
+    model.load_state_dict(checkpoint["model"])
+    model.eval()
+    counters = checkpoint["counters"]
+    result = EvalResult([], [], found, int(counters.get("policy_version", 0)), int(counters.get("frames", 0)),
+                        deterministic, seed, video, warnings=problems)
+    generator = torch.Generator().manual_seed(seed)
+    # One env, episodes one after another: taking the first N to finish of several parallel envs
+    # would favour short episodes. SAME_STEP autoreset: a finished env comes back reset at once.
+    if video:
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no display on a cluster
+    envs, obs = make_vector_env(env_cfg, seed=seed)
+    space = envs.single_action_space
+    writer = _video_writer(video, envs) if video else None
+    try:
+        ret, length = 0.0, 0
+        if writer:
+            result.video_frames += _append_frame(writer, envs)
+        while len(result.returns) < episodes:
+            with torch.no_grad():
+                obs_t = torch.as_tensor(obs, dtype=torch.float32)
+                actions = model.mode(obs_t) if deterministic else model.sample(obs_t, generator)[0]
+            actions = actions.numpy()
+            if isinstance(space, gym.spaces.Box):  # Gaussian policies: keep actions inside the bounds
+                actions = np.clip(actions, space.low, space.high)
+            obs, reward, terminated, truncated, info = envs.step(actions)
+            # as the metrics count them: raw rewards of whole games (Atari: all lives, unclipped)
+            ret, length = ret + float(info.get(RAW_REWARD, reward)[0]), length + 1
+            if writer:
+                result.video_frames += _append_frame(writer, envs)
+            if info.get(GAME_OVER, terminated | truncated)[0]:
+                result.returns.append(ret)
+                result.lengths.append(length)
+                ret, length = 0.0, 0
+    finally:
+        envs.close()
+        if writer:
+            writer.close()
+    return result
+
+
+def _video_writer(path: str, envs):
+    import imageio.v2 as imageio
+    fps = envs.metadata.get("render_fps") or 30
+    try:
+        # macro_block_size 2: H.264 needs even sizes; imageio pads odd ones instead of rescaling to 16
+        return imageio.get_writer(path, fps=fps, codec="libx264", macro_block_size=2)
+    except (OSError, ValueError) as exc:
+        raise RunDirError(f"--video {path}: cannot write a video there: {exc}") from None
+
+
+def _append_frame(writer, envs) -> int:
+    frames = envs.render()  # one frame per env of the vector
+    if frames is None or not len(frames):
+        raise RunDirError("the env rendered no frame (render_mode='rgb_array' is not supported by it)")
+    writer.append_data(np.asarray(frames[0]))
+    return 1
+
+
+def format_result(result: EvalResult, run_dir: str) -> str:
+    s = result.summary()
+    mode = "deterministic (most likely action)" if result.deterministic else "sampled actions"
+    lines = [*(f"[hpcrl] warning: {w}" for w in result.warnings),
+             f"[hpcrl] {os.path.relpath(result.checkpoint, run_dir)}: policy version {result.policy_version}, "
+             f"{result.frames:,} frames; {s['episodes']} episodes, {mode}, seed {result.seed}",
+             f"return {s['return_mean']:.2f} +- {s['return_std']:.2f} (min {s['return_min']:.1f}, "
+             f"max {s['return_max']:.1f}), length {s['length_mean']:.1f}"]
+    if result.video:
+        lines.append(f"[hpcrl] wrote {result.video}: {result.video_frames} frames")
+    return "\n".join(lines)

@@ -1,0 +1,163 @@
+"""`hpcrl plot`: learning curves of run directories against frames and against wall time.
+
+Runs that differ only in their seed (and name) form one group, drawn as the mean across the runs
+with a band of one standard deviation, on a common grid of x values; a group of one run is its
+own curve. No MPI and no torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcrl.rundir import METRICS_FILE
+from hpcrl.runinfo import RunDirError, load_config_dict, load_metrics, open_run_dir
+
+GROUP_BY = ("config", "name", "none")
+# Keys that name a run or say how it is run, not what it learns: runs differing only here are seeds.
+NOT_LEARNING = ("name", "output_dir", "seed", "log_interval_s", "checkpoint_interval_s", "hang_timeout_s",
+                "torch_threads", "replica_digests", "tensorboard")
+SEED_SUFFIX = re.compile(r"[-_.]?(seed|s)?\d+$")
+GRID_POINTS = 200
+
+
+class PlotError(ValueError):
+    """An output the plot cannot be written to."""
+
+
+@dataclass
+class Curve:
+    """One run's series, rows without a value (no finished episode yet) dropped."""
+
+    run_dir: str
+    metric: str
+    frames: np.ndarray
+    wall_time: np.ndarray
+    values: np.ndarray
+
+
+def load_curve(run_dir: str, metric: str | None = None) -> Curve:
+    """`metric` (default return_window_mean, else return_mean) of one run against frames and wall time."""
+    m = load_metrics(run_dir)
+    name = metric or next((k for k in ("return_window_mean", "return_mean") if k in m), None)
+    if name not in m or m[name].ndim != 1:
+        valid = ", ".join(k for k, v in m.items() if v.ndim == 1)
+        raise RunDirError(f"{run_dir!r}: metrics.h5 has no series {name!r} (it has: {valid})")
+    values = m[name].astype(np.float64)
+    keep = np.isfinite(values)
+    if not keep.any():
+        raise RunDirError(f"{run_dir!r}: {name} has no value yet (no episode has finished)")
+    return Curve(run_dir, name, m["frames"][keep].astype(np.float64), m["wall_time"][keep].astype(np.float64),
+                 values[keep])
+
+
+def expand_run_dirs(paths: list[str]) -> list[str]:
+    """Run directories as given; a directory of run directories (run.output_dir) stands for all of them."""
+    out = []
+    for path in paths:
+        try:
+            out.append(open_run_dir(path))
+        except RunDirError:
+            inner = sorted(os.path.join(path, d) for d in os.listdir(path)) if os.path.isdir(path) else []
+            runs = [d for d in inner if os.path.isdir(d) and os.path.exists(os.path.join(d, METRICS_FILE))]
+            if not runs:
+                raise
+            out += runs
+    return out
+
+
+def group_runs(run_dirs: list[str], group_by: str = "config") -> list[tuple[str, list[str]]]:
+    """[(label, run dirs)] in the order the runs were given. 'config': runs whose resolved configs
+    are equal but for the run's name, seed and logging keys; 'name': runs whose directory names are
+    equal once a trailing seed suffix (_s1, -seed2, _3) is removed; 'none': every run alone."""
+    groups: dict = {}
+    for run_dir in run_dirs:
+        base = os.path.basename(os.path.normpath(run_dir))
+        if group_by == "none":
+            key = run_dir
+        elif group_by == "name":
+            key = SEED_SUFFIX.sub("", base) or base
+        else:
+            cfg = load_config_dict(run_dir)
+            run = {k: v for k, v in (cfg.get("run") or {}).items() if k not in NOT_LEARNING}
+            key = json.dumps({**cfg, "run": run}, sort_keys=True)
+        groups.setdefault(key, []).append(run_dir)
+    return [(_label(dirs, group_by), dirs) for dirs in groups.values()]
+
+
+def _label(run_dirs: list[str], group_by: str) -> str:
+    names = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+    if len(names) == 1:
+        return names[0]
+    stem = SEED_SUFFIX.sub("", names[0]) if group_by == "name" else os.path.commonprefix(names).rstrip("-_.")
+    stem = re.sub(r"[-_.](seed|s)$", "", stem) or names[0]
+    return f"{stem} ({len(names)} runs)"
+
+
+def smooth(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's smoothing: an exponential moving average, debiased at the start."""
+    if weight <= 0:
+        return values
+    out, last = np.empty_like(values), 0.0
+    for i, v in enumerate(values):
+        last = last * weight + (1 - weight) * v
+        out[i] = last / (1 - weight ** (i + 1))
+    return out
+
+
+def band(xs: list[np.ndarray], ys: list[np.ndarray], points: int = GRID_POINTS):
+    """Mean and standard deviation across runs on a common grid: the x range every run covers,
+    each run linearly interpolated onto it. Returns (grid, mean, std)."""
+    lo, hi = max(x[0] for x in xs), min(x[-1] for x in xs)
+    if hi < lo:
+        raise RunDirError("the runs of a group share no range of x values to average over "
+                          "(plot them with --group-by none)")
+    grid = np.linspace(lo, hi, points) if hi > lo else np.array([lo])
+    on_grid = np.stack([np.interp(grid, x, y) for x, y in zip(xs, ys)])
+    return grid, on_grid.mean(axis=0), on_grid.std(axis=0)
+
+
+def plot_runs(run_dirs: list[str], output: str, metric: str | None = None, smoothing: float = 0.0,
+              group_by: str = "config") -> list[tuple[str, list[str]]]:
+    """Draw the two panels into `output` (the format from its extension); returns the groups drawn."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no display on a cluster's login or compute nodes
+    import matplotlib.pyplot as plt
+
+    from matplotlib.backend_bases import FigureCanvasBase
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if os.path.splitext(output)[1][1:].lower() not in formats:
+        raise PlotError(f"-o {output}: the extension names no image format; use one of "
+                        f"{', '.join('.' + f for f in sorted(formats))}")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+        raise PlotError(f"-o {output}: directory {os.path.dirname(output)!r} does not exist")
+    run_dirs = expand_run_dirs(run_dirs)
+    groups = group_runs(run_dirs, group_by)
+    curves = {d: load_curve(d, metric) for d in run_dirs}
+    name = curves[run_dirs[0]].metric
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, (label, dirs) in enumerate(groups):
+        color = f"C{i % 10}"
+        for ax, x_key in zip(axes, ("frames", "wall_time")):
+            xs = [getattr(curves[d], x_key) for d in dirs]
+            ys = [smooth(curves[d].values, smoothing) for d in dirs]
+            if len(dirs) == 1:
+                ax.plot(xs[0], ys[0], color=color, label=label)
+            else:
+                grid, mean, std = band(xs, ys)
+                ax.plot(grid, mean, color=color, label=label)
+                ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.25, linewidth=0)
+    for ax, xlabel in zip(axes, ("frames", "wall time (s)")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="best", fontsize="small")
+    band_note = "; mean ± 1 std across runs" if any(len(d) > 1 for _, d in groups) else ""
+    fig.suptitle(f"{name}{f' (smoothing {smoothing})' if smoothing else ''}{band_note}")
+    fig.tight_layout()
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+    return groups

@@ -1,0 +1,175 @@
+"""A run directory read back: `hpcrl inspect`, and the opening of run directories that `hpcrl plot`
+and `hpcrl eval` share. No MPI and no torch (checkpoints are read with h5py)."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import yaml
+
+from hpcrl.checkpoint import CheckpointError, inspect_latest, previous_path, read_summary
+from hpcrl.metrics import read_metrics
+from hpcrl.rundir import CHECKPOINT_FILE, METRICS_FILE
+
+CONFIG_FILE = "config.yaml"
+FINISHED = {"total_frames": "finished: it reached run.total_frames",
+            "target_return": "finished: it reached run.target_return",
+            "preempted": "preempted: a checkpoint was written; run the same command again to resume"}
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be read: missing, not a run, or without what was asked of it."""
+
+
+def open_run_dir(path: str) -> str:
+    """`path` if it holds a run (config.yaml, metrics.h5 or a checkpoint); RunDirError otherwise."""
+    if not os.path.isdir(path):
+        raise RunDirError(f"run directory {path!r} does not exist")
+    names = (CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, previous_path(CHECKPOINT_FILE))
+    if not any(os.path.exists(os.path.join(path, n)) for n in names):
+        raise RunDirError(f"{path!r} is not a run directory: it holds none of {', '.join(names)} "
+                          f"(a run directory is run.output_dir/run.name, e.g. runs/cartpole_ppo)")
+    return path
+
+
+def load_metrics(run_dir: str) -> dict[str, np.ndarray]:
+    """Every series of the run's metrics.h5; RunDirError if there is none or it has no rows yet."""
+    path = os.path.join(open_run_dir(run_dir), METRICS_FILE)
+    if not os.path.exists(path):
+        raise RunDirError(f"{run_dir!r} holds no {METRICS_FILE} yet (the run writes it after its first update)")
+    try:
+        metrics = read_metrics(path)
+    except OSError as exc:
+        raise RunDirError(f"cannot read {path!r}: {exc}") from None
+    if not len(metrics.get("frames", ())):
+        raise RunDirError(f"{path!r} has no rows yet (the run writes one after every update)")
+    return metrics
+
+
+def load_config_dict(run_dir: str) -> dict:
+    """The run's resolved config as plain data: config.yaml, else the latest checkpoint's copy."""
+    path = os.path.join(open_run_dir(run_dir), CONFIG_FILE)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            return yaml.safe_load(fh) or {}
+    found, text, _, _ = inspect_latest(os.path.join(run_dir, CHECKPOINT_FILE))
+    if found is None:
+        raise RunDirError(f"{run_dir!r} holds neither {CONFIG_FILE} nor a usable checkpoint")
+    return yaml.safe_load(text) or {}
+
+
+def _checkpoint_file(path: str) -> dict | None:
+    """Size, time and counters of one checkpoint file, and whether its checksum holds."""
+    if not os.path.exists(path):
+        return None
+    info = {"file": path, "bytes": os.path.getsize(path), "written": os.path.getmtime(path)}
+    try:
+        _, counters = read_summary(path)
+        info.update(digest_ok=True, counters=counters)
+    except CheckpointError as exc:
+        info.update(digest_ok=False, problem=str(exc))
+    return info
+
+
+def describe(run_dir: str) -> dict:
+    """What `hpcrl inspect` shows, as plain data (also its --json output)."""
+    open_run_dir(run_dir)
+    checkpoint = os.path.join(run_dir, CHECKPOINT_FILE)
+    found, _, counters, _ = inspect_latest(checkpoint)
+    info: dict = {"run_dir": run_dir, "config": load_config_dict(run_dir),
+                  "checkpoint": _checkpoint_file(checkpoint),
+                  "previous_checkpoint": _checkpoint_file(previous_path(checkpoint)),
+                  "resumes_from": found, "progress": None}
+    try:
+        m = load_metrics(run_dir)
+    except RunDirError:
+        m = None
+    if m is not None:
+        last = len(m["frames"]) - 1
+        info["progress"] = {
+            "frames": int(m["frames"][last]), "updates": last + 1,
+            "policy_version": int(m["policy_version"][last]), "wall_time": float(m["wall_time"][last]),
+            "return_window_mean": _number(m.get("return_window_mean", [np.nan])[-1]),
+            "return_mean": _number(m.get("return_mean", [np.nan])[-1]),
+            "episodes": int(np.sum(m["episodes"])) if "episodes" in m else None,
+            "last_write_age_s": time.time() - os.path.getmtime(os.path.join(run_dir, METRICS_FILE))}
+    stopped_by = counters.get("stopped_by", "") if found else ""
+    info["stopped_by"] = stopped_by
+    info["finished"] = stopped_by in ("total_frames", "target_return")
+    return info
+
+
+def _number(value) -> float | None:
+    value = float(value)
+    return None if np.isnan(value) else value
+
+
+def _config_summary(cfg: dict) -> list[str]:
+    run, env, algo, model, roles = (cfg.get(k, {}) or {} for k in ("run", "env", "algo", "model", "roles"))
+    role_counts = ", ".join(f"{name} {_role_count(spec)}" for name, spec in roles.items() if isinstance(spec, dict))
+    target = run.get("target_return")
+    return [f"{env.get('id')} x {env.get('num_envs')} per env rank; {algo.get('name')} {algo.get('mode')}, rollout "
+            f"{algo.get('rollout_length')}, lr {algo.get('lr')} {algo.get('lr_schedule')}, epochs {algo.get('epochs')}, "
+            f"model {model.get('hidden_sizes')} {model.get('activation')}",
+            f"roles: {role_counts}; seed {run.get('seed')}; total_frames {run.get('total_frames', 0):,}"
+            + (f"; target_return {target}" if target is not None else "")]
+
+
+def _role_count(spec: dict) -> str:
+    return str(spec["ranks"]) if spec.get("ranks") is not None else f"{spec.get('per_node')} per node"
+
+
+def _status(info: dict) -> str:
+    if info["stopped_by"]:
+        return FINISHED.get(info["stopped_by"], info["stopped_by"])
+    p = info["progress"]
+    age = f"; metrics.h5 last written {_duration(p['last_write_age_s'])} ago" if p else ""
+    if info["resumes_from"] is None:
+        return f"not finished, no checkpoint yet{age}"
+    return f"not finished: still running, or stopped without a final checkpoint{age}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _checkpoint_line(info: dict | None, run_dir: str) -> str:
+    if info is None:
+        return "none"
+    name = os.path.relpath(info["file"], run_dir)
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["written"]))
+    head = f"{name}, {info['bytes'] / 1024:,.1f} KiB, written {when}"
+    if not info["digest_ok"]:
+        return f"{head}, NOT USABLE: {info['problem']}"
+    c = info["counters"]
+    return (f"{head}, policy version {c.get('policy_version')}, {int(c.get('frames', 0)):,} frames, "
+            f"{c.get('updates')} updates, digest OK")
+
+
+def format_report(info: dict, full_config: bool = False) -> str:
+    run_dir = info["run_dir"]
+    lines = [f"run          {run_dir}"]
+    if full_config:
+        lines += ["config", *("  " + line for line in yaml.safe_dump(info["config"], sort_keys=False).splitlines())]
+    else:
+        lines += [f"config       {line}" if i == 0 else f"             {line}"
+                  for i, line in enumerate(_config_summary(info["config"]))]
+    lines.append(f"status       {_status(info)}")
+    p = info["progress"]
+    if p is None:
+        lines.append("progress     no metrics rows yet")
+    else:
+        total = (info["config"].get("run") or {}).get("total_frames")
+        share = f" ({100 * p['frames'] / total:.1f}% of run.total_frames)" if total else ""
+        ret = "n/a" if p["return_window_mean"] is None else f"{p['return_window_mean']:.1f}"
+        lines += [f"progress     {p['frames']:,} frames{share}, {p['updates']:,} updates, policy version "
+                  f"{p['policy_version']}, wall time {_duration(p['wall_time'])}",
+                  f"             last return {ret} (mean of the last >= 20 episodes), {p['episodes']:,} episodes"]
+    lines.append(f"checkpoint   {_checkpoint_line(info['checkpoint'], run_dir)}")
+    lines.append(f"previous     {_checkpoint_line(info['previous_checkpoint'], run_dir)}")
+    if info["resumes_from"] is not None and info["checkpoint"] and info["resumes_from"] != info["checkpoint"]["file"]:
+        lines.append(f"resume from  {os.path.relpath(info['resumes_from'], run_dir)} (the latest one is not usable)")
+    return "\n".join(lines)

@@ -1,0 +1,32 @@
+"""docs/config.md is generated from hpcrl/config.py and cannot drift from it."""
+import dataclasses
+
+from hpcrl.config import Config
+from hpcrl.docs import COMMAND, config_reference
+from tests.conftest import REPO
+
+
+def test_committed_config_reference_is_current():
+    committed = (REPO / "docs" / "config.md").read_text(encoding="utf-8")
+    assert committed == config_reference(), f"docs/config.md is out of date: run `{COMMAND}` and commit it"
+
+
+def test_every_config_key_is_in_the_reference_with_its_doc():
+    text = config_reference()
+
+    def keys(obj, prefix):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            name = f"{prefix}.{f.name}" if prefix else f.name
+            if dataclasses.is_dataclass(value):
+                yield from keys(value, name)
+            else:
+                yield name, f.metadata["doc"]
+
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    found = list(keys(Config(), ""))
+    assert len(rows) == len(found)
+    for (name, doc), row in zip(found, rows):
+        assert row.startswith(f"| `{name}` |") and row.endswith(f"| {doc.replace('|', chr(92) + '|')} |")
+    assert "| `run.total_frames` | an integer | `100000` |" in text
+    assert "| `roles.env.ranks` | an integer or a string or null | `rest` |" in text  # resolved default

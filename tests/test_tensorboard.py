@@ -1,0 +1,61 @@
+"""TensorBoard event files beside metrics.h5: the same scalars, step = frames, no repeated steps
+after a resume. Read back with TensorBoard's own EventAccumulator."""
+import numpy as np
+from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+from hpcrl.metrics import MetricsWriter, read_metrics
+from tests.conftest import mpirun, run_dir, small_config, write_config
+
+
+def scalars(log_dir) -> dict[str, tuple[list[int], np.ndarray]]:
+    acc = EventAccumulator(str(log_dir), size_guidance={SCALARS: 0})  # 0: keep every event
+    acc.Reload()
+    return {tag: ([e.step for e in acc.Scalars(tag)], np.array([e.value for e in acc.Scalars(tag)]))
+            for tag in acc.Tags()["scalars"]}
+
+
+def assert_same_as_metrics(log_dir, metrics: dict) -> None:
+    seen = scalars(log_dir)
+    expected = {key for key, series in metrics.items() if series.ndim == 1}
+    assert set(seen) == expected
+    for key in expected:
+        steps, values = seen[key]
+        assert steps == metrics["frames"].tolist(), key
+        # TensorBoard keeps float32; NaN (an update without finished episodes) stays NaN
+        np.testing.assert_array_equal(values, metrics[key].astype(np.float32), err_msg=key)
+
+
+def test_a_resumed_writer_replaces_the_rows_cut_after_the_checkpoint(tmp_path):
+    path = str(tmp_path / "metrics.h5")
+    first = MetricsWriter(path, tensorboard_dir=str(tmp_path))
+    for v in (1, 2, 3, 4):  # the run wrote versions 3 and 4 after its checkpoint at 2, then died
+        first.append({"frames": 100 * v, "policy_version": v, "return_mean": float(v)})
+    first.close()
+    resumed = MetricsWriter(path, resume_through_version=2, tensorboard_dir=str(tmp_path))
+    for v in (3, 4, 5):  # the resumed run's own versions 3-5 (different returns)
+        resumed.append({"frames": 100 * v, "policy_version": v, "return_mean": 10.0 * v})
+    resumed.close()
+    steps, values = scalars(tmp_path)["return_mean"]
+    assert steps == [100, 200, 300, 400, 500]
+    assert values.tolist() == [1.0, 2.0, 30.0, 40.0, 50.0]
+    assert_same_as_metrics(tmp_path, read_metrics(path))
+
+
+def test_a_real_run_and_its_resume_write_the_metrics_rows_as_scalars(tmp_path):
+    cfg = small_config(tmp_path, run={"total_frames": 640})
+    path = str(write_config(tmp_path, cfg))
+    assert mpirun(1, "run", path).returncode == 0
+    resumed = mpirun(1, "run", path, "--set", "run.total_frames=1280")
+    assert resumed.returncode == 0, resumed.stderr
+    directory = run_dir(cfg)
+    assert len(list(directory.glob("events.out.tfevents.*"))) == 2  # one file per session
+    metrics = read_metrics(str(directory / "metrics.h5"))
+    assert metrics["frames"][-1] == 1280 and len(metrics["frames"]) == 20
+    assert_same_as_metrics(directory, metrics)
+
+
+def test_run_tensorboard_false_writes_no_event_files(tmp_path):
+    cfg = small_config(tmp_path, run={"total_frames": 128, "tensorboard": False})
+    assert mpirun(1, "run", str(write_config(tmp_path, cfg))).returncode == 0
+    directory = run_dir(cfg)
+    assert (directory / "metrics.h5").exists() and not list(directory.glob("events.out.tfevents.*"))
