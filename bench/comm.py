@@ -52,7 +52,7 @@ def measure(name, obs_shape, obs_dtype, trips, fragments):
             spin(client.test)
         out["roundtrip_project_us"] = 1e6 * (time.perf_counter() - start) / trips
     else:
-        server = comm.RequestServer([0], [req.allocate()], [rep.allocate()])
+        server = comm.RequestServer([0], [0], [req.allocate()], [rep.allocate()])
         for _ in range(trips):
             spin(server.ready)
             server.reply_buffer(0)

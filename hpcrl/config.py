@@ -161,6 +161,8 @@ class AlgoConfig:
     num_minibatches: int = doc("minibatches per epoch on every learner", default=4)
     max_grad_norm: float = doc("global gradient-norm clip (after Horovod averaging)", default=0.5)
     norm_adv: bool = doc("normalise advantages per minibatch", default=True)
+    train: bool = doc("false: learners take fragments and count them but do not train (the weights never "
+                      "change); measures a layout's sampling throughput (bench/sampling.py)", default=True)
 
 
 @dataclass

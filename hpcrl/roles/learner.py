@@ -207,9 +207,10 @@ class LearnerRole:
         # MPI: every learner folds the moments of all learners' batches into its observation
         # normaliser (a no-op without model.obs_norm), so the update trains with the stats it acts with
         self.model.update_obs_norm(batch.obs, reduce=lambda moments: comm.allreduce_sum(self.comm, moments))
-        self._losses = ppo_update(self.model, self.optimizer, batch, a, self.rng,
-                                  average_gradients=self.optimizer.synchronize, apply_step=self._step,
-                                  loss_scale=self.batch_share)
+        self._losses = (ppo_update(self.model, self.optimizer, batch, a, self.rng,
+                                   average_gradients=self.optimizer.synchronize, apply_step=self._step,
+                                   loss_scale=self.batch_share)
+                        if a.train else dict.fromkeys(LOSS_KEYS, 0.0))
         self.version += 1
         self.updates += 1
 
