@@ -115,8 +115,7 @@ def _vector(cfg: EnvConfig, num_envs: int, seed: int, gamma: float) -> gym.vecto
         # partial, not a lambda: the vector stays picklable, so serial-mode checkpoints can hold it
         envs = gym.vector.SyncVectorEnv([functools.partial(make_env, cfg) for _ in range(num_envs)],
                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        if cfg.preset is not None:  # only preset wrappers put episode keys in a step's info
-            envs = LiftEpisodeInfo(envs)
+        envs = LiftEpisodeInfo(envs)
     elif cfg.backend == "numpy":
         if cfg.preset is not None:
             raise ConfigError(f"env.backend: 'numpy' has no {cfg.preset} preset; use backend: sync or envpool")

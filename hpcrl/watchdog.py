@@ -17,6 +17,9 @@ import time
 from typing import Callable
 
 
+STARTUP_GRACE_S = 120.0  # building roles imports torch and sizes models: slow on a loaded node, not a hang
+
+
 class Watchdog:
     def __init__(self, hang_timeout_s: float, describe: Callable[[], str], abort: Callable[[], None],
                  rank: int, check_every_s: float = 1.0):
@@ -24,6 +27,7 @@ class Watchdog:
         self.describe, self.abort, self.rank = describe, abort, rank
         now = time.monotonic()
         self.last_tick = self.last_work = now
+        self.polling = False  # until the first tick the rank is starting up, judged by STARTUP_GRACE_S
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, args=(check_every_s,), name="hpcrl-watchdog",
                                         daemon=True)
@@ -35,8 +39,9 @@ class Watchdog:
     def tick(self, did_work: bool) -> None:
         now = time.monotonic()
         self.last_tick = now
-        if did_work:
+        if did_work or not self.polling:  # waiting for peers is counted from the first poll on
             self.last_work = now
+        self.polling = True
 
     def stop(self) -> None:
         self._stop.set()
@@ -45,7 +50,10 @@ class Watchdog:
         while not self._stop.wait(every):
             now = time.monotonic()
             stuck, idle = now - self.last_tick, now - self.last_work
-            if stuck > self.hang_timeout_s:
+            if not self.polling:
+                if stuck > max(self.hang_timeout_s, STARTUP_GRACE_S):
+                    self._fail(f"has spent {stuck:.0f} s starting up: {self.describe()}")
+            elif stuck > self.hang_timeout_s:
                 self._fail(f"has been stuck for {stuck:.0f} s in its own work; the last thing it was doing: "
                            f"{self.describe()}")
             elif idle > 2 * self.hang_timeout_s:
