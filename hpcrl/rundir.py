@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from hpcrl.checkpoint import inspect_latest
-from hpcrl.config import Config, ConfigError, to_dict, to_yaml
+from hpcrl.config import Config, ConfigError, parse_config, to_dict, to_yaml
 
 CHECKPOINT_FILE = "checkpoint.h5"
 METRICS_FILE = "metrics.h5"
@@ -38,6 +38,15 @@ def _lookup(tree: dict, dotted: str):
     return tree
 
 
+def _resolved(config_text: str) -> dict:
+    """A checkpoint's config with today's defaults filled in, so that a key added since it was
+    written compares as its default rather than as missing."""
+    try:
+        return to_dict(parse_config(config_text))
+    except ConfigError:  # written by another version: compare what it says
+        return yaml.safe_load(config_text) or {}
+
+
 def prepare(cfg: Config, overwrite: bool) -> RunStart:
     """Create or reopen output_dir/name; a ConfigError says what stands in the way and what to do."""
     run_dir = os.path.join(cfg.run.output_dir, cfg.run.name)
@@ -53,7 +62,7 @@ def prepare(cfg: Config, overwrite: bool) -> RunStart:
                               f"{' (' + '; '.join(problems) + ')' if problems else ''}; pass --overwrite to start "
                               f"it again, or choose another run.name")
         if found is not None:
-            old, new = yaml.safe_load(old_text) or {}, to_dict(cfg)
+            old, new = _resolved(old_text), to_dict(cfg)
             for key in MUST_MATCH:
                 if _lookup(old, key) != _lookup(new, key):
                     raise ConfigError(f"cannot resume {run_dir!r}: its checkpoint was trained with {key} = "

@@ -103,3 +103,18 @@ def test_extra_state_round_trips(tmp_path):
     blob = np.frombuffer(b"env state bytes", dtype=np.uint8)
     save_checkpoint(path, model, opt, {"frames": 1}, np.random.default_rng(0), "c", extra={"env_state": blob})
     assert load_checkpoint(path)["extra"]["env_state"].tobytes() == b"env state bytes"
+
+
+def test_a_checkpoint_whose_config_predates_a_key_resumes_with_its_default(tmp_path):
+    from hpcrl import rundir
+    from hpcrl.config import ConfigError, parse_config
+    text = f"run: {{output_dir: {tmp_path}, name: old}}\nmodel: {{hidden_sizes: [8]}}\n"  # no model.obs_norm
+    model, opt = trained()
+    (tmp_path / "old").mkdir()
+    save_checkpoint(str(tmp_path / "old" / "checkpoint.h5"), model, opt, {"frames": 10, "policy_version": 1},
+                    np.random.default_rng(0), text)
+    start = rundir.prepare(parse_config(text), overwrite=False)  # obs_norm missing there = false here
+    assert start.resume_file and start.start_version == 1
+    with pytest.raises(ConfigError, match="model.obs_norm = False, the config now says True"):
+        rundir.prepare(parse_config(text.replace("hidden_sizes: [8]", "hidden_sizes: [8], obs_norm: true")),
+                       overwrite=False)
