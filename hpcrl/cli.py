@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _user_error(message: str) -> int:
+    """A user mistake: one line on stderr, no traceback, exit status 2 (as `hpcrl run`'s config errors)."""
+    print(message, file=sys.stderr)
+    return 2
+
+
 def _config_reference(args) -> int:
     from hpcrl.docs import config_reference
     text = config_reference()
@@ -73,8 +79,7 @@ def _config_reference(args) -> int:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(text)
     except OSError as exc:
-        print(f"hpcrl: config-reference: cannot write {args.output!r}: {exc.strerror}", file=sys.stderr)
-        return 2
+        return _user_error(f"hpcrl: config-reference: cannot write {args.output!r}: {exc.strerror}")
     print(f"[hpcrl] wrote {args.output}")
     return 0
 
@@ -84,15 +89,13 @@ def _eval(args) -> int:
 
     from hpcrl.config import ConfigError
     if args.episodes < 1:
-        print(f"hpcrl: eval: --episodes: expected at least 1, got {args.episodes}", file=sys.stderr)
-        return 2
+        return _user_error(f"hpcrl: eval: --episodes: expected at least 1, got {args.episodes}")
     from hpcrl.evaluate import evaluate, format_result
     from hpcrl.runinfo import RunDirError
     try:
         result = evaluate(args.run_dir, args.episodes, args.deterministic, args.seed, args.video)
     except (RunDirError, ConfigError) as exc:
-        print(f"hpcrl: eval: {exc}", file=sys.stderr)
-        return 2
+        return _user_error(f"hpcrl: eval: {exc}")
     print(json.dumps(result.summary(), indent=2) if args.json else format_result(result, args.run_dir))
     return 0
 
@@ -101,13 +104,11 @@ def _plot(args) -> int:
     from hpcrl.plot import PlotError, plot_runs
     from hpcrl.runinfo import RunDirError
     if not 0.0 <= args.smooth < 1.0:
-        print(f"hpcrl: plot: --smooth: expected a weight in [0, 1), got {args.smooth}", file=sys.stderr)
-        return 2
+        return _user_error(f"hpcrl: plot: --smooth: expected a weight in [0, 1), got {args.smooth}")
     try:
         groups = plot_runs(args.run_dirs, args.output, args.metric, args.smooth, args.group_by)
     except (RunDirError, PlotError) as exc:
-        print(f"hpcrl: plot: {exc}", file=sys.stderr)
-        return 2
+        return _user_error(f"hpcrl: plot: {exc}")
     runs = sum(len(dirs) for _, dirs in groups)
     print(f"[hpcrl] wrote {args.output}: {runs} run{'s' * (runs != 1)} in {len(groups)} "
           f"curve{'s' * (len(groups) != 1)} ({', '.join(label for label, _ in groups)})")
@@ -121,8 +122,7 @@ def _inspect(args) -> int:
     try:
         info = describe(args.run_dir)
     except RunDirError as exc:
-        print(f"hpcrl: inspect: {exc}", file=sys.stderr)
-        return 2
+        return _user_error(f"hpcrl: inspect: {exc}")
     print(json.dumps(info, indent=2) if args.json else format_report(info, full_config=args.config))
     return 0
 
@@ -138,8 +138,7 @@ def _sbatch(args) -> int:
         cfg, _ = load_config(args.config)
         layout = check(request, cfg)
     except ConfigError as exc:
-        print(f"hpcrl: cannot write the job script: {exc}", file=sys.stderr)
-        return 2
+        return _user_error(f"hpcrl: cannot write the job script: {exc}")
     text = render(request, cfg, layout)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
@@ -166,8 +165,7 @@ def _plan(args) -> int:
         from hpcrl.models import build_model, num_params  # torch: only to count the policy's parameters
         n_params = num_params(build_model(spaces, cfg.model))  # ConfigError: model.encoder unfit for the obs
     except ConfigError as exc:
-        print(f"hpcrl: config error: {exc}", file=sys.stderr)
-        return 2
+        return _user_error(f"hpcrl: config error: {exc}")
     t = traffic(cfg, layout, spaces, n_params, args.env_steps_per_s)
     print(format_plan(cfg, layout, t, args.env_steps_per_s, args.per_rank or args.world_size <= 64))
     return 0
