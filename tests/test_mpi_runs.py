@@ -139,10 +139,14 @@ def test_a_run_without_a_usable_checkpoint_is_not_overwritten(tmp_path):
     assert again.returncode == 2 and "no usable checkpoint" in again.stderr and "--overwrite" in again.stderr
 
 
-def test_resume_refuses_a_different_model(tmp_path):
+@pytest.mark.parametrize("change,said", [
+    ("model.hidden_sizes=[16]", "model.hidden_sizes = [32, 32], the config now says [16]"),
+    ("model.obs_norm=true", "model.obs_norm = False, the config now says True"),  # stats the weights expect
+])
+def test_resume_refuses_a_different_model(tmp_path, change, said):
     cfg = small_config(tmp_path, run={"total_frames": 256})
     path = str(write_config(tmp_path, cfg))
     assert mpirun(1, "run", path).returncode == 0
-    again = mpirun(1, "run", path, "--set", "run.total_frames=512", "--set", "model.hidden_sizes=[16]")
+    again = mpirun(1, "run", path, "--set", "run.total_frames=512", "--set", change)
     assert again.returncode == 2
-    assert "its checkpoint was trained with model.hidden_sizes = [32, 32], the config now says [16]" in again.stderr
+    assert f"its checkpoint was trained with {said}" in again.stderr

@@ -67,18 +67,6 @@ def test_update_improves_the_surrogate_on_a_real_model():
     assert p1_after > p1_before + 0.05  # the advantage favoured action 1
 
 
-def test_log_prob_and_entropy_match_torch_categorical():
-    torch.manual_seed(1)
-    model = build_model(EnvSpaces((3,), "float32", 4), ModelConfig(hidden_sizes=[8]))
-    obs, actions = torch.randn(10, 3), torch.randint(0, 4, (10,))
-    logp, entropy, _ = model.evaluate(obs, actions)
-    reference = torch.distributions.Categorical(logits=model.actor(obs))
-    torch.testing.assert_close(logp, reference.log_prob(actions))
-    torch.testing.assert_close(entropy, reference.entropy())
-    sampled, sampled_logp, _ = model.sample(obs)
-    torch.testing.assert_close(sampled_logp, reference.log_prob(sampled))
-
-
 def test_update_moves_a_gaussian_policy_towards_advantaged_actions():
     torch.manual_seed(0)
     spaces = EnvSpaces((4,), "float32", 0, action_shape=(2,), action_dtype="float32",
