@@ -10,7 +10,6 @@ import dataclasses
 import difflib
 import functools
 import importlib
-import time
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -20,8 +19,8 @@ from hpcrl.config import ConfigError, EnvConfig
 from hpcrl.vector_envs import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, NormalizeReward,
                                envpool_vector, numpy_vector)
 
-__all__ = ["EnvSpaces", "make_env", "probe_spaces", "make_vector_env", "random_actions",
-           "env_steps_per_second", "RAW_REWARD", "GAME_OVER"]
+__all__ = ["EnvSpaces", "make_env", "probe_spaces", "make_vector_env", "random_actions", "RAW_REWARD",
+           "GAME_OVER"]
 
 
 @dataclass(frozen=True)
@@ -167,7 +166,7 @@ def probe_spaces(cfg: EnvConfig) -> EnvSpaces:
                       f"MultiBinary or multi-dimensional Box")
 
 
-# --- the env ceiling (bench/env_ceiling.py) ------------------------------------------------------
+# --- random actions (tests drive every backend with them) ---------------------------------------
 
 def random_actions(spaces: EnvSpaces, n: int, rng: np.random.Generator) -> np.ndarray:
     """Uniform random actions for `n` envs (continuous: uniform within the bounds; an unbounded
@@ -178,21 +177,3 @@ def random_actions(spaces: EnvSpaces, n: int, rng: np.random.Generator) -> np.nd
     bounded = np.isfinite(low) & np.isfinite(high)
     uniform = rng.uniform(np.where(bounded, low, 0.0), np.where(bounded, high, 1.0), size=(n, *spaces.action_shape))
     return np.where(bounded, uniform, rng.standard_normal((n, *spaces.action_shape))).astype(np.float32)
-
-
-def env_steps_per_second(cfg: EnvConfig, steps: int = 1000, seed: int = 0) -> float:
-    """Frames per second (env steps summed over the vector) that one process gets from `cfg`'s env,
-    vector size and backend with random actions and no policy: the ceiling of one env rank."""
-    spaces = probe_spaces(cfg)
-    envs, _ = make_vector_env(cfg, seed)
-    rng = np.random.default_rng(seed)
-    actions = [random_actions(spaces, cfg.num_envs, rng) for _ in range(min(steps, 100))]
-    try:
-        envs.step(actions[0])  # warm-up (first-step allocations)
-        start = time.perf_counter()
-        for i in range(steps):
-            envs.step(actions[i % len(actions)])
-        elapsed = time.perf_counter() - start
-    finally:
-        envs.close()
-    return steps * cfg.num_envs / elapsed

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hpcrl.config import ConfigError, parse_config
-from hpcrl.envs import EnvSpaces, env_steps_per_second, make_vector_env, probe_spaces, random_actions
+from hpcrl.envs import EnvSpaces, make_vector_env, probe_spaces, random_actions
 
 
 def env_cfg(**env):
@@ -175,7 +175,3 @@ def test_random_actions_fit_the_spaces():
     assert box.shape == (100, 2) and box.dtype == np.float32
     assert (np.abs(box[:, 0]) <= 2).all() and box[:, 0].std() > 0.5 and (box[:, 1] < 0).any()
 
-
-@pytest.mark.parametrize("backend", ["sync", "numpy"])
-def test_env_steps_per_second(backend):
-    assert env_steps_per_second(env_cfg(id="CartPole-v1", num_envs=4, backend=backend), steps=200) > 100
