@@ -204,6 +204,7 @@ class LearnerRole:
                 group["lr"] = a.lr * max(0.0, 1.0 - self.frames / self.cfg.run.total_frames)
         batch = self._assemble(frags)
         self._local = self._local_stats(frags)  # read the headers now: sync re-arms the buffers next
+        self.dropped_since = []  # counted in this update's statistics
         # MPI: every learner folds the moments of all learners' batches into its observation
         # normaliser (a no-op without model.obs_norm), so the update trains with the stats it acts with
         self.model.update_obs_norm(batch.obs, reduce=lambda moments: comm.allreduce_sum(self.comm, moments))
@@ -324,7 +325,6 @@ class LearnerRole:
                          ep["return_sqsum"].sum(), ep["length_sum"].sum(), len(self.dropped_since),
                          sum(f.get("rollout_us") for f in frags), sum(f.get("wait_us") for f in frags)],
                         dtype=np.float64)
-        self.dropped_since = []
         lows = np.array([ep["return_min"].min(), min(versions)], dtype=np.float64)
         highs = np.array([ep["return_max"].max(), max(versions)], dtype=np.float64)
         return sums, lows, highs
