@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hpcrl.algos.moments import merge_moments
 from hpcrl.config import ConfigError, ModelConfig
 
 if TYPE_CHECKING:  # not at run time: inference ranks need no gymnasium
@@ -116,11 +117,10 @@ class ObsNormalizer(nn.Module):
             return
         batch_mean = self.mean + s1 / n  # the same shift moments() used
         batch_m2 = (s2 - s1 * s1 / n).clamp_min(0.0)
-        delta, total = batch_mean - self.mean, self.count + n
-        m2 = self.var * self.count + batch_m2 + delta * delta * self.count * n / total
-        self.mean.add_(delta * n / total)
-        self.var.copy_(m2 / total)
-        self.count.copy_(total)
+        mean, var, count = merge_moments(self.mean, self.var, self.count, batch_mean, batch_m2, n)
+        self.mean.copy_(mean)
+        self.var.copy_(var)
+        self.count.copy_(count)
 
 
 class ActorCritic(nn.Module):

@@ -19,6 +19,7 @@ import numpy as np
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
+from hpcrl.algos.moments import merge_moments
 from hpcrl.config import ConfigError
 
 RAW_REWARD = "raw_reward"  # the reward before clipping / normalising
@@ -91,11 +92,8 @@ class NormalizeReward(gym.vector.VectorWrapper):
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # SB3's RunningMeanStd start
 
     def _update(self, x: np.ndarray) -> None:
-        # Chan et al.'s parallel update of mean and variance with a batch
-        batch_mean, batch_var, n = float(x.mean()), float(x.var()), len(x)
-        delta, total = batch_mean - self.mean, self.count + n
-        m2 = self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total
-        self.mean, self.var, self.count = self.mean + delta * n / total, m2 / total, total
+        self.mean, self.var, self.count = merge_moments(self.mean, self.var, self.count, float(x.mean()),
+                                                        float(x.var()) * len(x), len(x))
 
     def step(self, actions):
         obs, rewards, terminated, truncated, info = self.env.step(actions)
