@@ -4,10 +4,13 @@ torch is imported only where tensors are made: rank 0 inspects checkpoints (`ins
 before it knows its role, and env ranks never import torch.
 
 A checkpoint is written to a temporary name in the same directory, flushed, and renamed over the
-old one, so a crash mid-write never leaves a half checkpoint as the latest.
+old one, so a crash mid-write never leaves a half checkpoint as the latest. A run killed inside a
+write leaves that temporary file behind: `recover_temporaries` removes it when the run resumes,
+or installs it when it is complete and newer than the latest (killed between fsync and rename).
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -16,6 +19,8 @@ from typing import Any, Callable
 
 import h5py
 import numpy as np
+
+from hpcrl.faults import pause_point
 
 FORMAT_VERSION = 1
 
@@ -132,6 +137,7 @@ def save_checkpoint(path: str, model, optimizer,
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["config"] = config_text
             _write_tree(f.create_group("model"), dict(model.state_dict()))
+            pause_point("checkpoint")  # tests: a kill here leaves half a file
             _write_tree(f.create_group("optimizer"), optimizer.state_dict())
             _write_tree(f.create_group("counters"), dict(counters))
             _write_tree(f.create_group("rng"), rng_states(np_rng))
@@ -140,12 +146,40 @@ def save_checkpoint(path: str, model, optimizer,
             f.flush()
         with open(tmp, "rb") as fh:  # the data is on disk before the name points at it
             os.fsync(fh.fileno())
-        if os.path.exists(path):
-            os.replace(path, previous_path(path))  # a crash right here leaves the previous one to load
-        os.replace(tmp, path)
+        _install(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _install(complete: str, path: str) -> None:
+    """Make a complete checkpoint file the latest; the latest becomes the previous one."""
+    if os.path.exists(path):
+        os.replace(path, previous_path(path))  # a crash right here leaves the previous one to load
+    os.replace(complete, path)
+
+
+def recover_temporaries(path: str) -> list[str]:
+    """After a hard stop: temporary files of `path` whose checksum holds and that are newer than
+    the latest usable checkpoint become the latest (the kill came between fsync and rename); the
+    rest are half-written and removed. Returns what was done, one line each."""
+    done = []
+    for tmp in sorted(glob.glob(glob.escape(path) + ".tmp.*")):
+        try:
+            version = int(read_summary(tmp)[1].get("policy_version", -1))
+        except CheckpointError:
+            os.unlink(tmp)
+            done.append(f"removed {tmp}, a checkpoint a stopped run had not finished writing")
+            continue
+        found, _, counters, _ = inspect_latest(path)
+        if found is None or version > int(counters.get("policy_version", -1)):
+            _install(tmp, path)
+            done.append(f"installed {tmp}, a complete checkpoint of policy version {version} written just "
+                        f"before the run stopped, as {path}")
+        else:
+            os.unlink(tmp)
+            done.append(f"removed {tmp}, an older copy of a checkpoint")
+    return done
 
 
 def _read_verified(path: str, read: Callable[[h5py.File], Any]) -> Any:

@@ -21,7 +21,7 @@ from mpi4py import MPI  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from hpcrl.messages import PREEMPTED, STOP, Message  # noqa: E402
+from hpcrl.messages import STOP, Message  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
@@ -252,11 +252,11 @@ class WeightPublisher:
         self.message.set(version=-1)  # nothing published yet
         self._bcast = None
 
-    def publish(self, version: int, fill: Callable[[np.ndarray], None], stop: bool = False,
-                preempted: bool = False) -> None:
+    def publish(self, version: int, fill: Callable[[np.ndarray], None], flags: int = 0) -> None:
+        """`flags`: 0, or the stop word (STOP and why) that ends every holder's run."""
         self.wait()  # the previous version must be out before its buffer is overwritten
         fill(self.message["params"])
-        self.message.set(version=version, flags=(STOP if stop else 0) | (PREEMPTED if preempted else 0))
+        self.message.set(version=version, flags=flags)
         if self.comm is not None:
             self._bcast = self.comm.Ibcast(self.message.buffer, root=0)
 

@@ -86,6 +86,7 @@ class Message:
 
 STOP = 1  # flags bit: the run is over; the receiver finishes and exits
 PREEMPTED = 2  # flags bit, with STOP: the run was stopped by a signal and will resume from its checkpoint
+OUTPUT_FAILED = 4  # flags bit, with STOP: the learner root could not write its outputs (a full disk)
 EPISODE_STATS = ("episodes", "return_sum", "return_sqsum", "return_min", "return_max", "length_sum")
 
 

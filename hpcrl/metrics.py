@@ -3,33 +3,49 @@
 Written in HDF5's single-writer/multiple-reader mode, so `read_metrics` (or h5py, h5dump with
 SWMR) can follow a run while it goes on, and a crash leaves every row written so far readable.
 Optionally every row is mirrored as TensorBoard scalars in event files beside it.
+
+A run that was killed (kill -9, the OOM killer, a dead node) leaves SWMR's "open for writing"
+flags in the file, which make HDF5 refuse to open it for writing again. `rebuild_metrics`, run
+when a run resumes, reads what can be read (an SWMR reader ignores those flags) and writes it
+back as a new, closed file, cut to the checkpoint's rows.
 """
 from __future__ import annotations
 
+import glob
+import itertools
 import os
+import socket
 import time
+from dataclasses import dataclass
 
 import h5py
 import numpy as np
+
+from hpcrl.faults import pause_point
+
+CHUNK_ROWS = 256
+
+
+def _create_series(file: h5py.File, key: str, dtype, row_shape: tuple, data: np.ndarray | None = None) -> None:
+    file.create_dataset(key, shape=(0, *row_shape) if data is None else None, data=data,
+                        maxshape=(None, *row_shape), dtype=dtype, chunks=(CHUNK_ROWS, *row_shape))
 
 
 class MetricsWriter:
     """Appends rows of named scalars (and fixed-width vectors); every row has the same keys."""
 
-    def __init__(self, path: str, attrs: dict[str, str] | None = None, resume_through_version: int | None = None,
+    def __init__(self, path: str, attrs: dict[str, str] | None = None, resume: bool = False,
                  tensorboard_dir: str | None = None):
-        """A new file; or, with `resume_through_version`, the existing one cut back to the rows of
-        policy versions up to the resumed checkpoint's, so the series continue without a gap or repeat.
-        `tensorboard_dir`: also write every row there as TensorBoard scalars (step = frames)."""
-        if resume_through_version is None or not os.path.exists(path):
+        """A new file; or, with `resume`, the existing one continued (a resumed run first cuts it
+        back to its checkpoint with `rebuild_metrics`). `tensorboard_dir`: also write every row
+        there as TensorBoard scalars (step = frames)."""
+        self.path = path
+        if not resume or not os.path.exists(path):
             self.file = h5py.File(path, "w", libver="latest")
             self.rows = 0
         else:
             self.file = h5py.File(path, "a", libver="latest")
-            versions = self.file["policy_version"][()] if "policy_version" in self.file else np.zeros(0)
-            self.rows = int(np.searchsorted(versions, resume_through_version, side="right"))
-            for key in self.file:
-                self.file[key].resize(self.rows, axis=0)
+            self.rows = min((self.file[key].shape[0] for key in self.file), default=0)
             if self.rows:
                 self.file.swmr_mode = True
         for key, value in (attrs or {}).items():
@@ -44,13 +60,14 @@ class MetricsWriter:
         values = {key: np.asarray(value) for key, value in row.items()}
         if not len(self.file):  # first row: create one dataset per key
             for key, value in values.items():
-                dtype = np.int64 if np.issubdtype(value.dtype, np.integer) else np.float64
-                self.file.create_dataset(key, shape=(0, *value.shape), maxshape=(None, *value.shape),
-                                         dtype=dtype, chunks=(256, *value.shape))
+                _create_series(self.file, key, np.int64 if np.issubdtype(value.dtype, np.integer) else np.float64,
+                               value.shape)
             self.file.swmr_mode = True  # datasets exist: readers may open the file from now on
         if set(values) != set(self.file.keys()):
             raise ValueError(f"metrics row keys changed: {sorted(set(values) ^ set(self.file.keys()))}")
-        for key, value in values.items():
+        for i, (key, value) in enumerate(values.items()):
+            if i == len(values) // 2:
+                pause_point("metrics")  # tests: a kill here leaves half a row
             ds = self.file[key]
             ds.resize(self.rows + 1, axis=0)
             ds[self.rows] = value
@@ -65,28 +82,41 @@ class MetricsWriter:
             self.tensorboard.close()
 
 
+_event_files = itertools.count()  # several writers in one process (and second) get their own files
+
+
 class TensorBoardScalars:
     """Metrics rows as TensorBoard scalars (tag = the metrics key, step = `frames`), so
-    `tensorboard --logdir runs` shows every run. Written with the tensorboard package's own event
-    writer: no torch needed. TensorBoard stores scalars as float32."""
+    `tensorboard --logdir runs` shows every run. Records go through the tensorboard package's
+    record format (no torch needed), written synchronously by the learner's own thread, so a
+    failed write (a full disk) raises here, naming the events file, instead of in a background
+    thread. TensorBoard stores scalars as float32."""
 
     def __init__(self, log_dir: str, purge_from_step: int = 0):
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
         from tensorboard.compat.proto.summary_pb2 import Summary
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.summary.writer.record_writer import RecordWriter
         self._event, self._summary = Event, Summary
-        self.writer = EventFileWriter(log_dir)
+        self.path = os.path.join(log_dir, f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
+                                          f"{os.getpid()}.{next(_event_files)}")
+        self.writer = RecordWriter(open(self.path, "wb"))
+        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
         # A session start at step s makes TensorBoard discard every event of earlier files with a
         # step >= s (what torch's SummaryWriter(purge_step=s) writes): a resumed run's cut rows.
-        self.writer.add_event(Event(step=purge_from_step, wall_time=time.time(),
-                                    session_log=SessionLog(status=SessionLog.START)))
+        self._write(Event(step=purge_from_step, wall_time=time.time(),
+                          session_log=SessionLog(status=SessionLog.START)))
+
+    def _write(self, event) -> None:
+        try:
+            self.writer.write(event.SerializeToString())
+            self.writer.flush()  # readers see each row at once, as they do in metrics.h5
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self.path) from None
 
     def append(self, row: dict[str, float | np.ndarray]) -> None:
         values = [self._summary.Value(tag=key, simple_value=float(value))
                   for key, value in row.items() if np.ndim(value) == 0]  # vectors (replica digests) stay in HDF5
-        self.writer.add_event(self._event(step=int(row["frames"]), wall_time=time.time(),
-                                          summary=self._summary(value=values)))
-        self.writer.flush()  # readers see each row at once, as they do in metrics.h5
+        self._write(self._event(step=int(row["frames"]), wall_time=time.time(), summary=self._summary(value=values)))
 
     def close(self) -> None:
         self.writer.close()
@@ -96,3 +126,65 @@ def read_metrics(path: str) -> dict[str, np.ndarray]:
     """Every series of a metrics file, also while its run is still writing it."""
     with h5py.File(path, "r", libver="latest", swmr=True) as f:
         return {key: f[key][()] for key in f}
+
+
+@dataclass
+class Rebuilt:
+    """What `rebuild_metrics` kept, and what it could not read."""
+
+    rows: int  # rows in the rebuilt file
+    problem: str = ""  # why the old file could not be read whole ('' when it could)
+    damaged_copy: str = ""  # where that unreadable file was moved
+
+
+def rebuild_metrics(path: str, through_version: int) -> Rebuilt:
+    """Rewrite `path` as a closed file holding its rows of policy versions up to `through_version`
+    (the resumed checkpoint's), in order. A file that cannot be read whole is moved aside to
+    `metrics.damaged.<time>.h5` (kept for a look or HDF5's recovery tools, never deleted), and the
+    rebuilt file starts empty. Writes a temporary file and renames it, so a kill during the
+    rebuild leaves the old file in place."""
+    series, attrs, problem = _salvage(path) if os.path.exists(path) else ({}, {}, "")
+    damaged = ""
+    if problem:
+        damaged = f"{os.path.splitext(path)[0]}.damaged.{time.strftime('%Y%m%d-%H%M%S')}.h5"
+        os.replace(path, damaged)
+    rows = _rows_through(series, through_version)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with h5py.File(tmp, "w", libver="latest") as f:
+        for key, value in attrs.items():
+            f.attrs[key] = value
+        for key, data in series.items() if rows else ():
+            _create_series(f, key, data.dtype, data.shape[1:], data[:rows])
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return Rebuilt(rows, problem, damaged)
+
+
+def _salvage(path: str) -> tuple[dict[str, np.ndarray], dict, str]:
+    """(series, attributes, problem) of a metrics file; nothing and the problem if any part is
+    unreadable (a series cannot be left out: every row has every key)."""
+    try:
+        with h5py.File(path, "r", libver="latest", swmr=True) as f:  # SWMR readers ignore a dead writer's flags
+            return {key: f[key][()] for key in f}, dict(f.attrs), ""
+    except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:
+        return {}, {}, f"{type(exc).__name__}: {exc}"
+
+
+def _rows_through(series: dict[str, np.ndarray], through_version: int) -> int:
+    """Leading rows that every series holds (a kill inside `append` leaves some one row longer)
+    whose policy versions rise and stay within `through_version`."""
+    if not series:
+        return 0
+    rows = min(len(v) for v in series.values())
+    versions = series["policy_version"][:rows] if "policy_version" in series else np.zeros(0)
+    ok = (versions <= through_version) & np.concatenate([[True], np.diff(versions) > 0])[:len(versions)]
+    return rows if ok.all() else int(np.argmin(ok))
+
+
+def remove_temporaries(path: str) -> list[str]:
+    """Delete `path.tmp.*` left by a writer that was killed; returns what was removed."""
+    stale = sorted(glob.glob(glob.escape(path) + ".tmp.*"))
+    for name in stale:
+        os.unlink(name)
+    return stale

@@ -16,11 +16,10 @@ from hpcrl import comm, rundir
 from hpcrl.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.layout import INLINE, Layout, env_groups, plan_layout
-from hpcrl.messages import fragment_spec, reply_spec, request_spec, weights_spec
+from hpcrl.messages import OUTPUT_FAILED, PREEMPTED, fragment_spec, reply_spec, request_spec, weights_spec
+from hpcrl.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
 from hpcrl.watchdog import Watchdog
 
-EXIT_CONFIG_ERROR = 2
-EXIT_PREEMPTED = 3  # stopped by SIGTERM/SIGUSR1 after writing a checkpoint: resubmit or requeue to go on
 FRAGMENT_BUFFERS = 2  # per env rank: one fills while the previous is in flight
 
 
@@ -35,8 +34,11 @@ def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size
         return {"cfg": cfg, "spaces": spaces, "start": rundir.prepare(cfg, overwrite)}
     except ConfigError as exc:
         return {"error": str(exc)}
-    except OSError as exc:
-        return {"error": f"cannot prepare the run directory: {exc}"}
+    except OSError as exc:  # a full disk or an unwritable output_dir: not a config mistake
+        where = f" {exc.filename}" if exc.filename else ""
+        return {"error": f"cannot prepare the run directory{where}: {rundir.os_reason(exc)}"
+                         f"{rundir.free_space(exc.filename) if exc.filename else ''}; fix that, then run the same "
+                         f"command again", "status": EXIT_OUTPUT_FAILED}
 
 
 class PreemptionSignals:
@@ -69,7 +71,7 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
     state = _prepare(config_path, overrides, overwrite, size) if rank == 0 else None
     state = comm.broadcast_object(state)  # MPI: rank 0's verdict reaches every rank
     if "error" in state:
-        return _refuse(rank, state["error"])
+        return _refuse(rank, state["error"], state.get("status", EXIT_CONFIG_ERROR))
     cfg: Config = state["cfg"]
     start: rundir.RunStart = state["start"]
     if start.finished:
@@ -93,18 +95,25 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
                                   heartbeat=lambda: watchdog.tick(True)))
     poll_until_done(roles_here, watchdog)
     watchdog.stop()
-    if any(getattr(r, "preempted", False) for r in roles_here):
+    flags = 0
+    for role in roles_here:  # the stop word's flags, as each role received (or, on learners, sent) it
+        flags |= role.stop_flags
+    if flags & OUTPUT_FAILED:
+        return EXIT_OUTPUT_FAILED
+    if flags & PREEMPTED:
         return EXIT_PREEMPTED
     if rank == 0:
         print(f"[hpcrl] done: {start.run_dir}", flush=True)
     return 0
 
 
-def _refuse(rank: int, message: str) -> int:
-    """A user mistake found at start-up: one message (from rank 0), status 2 on every rank."""
+def _refuse(rank: int, message: str, status: int = EXIT_CONFIG_ERROR) -> int:
+    """A user mistake (or an unwritable run directory) found at start-up: one message (from
+    rank 0), the same status on every rank."""
     if rank == 0:
-        print(f"hpcrl: config error: {message}", file=sys.stderr, flush=True)
-    return EXIT_CONFIG_ERROR
+        what = "config error" if status == EXIT_CONFIG_ERROR else "error"
+        print(f"hpcrl: {what}: {message}", file=sys.stderr, flush=True)
+    return status
 
 
 def visible_gpus() -> int:
@@ -218,7 +227,7 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
             publisher = comm.WeightPublisher(weight_comm if size_of(weight_comm) > 1 else None,
                                              _weights_message(cfg, spaces))
         files = (RunFiles(start.run_dir, start.config_text,
-                          resume_through_version=start.start_version if start.resume_file else None,
+                          resume=start.resume_file is not None,
                           tensorboard=cfg.run.tensorboard)
                  if rank == root else None)
         share = len(envs) * len(learners) / len(layout.envs)  # unequal fan-in: weight by batch size

@@ -2,20 +2,34 @@
 
 Runs on rank 0 before any role exists; no MPI and no torch (a checkpoint is inspected with h5py).
 A run directory holds config.yaml, metrics.h5, checkpoint.h5 and checkpoint.prev.h5.
+
+A run may have been stopped hard (kill -9, the OOM killer, a dead node, a full disk) at any
+moment. Resuming repairs what that leaves: temporary checkpoint files (removed, or installed when
+complete and newer), and metrics.h5 (rebuilt from what can be read, cut to the checkpoint). What
+the repair did is printed and appended to `recovery.log` in the run directory.
 """
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
+import time
 from dataclasses import dataclass, field
 
 import yaml
 
-from hpcrl.checkpoint import inspect_latest
+from hpcrl.checkpoint import inspect_latest, previous_path, recover_temporaries
 from hpcrl.config import Config, ConfigError, parse_config, to_dict, to_yaml
+from hpcrl.metrics import rebuild_metrics, remove_temporaries
 
 CHECKPOINT_FILE = "checkpoint.h5"
 METRICS_FILE = "metrics.h5"
+RECOVERY_LOG = "recovery.log"
+# Exit statuses of `hpcrl run` (README, "Exit statuses"): 0 done, 1 a failure (a rank crashed).
+EXIT_CONFIG_ERROR = 2  # a user mistake found at start-up: one message, nothing written
+EXIT_PREEMPTED = 3  # stopped by SIGTERM/SIGUSR1 after writing a checkpoint: resubmit or requeue to go on
+EXIT_OUTPUT_FAILED = 4  # an output could not be written (full disk): fix it, then run again to resume
 # What a resumed run may not change: the policy's shape and what it was trained on.
 MUST_MATCH = ("env.id", "env.kwargs", "model.hidden_sizes", "model.activation", "model.encoder", "model.obs_norm",
               "algo.name", "algo.mode")
@@ -55,12 +69,16 @@ def prepare(cfg: Config, overwrite: bool) -> RunStart:
     if overwrite and os.path.isdir(run_dir):
         shutil.rmtree(run_dir)
     elif os.path.isdir(run_dir):
+        repairs = recover_temporaries(checkpoint)  # a kill inside a checkpoint write
         found, old_text, counters, problems = inspect_latest(checkpoint)
         start.warnings += problems
-        if found is None and os.path.exists(os.path.join(run_dir, METRICS_FILE)):
-            raise ConfigError(f"run directory {run_dir!r} holds a run but no usable checkpoint"
-                              f"{' (' + '; '.join(problems) + ')' if problems else ''}; pass --overwrite to start "
-                              f"it again, or choose another run.name")
+        metrics = os.path.join(run_dir, METRICS_FILE)
+        if found is None and os.path.exists(metrics):
+            if any(os.path.exists(p) for p in (checkpoint, previous_path(checkpoint))):
+                raise ConfigError(f"run directory {run_dir!r} holds a run but no usable checkpoint"
+                                  f"{' (' + '; '.join(problems) + ')' if problems else ''}; pass --overwrite to "
+                                  f"start it again, or choose another run.name")
+            repairs.append("the run stopped before its first checkpoint: starting it from the beginning")
         if found is not None:
             old, new = _resolved(old_text), to_dict(cfg)
             for key in MUST_MATCH:
@@ -72,6 +90,10 @@ def prepare(cfg: Config, overwrite: bool) -> RunStart:
             start.start_version = int(counters.get("policy_version", 0))
             start.start_frames = int(counters.get("frames", 0))
             start.finished = _already_finished(cfg, counters)
+        if not start.finished:
+            repairs += _repair_metrics(metrics, start.start_version, int(counters.get("updates", 0)))
+        _log_repairs(run_dir, repairs)
+        start.warnings += repairs
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as fh:
         fh.write(start.config_text)
@@ -88,3 +110,47 @@ def _already_finished(cfg: Config, counters: dict) -> str:
         return (f"it reached run.target_return ({cfg.run.target_return}); change or remove run.target_return "
                 f"to train on")
     return ""
+
+
+def _repair_metrics(path: str, through_version: int, updates: int) -> list[str]:
+    """metrics.h5 as the resumed run continues it: readable, closed, cut to the checkpoint."""
+    repairs = [f"removed {name}, a metrics file a stopped run had not finished rebuilding"
+               for name in remove_temporaries(path)]
+    if not os.path.exists(path):
+        return repairs
+    rebuilt = rebuild_metrics(path, through_version)
+    if rebuilt.problem:
+        lost = (f": the metrics rows of the {updates:,} updates up to the checkpoint are lost (the checkpoint "
+                f"and the training are not affected)" if updates else "")
+        repairs.append(f"{path} could not be read ({rebuilt.problem}); it was moved to {rebuilt.damaged_copy} "
+                       f"and a new one started{lost}")
+    return repairs
+
+
+def _log_repairs(run_dir: str, repairs: list[str]) -> None:
+    """Append what resuming repaired to the run directory's recovery.log (the lasting note)."""
+    if not repairs:
+        return
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    with open(os.path.join(run_dir, RECOVERY_LOG), "a", encoding="utf-8") as fh:
+        fh.writelines(f"{stamp} {line}\n" for line in repairs)
+
+
+def os_reason(exc: OSError) -> str:
+    """The operating system's words for a failed write ('No space left on device'); h5py hides
+    them inside a long message."""
+    if exc.errno:
+        return os.strerror(exc.errno)
+    found = re.search(r"errno = (\d+)", str(exc))
+    if found:
+        return os.strerror(int(found.group(1)))
+    return str(exc)
+
+
+def free_space(path: str) -> str:
+    """' (N bytes free there)' for the file system holding `path`, or '' when unknown."""
+    try:
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    except OSError:
+        return ""
+    return f" ({free:,} bytes free there)"

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from hpcrl.metrics import MetricsWriter, read_metrics
+from hpcrl.metrics import MetricsWriter, read_metrics, rebuild_metrics
 
 
 def test_rows_read_back_while_the_writer_is_open(tmp_path):
@@ -40,7 +40,8 @@ def test_resume_cuts_rows_after_the_checkpoint_and_continues(tmp_path):
     for v in (1, 2, 3, 4):  # the run wrote rows for versions 3 and 4 after its checkpoint at 2
         writer.append({"frames": 10 * v, "policy_version": v})
     writer.close()
-    resumed = MetricsWriter(path, resume_through_version=2)
+    assert rebuild_metrics(path, through_version=2).rows == 2
+    resumed = MetricsWriter(path, resume=True)
     resumed.append({"frames": 30, "policy_version": 3})
     resumed.close()
     m = read_metrics(path)

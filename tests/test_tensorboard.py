@@ -3,7 +3,7 @@ after a resume. Read back with TensorBoard's own EventAccumulator."""
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
-from hpcrl.metrics import MetricsWriter, read_metrics
+from hpcrl.metrics import MetricsWriter, read_metrics, rebuild_metrics
 from tests.conftest import mpirun, run_dir, small_config, write_config
 
 
@@ -31,7 +31,8 @@ def test_a_resumed_writer_replaces_the_rows_cut_after_the_checkpoint(tmp_path):
     for v in (1, 2, 3, 4):  # the run wrote versions 3 and 4 after its checkpoint at 2, then died
         first.append({"frames": 100 * v, "policy_version": v, "return_mean": float(v)})
     first.close()
-    resumed = MetricsWriter(path, resume_through_version=2, tensorboard_dir=str(tmp_path))
+    rebuild_metrics(path, through_version=2)
+    resumed = MetricsWriter(path, resume=True, tensorboard_dir=str(tmp_path))
     for v in (3, 4, 5):  # the resumed run's own versions 3-5 (different returns)
         resumed.append({"frames": 100 * v, "policy_version": v, "return_mean": 10.0 * v})
     resumed.close()

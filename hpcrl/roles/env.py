@@ -13,7 +13,7 @@ import numpy as np
 from hpcrl.comm import FragmentSender, RequestClient
 from hpcrl.config import Config
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
-from hpcrl.messages import EPISODE_STATS, PREEMPTED, STOP, Message
+from hpcrl.messages import EPISODE_STATS, STOP, Message
 
 
 class RemotePolicy:
@@ -96,7 +96,7 @@ class EnvRole:
         self.version = start_version
         self.done = False
         self.stopping = False  # a group had the stop word: collect every group's, then finish
-        self.preempted = False
+        self.stop_flags = 0  # the stop word's flags (why the run stopped: they decide the exit status)
         self.fragments_sent = 0
         self.fragment = sender.acquire()
         self.rollout_start = time.perf_counter()
@@ -148,7 +148,7 @@ class EnvRole:
         self._reply_arrived()
         group.waiting = False
         if reply.get("flags") & STOP:
-            self.preempted = bool(reply.get("flags") & PREEMPTED)
+            self.stop_flags = reply.get("flags")
             group.stopped = self.stopping = True
             return 1
         if self.sync and reply.get("version") != self.version:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcrl.comm import RequestServer
-from hpcrl.messages import PREEMPTED, STOP, Message
+from hpcrl.messages import STOP, Message
 from hpcrl.models import PolicyRunner
 
 
@@ -90,8 +90,7 @@ class InferenceRole:
         self.runner, self.weights, self.server = runner, weights, server
         self.pending: list[int] = []
         self.stopping = False
-        self.stop_flags = 0
-        self.preempted = False
+        self.stop_flags = 0  # the stop word's flags (why the run stopped: they decide the exit status)
         self.stopped_envs: set[int] = set()
         self.done = False
         self.status = "waiting for the first weights"
@@ -131,7 +130,6 @@ class InferenceRole:
         if message.get("flags") & STOP:
             self.stopping = True
             self.stop_flags = message.get("flags")
-            self.preempted = bool(self.stop_flags & PREEMPTED)
             self.status = "stopping: telling env ranks"
         else:
             self.runner.load(message["params"], message.get("version"))

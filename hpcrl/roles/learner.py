@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import time
 from collections import deque
 from typing import Callable
@@ -20,30 +21,59 @@ from hpcrl import comm
 from hpcrl.algos.gae import successor_values
 from hpcrl.algos.kernels import gae, vtrace
 from hpcrl.algos.ppo import LOSS_KEYS, Batch, ppo_update
-from hpcrl.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
+from hpcrl.checkpoint import inspect_latest, load_checkpoint, restore_rng_states, save_checkpoint
 from hpcrl.config import Config
 from hpcrl.envs import EnvSpaces
-from hpcrl.messages import EPISODE_STATS, STOP
+from hpcrl.messages import EPISODE_STATS, OUTPUT_FAILED, PREEMPTED, STOP
 from hpcrl.metrics import MetricsWriter
 from hpcrl.models import build_model, copy_params_to, policy_digest
-from hpcrl.rundir import CHECKPOINT_FILE, METRICS_FILE
+from hpcrl.rundir import CHECKPOINT_FILE, EXIT_OUTPUT_FAILED, METRICS_FILE, free_space, os_reason
 
 RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least this many episodes
-FRAMES_CODE, TARGET_CODE, PREEMPTED_CODE = 1, 2, 3  # how an update ends the run (0: it goes on)
-STOP_REASONS = {0: "", FRAMES_CODE: "total_frames", TARGET_CODE: "target_return", PREEMPTED_CODE: "preempted"}
+# how an update ends the run (0: it goes on), and the flags of the stop word that says so
+FRAMES_CODE, TARGET_CODE, PREEMPTED_CODE, OUTPUT_FAILED_CODE = 1, 2, 3, 4
+STOP_REASONS = {0: "", FRAMES_CODE: "total_frames", TARGET_CODE: "target_return", PREEMPTED_CODE: "preempted",
+                OUTPUT_FAILED_CODE: "output_failed"}
+STOP_FLAGS = {0: 0, FRAMES_CODE: STOP, TARGET_CODE: STOP, PREEMPTED_CODE: STOP | PREEMPTED,
+              OUTPUT_FAILED_CODE: STOP | OUTPUT_FAILED}
 
 
 class RunFiles:
     """The learner root's outputs in the run directory."""
 
-    def __init__(self, run_dir: str, config_text: str, resume_through_version: int | None = None,
-                 tensorboard: bool = False):
+    def __init__(self, run_dir: str, config_text: str, resume: bool = False, tensorboard: bool = False):
+        """`resume`: continue metrics.h5 (already cut back to the checkpoint by rundir.prepare)."""
         self.run_dir = run_dir
         self.config_text = config_text
         self.metrics = MetricsWriter(os.path.join(run_dir, METRICS_FILE), attrs={"config": config_text},
-                                     resume_through_version=resume_through_version,
-                                     tensorboard_dir=run_dir if tensorboard else None)
+                                     resume=resume, tensorboard_dir=run_dir if tensorboard else None)
         self.checkpoint_path = os.path.join(run_dir, CHECKPOINT_FILE)
+        self.failed = False
+
+    def write_row(self, row: dict) -> None:
+        self.metrics.append(row)
+
+    def output_failed(self, what: str, path: str, exc: OSError) -> int:
+        """One message for an output that could not be written (a full disk, a quota, a file system
+        gone read-only): what, where, why, and the checkpoint that stays valid. Returns the stop code."""
+        self.failed = True
+        found, _, counters, _ = inspect_latest(self.checkpoint_path)
+        valid = (f"the checkpoint {found} (policy version {int(counters.get('policy_version', 0))}, "
+                 f"{int(counters.get('frames', 0)):,} frames) stays valid: once there is room again (free space, "
+                 f"raise the quota), run the same command again to resume" if found else
+                 "no checkpoint was written yet: once there is room again, run the same command again to start "
+                 "the run anew")
+        path = exc.filename or path  # the TensorBoard events file names itself; h5py's errors do not
+        print(f"hpcrl: cannot write {what} to {path}: {os_reason(exc)}{free_space(path)}. Stopping the job "
+              f"(exit status {EXIT_OUTPUT_FAILED}); {valid}.", file=sys.stderr, flush=True)
+        return OUTPUT_FAILED_CODE
+
+    def close(self) -> None:
+        try:
+            self.metrics.close()
+        except OSError:
+            if not self.failed:  # after a failed write, closing fails too; resuming rebuilds the file
+                raise
 
 
 class LearnerRole:
@@ -96,7 +126,7 @@ class LearnerRole:
         self.frames = int(counters.get("frames", 0))
         self.updates = int(counters.get("updates", 0))
         self.start = time.perf_counter() - float(counters.get("wall_time", 0.0))  # wall time continues
-        self.preempted = False
+        self.stop_flags = 0  # the stop word's flags once the run stops (they decide the exit status)
         self.stopped_by = ""
         self.windows: deque = deque()  # (episodes, return_sum) of recent updates, all learners
         self.fragments_dropped = int(counters.get("fragments_dropped", 0))
@@ -114,7 +144,7 @@ class LearnerRole:
         self._set_waiting_status()
         self._last_log = self._last_ckpt = time.perf_counter()
         self._last_log_frames = self.frames
-        self._publish(stop=False)
+        self._publish()
 
     def _start_from(self, resume_path: str | None) -> dict:
         """Same weights (and, resuming, optimizer state and counters) on every learner; returns the
@@ -219,19 +249,20 @@ class LearnerRole:
         """Statistics, the stop decision, the report, and the new weights (or the stop word)."""
         row = self._reduce_stats(self._local, self._losses)
         code = 0
-        if self.root and self.preempt_requested():
-            code = PREEMPTED_CODE
-        elif row["frames"] >= self.cfg.run.total_frames:
-            code = FRAMES_CODE
-        elif self._target_reached():
-            code = TARGET_CODE
-        code = comm.broadcast_int(self.comm, code)  # MPI: all learners stop after the same update, the same way
-        stop, self.preempted = code != 0, code == PREEMPTED_CODE
-        self.stopped_by = STOP_REASONS[code]
         if self.root:
-            self._report(row, stop)
-        self._publish(stop=stop)
-        if stop:
+            if self.preempt_requested():
+                code = PREEMPTED_CODE
+            elif row["frames"] >= self.cfg.run.total_frames:
+                code = FRAMES_CODE
+            elif self._target_reached():
+                code = TARGET_CODE
+            self.stopped_by = STOP_REASONS[code]
+            code = self._report(row, code)
+        code = comm.broadcast_int(self.comm, code)  # MPI: all learners stop after the same update, the same way
+        self.stopped_by = STOP_REASONS[code]
+        self.stop_flags = STOP_FLAGS[code]
+        self._publish()
+        if code:
             self._start_draining()
         else:
             self._set_waiting_status()
@@ -369,28 +400,38 @@ class LearnerRole:
         return target is not None and episodes >= RETURN_WINDOW_EPISODES and self._window_mean() >= target
 
     # --- learner root only --------------------------------------------------------------------------
-    def _publish(self, stop: bool) -> None:
+    def _publish(self) -> None:
         if self.publisher is not None:
-            self.publisher.publish(self.version, lambda flat: copy_params_to(self.model, flat), stop=stop,
-                                   preempted=self.preempted)
+            self.publisher.publish(self.version, lambda flat: copy_params_to(self.model, flat),
+                                   flags=self.stop_flags)
 
-    def _report(self, row: dict, stop: bool) -> None:
+    def _report(self, row: dict, code: int) -> int:
+        """Write the metrics row (and a checkpoint when one is due or the run stops) and print the
+        progress line; returns `code`, or OUTPUT_FAILED_CODE when an output could not be written
+        (a full disk): the run then stops on every rank with one message instead of a traceback."""
         if row.get("replica_digest") is not None:
             row["replica_digest"] = row["replica_digest"].reshape(-1)
-        self.files.metrics.append(row)
+        try:
+            self.files.write_row(row)
+        except OSError as exc:
+            return self.files.output_failed("the metrics row of this update", self.files.metrics.path, exc)
         now = time.perf_counter()
-        if stop or now - self._last_log >= self.cfg.run.log_interval_s:
+        if code or now - self._last_log >= self.cfg.run.log_interval_s:
             fps = (row["frames"] - self._last_log_frames) / max(now - self._last_log, 1e-9)
             print(f"[hpcrl] frames {row['frames']:>10,} | {fps:8,.0f} fps | return {row['return_window_mean']:7.1f}"
                   f" | version {self.version:5d} | pg {row['loss_policy']:+.3f} v {row['loss_value']:.3f}"
                   f" ent {row['entropy']:.3f} kl {row['approx_kl']:.4f}", flush=True)
             self._last_log, self._last_log_frames = now, row["frames"]
-        if stop or now - self._last_ckpt >= self.cfg.run.checkpoint_interval_s:
-            self.save()
+        if code or now - self._last_ckpt >= self.cfg.run.checkpoint_interval_s:
+            try:
+                self.save()
+            except OSError as exc:
+                return self.files.output_failed("the checkpoint", self.files.checkpoint_path, exc)
             self._last_ckpt = now
-        if self.preempted:
+        if code == PREEMPTED_CODE:
             print(f"[hpcrl] preempted: checkpoint of policy version {self.version} at {row['frames']:,} frames "
                   f"written; run the same command again to resume", flush=True)
+        return code
 
     def save(self) -> None:
         counters = {"frames": self.frames, "updates": self.updates, "policy_version": self.version,
@@ -414,6 +455,6 @@ class LearnerRole:
         if self.publisher is not None:
             self.publisher.wait()
         if self.files is not None:
-            self.files.metrics.close()
+            self.files.close()
         self.done = True
         self.status = "finished"
