@@ -377,6 +377,13 @@ def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, str
             text = fh.read()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from None
+    try:
+        empty = yaml.safe_load(text) is None
+    except yaml.YAMLError:
+        empty = False  # parse_config says what is wrong with it
+    if empty:  # most likely the wrong file, or one not written yet: never train a default run quietly
+        raise ConfigError(f"config file {path!r} is empty (or only comments); it needs at least the sections "
+                          f"it changes (run, roles, env, algo, model), e.g. start from jobs/cartpole_ppo.yaml")
     return parse_config(text, source=path, overrides=overrides), text
 
 

@@ -90,6 +90,17 @@ def test_missing_file_is_a_config_error(tmp_path):
         load_config(str(tmp_path / "nope.yaml"))
 
 
+@pytest.mark.parametrize("text", ["", "\n# only a comment\n", "~\n"])
+def test_an_empty_config_file_is_refused_not_trained_as_defaults(tmp_path, text):
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="is empty .* e.g. start from jobs/cartpole_ppo.yaml"):
+        load_config(str(path))
+    path.write_text("- run\n- env\n")  # a top level that is not a mapping
+    with pytest.raises(ConfigError, match="expected a mapping of sections"):
+        load_config(str(path))
+
+
 def test_role_counts_that_do_not_fit_name_a_size_that_would():
     fixed = parse_config("roles: {learner: {ranks: 1}, inference: {ranks: 1}, env: {ranks: 2}}").roles
     with pytest.raises(ConfigError, match="exactly 4, but the job has 3 ranks; run with mpirun -n 4"):
