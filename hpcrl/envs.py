@@ -132,15 +132,21 @@ def _vector(cfg: EnvConfig, num_envs: int, seed: int, gamma: float) -> gym.vecto
     return envs
 
 
-def make_vector_env(cfg: EnvConfig, seed: int, gamma: float = 0.99,
+def make_vector_env(cfg: EnvConfig, seed: int | list[int], gamma: float = 0.99,
                     num_envs: int | None = None) -> tuple[gym.vector.VectorEnv, np.ndarray]:
     """`num_envs` envs (default: the config's) stepped in this process by `cfg.backend`, reset with
-    `seed` (env i gets seed + i). Every backend
+    `seed`: one seed per env (hpcrl.seeds.env_seeds), or an int (env i gets seed + i). The numpy
+    and envpool backends seed a whole vector from one seed, the first. Every backend
     autoresets SAME_STEP: a finished env returns its reset observation at once and its final
     observation in info["final_obs"] (needed to bootstrap truncation). `gamma` is the discount of
     env.normalize_reward. Returns the vector and its first observations."""
-    envs = _vector(cfg, num_envs or cfg.num_envs, seed, gamma)
-    obs, _ = envs.reset(seed=seed)
+    n = num_envs or cfg.num_envs
+    seeds = [seed + i for i in range(n)] if isinstance(seed, int) else list(seed)
+    if len(seeds) != n:
+        raise ValueError(f"{len(seeds)} seeds for {n} envs")
+    first = seeds[0] % 2**31  # envpool takes an int32 base seed
+    envs = _vector(cfg, n, first, gamma)
+    obs, _ = envs.reset(seed=seeds if cfg.backend == "sync" else first)
     return envs, obs
 
 

@@ -12,6 +12,7 @@ from hpcrl.messages import EPISODE_STATS, fragment_spec, reply_spec, request_spe
 from hpcrl.models import PolicyRunner, build_model, copy_params_to, num_params
 from hpcrl.roles.env import EnvRole
 from hpcrl.roles.inference import InlinePolicy
+from hpcrl.seeds import env_seeds
 
 T, N, LIMIT = 16, 3, 8  # episodes are cut at 8 steps, so truncation falls on t=7 and t=T-1=15
 
@@ -52,7 +53,7 @@ def test_fragment_matches_a_replay_and_truncation_bootstraps_from_the_final_obs(
     truncated_at_end, episodes, returns = 0, 0, []
     for i in range(N):
         env = gym.make("CartPole-v1", max_episode_steps=LIMIT)
-        obs, _ = env.reset(seed=cfg.run.seed * 100_003 + i)  # the seeds EnvRole gives env rank 0
+        obs, _ = env.reset(seed=env_seeds(cfg.run.seed, 0, 0, N)[i])  # the seeds EnvRole gives env rank 0
         ep_return = 0.0
         for t in range(T):
             np.testing.assert_array_equal(f["obs"][t, i], obs)

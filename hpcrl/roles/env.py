@@ -13,6 +13,7 @@ import numpy as np
 from hpcrl.comm import FragmentSender, RequestClient
 from hpcrl.config import Config
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
+from hpcrl.seeds import env_seeds
 from hpcrl.messages import EPISODE_STATS, STOP, Message
 
 
@@ -86,11 +87,10 @@ class EnvRole:
         self.sync = cfg.algo.mode == "sync"
         self.sender = sender
         per_group = self.N // len(policies)
-        seed = cfg.run.seed * 100_003 + 1_000 * index  # env i of this rank: seed + i, however grouped
         self.groups = []
         for g, policy in enumerate(policies):
-            envs, first_obs = make_vector_env(cfg.env, seed=seed + g * per_group, gamma=cfg.algo.gamma,
-                                              num_envs=per_group)
+            envs, first_obs = make_vector_env(cfg.env, seed=env_seeds(cfg.run.seed, index, g, per_group),
+                                              gamma=cfg.algo.gamma, num_envs=per_group)
             self.groups.append(EnvGroup(envs, first_obs, policy, slice(g * per_group, (g + 1) * per_group)))
         # sync: the version this rollout must be collected with; async: the oldest version accepted
         self.version = start_version
