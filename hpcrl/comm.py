@@ -41,6 +41,15 @@ def group_tag(tag: Tag, group: int) -> int:
     return int(tag) + GROUP_TAG_STRIDE * group
 
 
+def group_tag_problem(groups: int) -> str | None:
+    """Each env group gets its own tag pair; MPI only promises tags up to 32767 (MPI_TAG_UB)."""
+    highest, bound = group_tag(Tag.ACTION_REPLY, groups - 1), WORLD.Get_attr(MPI.TAG_UB)
+    if highest <= bound:
+        return None
+    return (f"env.groups: {groups} groups need MPI tags up to {highest}, above this MPI's limit of {bound} "
+            f"(MPI_TAG_UB); use at most {(bound - int(Tag.ACTION_REPLY)) // GROUP_TAG_STRIDE + 1} groups")
+
+
 def world_rank() -> int:
     return WORLD.Get_rank()
 
@@ -68,6 +77,19 @@ def install_abort_hook(describe: Callable[[], str]) -> None:
         WORLD.Abort(1)
 
     sys.excepthook = hook
+
+
+def thread_level_problem(rank: int) -> str | None:
+    """A learner runs Horovod's background thread beside hpcrl's own MPI calls: below
+    MPI_THREAD_MULTIPLE that is undefined behaviour, so say what to change instead of running."""
+    provided = MPI.Query_thread()
+    if provided >= MPI.THREAD_MULTIPLE:
+        return None
+    name = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED", MPI.THREAD_SERIALIZED: "SERIALIZED"}
+    return (f"rank {rank} is a learner, and its MPI gives thread level MPI_THREAD_{name.get(provided, provided)}; "
+            f"learners run Horovod's thread beside hpcrl's MPI calls and need MPI_THREAD_MULTIPLE: with (Cray) "
+            f"MPICH export MPICH_MAX_THREAD_SAFETY=multiple (the scripts of hpcrl sbatch do), unset "
+            f"MPI4PY_RC_THREAD_LEVEL, or use an MPI built with thread-multiple support")
 
 
 def broadcast_object(obj, root: int = 0):

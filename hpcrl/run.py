@@ -18,6 +18,7 @@ from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.layout import INLINE, Layout, env_groups, plan_layout
 from hpcrl.messages import OUTPUT_FAILED, PREEMPTED, fragment_spec, reply_spec, request_spec, weights_spec
 from hpcrl.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
+from hpcrl.seeds import seed_for
 from hpcrl.watchdog import Watchdog
 
 FRAGMENT_BUFFERS = 2  # per env rank: one fills while the previous is in flight
@@ -84,7 +85,7 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
         layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes))
     except ConfigError as exc:  # every rank computed the same layout from the same gathered facts
         return _refuse(rank, str(exc))
-    problems = [p for p in comm.all_gather_objects(_device_problem(cfg, layout, rank)) if p]
+    problems = [p for p in comm.all_gather_objects(_rank_problem(cfg, layout, rank)) if p]
     if problems:  # MPI: every rank sees the same list, so every rank stops
         more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
         return _refuse(rank, problems[0] + more)
@@ -140,9 +141,15 @@ def _gpus_of_rank(cfg: Config, nodes):
     return np.array([per_node[node] for node in nodes], dtype=np.int64)
 
 
-def _device_problem(cfg: Config, layout: Layout, rank: int) -> str | None:
-    """A rank asked to run its policy on a GPU it does not have: a config error, found before work."""
-    for role in layout.roles_of(rank):
+def _rank_problem(cfg: Config, layout: Layout, rank: int) -> str | None:
+    """What keeps this rank from its roles, found before any work: a config error on every rank.
+    A learner needs MPI_THREAD_MULTIPLE; a rank asked to run its policy on a GPU needs one."""
+    roles = layout.roles_of(rank)
+    if "learner" in roles and (problem := comm.thread_level_problem(rank)):
+        return problem
+    if "env" in roles and (problem := comm.group_tag_problem(env_groups(cfg, layout))):
+        return problem
+    for role in roles:
         device = getattr(cfg.roles, role).device
         if role == "env" and not layout.inline_inference:
             continue  # the env rank's policy lives on its inference rank
@@ -205,7 +212,9 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
     is_learner = rank in learners
     learner_comm = comm.sub_communicator(is_learner)
     subscribers = layout.weight_subscribers()
-    weight_comm = comm.sub_communicator(rank == root or rank in subscribers, key=0 if rank == root else None)
+    # the learner root must be rank 0 of the weight communicator (it is the Ibcast root) wherever
+    # it sits in WORLD: key 0 for it, world rank + 1 for everyone else (world rank 0 included)
+    weight_comm = comm.sub_communicator(rank == root or rank in subscribers, key=0 if rank == root else rank + 1)
 
     obs_shape, obs_dtype = spaces.obs_shape, spaces.obs_dtype
     T, N = cfg.algo.rollout_length, cfg.env.num_envs
@@ -241,7 +250,8 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
         server = comm.RequestServer([e for e, _ in slots], [g for _, g in slots], [req.allocate() for _ in slots],
                                     [rep.allocate() for _ in slots])
         weights = comm.WeightSubscriber(weight_comm, _weights_message(cfg, spaces))
-        roles.append(InferenceRole(rank, _runner(cfg, spaces, cfg.roles.inference.device, rank), weights, server,
+        runner = _runner(cfg, spaces, cfg.roles.inference.device, "inference", layout.index_in("inference", rank))
+        roles.append(InferenceRole(rank, runner, weights, server,
                                    sync=cfg.algo.mode == "sync"))
 
     if rank in layout.envs:
@@ -252,7 +262,7 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
             from hpcrl.roles.inference import InlinePolicy
             weights = (comm.LocalWeightSubscriber(publisher) if layout.serial
                        else comm.WeightSubscriber(weight_comm, _weights_message(cfg, spaces)))
-            policies = [InlinePolicy(_runner(cfg, spaces, cfg.roles.env.device, rank), weights,
+            policies = [InlinePolicy(_runner(cfg, spaces, cfg.roles.env.device, "inline_policy", index), weights,
                                      req.allocate(), rep.allocate(), sync=cfg.algo.mode == "sync")]
         else:
             policies = [RemotePolicy(comm.RequestClient(inference_rank, req.allocate(), rep.allocate(), group=g))
@@ -278,14 +288,14 @@ def _weights_message(cfg: Config, spaces: EnvSpaces):
     return weights_spec(num_params(build_model(spaces, cfg.model))).allocate()
 
 
-def _runner(cfg: Config, spaces: EnvSpaces, device: str, rank: int):
+def _runner(cfg: Config, spaces: EnvSpaces, device: str, purpose: str, index: int):
+    """The policy of an inference rank (or an env rank's inline one); `index`: the rank's index in its role."""
     import torch
 
     from hpcrl.models import PolicyRunner, build_model
     torch.manual_seed(cfg.run.seed)  # initial weights; the learner root's broadcast replaces them
-    # action sampling differs per rank, repeatably
-    return PolicyRunner(build_model(spaces, cfg.model), device,
-                        seed=cfg.run.seed * 1_009 + rank)
+    # action sampling: its own stream per rank, repeatable per run seed
+    return PolicyRunner(build_model(spaces, cfg.model), device, seed=seed_for(cfg.run.seed, purpose, index))
 
 
 def poll_until_done(roles: list, watchdog: Watchdog | None = None) -> None:

@@ -76,6 +76,7 @@ set -uo pipefail
 # edit: activate the environment that has hpcrl (conda env from environment.yml, or the set-up's .venv)
 if [[ -f .venv/bin/activate ]]; then source .venv/bin/activate; fi
 export OMP_NUM_THREADS=1           # one thread per rank: the ranks themselves are the parallelism
+export MPICH_MAX_THREAD_SAFETY=multiple  # (Cray) MPICH: learners need MPI_THREAD_MULTIPLE for Horovod
 
 CONFIG=${{CONFIG:-{request.config_path}}}
 # one rank per core (HPCRL_BIND=none / HPCRL_CPU_BIND=none where ranks outnumber cores, e.g. tests)
@@ -94,5 +95,7 @@ if [[ $status -eq 3 ]]; then
     scontrol requeue "${{SLURM_JOB_ID}}"
     exit 0
 fi
+# 4: an output could not be written (a full disk): not requeued, since it would fail the same way;
+# free space, then submit again to resume from the checkpoint the message names
 exit $status
 """

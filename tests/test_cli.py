@@ -65,7 +65,8 @@ def test_sbatch_writes_a_script_for_the_layout_and_refuses_one_that_cannot_fit(t
     assert "2 nodes x 8 MPI ranks = 16 (2 learner, 4 inference, 10 env)" in text
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --time=02:00:00",
                  "#SBATCH --partition=gpu", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@120",
-                 "CONFIG=${CONFIG:-jobs/cartpole_ppo_multinode.yaml}", 'scontrol requeue "${SLURM_JOB_ID}"'):
+                 "CONFIG=${CONFIG:-jobs/cartpole_ppo_multinode.yaml}", 'scontrol requeue "${SLURM_JOB_ID}"',
+                 "export MPICH_MAX_THREAD_SAFETY=multiple"):
         assert line in text, line
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
     # a learner and two inference ranks per node leave no room for env ranks on 2-rank nodes

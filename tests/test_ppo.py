@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.algos.ppo import Batch, ppo_loss, ppo_update
+from hpcrl.algos.ppo import Batch, ppo_loss, ppo_update, train_step
 from hpcrl.config import AlgoConfig, ModelConfig
 from hpcrl.envs import EnvSpaces
 from hpcrl.models import build_model
@@ -84,3 +84,21 @@ def test_update_moves_a_gaussian_policy_towards_advantaged_actions():
     assert np.isfinite(list(stats.values())).all()
     with torch.no_grad():
         assert model.mode(obs)[:, 0].mean() > mean_before + 0.05
+
+
+def test_the_observation_normaliser_takes_the_batch_after_the_update_so_first_ratios_are_1():
+    """The batch was collected with the current stats: the update must see exactly those, and the
+    normaliser folds the batch in afterwards (before, the first epoch's ratios were not 1)."""
+    torch.manual_seed(0)
+    model = build_model(EnvSpaces((4,), "float32", 2), ModelConfig(hidden_sizes=[16], obs_norm=True))
+    model.update_obs_norm(torch.randn(256, 4))  # some stats already
+    obs = 5.0 + 3.0 * torch.randn(64, 4)  # far from them: folding this batch in moves the stats a lot
+    with torch.no_grad():
+        actions, logp, values = model.sample(obs)
+    b = Batch(obs, actions, logp, values, torch.randn(64), values)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # no weight change: the ratios show the stats alone
+    stats = train_step(model, opt, b, AlgoConfig(epochs=1, num_minibatches=1), np.random.default_rng(0))
+    assert stats["approx_kl"] == 0.0 and stats["clip_frac"] == 0.0
+    with torch.no_grad():
+        # the batch is in the stats now: the same weights act differently
+        assert not torch.allclose(model.log_probs(obs).gather(1, actions[:, None]).squeeze(1), logp)

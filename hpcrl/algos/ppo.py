@@ -78,3 +78,16 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
                 totals[k] += float(stats[k])
             steps += 1
     return {k: v / steps for k, v in totals.items()}
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: AlgoConfig,
+               rng: np.random.Generator, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m,
+               **update_kwargs) -> dict[str, float]:
+    """One PPO/APPO trainer step: the update (unless algo.train is false), then the observation
+    normaliser folds in the batch. In that order the update trains with the statistics the batch
+    was collected with, so in sync mode the first minibatch's ratios are exactly 1. `reduce_moments`
+    sums the normaliser's moments over all learners (an allreduce)."""
+    losses = ppo_update(model, optimizer, batch, cfg, rng, **update_kwargs) if cfg.train \
+        else dict.fromkeys(LOSS_KEYS, 0.0)
+    model.update_obs_norm(batch.obs, reduce=reduce_moments)
+    return losses

@@ -119,7 +119,11 @@ class InferenceRole:
                 serve.append(i)
         if serve:
             self._serve(serve)
-            self.pending = [i for i in self.pending if i not in serve]
+            if len(serve) == len(self.pending):
+                self.pending = []
+            else:  # sync mode: some ask for a version still on its way
+                served = set(serve)
+                self.pending = [i for i in self.pending if i not in served]
             work += 1
         return work
 

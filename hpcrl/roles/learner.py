@@ -20,7 +20,7 @@ import torch
 from hpcrl import comm
 from hpcrl.algos.gae import successor_values
 from hpcrl.algos.kernels import gae, vtrace
-from hpcrl.algos.ppo import LOSS_KEYS, Batch, ppo_update
+from hpcrl.algos.ppo import LOSS_KEYS, Batch, train_step
 from hpcrl.checkpoint import inspect_latest, load_checkpoint, restore_rng_states, save_checkpoint
 from hpcrl.config import Config
 from hpcrl.envs import EnvSpaces
@@ -28,6 +28,7 @@ from hpcrl.messages import EPISODE_STATS, OUTPUT_FAILED, PREEMPTED, STOP
 from hpcrl.metrics import MetricsWriter
 from hpcrl.models import build_model, copy_params_to, policy_digest
 from hpcrl.rundir import CHECKPOINT_FILE, EXIT_OUTPUT_FAILED, METRICS_FILE, free_space, os_reason
+from hpcrl.seeds import seed_for
 
 RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least this many episodes
 # how an update ends the run (0: it goes on), and the flags of the stop word that says so
@@ -114,7 +115,7 @@ class LearnerRole:
                              "obs": torch.uint8 if spaces.obs_dtype == "uint8" else torch.float32}
         # fused: one kernel for all parameters; 7x faster than the per-tensor loop on small MLPs here
         optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algo.lr, eps=1e-5, fused=True)
-        self.rng = np.random.default_rng(cfg.run.seed * 7_919 + hvd.rank())
+        self.rng = np.random.default_rng(seed_for(cfg.run.seed, "learner", hvd.rank()))  # minibatch order
         # Horovod: one group holding every parameter, so the whole gradient goes out as one fused
         # allreduce once backward has produced all of it, instead of one per tensor as each becomes
         # ready (bench/allreduce.py). The wrapper is a new optimizer over the same parameter
@@ -134,7 +135,7 @@ class LearnerRole:
         self.batch_fragments = len(receiver.buffers)  # one per env rank, as in sync mode
         self.have = [False] * len(receiver.buffers)  # sync: which env ranks' fragments are in
         # async: fragments copied out of the receive buffers, and the spare buffers they go to
-        self.held: list[int] = []  # arrived, not copied yet (no spare free)
+        self.held: deque[int] = deque()  # arrived, not copied yet (no spare free)
         self.queue: list = []
         self.spares = [receiver.buffers[0].spec.allocate() for _ in range(0 if self.sync else 2 * len(receiver.buffers))]
         self.dropped_since: list = []  # (frames, episode stats) of fragments dropped since the last update
@@ -201,7 +202,7 @@ class LearnerRole:
         ready = self.receiver.ready()
         self.held.extend(ready)
         while self.held and self.spares:
-            i = self.held.pop(0)
+            i = self.held.popleft()
             spare = self.spares.pop()
             spare.buffer[...] = self.receiver.buffers[i].buffer
             self.receiver.rearm(i)
@@ -221,10 +222,14 @@ class LearnerRole:
         """Async: fragments whose oldest step is more than max_policy_lag versions old are not
         trained on; their frames and finished episodes still count."""
         oldest_ok = self.version - self.cfg.algo.max_policy_lag
-        for frag in [f for f in self.queue if f.get("version") < oldest_ok]:
-            self.dropped_since.append((frag.get("frames"), frag["episode_stats"].copy()))
-            self.queue.remove(frag)
-            self.spares.append(frag)
+        kept = []
+        for frag in self.queue:
+            if frag.get("version") >= oldest_ok:
+                kept.append(frag)
+            else:
+                self.dropped_since.append((frag.get("frames"), frag["episode_stats"].copy()))
+                self.spares.append(frag)
+        self.queue = kept
 
     def _update(self, frags: list) -> None:
         self.status = f"training policy version {self.version}"
@@ -235,13 +240,12 @@ class LearnerRole:
         batch = self._assemble(frags)
         self._local = self._local_stats(frags)  # read the headers now: sync re-arms the buffers next
         self.dropped_since = []  # counted in this update's statistics
-        # MPI: every learner folds the moments of all learners' batches into its observation
-        # normaliser (a no-op without model.obs_norm), so the update trains with the stats it acts with
-        self.model.update_obs_norm(batch.obs, reduce=lambda moments: comm.allreduce_sum(self.comm, moments))
-        self._losses = (ppo_update(self.model, self.optimizer, batch, a, self.rng,
-                                   average_gradients=self.optimizer.synchronize, apply_step=self._step,
-                                   loss_scale=self.batch_share)
-                        if a.train else dict.fromkeys(LOSS_KEYS, 0.0))
+        # MPI: after the update, every learner folds the moments of all learners' batches into its
+        # observation normaliser (a no-op without model.obs_norm), so all hold identical stats
+        self._losses = train_step(self.model, self.optimizer, batch, a, self.rng,
+                                  reduce_moments=lambda moments: comm.allreduce_sum(self.comm, moments),
+                                  average_gradients=self.optimizer.synchronize, apply_step=self._step,
+                                  loss_scale=self.batch_share)
         self.version += 1
         self.updates += 1
 
@@ -274,7 +278,7 @@ class LearnerRole:
         self.status = "stopping: waiting for the env ranks' last messages"
         for i in self.held:  # async: receives left unarmed for back-pressure
             self._take_last(i)
-        self.held = []
+        self.held.clear()
         self._drain()
 
     def _drain(self) -> int:
@@ -292,14 +296,26 @@ class LearnerRole:
             self.receiver.rearm(i)
 
     def _set_waiting_status(self) -> None:
-        """Name the env ranks whose fragments are missing: the watchdog's message, if it fires."""
+        """From now on the status names what is missing (the watchdog's message, if it fires). It
+        is worked out only when read: a scan of every env rank on each arrival would cost
+        O(fan-in) per fragment."""
+        self._status = None
+
+    @property
+    def status(self) -> str:
+        return self._status if self._status is not None else self._waiting_for()
+
+    @status.setter
+    def status(self, text: str) -> None:
+        self._status = text
+
+    def _waiting_for(self) -> str:
         if not self.sync:
-            self.status = (f"waiting for fragments: {len(self.queue)} of {self.batch_fragments} queued "
-                           f"for policy version {self.version}")
-            return
+            return (f"waiting for fragments: {len(self.queue)} of {self.batch_fragments} queued "
+                    f"for policy version {self.version}")
         missing = [self.receiver.env_ranks[i] for i, have in enumerate(self.have) if not have]
         shown = ", ".join(str(r) for r in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        self.status = f"waiting for fragments of policy version {self.version} from env ranks {shown}"
+        return f"waiting for fragments of policy version {self.version} from env ranks {shown}"
 
     def _step(self) -> None:
         with self.optimizer.skip_synchronize():  # Horovod: gradients were averaged before clipping
