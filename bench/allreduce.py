@@ -24,8 +24,8 @@ def measure(name, obs_shape, actions, hidden, repeats):
     import numpy as np
     import torch
 
-    from hpcrl import comm
-    from hpcrl.config import ModelConfig
+    from hpcrl.runtime import comm
+    from hpcrl.core.config import ModelConfig
     from hpcrl.envs import EnvSpaces
     from hpcrl.models import build_model, num_params
     from report import median_seconds
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     under_mpi(2, __file__, args.out)
-    from hpcrl import comm  # MPI at THREAD_MULTIPLE before Horovod starts its thread
+    from hpcrl.runtime import comm  # MPI at THREAD_MULTIPLE before Horovod starts its thread
     import horovod.torch as hvd
     import torch
     torch.set_num_threads(1)

@@ -33,8 +33,8 @@ def spin(test) -> None:
 def measure(name, obs_shape, obs_dtype, trips, fragments):
     import numpy as np
 
-    from hpcrl import comm
-    from hpcrl.messages import fragment_spec, reply_spec, request_spec
+    from hpcrl.runtime import comm
+    from hpcrl.core.messages import fragment_spec, reply_spec, request_spec
     world = comm.WORLD
     rank = world.Get_rank()
     req, rep = request_spec(N, obs_shape, obs_dtype), reply_spec(N, (), "int64")
@@ -118,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     under_mpi(2, __file__, args.out)
     results = [measure(*case) for case in CASES]
-    from hpcrl import comm
+    from hpcrl.runtime import comm
     if comm.world_rank() == 0:
         from report import emit
         emit({"benchmark": "comm: project channels vs raw mpi4py, 2 ranks on one node", "results": results},

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from report import emit  # noqa: E402
-from hpcrl.config import load_config  # noqa: E402
+from hpcrl.core.config import load_config  # noqa: E402
 from hpcrl.envs import make_vector_env  # noqa: E402
 
 NUMPY_VECTOR_SIZES = (64, 256, 1024)

@@ -19,10 +19,10 @@ from report import emit  # noqa: E402
 
 COMMON = """
 import sys
-from hpcrl import comm
-from hpcrl.config import parse_config
+from hpcrl.runtime import comm
+from hpcrl.core.config import parse_config
 from hpcrl.envs import make_vector_env, probe_spaces
-import hpcrl.roles.env
+import hpcrl.workers.actor
 cfg = parse_config("env: {id: CartPole-v1, num_envs: 8}")
 envs, obs = make_vector_env(cfg.env, seed=0)
 """

@@ -17,10 +17,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from report import emit, median_seconds  # noqa: E402
-from hpcrl.config import parse_config  # noqa: E402
+from hpcrl.core.config import parse_config  # noqa: E402
 from hpcrl.envs import EnvSpaces  # noqa: E402
-from hpcrl.layout import plan_layout, simulated_nodes  # noqa: E402
-from hpcrl.plan import traffic, warnings  # noqa: E402
+from hpcrl.core.layout import plan_layout, simulated_nodes  # noqa: E402
+from hpcrl.tools.plan import traffic, warnings  # noqa: E402
 
 ROLES = "roles: {learner: {ranks: 64}, inference: {per_node: 2}, env: {ranks: rest}}"
 

@@ -42,7 +42,7 @@ def tight_loop(config: str, seconds: float) -> float:
     import numpy as np
     import torch
 
-    from hpcrl.config import load_config
+    from hpcrl.core.config import load_config
     from hpcrl.envs import make_vector_env, probe_spaces
     from hpcrl.models import PolicyRunner, build_model
     cfg, _ = load_config(config)
@@ -66,7 +66,7 @@ def tight_loop(config: str, seconds: float) -> float:
 
 def hpcrl_rate(config: str, ranks: int, roles: str, seconds: float, out_dir: str) -> dict:
     """Frames/s of a real run, from its metrics.h5, leaving out the first quarter (start-up)."""
-    from hpcrl.metrics import read_metrics
+    from hpcrl.io.metrics import read_metrics
     name = f"sampling{ranks}"
     cmd = ["bash", str(REPO / "scripts/mpirun.sh"), "-n", str(ranks), sys.executable, "-m", "hpcrl", "run", config,
            "--overwrite", "--set", "algo.mode=async", "--set", "algo.train=false", "--set", f"roles={roles}",

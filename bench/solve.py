@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from report import emit  # noqa: E402
-from hpcrl.metrics import read_metrics  # noqa: E402
+from hpcrl.io.metrics import read_metrics  # noqa: E402
 
 TARGET = 475
 LAYOUTS = {  # key: (description, ranks, job); serial is the baseline of speedup_vs_serial

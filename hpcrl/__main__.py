@@ -1,5 +1,5 @@
 import sys
 
-from hpcrl.cli import main
+from hpcrl.tools.cli import main
 
 sys.exit(main())

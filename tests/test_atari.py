@@ -7,8 +7,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from hpcrl import atari
-from hpcrl.config import AtariConfig, ConfigError, EnvConfig, parse_config
+from hpcrl.envs import atari
+from hpcrl.core.config import AtariConfig, ConfigError, EnvConfig, parse_config
 from hpcrl.envs import make_env, make_vector_env
 
 atari.import_ale()

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.checkpoint import CheckpointError, load_checkpoint, load_latest, restore_rng_states, save_checkpoint
-from hpcrl.config import ModelConfig
+from hpcrl.io.checkpoint import CheckpointError, load_checkpoint, load_latest, restore_rng_states, save_checkpoint
+from hpcrl.core.config import ModelConfig
 from hpcrl.envs import EnvSpaces
 from hpcrl.models import build_model
 
@@ -106,8 +106,8 @@ def test_extra_state_round_trips(tmp_path):
 
 
 def test_a_checkpoint_whose_config_predates_a_key_resumes_with_its_default(tmp_path):
-    from hpcrl import rundir
-    from hpcrl.config import ConfigError, parse_config
+    from hpcrl.io import rundir
+    from hpcrl.core.config import ConfigError, parse_config
     text = f"run: {{output_dir: {tmp_path}, name: old}}\nmodel: {{hidden_sizes: [8]}}\n"  # no model.obs_norm
     model, opt = trained()
     (tmp_path / "old").mkdir()

@@ -1,8 +1,8 @@
 """Config validation: every user mistake gets a message naming the key and what would be valid."""
 import pytest
 
-from hpcrl.config import ConfigError, load_config, parse_config, to_yaml
-from hpcrl.layout import resolve_role_counts
+from hpcrl.core.config import ConfigError, load_config, parse_config, to_yaml
+from hpcrl.core.layout import resolve_role_counts
 from tests.conftest import REPO
 
 

@@ -1,8 +1,8 @@
-"""docs/config.md is generated from hpcrl/config.py and cannot drift from it."""
+"""docs/config.md is generated from hpcrl/core/config.py and cannot drift from it."""
 import dataclasses
 
-from hpcrl.config import Config
-from hpcrl.docs import COMMAND, config_reference
+from hpcrl.core.config import Config
+from hpcrl.tools.docs import COMMAND, config_reference
 from tests.conftest import REPO
 
 

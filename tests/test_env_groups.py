@@ -1,7 +1,7 @@
 """Double-buffered env ranks: with two env groups, one steps while the other waits for actions."""
 import numpy as np
 
-from hpcrl.metrics import read_metrics
+from hpcrl.io.metrics import read_metrics
 from tests.conftest import mpirun, run_dir, small_config, write_config
 
 

@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl import comm
-from hpcrl.config import parse_config
+from hpcrl.runtime import comm
+from hpcrl.core.config import parse_config
 from hpcrl.envs import probe_spaces
-from hpcrl.messages import EPISODE_STATS, fragment_spec, reply_spec, request_spec, weights_spec
+from hpcrl.core.messages import EPISODE_STATS, fragment_spec, reply_spec, request_spec, weights_spec
 from hpcrl.models import PolicyRunner, build_model, copy_params_to, num_params
-from hpcrl.roles.env import EnvRole
-from hpcrl.roles.inference import InlinePolicy
-from hpcrl.seeds import env_seeds
+from hpcrl.workers.actor import EnvRole
+from hpcrl.workers.policy_server import InlinePolicy
+from hpcrl.core.seeds import env_seeds
 
 T, N, LIMIT = 16, 3, 8  # episodes are cut at 8 steps, so truncation falls on t=7 and t=T-1=15
 

@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from hpcrl.config import ConfigError, parse_config
+from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.envs import EnvSpaces, make_vector_env, probe_spaces, random_actions
 
 

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpcrl.checkpoint import load_latest
+from hpcrl.io.checkpoint import load_latest
 from tests.conftest import MPIRUN, REPO, mpirun, run_dir, small_config, write_config
 from tests.test_resume import wait_for_rows
 

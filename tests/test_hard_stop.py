@@ -13,8 +13,8 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcrl.checkpoint import inspect_latest, load_latest
-from hpcrl.metrics import MetricsWriter, read_metrics, rebuild_metrics
+from hpcrl.io.checkpoint import inspect_latest, load_latest
+from hpcrl.io.metrics import MetricsWriter, read_metrics, rebuild_metrics
 from tests.conftest import MPIRUN, REPO, mpirun, run_dir, small_config, write_config
 from tests.test_failures import rank_pids
 
@@ -128,7 +128,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path):
 def test_a_metrics_file_killed_mid_row_is_rebuilt_to_whole_rows(tmp_path):
     path = str(tmp_path / "metrics.h5")
     marker = tmp_path / "paused"
-    code = ("from hpcrl.metrics import MetricsWriter\n"
+    code = ("from hpcrl.io.metrics import MetricsWriter\n"
             f"w = MetricsWriter({path!r})\n"
             "for v in range(1, 10):\n"
             "    w.append({'frames': 10 * v, 'policy_version': v, 'a': 1.0, 'b': 2.0, 'c': 3.0})\n")

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from hpcrl.config import ConfigError, parse_config
-from hpcrl.layout import INLINE, plan_layout, simulated_nodes
+from hpcrl.core.config import ConfigError, parse_config
+from hpcrl.core.layout import INLINE, plan_layout, simulated_nodes
 
 
 def roles(text: str):

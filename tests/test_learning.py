@@ -1,7 +1,7 @@
 """The shipped CartPole jobs learn: mean return of the last >= 20 episodes reaches 475."""
 import pytest
 
-from hpcrl.metrics import read_metrics
+from hpcrl.io.metrics import read_metrics
 from tests.conftest import REPO, mpirun
 
 

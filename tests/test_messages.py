@@ -1,7 +1,7 @@
 """Message packing: header and arrays share one aligned buffer; partial sends keep a prefix."""
 import numpy as np
 
-from hpcrl.messages import EPISODE_STATS, MessageSpec, fragment_spec, request_spec
+from hpcrl.core.messages import EPISODE_STATS, MessageSpec, fragment_spec, request_spec
 
 
 def test_fields_are_aligned_views_of_one_buffer():

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from hpcrl.metrics import MetricsWriter, read_metrics, rebuild_metrics
+from hpcrl.io.metrics import MetricsWriter, read_metrics, rebuild_metrics
 
 
 def test_rows_read_back_while_the_writer_is_open(tmp_path):
@@ -14,7 +14,7 @@ def test_rows_read_back_while_the_writer_is_open(tmp_path):
     writer.append({"frames": 10, "return_mean": 1.5, "digest": np.array([3, 4], dtype=np.int64)})
     writer.append({"frames": 20, "return_mean": np.nan, "digest": np.array([5, 6], dtype=np.int64)})
     # another process, as a user watching a run would
-    code = f"from hpcrl.metrics import read_metrics; print(read_metrics({path!r})['frames'].tolist())"
+    code = f"from hpcrl.io.metrics import read_metrics; print(read_metrics({path!r})['frames'].tolist())"
     seen = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert seen.returncode == 0, seen.stderr
     assert seen.stdout.strip() == "[10, 20]"

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.checkpoint import load_checkpoint, save_checkpoint
-from hpcrl.config import ConfigError, ModelConfig, parse_config
+from hpcrl.io.checkpoint import load_checkpoint, save_checkpoint
+from hpcrl.core.config import ConfigError, ModelConfig, parse_config
 from hpcrl.envs import EnvSpaces
-from hpcrl.metrics import read_metrics
+from hpcrl.io.metrics import read_metrics
 from hpcrl.models import (PolicyRunner, build_model, copy_params_to, load_params_from, num_params, policy_digest,
                           policy_tensors)
 from tests.conftest import mpirun, run_dir, small_config, write_config

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hpcrl.checkpoint import load_checkpoint
-from hpcrl.metrics import read_metrics
+from hpcrl.io.checkpoint import load_checkpoint
+from hpcrl.io.metrics import read_metrics
 from tests.conftest import mpirun, run_dir, small_config, write_config
 
 

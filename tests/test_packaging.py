@@ -65,3 +65,39 @@ def test_hpcrl_never_imports_stable_baselines3():
             if any(m.split(".")[0] == "stable_baselines3" for m in modules):
                 importers.append(str(path.relative_to(REPO)))
     assert importers == []
+
+
+def imports_of(path) -> set[str]:
+    """Top-level names of every module a file imports (at any depth, lazy imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module or "")
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def importers(module: str) -> list[str]:
+    return sorted(str(p.relative_to(REPO / "hpcrl")) for p in (REPO / "hpcrl").rglob("*.py")
+                  if any(m == module or m.startswith(module + ".") for m in imports_of(p)))
+
+
+def test_only_the_runtime_imports_mpi4py():
+    assert all(path.startswith("runtime/") for path in importers("mpi4py")), importers("mpi4py")
+
+
+def test_only_the_trainer_imports_horovod():
+    assert importers("horovod") == ["workers/trainer.py"]
+
+
+def test_the_core_is_pure_and_envs_need_neither_mpi_nor_torch():
+    """core/: numpy and yaml only (every rank and hpcrl plan use it); envs/: no MPI, no torch
+    (actors with remote inference step them without either)."""
+    for path in (REPO / "hpcrl" / "core").rglob("*.py"):
+        outside = {m.split(".")[0] for m in imports_of(path)} - {"numpy", "yaml", "hpcrl", "__future__"}
+        assert not {m for m in outside if m not in __import__("sys").stdlib_module_names}, (path, outside)
+        assert not {m for m in imports_of(path) if m.startswith("hpcrl.") and not m.startswith("hpcrl.core")}, path
+    for path in (REPO / "hpcrl" / "envs").rglob("*.py"):
+        assert not {m.split(".")[0] for m in imports_of(path)} & {"torch", "mpi4py", "horovod"}, path

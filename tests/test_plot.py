@@ -7,10 +7,10 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from hpcrl.config import parse_config, to_yaml
-from hpcrl.metrics import MetricsWriter
-from hpcrl.plot import band, group_runs, load_curve, smooth
-from hpcrl.runinfo import RunDirError
+from hpcrl.core.config import parse_config, to_yaml
+from hpcrl.io.metrics import MetricsWriter
+from hpcrl.tools.plot import band, group_runs, load_curve, smooth
+from hpcrl.tools.inspect import RunDirError
 from tests.conftest import REPO
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpcrl.algos.ppo import Batch, ppo_loss, ppo_update, train_step
-from hpcrl.config import AlgoConfig, ModelConfig
+from hpcrl.core.config import AlgoConfig, ModelConfig
 from hpcrl.envs import EnvSpaces
 from hpcrl.models import build_model
 

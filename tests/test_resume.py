@@ -9,8 +9,8 @@ import time
 import numpy as np
 import torch
 
-from hpcrl.checkpoint import load_checkpoint
-from hpcrl.metrics import read_metrics
+from hpcrl.io.checkpoint import load_checkpoint
+from hpcrl.io.metrics import read_metrics
 from tests.conftest import MPIRUN, REPO, mpirun, run_dir, small_config, write_config
 
 EXIT_PREEMPTED = 3

@@ -9,7 +9,7 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 
-from hpcrl.metrics import read_metrics
+from hpcrl.io.metrics import read_metrics
 from tests.conftest import REPO, mpirun
 
 
@@ -62,7 +62,7 @@ def test_inspect_names_a_corrupt_checkpoint_and_the_one_a_resume_would_use(solve
 
 
 def test_deterministic_eval_of_the_solved_run_reaches_475_without_mpi(solved_run):
-    code = ("import sys; from hpcrl.cli import main; rc = main(sys.argv[1:]); "
+    code = ("import sys; from hpcrl.tools.cli import main; rc = main(sys.argv[1:]); "
             "assert 'mpi4py' not in sys.modules and 'horovod' not in sys.modules; sys.exit(rc)")
     result = subprocess.run([sys.executable, "-c", code, "eval", str(solved_run), "--episodes", "10",
                              "--deterministic", "--json"], capture_output=True, text=True, cwd=REPO)

@@ -1,7 +1,7 @@
 """Seeds come from numpy's SeedSequence keyed by (run seed, purpose, index, group, env)."""
 import numpy as np
 
-from hpcrl.seeds import PURPOSES, env_seeds, seed_for
+from hpcrl.core.seeds import PURPOSES, env_seeds, seed_for
 
 
 def test_no_two_envs_share_a_seed_in_a_2000_env_rank_layout_across_run_seeds_1_to_3():
@@ -24,7 +24,7 @@ def test_streams_of_different_purposes_ranks_and_run_seeds_differ_and_repeat():
 
 
 def test_an_env_rank_vector_is_seeded_env_by_env():
-    from hpcrl.config import parse_config
+    from hpcrl.core.config import parse_config
     from hpcrl.envs import make_vector_env
     cfg = parse_config("env: {id: CartPole-v1, num_envs: 3}").env
     a = make_vector_env(cfg, seed=env_seeds(1, 0, 0, 3))[1]

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from hpcrl.checkpoint import load_checkpoint
-from hpcrl.metrics import read_metrics
+from hpcrl.io.checkpoint import load_checkpoint
+from hpcrl.io.metrics import read_metrics
 from tests.conftest import REPO
 from tests.test_resume import wait_for_rows
 

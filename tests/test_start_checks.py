@@ -1,6 +1,6 @@
 """Start-up checks that keep a job from running on what MPI cannot give it: the thread level
 Horovod needs, and tags within MPI_TAG_UB."""
-from hpcrl import comm
+from hpcrl.runtime import comm
 from tests.conftest import mpirun, small_config, write_config
 
 

@@ -3,7 +3,7 @@ after a resume. Read back with TensorBoard's own EventAccumulator."""
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
-from hpcrl.metrics import MetricsWriter, read_metrics, rebuild_metrics
+from hpcrl.io.metrics import MetricsWriter, read_metrics, rebuild_metrics
 from tests.conftest import mpirun, run_dir, small_config, write_config
 
 

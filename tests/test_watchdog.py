@@ -1,8 +1,8 @@
 """The watchdog gives start-up its own, longer allowance, then judges the poll loop by hang_timeout_s."""
 import time
 
-from hpcrl import watchdog
-from hpcrl.watchdog import Watchdog
+from hpcrl.runtime import watchdog
+from hpcrl.runtime.watchdog import Watchdog
 
 
 def run_watchdog(monkeypatch, ticks_after: float | None, watch_for: float) -> list[str]:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcrl.config import AlgoConfig
+from hpcrl.core.config import AlgoConfig
 
 LOSS_KEYS = ("loss_policy", "loss_value", "entropy", "approx_kl", "clip_frac")
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcrl.config import Config
+from hpcrl.core.config import Config
 from hpcrl.envs import EnvSpaces
-from hpcrl.layout import INLINE, Layout, env_groups
-from hpcrl.messages import fragment_spec, reply_spec, request_spec
+from hpcrl.core.layout import INLINE, Layout, env_groups
+from hpcrl.core.messages import fragment_spec, reply_spec, request_spec
 
 
 @dataclass

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from hpcrl.checkpoint import inspect_latest, previous_path, recover_temporaries
-from hpcrl.config import Config, ConfigError, parse_config, to_dict, to_yaml
-from hpcrl.metrics import rebuild_metrics, remove_temporaries
+from hpcrl.io.checkpoint import inspect_latest, previous_path, recover_temporaries
+from hpcrl.core.config import Config, ConfigError, parse_config, to_dict, to_yaml
+from hpcrl.io.metrics import rebuild_metrics, remove_temporaries
 
 CHECKPOINT_FILE = "checkpoint.h5"
 METRICS_FILE = "metrics.h5"

@@ -17,18 +17,18 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hpcrl import comm
+from hpcrl.runtime import comm
 from hpcrl.algos.gae import successor_values
 from hpcrl.algos.kernels import gae, vtrace
 from hpcrl.algos.ppo import LOSS_KEYS, Batch, train_step
-from hpcrl.checkpoint import inspect_latest, load_checkpoint, restore_rng_states, save_checkpoint
-from hpcrl.config import Config
+from hpcrl.io.checkpoint import inspect_latest, load_checkpoint, restore_rng_states, save_checkpoint
+from hpcrl.core.config import Config
 from hpcrl.envs import EnvSpaces
-from hpcrl.messages import EPISODE_STATS, OUTPUT_FAILED, PREEMPTED, STOP
-from hpcrl.metrics import MetricsWriter
+from hpcrl.core.messages import EPISODE_STATS, OUTPUT_FAILED, PREEMPTED, STOP
+from hpcrl.io.metrics import MetricsWriter
 from hpcrl.models import build_model, copy_params_to, policy_digest
-from hpcrl.rundir import CHECKPOINT_FILE, EXIT_OUTPUT_FAILED, METRICS_FILE, free_space, os_reason
-from hpcrl.seeds import seed_for
+from hpcrl.io.rundir import CHECKPOINT_FILE, EXIT_OUTPUT_FAILED, METRICS_FILE, free_space, os_reason
+from hpcrl.core.seeds import seed_for
 
 RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least this many episodes
 # how an update ends the run (0: it goes on), and the flags of the stop word that says so

@@ -21,7 +21,7 @@ from mpi4py import MPI  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from hpcrl.messages import STOP, Message  # noqa: E402
+from hpcrl.core.messages import STOP, Message  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 

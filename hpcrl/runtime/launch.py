@@ -12,14 +12,16 @@ import signal
 import sys
 import time
 
-from hpcrl import comm, rundir
-from hpcrl.config import Config, ConfigError, load_config
+from hpcrl.runtime import comm
+
+from hpcrl.io import rundir
+from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
-from hpcrl.layout import INLINE, Layout, env_groups, plan_layout
-from hpcrl.messages import OUTPUT_FAILED, PREEMPTED, fragment_spec, reply_spec, request_spec, weights_spec
-from hpcrl.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
-from hpcrl.seeds import seed_for
-from hpcrl.watchdog import Watchdog
+from hpcrl.core.layout import INLINE, Layout, env_groups, plan_layout
+from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED, fragment_spec, reply_spec, request_spec, weights_spec
+from hpcrl.io.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
+from hpcrl.core.seeds import seed_for
+from hpcrl.runtime.watchdog import Watchdog
 
 FRAGMENT_BUFFERS = 2  # per env rank: one fills while the previous is in flight
 
@@ -180,7 +182,7 @@ def _announce(cfg: Config, layout: Layout, start: rundir.RunStart) -> None:
     if start.resume_file:
         print(f"[hpcrl] resuming from {start.resume_file}: policy version {start.start_version}, "
               f"{start.start_frames:,} frames", flush=True)
-    from hpcrl.plan import warnings
+    from hpcrl.tools.plan import warnings
     for warning in warnings(cfg, layout):
         print(f"[hpcrl] warning: {warning}", flush=True)
 
@@ -229,7 +231,7 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
         import torch  # only ranks that hold a policy; remote-inference env ranks never import torch
         torch.set_num_threads(cfg.run.torch_threads)
     if is_learner:
-        from hpcrl.roles.learner import LearnerRole, RunFiles
+        from hpcrl.workers.trainer import LearnerRole, RunFiles
         envs = layout.envs_of_learner(rank)
         receiver = comm.FragmentReceiver(envs, [frag.allocate() for _ in envs])
         if rank == root:
@@ -245,7 +247,7 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
                                  heartbeat=heartbeat))
 
     if rank in layout.inference:
-        from hpcrl.roles.inference import InferenceRole
+        from hpcrl.workers.policy_server import InferenceRole
         slots = [(int(env), g) for env in layout.envs_of_inference(rank) for g in range(G)]
         server = comm.RequestServer([e for e, _ in slots], [g for _, g in slots], [req.allocate() for _ in slots],
                                     [rep.allocate() for _ in slots])
@@ -255,11 +257,11 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
                                    sync=cfg.algo.mode == "sync"))
 
     if rank in layout.envs:
-        from hpcrl.roles.env import EnvRole, RemotePolicy
+        from hpcrl.workers.actor import EnvRole, RemotePolicy
         index = layout.index_in("env", rank)
         inference_rank = int(layout.env_inference[index])
         if inference_rank == INLINE:
-            from hpcrl.roles.inference import InlinePolicy
+            from hpcrl.workers.policy_server import InlinePolicy
             weights = (comm.LocalWeightSubscriber(publisher) if layout.serial
                        else comm.WeightSubscriber(weight_comm, _weights_message(cfg, spaces)))
             policies = [InlinePolicy(_runner(cfg, spaces, cfg.roles.env.device, "inline_policy", index), weights,

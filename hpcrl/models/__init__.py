@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpcrl.algos.moments import merge_moments
-from hpcrl.config import ConfigError, ModelConfig
+from hpcrl.core.config import ConfigError, ModelConfig
 
 if TYPE_CHECKING:  # not at run time: inference ranks need no gymnasium
     from hpcrl.envs import EnvSpaces

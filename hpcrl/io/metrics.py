@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
-from hpcrl.faults import pause_point
+from hpcrl.core.faults import pause_point
 
 CHUNK_ROWS = 256
 

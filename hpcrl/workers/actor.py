@@ -10,11 +10,11 @@ import time
 
 import numpy as np
 
-from hpcrl.comm import FragmentSender, RequestClient
-from hpcrl.config import Config
+from hpcrl.runtime.comm import FragmentSender, RequestClient
+from hpcrl.core.config import Config
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
-from hpcrl.seeds import env_seeds
-from hpcrl.messages import EPISODE_STATS, STOP, Message
+from hpcrl.core.seeds import env_seeds
+from hpcrl.core.messages import EPISODE_STATS, STOP, Message
 
 
 class RemotePolicy:

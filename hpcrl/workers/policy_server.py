@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcrl.comm import RequestServer
-from hpcrl.messages import STOP, Message
+from hpcrl.runtime.comm import RequestServer
+from hpcrl.core.messages import STOP, Message
 from hpcrl.models import PolicyRunner
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcrl.rundir import METRICS_FILE
-from hpcrl.runinfo import RunDirError, load_config_dict, load_metrics, open_run_dir
+from hpcrl.io.rundir import METRICS_FILE
+from hpcrl.tools.inspect import RunDirError, load_config_dict, load_metrics, open_run_dir
 
 GROUP_BY = ("config", "name", "none")
 # Keys that name a run or say how it is run, not what it learns: runs differing only here are seeds.

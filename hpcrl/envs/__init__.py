@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from hpcrl.config import ConfigError, EnvConfig
-from hpcrl.vector_envs import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, NormalizeReward,
+from hpcrl.core.config import ConfigError, EnvConfig
+from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, NormalizeReward,
                                envpool_vector, numpy_vector)
 
 __all__ = ["EnvSpaces", "make_env", "probe_spaces", "make_vector_env", "random_actions", "RAW_REWARD",
@@ -61,7 +61,7 @@ def _resolve(env_id: str):
     """What gymnasium.make gets for env.id: a registered id, or an EnvSpec around a 'module:Name'
     class or factory. Imports the module first (it may register ids)."""
     if env_id.startswith("ALE/"):
-        from hpcrl.atari import import_ale
+        from hpcrl.envs.atari import import_ale
         import_ale()
     if ":" not in env_id:
         return env_id
@@ -102,7 +102,7 @@ def _make(env_id: str, kwargs: dict) -> gym.Env:
 def make_env(cfg: EnvConfig) -> gym.Env:
     """One env as configured: env.id made with env.kwargs, inside the preset's wrappers."""
     if cfg.preset == "atari":
-        from hpcrl import atari
+        from hpcrl.envs import atari
         return atari.wrap(_make(cfg.id, {**cfg.kwargs, **atari.make_kwargs(cfg.atari)}), cfg.atari, cfg.id)
     return _make(cfg.id, cfg.kwargs)
 
@@ -122,7 +122,7 @@ def _vector(cfg: EnvConfig, num_envs: int, seed: int, gamma: float) -> gym.vecto
     else:
         atari_kwargs = None
         if cfg.preset == "atari":
-            from hpcrl.atari import envpool_kwargs
+            from hpcrl.envs.atari import envpool_kwargs
             atari_kwargs = envpool_kwargs(cfg.atari)
         envs = envpool_vector(cfg.id, cfg.kwargs, num_envs, seed, atari_kwargs)
     if isinstance(envs.single_action_space, gym.spaces.Box):
@@ -135,7 +135,7 @@ def _vector(cfg: EnvConfig, num_envs: int, seed: int, gamma: float) -> gym.vecto
 def make_vector_env(cfg: EnvConfig, seed: int | list[int], gamma: float = 0.99,
                     num_envs: int | None = None) -> tuple[gym.vector.VectorEnv, np.ndarray]:
     """`num_envs` envs (default: the config's) stepped in this process by `cfg.backend`, reset with
-    `seed`: one seed per env (hpcrl.seeds.env_seeds), or an int (env i gets seed + i). The numpy
+    `seed`: one seed per env (hpcrl.core.seeds.env_seeds), or an int (env i gets seed + i). The numpy
     and envpool backends seed a whole vector from one seed, the first. Every backend
     autoresets SAME_STEP: a finished env returns its reset observation at once and its final
     observation in info["final_obs"] (needed to bootstrap truncation). `gamma` is the discount of

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import h5py
 import numpy as np
 
-from hpcrl.faults import pause_point
+from hpcrl.core.faults import pause_point
 
 FORMAT_VERSION = 1
 

@@ -4,7 +4,7 @@ The emulator runs with its own frame skip off and grey frames; on top, innermost
 AtariFrames (no-op reset, frame skip with a max over the last two frames, area resize to 84x84) ->
 EpisodicLife (a lost life ends the training episode, the game goes on) -> FireReset -> ClipReward
 -> FrameStackObservation ([4, 84, 84] uint8). Metrics count whole games of raw score: EpisodicLife
-puts info[GAME_OVER] and ClipReward info[RAW_REWARD] (see hpcrl.vector_envs).
+puts info[GAME_OVER] and ClipReward info[RAW_REWARD] (see hpcrl.envs.vector).
 
 (gymnasium's AtariPreprocessing needs OpenCV; AtariFrames does the same with a numpy resize.)
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from hpcrl.config import AtariConfig, ConfigError
-from hpcrl.vector_envs import GAME_OVER, RAW_REWARD
+from hpcrl.core.config import AtariConfig, ConfigError
+from hpcrl.envs.vector import GAME_OVER, RAW_REWARD
 
 
 def import_ale():

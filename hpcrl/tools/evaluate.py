@@ -13,11 +13,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from hpcrl.checkpoint import load_latest
-from hpcrl.config import Config, ConfigError, parse_config
+from hpcrl.io.checkpoint import load_latest
+from hpcrl.core.config import Config, ConfigError, parse_config
 from hpcrl.envs import GAME_OVER, RAW_REWARD, EnvSpaces, make_vector_env, probe_spaces
-from hpcrl.rundir import CHECKPOINT_FILE
-from hpcrl.runinfo import RunDirError, open_run_dir
+from hpcrl.io.rundir import CHECKPOINT_FILE
+from hpcrl.tools.inspect import RunDirError, open_run_dir
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The config reference (docs/config.md), generated from the config dataclasses: every key with its
-type, default and meaning, as declared once in hpcrl/config.py.
+type, default and meaning, as declared once in hpcrl/core/config.py.
 
     hpcrl config-reference -o docs/config.md
 
@@ -12,7 +12,7 @@ from typing import get_type_hints
 
 import yaml
 
-from hpcrl.config import Config, _type_name, validate
+from hpcrl.core.config import Config, _type_name, validate
 
 COMMAND = "hpcrl config-reference -o docs/config.md"
 
@@ -48,7 +48,7 @@ def config_reference() -> str:
     cfg = Config()
     validate(cfg)  # defaults as a run resolves them (e.g. each role's rank count)
     out = ["# Config reference", "",
-           f"<!-- Generated from hpcrl/config.py by `{COMMAND}`; do not edit by hand. -->", "",
+           f"<!-- Generated from hpcrl/core/config.py by `{COMMAND}`; do not edit by hand. -->", "",
            "Every key of the rank-role YAML config, with its type, its default and its meaning. Keys are "
            "written as `section.key`; in YAML they nest (`run: {total_frames: 20000}`), and on the command "
            "line `--set run.total_frames=20000` overrides one. A run writes its resolved config, every default "

@@ -70,7 +70,7 @@ def _user_error(message: str) -> int:
 
 
 def _config_reference(args) -> int:
-    from hpcrl.docs import config_reference
+    from hpcrl.tools.docs import config_reference
     text = config_reference()
     if not args.output:
         sys.stdout.write(text)
@@ -87,11 +87,11 @@ def _config_reference(args) -> int:
 def _eval(args) -> int:
     import json
 
-    from hpcrl.config import ConfigError
+    from hpcrl.core.config import ConfigError
     if args.episodes < 1:
         return _user_error(f"hpcrl: eval: --episodes: expected at least 1, got {args.episodes}")
-    from hpcrl.evaluate import evaluate, format_result
-    from hpcrl.runinfo import RunDirError
+    from hpcrl.tools.evaluate import evaluate, format_result
+    from hpcrl.tools.inspect import RunDirError
     try:
         result = evaluate(args.run_dir, args.episodes, args.deterministic, args.seed, args.video)
     except (RunDirError, ConfigError) as exc:
@@ -101,8 +101,8 @@ def _eval(args) -> int:
 
 
 def _plot(args) -> int:
-    from hpcrl.plot import PlotError, plot_runs
-    from hpcrl.runinfo import RunDirError
+    from hpcrl.tools.plot import PlotError, plot_runs
+    from hpcrl.tools.inspect import RunDirError
     if not 0.0 <= args.smooth < 1.0:
         return _user_error(f"hpcrl: plot: --smooth: expected a weight in [0, 1), got {args.smooth}")
     try:
@@ -118,7 +118,7 @@ def _plot(args) -> int:
 def _inspect(args) -> int:
     import json
 
-    from hpcrl.runinfo import RunDirError, describe, format_report
+    from hpcrl.tools.inspect import RunDirError, describe, format_report
     try:
         info = describe(args.run_dir)
     except RunDirError as exc:
@@ -130,8 +130,8 @@ def _inspect(args) -> int:
 def _sbatch(args) -> int:
     import os
 
-    from hpcrl.config import ConfigError, load_config
-    from hpcrl.sbatch import JobRequest, check, render
+    from hpcrl.core.config import ConfigError, load_config
+    from hpcrl.tools.sbatch import JobRequest, check, render
     request = JobRequest(args.config, args.nodes, args.ntasks_per_node, args.time, args.launcher,
                          args.partition, args.account)
     try:
@@ -152,10 +152,10 @@ def _sbatch(args) -> int:
 def _plan(args) -> int:
     import numpy as np
 
-    from hpcrl.config import ConfigError, load_config
+    from hpcrl.core.config import ConfigError, load_config
     from hpcrl.envs import probe_spaces
-    from hpcrl.layout import plan_layout, simulated_nodes
-    from hpcrl.plan import format_plan, traffic
+    from hpcrl.core.layout import plan_layout, simulated_nodes
+    from hpcrl.tools.plan import format_plan, traffic
     try:
         cfg, _ = load_config(args.config, tuple(args.overrides))
         nodes = simulated_nodes(args.world_size, args.ranks_per_node or max(args.world_size, 1))
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return _eval(args)
     if args.command == "config-reference":
         return _config_reference(args)
-    from hpcrl.run import run  # imports mpi4py, which initialises MPI
+    from hpcrl.runtime.launch import run  # imports mpi4py, which initialises MPI
     return run(args.config, tuple(args.overrides), args.overwrite)
 
 

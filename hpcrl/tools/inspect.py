@@ -8,9 +8,9 @@ import time
 import numpy as np
 import yaml
 
-from hpcrl.checkpoint import CheckpointError, inspect_latest, previous_path, read_summary
-from hpcrl.metrics import read_metrics
-from hpcrl.rundir import CHECKPOINT_FILE, METRICS_FILE
+from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, read_summary
+from hpcrl.io.metrics import read_metrics
+from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE
 
 CONFIG_FILE = "config.yaml"
 FINISHED = {"total_frames": "finished: it reached run.total_frames",

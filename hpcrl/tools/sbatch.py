@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hpcrl.config import Config, ConfigError
-from hpcrl.layout import Layout, plan_layout, simulated_nodes
+from hpcrl.core.config import Config, ConfigError
+from hpcrl.core.layout import Layout, plan_layout, simulated_nodes
 
 LAUNCHERS = ("mpirun", "srun")
 TIME_FORMAT = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")

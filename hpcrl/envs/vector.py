@@ -20,7 +20,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 from hpcrl.algos.moments import merge_moments
-from hpcrl.config import ConfigError
+from hpcrl.core.config import ConfigError
 
 RAW_REWARD = "raw_reward"  # the reward before clipping / normalising
 GAME_OVER = "game_over"    # the whole episode (an Atari game, not a life) ended in this step

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcrl.config import REST, ROLE_NAMES, Config, ConfigError, RolesConfig
+from hpcrl.core.config import REST, ROLE_NAMES, Config, ConfigError, RolesConfig
 
 INLINE = -1  # env_inference entry for an env rank that runs its policy itself
 

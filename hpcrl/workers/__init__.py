@@ -1,0 +1,5 @@
+"""The workers a rank can run: actor (env), policy server (inference), trainer (learner).
+
+Submodules are imported by the launch (hpcrl.runtime.launch) only where needed, so actors with
+remote inference never import torch, and only the trainer imports horovod.
+"""
