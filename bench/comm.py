@@ -1,7 +1,7 @@
 """The project's channels against raw mpi4py on the same bytes, 2 ranks, as JSON:
 - obs/action round trip: RequestClient/RequestServer (persistent receive, Testsome) against a raw
   Isend/Irecv ping-pong of a request and a reply of the same sizes;
-- fragment bandwidth: FragmentSender/FragmentReceiver against raw Send/Recv of the same buffer.
+- fragment bandwidth: the sample stream (SampleSender/SampleReceiver, credits) against raw Send/Recv of the same buffer.
 Ratios are project time / raw time (target <= 1.25). Sizes: CartPole and Atari-like frames, 8 envs.
 
     .venv/bin/python bench/comm.py [--out FILE]      (starts itself under mpirun -n 2)
@@ -33,8 +33,9 @@ def spin(test) -> None:
 def measure(name, obs_shape, obs_dtype, trips, fragments):
     import numpy as np
 
+    from hpcrl.core.messages import STOP, fragment_spec, reply_spec, request_spec
     from hpcrl.runtime import comm
-    from hpcrl.core.messages import fragment_spec, reply_spec, request_spec
+    from hpcrl.runtime.streams import SampleReceiver, SampleSender
     world = comm.WORLD
     rank = world.Get_rank()
     req, rep = request_spec(N, obs_shape, obs_dtype), reply_spec(N, (), "int64")
@@ -73,24 +74,28 @@ def measure(name, obs_shape, obs_dtype, trips, fragments):
         for _ in range(trips):
             world.Irecv(a, source=0, tag=0).Wait()
             world.Isend(b, dest=0, tag=1).Wait()
-    # --- project fragments
+    # --- project fragments: the sample stream (credit flow control, 2 slots per sender)
+    stream = comm.stream_communicator()
     world.Barrier()
     if rank == 0:
-        sender = comm.FragmentSender(1, [frag.allocate(), frag.allocate()])
+        sender = SampleSender(stream, 1, [frag.allocate(), frag.allocate()])
         start = time.perf_counter()
         for _ in range(fragments):
-            sender.acquire()
+            spin(sender.can_send)
             sender.send()
-        sender.close()
-        world.Recv(np.zeros(1, np.uint8), source=1, tag=9)  # the receiver has them all
+        spin(sender.can_send)
+        sender.say_goodbye(0)
+        spin(sender.closed)  # the farewell: the receiver has them all
         out["fragment_project_mb_s"] = fragments * frag.nbytes / (time.perf_counter() - start) / 1e6
+        sender.close()
     else:
-        receiver = comm.FragmentReceiver([0], [frag.allocate()])
-        for _ in range(fragments):
-            spin(receiver.ready)
-            receiver.rearm(0)
+        receiver = SampleReceiver(stream, [0], [frag.allocate() for _ in range(2)])
+        said_goodbye = False
+        while not said_goodbye:
+            for slot in receiver.ready():
+                said_goodbye |= bool(receiver.slots[slot].get("flags") & STOP)
+                receiver.release(slot)
         receiver.close()
-        world.Send(np.zeros(1, np.uint8), dest=0, tag=9)
     # --- raw fragments
     buf = np.zeros(frag.nbytes, np.uint8)
     world.Barrier()

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hpcrl.runtime import comm
+from hpcrl.runtime.streams import SampleReceiver, SampleSender
 from hpcrl.core.config import parse_config
 from hpcrl.envs import probe_spaces
 from hpcrl.core.messages import EPISODE_STATS, fragment_spec, reply_spec, request_spec, weights_spec
@@ -30,16 +31,19 @@ def collect_fragment(env: str = f"{{id: CartPole-v1, num_envs: {N}, kwargs: {{ma
     policy = InlinePolicy(runner, comm.LocalWeightSubscriber(publisher), req.allocate(), rep.allocate())
     frag = fragment_spec(T, N, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype)
     me = comm.world_rank()
-    receiver = comm.FragmentReceiver([me], [frag.allocate()])
-    role = EnvRole(cfg, rank=me, index=0, policies=[policy], sender=comm.FragmentSender(me, [frag.allocate(), frag.allocate()]))
+    stream = comm.stream_communicator()
+    receiver = SampleReceiver(stream, [me], [frag.allocate()])
+    role = EnvRole(cfg, rank=me, index=0, policies=[policy],
+                   sender=SampleSender(stream, me, [frag.allocate(), frag.allocate()]))
     for _ in range(10 * T):
         role.poll()
-        if receiver.ready():
+        if (ready := receiver.ready()):
             break
     else:
         pytest.fail("no fragment arrived")
-    receiver.close()
-    return cfg, model, receiver.buffers[0]
+    fragment = receiver.slots[ready[0]]
+    receiver.close()  # cancels the receive of the second credit the env rank holds
+    return cfg, model, fragment
 
 
 def test_fragment_matches_a_replay_and_truncation_bootstraps_from_the_final_obs():

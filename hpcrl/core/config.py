@@ -41,6 +41,11 @@ class RoleSpec:
     device: str = doc("torch device for this role's policy: 'cpu' or 'cuda'", default="cpu")
     max_env_ranks: int = doc("learner and inference: the most env ranks one such rank should serve "
                              "(0 = no limit); hpcrl plan and the run warn above it", default=0)
+    sample_slots: Union[int, None] = doc(
+        "learner: fragments one learner holds or has in flight at once, its sample stream's memory bound "
+        "(this x the fragment size, whatever the MPI eager limit); an env rank without a free slot waits "
+        "(credit flow control). At least one per env rank it trains on, since a batch is one fragment per "
+        "env rank (default: two per env rank, so the next batch arrives while one trains)", default=None)
 
 
 @dataclass
@@ -260,6 +265,9 @@ def validate(cfg: Config) -> None:
         _check(spec.max_env_ranks >= 0, f"{key}.max_env_ranks: expected >= 0, got {spec.max_env_ranks}")
         _check(role != "env" or spec.max_env_ranks == 0,
                f"{key}.max_env_ranks: only learner and inference ranks serve env ranks")
+        _check(spec.sample_slots is None or (role == "learner" and spec.sample_slots >= 1),
+               f"{key}.sample_slots: " + ("expected >= 1 (or null)" if role == "learner"
+                                         else "only learners receive fragments; set roles.learner.sample_slots"))
         _check(spec.device in DEVICES, f"{key}.device: expected one of {', '.join(DEVICES)}, got {spec.device!r}")
     rest = [r for r in ROLE_NAMES if getattr(cfg.roles, r).ranks == REST]
     _check(len(rest) <= 1, f"roles: only one role may use ranks: rest, got {', '.join(rest)}")

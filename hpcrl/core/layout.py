@@ -241,3 +241,16 @@ def env_groups(cfg: Config, layout: Layout) -> int:
     """Env groups per env rank (`env.groups`): double buffering hides a remote inference round
     trip; an inline policy answers at once, so there is nothing to hide and one vector is kept."""
     return 1 if layout.inline_inference else cfg.env.groups
+
+
+def sample_slots(roles: RolesConfig, fan_in: int) -> int:
+    """Fragment slots of a learner that trains on `fan_in` env ranks (roles.learner.sample_slots,
+    default two per env rank); a ConfigError if they cannot hold one batch (a fragment per env rank)."""
+    slots = roles.learner.sample_slots
+    if slots is None:
+        return 2 * fan_in
+    if slots < fan_in:
+        raise ConfigError(f"roles.learner.sample_slots: {slots} slots cannot hold a batch of one fragment from "
+                          f"each of the {fan_in} env ranks a learner trains on; use at least {fan_in} (or more "
+                          f"learners)")
+    return slots

@@ -116,10 +116,11 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
     `version` is the policy version of the fragment's first step (async: the oldest in it);
     `last_obs` are the observations after step T-1, for V-trace's bootstrap with the learner's
     own critic. A message with the STOP flag is an env rank's last (no data). `rollout_us` is the
-    wall time the fragment took, `wait_us` the part of it in which no env group could step."""
+    wall time the fragment took, `wait_us` the part of it in which no env group could step, and
+    `credit_wait_us` the part in which the finished fragment waited for a credit (flow control)."""
     t, n = length, num_envs
     return MessageSpec(
-        header=("env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us"),
+        header=("env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us", "credit_wait_us"),
         fields=[("obs", obs_dtype, (t, n, *obs_shape)),
                 ("actions", action_dtype, (t, n, *action_shape)),
                 ("logp", np.float32, (t, n)),

@@ -31,7 +31,6 @@ class Tag(enum.IntEnum):
 
     OBS_REQUEST = 101
     ACTION_REPLY = 102
-    FRAGMENT = 103
 
 
 GROUP_TAG_STRIDE = 1_000  # env group g's requests and replies use tag + g * stride (one channel each)
@@ -118,6 +117,12 @@ def sub_communicator(member: bool, key: int | None = None):
     return comm if member else None
 
 
+def stream_communicator():
+    """Collective over WORLD: a duplicate of it for one stream, so the stream's tags are its own
+    and no other traffic can match its receives (ranks are the world ranks)."""
+    return WORLD.Dup()
+
+
 def wait_all(requests: Sequence) -> None:
     MPI.Request.Waitall([r for r in requests if r is not None])
 
@@ -202,66 +207,6 @@ class RequestClient:
 
     def close(self) -> None:
         for r in (self._recv, self._send_plain):
-            r.Free()
-
-
-class FragmentSender:
-    """Env side of env -> learner: two fragment buffers, each with a persistent send; one fills
-    while the other is in flight."""
-
-    def __init__(self, learner_rank: int, buffers: Sequence[Message]):
-        self.peer = learner_rank
-        self.buffers = list(buffers)
-        self._send = [WORLD.Send_init(m.buffer, dest=learner_rank, tag=Tag.FRAGMENT) for m in self.buffers]
-        self._next = 0
-
-    def acquire(self) -> Message:
-        """The next buffer to fill; waits only if its previous send is still in flight."""
-        self._send[self._next].Wait()  # an inactive (never started or done) request returns at once
-        return self.buffers[self._next]
-
-    def send(self) -> None:
-        self._send[self._next].Start()
-        self._next = (self._next + 1) % len(self.buffers)
-
-    def say_goodbye(self, env_rank: int) -> None:
-        """The last message: a STOP-flagged header. Messages from one rank with one tag arrive in
-        order, so the learner, draining until it has every env rank's goodbye, has matched every
-        fragment sent before it, and `close` never waits on a fragment nobody will receive."""
-        self.acquire().set(env_rank=env_rank, frames=0, flags=STOP)
-        self.send()
-
-    def close(self) -> None:
-        wait_all(self._send)
-        for r in self._send:
-            r.Free()
-
-
-class FragmentReceiver:
-    """Learner side of env -> learner: one persistent receive per env rank into its own buffer."""
-
-    def __init__(self, env_ranks: Sequence[int], buffers: Sequence[Message]):
-        self.env_ranks = list(env_ranks)
-        self.buffers = list(buffers)
-        self._recv = [WORLD.Recv_init(m.buffer, source=r, tag=Tag.FRAGMENT)
-                      for r, m in zip(self.env_ranks, self.buffers)]
-        self.armed = set(range(len(self._recv)))
-        MPI.Prequest.Startall(self._recv)
-
-    def ready(self) -> list[int]:
-        done = MPI.Request.Testsome([self._recv[i] if i in self.armed else MPI.REQUEST_NULL
-                                     for i in range(len(self._recv))])
-        done = [i for i in (done or []) if i in self.armed]
-        self.armed.difference_update(done)
-        return done
-
-    def rearm(self, i: int) -> None:
-        self._recv[i].Start()
-        self.armed.add(i)
-
-    def close(self) -> None:
-        cancel_all([self._recv[i] for i in self.armed])
-        for r in self._recv:
             r.Free()
 
 

@@ -17,10 +17,11 @@ from hpcrl.runtime import comm
 from hpcrl.io import rundir
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
-from hpcrl.core.layout import INLINE, Layout, env_groups, plan_layout
+from hpcrl.core.layout import INLINE, Layout, env_groups, plan_layout, sample_slots
 from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED, fragment_spec, reply_spec, request_spec, weights_spec
 from hpcrl.io.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
 from hpcrl.core.seeds import seed_for
+from hpcrl.runtime.streams import SampleReceiver, SampleSender
 from hpcrl.runtime.watchdog import Watchdog
 
 FRAGMENT_BUFFERS = 2  # per env rank: one fills while the previous is in flight
@@ -85,6 +86,7 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
     nodes = comm.node_of_rank()
     try:
         layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes))
+        sample_slots(cfg.roles, int(layout.fan_in("learner").max()))  # slots that can hold a batch
     except ConfigError as exc:  # every rank computed the same layout from the same gathered facts
         return _refuse(rank, str(exc))
     problems = [p for p in comm.all_gather_objects(_rank_problem(cfg, layout, rank)) if p]
@@ -217,6 +219,7 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
     # the learner root must be rank 0 of the weight communicator (it is the Ibcast root) wherever
     # it sits in WORLD: key 0 for it, world rank + 1 for everyone else (world rank 0 included)
     weight_comm = comm.sub_communicator(rank == root or rank in subscribers, key=0 if rank == root else rank + 1)
+    sample_comm = comm.stream_communicator()  # env ranks -> their learner, credit flow control
 
     obs_shape, obs_dtype = spaces.obs_shape, spaces.obs_dtype
     T, N = cfg.algo.rollout_length, cfg.env.num_envs
@@ -231,9 +234,12 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
         import torch  # only ranks that hold a policy; remote-inference env ranks never import torch
         torch.set_num_threads(cfg.run.torch_threads)
     if is_learner:
+        from hpcrl.workers.batch_source import FragmentQueue
         from hpcrl.workers.trainer import LearnerRole, RunFiles
         envs = layout.envs_of_learner(rank)
-        receiver = comm.FragmentReceiver(envs, [frag.allocate() for _ in envs])
+        stream = SampleReceiver(sample_comm, envs, [frag.allocate() for _ in range(sample_slots(cfg.roles, len(envs)))],
+                                per_sender=FRAGMENT_BUFFERS)
+        source = FragmentQueue(stream, envs, sync=cfg.algo.mode == "sync", max_policy_lag=cfg.algo.max_policy_lag)
         if rank == root:
             publisher = comm.WeightPublisher(weight_comm if size_of(weight_comm) > 1 else None,
                                              _weights_message(cfg, spaces))
@@ -242,7 +248,7 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
                           tensorboard=cfg.run.tensorboard)
                  if rank == root else None)
         share = len(envs) * len(learners) / len(layout.envs)  # unequal fan-in: weight by batch size
-        roles.append(LearnerRole(cfg, spaces, learner_comm, receiver, publisher, files, batch_share=share,
+        roles.append(LearnerRole(cfg, spaces, learner_comm, source, publisher, files, batch_share=share,
                                  resume_path=start.resume_file, preempt_requested=preempt_requested,
                                  heartbeat=heartbeat))
 
@@ -269,7 +275,8 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
         else:
             policies = [RemotePolicy(comm.RequestClient(inference_rank, req.allocate(), rep.allocate(), group=g))
                         for g in range(G)]
-        sender = comm.FragmentSender(int(layout.env_learner[index]), [frag.allocate() for _ in range(FRAGMENT_BUFFERS)])
+        sender = SampleSender(sample_comm, int(layout.env_learner[index]),
+                              [frag.allocate() for _ in range(FRAGMENT_BUFFERS)])
         roles.append(EnvRole(cfg, rank, index, policies, sender, start_version=start.start_version))
     # Serial sync mode: the learner's checkpoints carry the env's state, for exact resumes. (Async
     # mode steps on while the learner trains, so there is no exact point to save it at.)

@@ -10,7 +10,8 @@ import time
 
 import numpy as np
 
-from hpcrl.runtime.comm import FragmentSender, RequestClient
+from hpcrl.runtime.comm import RequestClient
+from hpcrl.runtime.streams import SampleSender
 from hpcrl.core.config import Config
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
 from hpcrl.core.seeds import env_seeds
@@ -80,7 +81,7 @@ class EnvRole:
 
     name = "env"
 
-    def __init__(self, cfg: Config, rank: int, index: int, policies: list, sender: FragmentSender,
+    def __init__(self, cfg: Config, rank: int, index: int, policies: list, sender: SampleSender,
                  start_version: int = 0):
         self.rank = rank
         self.T, self.N = cfg.algo.rollout_length, cfg.env.num_envs
@@ -98,7 +99,9 @@ class EnvRole:
         self.stopping = False  # a group had the stop word: collect every group's, then finish
         self.stop_flags = 0  # the stop word's flags (why the run stopped: they decide the exit status)
         self.fragments_sent = 0
-        self.fragment = sender.acquire()
+        self.fragment = sender.current()
+        self.said_goodbye = False
+        self.credit_wait_since: float | None = None  # a finished fragment waits for a credit
         self.rollout_start = time.perf_counter()
         self.waited = 0.0  # seconds of this rollout in which every group was waiting for actions
         self.idle_since: float | None = None
@@ -122,8 +125,14 @@ class EnvRole:
             if self.stopping:
                 return work + self._stop_groups()
         if all(g.at_end for g in self.groups):
-            self._ship()
-            work += 1
+            if self.sender.can_send():
+                self._ship()
+                work += 1
+            else:  # flow control: its trainer has no free slot yet (a wait on a peer)
+                if self.credit_wait_since is None:
+                    self.credit_wait_since = time.perf_counter()
+                    self.status = f"waiting for a credit from its trainer (rank {self.sender.peer}) to send a fragment"
+                return work
         self._account_wait(work)
         return work
 
@@ -208,15 +217,16 @@ class EnvRole:
 
     def _ship(self) -> None:
         now = time.perf_counter()
+        credit_wait = now - self.credit_wait_since if self.credit_wait_since is not None else 0.0
+        self.credit_wait_since = None
         self.fragment.set(env_rank=self.rank, version=min(g.first_version for g in self.groups),
                           index=self.fragments_sent, frames=self.T * self.N, flags=0,
-                          rollout_us=int(1e6 * (now - self.rollout_start)), wait_us=int(1e6 * self.waited))
-        self.sender.send()
+                          rollout_us=int(1e6 * (now - self.rollout_start)), wait_us=int(1e6 * self.waited),
+                          credit_wait_us=int(1e6 * credit_wait))
+        self.fragment = self.sender.send()
         self.fragments_sent += 1
         if self.sync:
             self.version += 1
-        self.status = "waiting for a free fragment buffer"
-        self.fragment = self.sender.acquire()
         self.rollout_start, self.waited = time.perf_counter(), 0.0
         self._reset_stats()
         for group in self.groups:
@@ -241,8 +251,24 @@ class EnvRole:
                 group.stopped = bool(reply.get("flags") & STOP)
                 work += 1
         if all(g.stopped for g in self.groups):
-            self._finish()
+            work += self._say_goodbye()
         return work
+
+    def _say_goodbye(self) -> int:
+        """The last record to the trainer (it needs a credit like any other), then wait for the
+        trainer's farewell, after which no message to this rank is in flight."""
+        if not self.said_goodbye:
+            if not self.sender.can_send():
+                self.status = "stopping: waiting for a credit to say goodbye to the trainer"
+                return 0
+            self.sender.say_goodbye(self.rank)
+            self.said_goodbye = True
+            self.status = "stopping: waiting for the trainer's farewell"
+            return 1
+        if not self.sender.closed():
+            return 0
+        self._finish()
+        return 1
 
     def snapshot(self) -> bytes:
         """Serial mode: everything needed to continue exactly, taken between rollouts (when the
@@ -267,7 +293,6 @@ class EnvRole:
         self.version, self.fragments_sent = state["version"], state["fragments_sent"]
 
     def _finish(self) -> None:
-        self.sender.say_goodbye(self.rank)
         self.sender.close()
         for group in self.groups:
             group.policy.close()

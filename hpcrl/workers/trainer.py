@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import resource
 import sys
 import time
 from collections import deque
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from hpcrl.runtime import comm
+from hpcrl.workers.batch_source import FragmentQueue
 from hpcrl.algos.gae import successor_values
 from hpcrl.algos.kernels import gae, vtrace
 from hpcrl.algos.ppo import LOSS_KEYS, Batch, train_step
@@ -80,7 +82,7 @@ class RunFiles:
 class LearnerRole:
     name = "learner"
 
-    def __init__(self, cfg: Config, spaces: EnvSpaces, learner_comm, receiver: comm.FragmentReceiver,
+    def __init__(self, cfg: Config, spaces: EnvSpaces, learner_comm, source: FragmentQueue,
                  publisher: comm.WeightPublisher | None, files: RunFiles | None, batch_share: float = 1.0,
                  resume_path: str | None = None, preempt_requested: Callable[[], bool] = lambda: False,
                  heartbeat: Callable[[], None] = lambda: None):
@@ -90,7 +92,7 @@ class LearnerRole:
         the root after every update; True stops the run with a checkpoint, marked preempted."""
         self.cfg = cfg
         self.comm = learner_comm
-        self.receiver = receiver
+        self.source = source
         self.publisher = publisher
         self.files = files
         self.batch_share = batch_share
@@ -132,15 +134,8 @@ class LearnerRole:
         self.windows: deque = deque()  # (episodes, return_sum) of recent updates, all learners
         self.fragments_dropped = int(counters.get("fragments_dropped", 0))
         self.sync = cfg.algo.mode == "sync"
-        self.batch_fragments = len(receiver.buffers)  # one per env rank, as in sync mode
-        self.have = [False] * len(receiver.buffers)  # sync: which env ranks' fragments are in
-        # async: fragments copied out of the receive buffers, and the spare buffers they go to
-        self.held: deque[int] = deque()  # arrived, not copied yet (no spare free)
-        self.queue: list = []
-        self.spares = [receiver.buffers[0].spec.allocate() for _ in range(0 if self.sync else 2 * len(receiver.buffers))]
-        self.dropped_since: list = []  # (frames, episode stats) of fragments dropped since the last update
+        self.dropped_since: list = []  # (frames, episode stats) of fragments dropped before this update
         self.draining = False
-        self.goodbyes: set[int] = set()
         self.done = False
         self._set_waiting_status()
         self._last_log = self._last_ckpt = time.perf_counter()
@@ -172,64 +167,19 @@ class LearnerRole:
         if self.publisher is not None:
             self.publisher.poll()
         if self.draining:
-            return self._drain()
-        return self._poll_sync() if self.sync else self._poll_async()
-
-    def _poll_sync(self) -> int:
-        """Train once every env rank's fragment of the current version is in (they arrive in place)."""
-        ready = self.receiver.ready()
-        for i in ready:
-            fragment = self.receiver.buffers[i]
-            if fragment.get("version") != self.version:  # sync mode: on-policy or a bug
-                raise RuntimeError(f"learner: fragment from env rank {fragment.get('env_rank')} was collected "
-                                   f"with policy version {fragment.get('version')}, expected {self.version}")
-            self.have[i] = True
-        if not all(self.have):
-            if ready:
+            work = self.source.drain()
+            if self.source.all_gone():
+                self._finish()
+            return work
+        arrived, batch = self.source.poll(self.version)
+        if batch is None:
+            if arrived:
                 self._set_waiting_status()
-            return len(ready)
-        self._update(self.receiver.buffers)
-        for i in range(len(self.have)):
-            self.have[i] = False
-            self.receiver.rearm(i)
-        self._after_update()
-        return 1
-
-    def _poll_async(self) -> int:
-        """Copy arrived fragments out and re-arm their receives at once, so env ranks never wait on a
-        training learner while spare buffers last; train whenever a batch is queued. With no spare
-        left a fragment stays in its receive buffer, and its env rank slows down (back-pressure)."""
-        ready = self.receiver.ready()
-        self.held.extend(ready)
-        while self.held and self.spares:
-            i = self.held.popleft()
-            spare = self.spares.pop()
-            spare.buffer[...] = self.receiver.buffers[i].buffer
-            self.receiver.rearm(i)
-            self.queue.append(spare)
-        self._drop_stale()
-        if len(self.queue) < self.batch_fragments:
-            if ready:
-                self._set_waiting_status()
-            return len(ready)
-        batch, self.queue = self.queue[:self.batch_fragments], self.queue[self.batch_fragments:]
+            return arrived
         self._update(batch)
-        self.spares.extend(batch)
+        self.source.release_batch()  # the slots go back to the actors as credits
         self._after_update()
-        return 1
-
-    def _drop_stale(self) -> None:
-        """Async: fragments whose oldest step is more than max_policy_lag versions old are not
-        trained on; their frames and finished episodes still count."""
-        oldest_ok = self.version - self.cfg.algo.max_policy_lag
-        kept = []
-        for frag in self.queue:
-            if frag.get("version") >= oldest_ok:
-                kept.append(frag)
-            else:
-                self.dropped_since.append((frag.get("frames"), frag["episode_stats"].copy()))
-                self.spares.append(frag)
-        self.queue = kept
+        return arrived + 1
 
     def _update(self, frags: list) -> None:
         self.status = f"training policy version {self.version}"
@@ -238,8 +188,8 @@ class LearnerRole:
             for group in self.optimizer.param_groups:
                 group["lr"] = a.lr * max(0.0, 1.0 - self.frames / self.cfg.run.total_frames)
         batch = self._assemble(frags)
-        self._local = self._local_stats(frags)  # read the headers now: sync re-arms the buffers next
-        self.dropped_since = []  # counted in this update's statistics
+        self.dropped_since = self.source.take_dropped()
+        self._local = self._local_stats(frags)  # read the headers now: the slots are released next
         # MPI: after the update, every learner folds the moments of all learners' batches into its
         # observation normaliser (a no-op without model.obs_norm), so all hold identical stats
         self._losses = train_step(self.model, self.optimizer, batch, a, self.rng,
@@ -276,24 +226,6 @@ class LearnerRole:
         so no env rank is left waiting on a send nobody receives."""
         self.draining = True
         self.status = "stopping: waiting for the env ranks' last messages"
-        for i in self.held:  # async: receives left unarmed for back-pressure
-            self._take_last(i)
-        self.held.clear()
-        self._drain()
-
-    def _drain(self) -> int:
-        ready = self.receiver.ready()
-        for i in ready:
-            self._take_last(i)
-        if len(self.goodbyes) == len(self.receiver.buffers):
-            self._finish()
-        return len(ready)
-
-    def _take_last(self, i: int) -> None:
-        if self.receiver.buffers[i].get("flags") & STOP:
-            self.goodbyes.add(i)
-        else:
-            self.receiver.rearm(i)
 
     def _set_waiting_status(self) -> None:
         """From now on the status names what is missing (the watchdog's message, if it fires). It
@@ -310,12 +242,7 @@ class LearnerRole:
         self._status = text
 
     def _waiting_for(self) -> str:
-        if not self.sync:
-            return (f"waiting for fragments: {len(self.queue)} of {self.batch_fragments} queued "
-                    f"for policy version {self.version}")
-        missing = [self.receiver.env_ranks[i] for i, have in enumerate(self.have) if not have]
-        shown = ", ".join(str(r) for r in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        return f"waiting for fragments of policy version {self.version} from env ranks {shown}"
+        return self.source.waiting_for(self.version)
 
     def _step(self) -> None:
         with self.optimizer.skip_synchronize():  # Horovod: gradients were averaged before clipping
@@ -363,24 +290,26 @@ class LearnerRole:
     def _local_stats(self, frags: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """From this learner's fragment headers (trained, and dropped since the last update): sums
         (frames, episodes, return sum, return sum of squares, length sum, fragments dropped, env
-        rollout and wait microseconds of the trained fragments), lows
-        (return min, version min) and highs (return max, version max) of the trained fragments."""
+        rollout, wait and credit-wait microseconds of the trained fragments), lows (return min,
+        version min) and highs (return max, version max) of the trained fragments, with this
+        learner's sample-slot peak and resident-memory peak (MiB)."""
         counted = [(f.get("frames"), f["episode_stats"]) for f in frags] + self.dropped_since
         ep = {name: np.array([st[i] for _, st in counted]) for i, name in enumerate(EPISODE_STATS)}
         versions = [f.get("version") for f in frags]
         sums = np.array([sum(frames for frames, _ in counted), ep["episodes"].sum(), ep["return_sum"].sum(),
                          ep["return_sqsum"].sum(), ep["length_sum"].sum(), len(self.dropped_since),
-                         sum(f.get("rollout_us") for f in frags), sum(f.get("wait_us") for f in frags)],
-                        dtype=np.float64)
+                         sum(f.get("rollout_us") for f in frags), sum(f.get("wait_us") for f in frags),
+                         sum(f.get("credit_wait_us") for f in frags)], dtype=np.float64)
         lows = np.array([ep["return_min"].min(), min(versions)], dtype=np.float64)
-        highs = np.array([ep["return_max"].max(), max(versions)], dtype=np.float64)
+        highs = np.array([ep["return_max"].max(), max(versions), self.source.stream.held_max,
+                          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024], dtype=np.float64)
         return sums, lows, highs
 
     def _reduce_stats(self, local: tuple[np.ndarray, np.ndarray, np.ndarray], losses: dict[str, float]) -> dict:
         sums, lows, highs = local
         sums = comm.allreduce_sum(self.comm, np.concatenate([sums, [losses[k] for k in LOSS_KEYS]]))
         lo, hi = comm.allreduce_min_max(self.comm, lows, highs)
-        frames_now, episodes, ret_sum, ret_sq, len_sum, dropped, rollout_us, wait_us = sums[:8]
+        frames_now, episodes, ret_sum, ret_sq, len_sum, dropped, rollout_us, wait_us, credit_us = sums[:9]
         self.frames += int(frames_now)
         self.fragments_dropped += int(dropped)
         self.windows.append((episodes, ret_sum))
@@ -400,8 +329,12 @@ class LearnerRole:
                "sample_version_min": int(lo[1]), "sample_version_max": int(hi[1]),
                "policy_lag_max": int(self.version - 1 - lo[1]), "fragments_dropped": self.fragments_dropped,
                # share of the env ranks' rollout time in which no env group could step
-               "env_wait_fraction": wait_us / rollout_us if rollout_us else 0.0}
-        row.update({k: float(v) / n for k, v in zip(LOSS_KEYS, sums[8:])})
+               "env_wait_fraction": wait_us / rollout_us if rollout_us else 0.0,
+               # share in which a finished fragment waited for a credit: the learner is the bottleneck
+               "env_credit_wait_fraction": credit_us / rollout_us if rollout_us else 0.0,
+               # the sample stream's bound in use: slots in flight or held, at most roles.learner.sample_slots
+               "sample_slots_max": int(hi[2]), "learner_rss_mib": float(hi[3])}
+        row.update({k: float(v) / n for k, v in zip(LOSS_KEYS, sums[9:])})
         if self.cfg.run.replica_digests:
             row["replica_digest"] = comm.gather_to_root(self.comm, np.array([policy_digest(self.model)], dtype=np.int64))
         return row
@@ -467,7 +400,7 @@ class LearnerRole:
                         self.files.config_text, extra=extra)
 
     def _finish(self) -> None:
-        self.receiver.close()
+        self.source.stream.close()
         if self.publisher is not None:
             self.publisher.wait()
         if self.files is not None:
