@@ -41,7 +41,26 @@ def test_plan_at_a_hundred_thousand_ranks():
     assert "world size 100,000 on 782 nodes" in result.stdout
     assert "  env           98,372     30-126  cpu" in result.stdout
     assert "each learner trains on 1537-1538 env ranks' fragments" in result.stdout
-    assert "no warnings" in result.stdout
+    # the default fan-in limit (256 env ranks per learner) speaks up; inference (61 each) does not
+    assert "warning: 64 learner ranks serve more than roles.learner.max_env_ranks = 256" in result.stdout
+    assert "inference ranks serve more" not in result.stdout
+
+
+def test_plan_prints_memory_per_role_and_warns_above_the_memory_per_rank():
+    args = ("plan", "jobs/cartpole_ppo.yaml", "--world-size", "1002", "--set", "roles.learner.ranks=1",
+            "--set", "roles.inference.ranks=1", "--set", "roles.learner.max_env_ranks=0",
+            "--set", "roles.inference.max_env_ranks=0")
+    out = hpcrl(*args).stdout
+    assert "memory for buffers, batch and model (busiest rank of each role):" in out
+    assert "learner 31.0 MiB (2000 sample slots)" in out and "no warnings" in out
+    tight = hpcrl(*args, "--memory-per-rank-gib", "0.01").stdout
+    assert "warning: each learner rank needs about 31.0 MiB for its buffers, batch and model, more than the " \
+           "10.2 MiB per rank assumed" in tight and "lower roles.learner.sample_slots" in tight
+    fewer = hpcrl(*args, "--set", "roles.learner.sample_slots=1000").stdout
+    assert "(1000 sample slots)" in fewer
+    refused = hpcrl(*args, "--set", "roles.learner.sample_slots=999")
+    assert refused.returncode == 2 and "999 slots cannot hold a batch of one fragment from each of the 1000" \
+        in refused.stderr
 
 
 def test_plan_reports_a_layout_that_does_not_fit():

@@ -29,6 +29,7 @@ def doc(text: str, **kwargs: Any) -> Any:
 
 
 DEFAULT_RANKS = {"learner": 1, "inference": 0, "env": REST}
+DEFAULT_MAX_ENV_RANKS = 256  # per learner or inference rank, when roles.X.max_env_ranks is not set
 
 
 @dataclass
@@ -39,8 +40,10 @@ class RoleSpec:
                                        "left over (default: learner 1, inference 0, env rest)", default=None)
     per_node: Union[int, None] = doc("ranks of this role on every node, instead of a total `ranks`", default=None)
     device: str = doc("torch device for this role's policy: 'cpu' or 'cuda'", default="cpu")
-    max_env_ranks: int = doc("learner and inference: the most env ranks one such rank should serve "
-                             "(0 = no limit); hpcrl plan and the run warn above it", default=0)
+    max_env_ranks: Union[int, None] = doc(
+        "learner and inference: the most env ranks one such rank should serve; hpcrl plan and the run warn "
+        "above it (default 256: beyond that one server's per-poll work and buffers dominate; 0 = no limit)",
+        default=None)
     sample_slots: Union[int, None] = doc(
         "learner: fragments one learner holds or has in flight at once, its sample stream's memory bound "
         "(this x the fragment size, whatever the MPI eager limit); an env rank without a free slot waits "
@@ -262,8 +265,9 @@ def validate(cfg: Config) -> None:
             spec.ranks = DEFAULT_RANKS[role]  # resolved, so the run directory's config.yaml says it
         _check(spec.ranks is None or spec.ranks == REST or (isinstance(spec.ranks, int) and spec.ranks >= 0),
                f"{key}.ranks: expected a count >= 0 or 'rest', got {spec.ranks!r}")
-        _check(spec.max_env_ranks >= 0, f"{key}.max_env_ranks: expected >= 0, got {spec.max_env_ranks}")
-        _check(role != "env" or spec.max_env_ranks == 0,
+        _check(spec.max_env_ranks is None or spec.max_env_ranks >= 0,
+               f"{key}.max_env_ranks: expected >= 0, got {spec.max_env_ranks}")
+        _check(role != "env" or not spec.max_env_ranks,
                f"{key}.max_env_ranks: only learner and inference ranks serve env ranks")
         _check(spec.sample_slots is None or (role == "learner" and spec.sample_slots >= 1),
                f"{key}.sample_slots: " + ("expected >= 1 (or null)" if role == "learner"

@@ -94,7 +94,7 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
         more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
         return _refuse(rank, problems[0] + more)
     if rank == 0:
-        _announce(cfg, layout, start)
+        _announce(cfg, layout, start, state["spaces"])
     watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
     roles_here.extend(build_roles(cfg, state["spaces"], layout, rank, start, signals.requested,
                                   heartbeat=lambda: watchdog.tick(True)))
@@ -165,7 +165,7 @@ def _rank_problem(cfg: Config, layout: Layout, rank: int) -> str | None:
     return None
 
 
-def _announce(cfg: Config, layout: Layout, start: rundir.RunStart) -> None:
+def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSpaces) -> None:
     if layout.serial:
         print("[hpcrl] world size 1: serial mode (learner, env and inline inference in one process)", flush=True)
     else:
@@ -184,8 +184,9 @@ def _announce(cfg: Config, layout: Layout, start: rundir.RunStart) -> None:
     if start.resume_file:
         print(f"[hpcrl] resuming from {start.resume_file}: policy version {start.start_version}, "
               f"{start.start_frames:,} frames", flush=True)
-    from hpcrl.tools.plan import warnings
-    for warning in warnings(cfg, layout):
+    from hpcrl.models import build_model, num_params  # rank 0 checked the model with torch already
+    from hpcrl.tools.plan import memory, warnings
+    for warning in warnings(cfg, layout, memory(cfg, layout, spaces, num_params(build_model(spaces, cfg.model)))):
         print(f"[hpcrl] warning: {warning}", flush=True)
 
 

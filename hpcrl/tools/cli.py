@@ -24,6 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpus-per-node", type=int, help="GPUs on every node: roles with device cuda go only where "
                       "there are GPUs (default: not checked)")
     plan.add_argument("--per-rank", action="store_true", help="list every rank (default for up to 64 ranks)")
+    plan.add_argument("--memory-per-rank-gib", type=float, default=4.0,
+                      help="memory one rank may use; roles whose buffers, batch and model need more are "
+                           "warned about (default 4)")
     plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     sb = sub.add_parser("sbatch", help="write a SLURM job script that fits the config's layout (no MPI needed)")
     sb.add_argument("config", help="rank-role YAML config (as the job will find it, relative to the submit dir)")
@@ -155,7 +158,7 @@ def _plan(args) -> int:
     from hpcrl.core.config import ConfigError, load_config
     from hpcrl.envs import probe_spaces
     from hpcrl.core.layout import plan_layout, simulated_nodes
-    from hpcrl.tools.plan import format_plan, traffic
+    from hpcrl.tools.plan import format_plan, memory, traffic
     try:
         cfg, _ = load_config(args.config, tuple(args.overrides))
         nodes = simulated_nodes(args.world_size, args.ranks_per_node or max(args.world_size, 1))
@@ -164,10 +167,12 @@ def _plan(args) -> int:
         spaces = probe_spaces(cfg.env)
         from hpcrl.models import build_model, num_params  # torch: only to count the policy's parameters
         n_params = num_params(build_model(spaces, cfg.model))  # ConfigError: model.encoder unfit for the obs
+        mem = memory(cfg, layout, spaces, n_params)  # ConfigError: sample slots that cannot hold a batch
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")
     t = traffic(cfg, layout, spaces, n_params, args.env_steps_per_s)
-    print(format_plan(cfg, layout, t, args.env_steps_per_s, args.per_rank or args.world_size <= 64))
+    print(format_plan(cfg, layout, t, args.env_steps_per_s, args.per_rank or args.world_size <= 64, mem,
+                      int(args.memory_per_rank_gib * 2**30)))
     return 0
 
 

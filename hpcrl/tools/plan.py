@@ -1,8 +1,8 @@
 """`hpcrl plan`: what a layout means before a job is submitted (no MPI).
 
 Ranks per role and per node, fan-in per inference and learner rank, the bytes each role sends at
-an assumed env step rate (from the exact message sizes), and warnings about layouts that will
-be slow or exceed the config's fan-in limits.
+an assumed env step rate (from the exact message sizes), the memory each role's buffers, batch and
+model take, and warnings about layouts that will be slow or exceed the fan-in or memory limits.
 """
 from __future__ import annotations
 
@@ -10,10 +10,48 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcrl.core.config import Config
+from hpcrl.core.config import DEFAULT_MAX_ENV_RANKS, Config
+from hpcrl.core.layout import INLINE, Layout, env_groups, sample_slots
+from hpcrl.core.messages import fragment_spec, reply_spec, request_spec, weights_spec
 from hpcrl.envs import EnvSpaces
-from hpcrl.core.layout import INLINE, Layout, env_groups
-from hpcrl.core.messages import fragment_spec, reply_spec, request_spec
+
+FRAGMENT_BUFFERS = 2  # per env rank (hpcrl.runtime.launch)
+MODEL_COPIES = {"learner": 5, "inference": 2, "env": 2}  # params x: weights, grads, Adam's two moments, message
+DEFAULT_MEMORY_PER_RANK = 4 * 2**30  # what a core of a typical HPC node has
+
+
+@dataclass
+class Memory:
+    """Bytes the busiest rank of each role holds for hpcrl's own buffers, batch and model (the
+    Python, torch and env processes themselves come on top: about 50 MiB for a torch-free env
+    rank, 250 MiB for a rank with torch)."""
+
+    env: int
+    inference: int
+    learner: int
+
+    def of(self, role: str) -> int:
+        return getattr(self, role)
+
+
+def memory(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int) -> Memory:
+    T, N = cfg.algo.rollout_length, cfg.env.num_envs
+    G = env_groups(cfg, layout)
+    req = request_spec(N // G, spaces.obs_shape, spaces.obs_dtype).nbytes
+    rep = reply_spec(N // G, spaces.action_shape, spaces.action_dtype).nbytes
+    frag = fragment_spec(T, N, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype).nbytes
+    weights = weights_spec(num_params).nbytes
+    model = 4 * num_params
+    learner_fan = int(layout.fan_in("learner").max()) if len(layout.learners) else 0
+    inference_fan = int(layout.fan_in("inference").max()) if len(layout.inference) else 0
+    inline = layout.inline_inference
+    env = G * (req + rep) + FRAGMENT_BUFFERS * frag + (MODEL_COPIES["env"] * model + weights if inline else 0)
+    # inference: a request and a reply buffer per (env rank, group), the batch arrays, the policy
+    inference = inference_fan * G * (2 * req + 2 * rep) + MODEL_COPIES["inference"] * model + weights
+    # learner: the sample slots, the batch assembled from them (about a fragment per env rank), the model
+    learner = ((sample_slots(cfg.roles, learner_fan) + learner_fan) * frag + MODEL_COPIES["learner"] * model
+               + weights) if learner_fan else 0
+    return Memory(env=env, inference=inference if inference_fan else 0, learner=learner)
 
 
 @dataclass
@@ -53,14 +91,24 @@ def traffic(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int, ste
                               if len(layout.learners) > 1 else 0.0))
 
 
-def warnings(cfg: Config, layout: Layout) -> list[str]:
-    """Layout problems worth fixing before a long job: fan-in limits, imbalance, cross-node traffic."""
+def warnings(cfg: Config, layout: Layout, mem: Memory | None = None,
+             memory_per_rank: int = DEFAULT_MEMORY_PER_RANK) -> list[str]:
+    """Layout problems worth fixing before a long job: fan-in and memory limits, imbalance,
+    cross-node traffic."""
     out = []
+    for role in ("learner", "inference", "env") if mem is not None else ():
+        if mem.of(role) > memory_per_rank:
+            out.append(f"each {role} rank needs about {_bytes(mem.of(role))} for its buffers, batch and model, more "
+                       f"than the {_bytes(memory_per_rank)} per rank assumed (--memory-per-rank-gib): "
+                       + ("add learners or lower roles.learner.sample_slots, env.num_envs or algo.rollout_length"
+                          if role == "learner" else "add inference ranks" if role == "inference"
+                          else "lower env.num_envs or algo.rollout_length"))
     for role in ("inference", "learner"):
         fan = layout.fan_in(role)
         if len(fan) == 0:
             continue
         limit = getattr(cfg.roles, role).max_env_ranks
+        limit = DEFAULT_MAX_ENV_RANKS if limit is None else limit
         servers = layout.learners if role == "learner" else layout.inference
         if limit and fan.max() > limit:
             worst = int(servers[int(np.argmax(fan))])
@@ -92,6 +140,13 @@ def _per_node(layout: Layout, ranks: np.ndarray) -> str:
     return f"{counts.min()}-{counts.max()}" if counts.min() != counts.max() else str(counts.min())
 
 
+def _bytes(x: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if x >= size:
+            return f"{x / size:.1f} {unit}"
+    return f"{x:.0f} B"
+
+
 def _rate(x: float) -> str:
     for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
         if x >= size:
@@ -99,7 +154,8 @@ def _rate(x: float) -> str:
     return f"{x:.0f} B/s"
 
 
-def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float, per_rank: bool) -> str:
+def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float, per_rank: bool,
+                mem: Memory | None = None, memory_per_rank: int = DEFAULT_MEMORY_PER_RANK) -> str:
     n_nodes = len(np.unique(layout.node_of_rank))
     lines = [f"world size {layout.world_size:,} on {n_nodes:,} node{'s' if n_nodes > 1 else ''}; "
              f"env {cfg.env.id} x {cfg.env.num_envs} per env rank, rollout {cfg.algo.rollout_length}"]
@@ -132,7 +188,11 @@ def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float
                  f"{t.updates_per_second:,.1f} updates/s")
     if t.allreduce_per_second:
         lines.append(f"  each learner    allreduces {_rate(t.allreduce_per_second)} of gradients")
-    problems = warnings(cfg, layout)
+    if mem is not None:
+        lines.append("memory for buffers, batch and model (busiest rank of each role):")
+        lines.append(f"  learner {_bytes(mem.learner)} ({sample_slots(cfg.roles, int(learner_fan.max()))} sample "
+                     f"slots), inference {_bytes(mem.inference)}, env {_bytes(mem.env)}")
+    problems = warnings(cfg, layout, mem, memory_per_rank)
     lines += [f"warning: {w}" for w in problems] or ["no warnings"]
     if per_rank:
         lines.append("ranks:")
