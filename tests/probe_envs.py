@@ -74,3 +74,30 @@ class SlowCartPole(CartPoleEnv):
 
 
 gym.register("HpcrlTest/Slow-v0", entry_point=SlowCartPole, max_episode_steps=500)
+
+
+class SlowOnOneRankCartPole(CartPoleEnv):
+    """CartPole that sleeps `step_seconds` per step on world rank `slow_rank` only, and writes how
+    many steps it took there to `report` on close: one slow policy holder among fast ones."""
+
+    def __init__(self, slow_rank: int, step_seconds: float, report: str, **kwargs):
+        import os
+        super().__init__(**kwargs)
+        self.slow = os.environ.get("OMPI_COMM_WORLD_RANK") == str(slow_rank)
+        self.step_seconds, self.report, self.steps = step_seconds, report, 0
+
+    def step(self, action):
+        if self.slow:
+            import time
+            time.sleep(self.step_seconds)
+            self.steps += 1
+        return super().step(action)
+
+    def close(self):
+        if self.slow:
+            with open(self.report, "a") as fh:
+                fh.write(f"{self.steps}\n")
+        super().close()
+
+
+gym.register("HpcrlTest/SlowOnOneRank-v0", entry_point=SlowOnOneRankCartPole, max_episode_steps=500)

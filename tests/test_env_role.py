@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hpcrl.runtime import comm
+from hpcrl.runtime.params import ParameterPublisher
 from hpcrl.runtime.streams import SampleReceiver, SampleSender
 from hpcrl.core.config import parse_config
 from hpcrl.envs import probe_spaces
@@ -23,7 +24,7 @@ def collect_fragment(env: str = f"{{id: CartPole-v1, num_envs: {N}, kwargs: {{ma
     spaces = probe_spaces(cfg.env)
     torch.manual_seed(0)
     model = build_model(spaces, cfg.model)
-    publisher = comm.WeightPublisher(None, weights_spec(num_params(model)).allocate())
+    publisher = ParameterPublisher(None, weights_spec(num_params(model)))
     publisher.publish(0, lambda flat: copy_params_to(model, flat))
     runner = PolicyRunner(build_model(spaces, cfg.model), "cpu", seed=0)
     req = request_spec(N, spaces.obs_shape, spaces.obs_dtype)

@@ -117,3 +117,16 @@ def test_cuda_roles_go_to_nodes_with_a_gpu():
         plan_layout(roles("{learner: {ranks: 1, device: cuda}, env: {ranks: rest}}"), 12, node, np.zeros(12, int))
     cpu_only = plan_layout(roles("{learner: {ranks: 1, device: cuda}, env: {ranks: rest}}"), 12, node)
     assert list(cpu_only.learners) == [0]  # without a GPU map (hpcrl plan) there is no constraint
+
+
+def test_place_high_puts_a_role_on_the_highest_ranks_and_rest_cannot_be_placed():
+    from hpcrl.core.config import ConfigError, parse_config
+    roles = parse_config("roles: {learner: {ranks: 2, place: high}, inference: {ranks: 2}, env: {ranks: rest}}").roles
+    layout = plan_layout(roles, 8, np.array([0, 0, 0, 0, 1, 1, 1, 1]))
+    assert layout.learners.tolist() == [6, 7] and layout.learner_root == 6
+    assert layout.inference.tolist() == [0, 4]  # round-robin over the nodes, lowest free first
+    assert layout.envs.tolist() == [1, 2, 3, 5]
+    per_node = parse_config("roles: {learner: {per_node: 1, place: high}, env: {ranks: rest}}").roles
+    assert plan_layout(per_node, 8, np.array([0, 0, 0, 0, 1, 1, 1, 1])).learners.tolist() == [3, 7]
+    with pytest.raises(ConfigError, match="roles.env.place: a role with ranks: rest takes every rank left over"):
+        parse_config("roles: {env: {ranks: rest, place: high}}")

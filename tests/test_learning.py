@@ -5,15 +5,20 @@ from hpcrl.io.metrics import read_metrics
 from tests.conftest import REPO, mpirun
 
 
-@pytest.mark.parametrize("ranks,job", [
-    (4, "cartpole_ppo.yaml"),  # 1 learner, 1 inference, 2 env ranks
-    (1, "cartpole_ppo.yaml"),  # the same config in serial mode
-    (6, "cartpole_ppo_2learners.yaml"),  # 2 learners (Horovod), 2 inference, 2 env ranks
-    (4, "cartpole_appo.yaml"),  # async APPO with V-trace: 1 learner, 1 inference, 2 env ranks
-])
-def test_cartpole_job_reaches_475(tmp_path, ranks, job):
-    result = mpirun(ranks, "run", str(REPO / "jobs" / job), "--set", f"run.output_dir={tmp_path}", timeout=480)
+@pytest.mark.parametrize("ranks,job,extra", [
+    (4, "cartpole_ppo.yaml", ()),  # 1 learner, 1 inference, 2 env ranks
+    (1, "cartpole_ppo.yaml", ()),  # the same config in serial mode
+    (6, "cartpole_ppo_2learners.yaml", ()),  # 2 learners (Horovod), 2 inference, 2 env ranks
+    (4, "cartpole_appo.yaml", ()),  # async APPO with V-trace: 1 learner, 1 inference, 2 env ranks
+    # the learner (and so the weights' root) on the last rank, world rank 0 an inference rank
+    (4, "cartpole_ppo.yaml", ("--set", "roles.learner.place=high")),
+], ids=["4-ranks", "serial", "2-learners", "appo", "learner-root-off-rank-0"])
+def test_cartpole_job_reaches_475(tmp_path, ranks, job, extra):
+    result = mpirun(ranks, "run", str(REPO / "jobs" / job), "--set", f"run.output_dir={tmp_path}", *extra,
+                    timeout=480)
     assert result.returncode == 0, result.stdout + result.stderr
+    if extra:
+        assert "roles: learner ranks 3; inference ranks 0; env ranks 1-2" in result.stdout
     run_dirs = list(tmp_path.iterdir())
     metrics = read_metrics(str(run_dirs[0] / "metrics.h5"))
     assert metrics["return_window_mean"][-1] >= 475  # stopped by run.target_return ...

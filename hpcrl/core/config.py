@@ -40,6 +40,9 @@ class RoleSpec:
                                        "left over (default: learner 1, inference 0, env rest)", default=None)
     per_node: Union[int, None] = doc("ranks of this role on every node, instead of a total `ranks`", default=None)
     device: str = doc("torch device for this role's policy: 'cpu' or 'cuda'", default="cpu")
+    place: str = doc("which ranks the role takes: 'low' (the lowest free ranks; learners are placed first, so "
+                     "the learner root is rank 0) or 'high' (the highest, e.g. when a heterogeneous job lists "
+                     "its GPU nodes last)", default="low")
     max_env_ranks: Union[int, None] = doc(
         "learner and inference: the most env ranks one such rank should serve; hpcrl plan and the run warn "
         "above it (default 256: beyond that one server's per-poll work and buffers dominate; 0 = no limit)",
@@ -269,6 +272,9 @@ def validate(cfg: Config) -> None:
                f"{key}.max_env_ranks: expected >= 0, got {spec.max_env_ranks}")
         _check(role != "env" or not spec.max_env_ranks,
                f"{key}.max_env_ranks: only learner and inference ranks serve env ranks")
+        _check(spec.place in ("low", "high"), f"{key}.place: expected 'low' or 'high', got {spec.place!r}")
+        _check(spec.place == "low" or spec.ranks != REST,
+               f"{key}.place: a role with ranks: rest takes every rank left over; give it a count to place it high")
         _check(spec.sample_slots is None or (role == "learner" and spec.sample_slots >= 1),
                f"{key}.sample_slots: " + ("expected >= 1 (or null)" if role == "learner"
                                          else "only learners receive fragments; set roles.learner.sample_slots"))

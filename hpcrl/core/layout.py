@@ -5,6 +5,7 @@ Pure numpy (no MPI), so it can be tested with simulated node maps, and vectorise
 - learners take the lowest free ranks (the learner root is the lowest learner rank);
 - inference and env ranks with a total count are spread round-robin over the nodes;
 - a role with `per_node: k` takes the k lowest free ranks of every node;
+- a role with `place: high` takes the highest free ranks instead (GPU nodes listed last);
 - the role with `ranks: rest` takes every rank left over.
 Each env rank talks to one inference rank and one learner, on its own node where the node has
 one, else to the least-loaded one elsewhere, so fan-in stays balanced.
@@ -123,16 +124,22 @@ def _local_positions(free: np.ndarray, node_of_rank: np.ndarray) -> np.ndarray:
     return pos
 
 
+def _ordered(free: np.ndarray, place: str) -> np.ndarray:
+    """The free ranks in the order a role takes them: lowest first, or (place: high) highest first."""
+    return free[::-1] if place == "high" else free
+
+
 def _place(role: str, count: int, per_node: int | None, free: np.ndarray, node_of_rank: np.ndarray,
            num_nodes: int) -> np.ndarray:
-    """World ranks (ascending) for one role, chosen among the free (eligible) ranks."""
+    """World ranks (ascending) for one role, chosen among the free (eligible) ranks, taken in the
+    order given (ascending, or descending for place: high)."""
     if per_node is None and len(free) < count:
         raise ConfigError(f"roles.{role}: {count} ranks needed but only {len(free)} suitable ranks are free")
     if role == "learner" and per_node is None:
-        return free[:count]
+        return np.sort(free[:count])
     pos = _local_positions(free, node_of_rank)
     if per_node is not None:
-        chosen = free[pos < per_node]
+        chosen = np.sort(free[pos < per_node])
         short = num_nodes * per_node - len(chosen)
         if short:
             raise ConfigError(f"roles.{role}.per_node: {per_node} {role} ranks per node do not fit: "
@@ -212,12 +219,13 @@ def plan_layout(roles: RolesConfig, world_size: int, node_of_rank: np.ndarray | 
                 raise ConfigError(f"roles.{role}: device cuda with per_node needs a GPU on every node, but only "
                                   f"{gpu_nodes} of {num_nodes} nodes have one")
             try:
-                placed[role] = _place(role, counts[role], spec.per_node, eligible, node_of_rank,
+                placed[role] = _place(role, counts[role], spec.per_node, _ordered(eligible, spec.place), node_of_rank,
                                       gpu_nodes if spec.per_node is not None else num_nodes)
             except ConfigError as exc:
                 raise ConfigError(f"{exc} (device cuda: only ranks on the {gpu_nodes} nodes with a GPU qualify)") from None
         else:
-            placed[role] = _place(role, counts[role], spec.per_node, free, node_of_rank, num_nodes)
+            placed[role] = _place(role, counts[role], spec.per_node, _ordered(free, spec.place), node_of_rank,
+                                  num_nodes)
         free = np.setdiff1d(free, placed[role], assume_unique=True)
     if rest_role is not None:
         if getattr(roles, rest_role).device == "cuda" and gpus_of_rank is not None and np.any(gpus_of_rank[free] == 0):

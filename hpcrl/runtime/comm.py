@@ -21,7 +21,7 @@ from mpi4py import MPI  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from hpcrl.core.messages import STOP, Message  # noqa: E402
+from hpcrl.core.messages import Message  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
@@ -210,69 +210,24 @@ class RequestClient:
             r.Free()
 
 
-class WeightPublisher:
-    """Learner root: nonblocking tree broadcast (Ibcast) of each policy version to its subscribers."""
-
-    def __init__(self, comm, message: Message):
-        self.comm = comm  # {learner root} + subscribers, learner root is rank 0; None in serial mode
-        self.message = message
-        self.message.set(version=-1)  # nothing published yet
-        self._bcast = None
-
-    def publish(self, version: int, fill: Callable[[np.ndarray], None], flags: int = 0) -> None:
-        """`flags`: 0, or the stop word (STOP and why) that ends every holder's run."""
-        self.wait()  # the previous version must be out before its buffer is overwritten
-        fill(self.message["params"])
-        self.message.set(version=version, flags=flags)
-        if self.comm is not None:
-            self._bcast = self.comm.Ibcast(self.message.buffer, root=0)
-
-    def poll(self) -> None:
-        """Drive the broadcast along; nonblocking collectives progress only inside MPI calls."""
-        if self._bcast is not None and self._bcast.Test():
-            self._bcast = None
-
-    def wait(self) -> None:
-        if self._bcast is not None:
-            self._bcast.Wait()
-            self._bcast = None
-
-
-class WeightSubscriber:
-    """Inference rank (or env rank with inline inference): always has the next Ibcast posted."""
-
-    def __init__(self, comm, message: Message):
-        self.comm = comm
-        self.message = message
-        self._bcast = comm.Ibcast(message.buffer, root=0)
-
-    def poll(self) -> Message | None:
-        """The newest weights message once it has fully arrived, else None."""
-        if self._bcast is None or not self._bcast.Test():
-            return None
-        self._bcast = None
-        return self.message
-
-    def rearm(self) -> None:
-        """Post the receive of the next version (after the caller copied the weights out)."""
-        self._bcast = self.comm.Ibcast(self.message.buffer, root=0)
-
-
 class LocalWeightSubscriber:
     """Serial mode: the env role reads the learner's published weights in the same process."""
 
-    def __init__(self, publisher: WeightPublisher):
-        self.publisher = publisher
+    def __init__(self, publisher):
+        self.publisher = publisher  # a hpcrl.runtime.params.ParameterPublisher
         self._seen = None
 
     def poll(self) -> Message | None:
-        version = self.publisher.message.get("version")
-        if version == self._seen or version < 0:
+        message = self.publisher.message
+        if message is None or message.get("version") == self._seen:
             return None
-        self._seen = version
-        return self.publisher.message
+        self._seen = message.get("version")
+        return message
 
     def rearm(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 

@@ -21,6 +21,7 @@ from hpcrl.core.layout import INLINE, Layout, env_groups, plan_layout, sample_sl
 from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED, fragment_spec, reply_spec, request_spec, weights_spec
 from hpcrl.io.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
 from hpcrl.core.seeds import seed_for
+from hpcrl.runtime.params import ParameterPublisher, build_parameter_stream
 from hpcrl.runtime.streams import SampleReceiver, SampleSender
 from hpcrl.runtime.watchdog import Watchdog
 
@@ -216,10 +217,10 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
     root = layout.learner_root
     is_learner = rank in learners
     learner_comm = comm.sub_communicator(is_learner)
-    subscribers = layout.weight_subscribers()
-    # the learner root must be rank 0 of the weight communicator (it is the Ibcast root) wherever
-    # it sits in WORLD: key 0 for it, world rank + 1 for everyone else (world rank 0 included)
-    weight_comm = comm.sub_communicator(rank == root or rank in subscribers, key=0 if rank == root else rank + 1)
+    # weights: learner root -> one leader per node -> that node's holders (newest only)
+    params = (build_parameter_stream(comm.WORLD, rank, root, layout.weight_subscribers(), layout.node_of_rank,
+                                     lambda: _weights_spec(cfg, spaces))
+              if not layout.serial else None)
     sample_comm = comm.stream_communicator()  # env ranks -> their learner, credit flow control
 
     obs_shape, obs_dtype = spaces.obs_shape, spaces.obs_dtype
@@ -242,8 +243,7 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
                                 per_sender=FRAGMENT_BUFFERS)
         source = FragmentQueue(stream, envs, sync=cfg.algo.mode == "sync", max_policy_lag=cfg.algo.max_policy_lag)
         if rank == root:
-            publisher = comm.WeightPublisher(weight_comm if size_of(weight_comm) > 1 else None,
-                                             _weights_message(cfg, spaces))
+            publisher = params if params is not None else ParameterPublisher(None, _weights_spec(cfg, spaces))
         files = (RunFiles(start.run_dir, start.config_text,
                           resume=start.resume_file is not None,
                           tensorboard=cfg.run.tensorboard)
@@ -258,7 +258,7 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
         slots = [(int(env), g) for env in layout.envs_of_inference(rank) for g in range(G)]
         server = comm.RequestServer([e for e, _ in slots], [g for _, g in slots], [req.allocate() for _ in slots],
                                     [rep.allocate() for _ in slots])
-        weights = comm.WeightSubscriber(weight_comm, _weights_message(cfg, spaces))
+        weights = params
         runner = _runner(cfg, spaces, cfg.roles.inference.device, "inference", layout.index_in("inference", rank))
         roles.append(InferenceRole(rank, runner, weights, server,
                                    sync=cfg.algo.mode == "sync"))
@@ -269,8 +269,7 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
         inference_rank = int(layout.env_inference[index])
         if inference_rank == INLINE:
             from hpcrl.workers.policy_server import InlinePolicy
-            weights = (comm.LocalWeightSubscriber(publisher) if layout.serial
-                       else comm.WeightSubscriber(weight_comm, _weights_message(cfg, spaces)))
+            weights = comm.LocalWeightSubscriber(publisher) if layout.serial else params
             policies = [InlinePolicy(_runner(cfg, spaces, cfg.roles.env.device, "inline_policy", index), weights,
                                      req.allocate(), rep.allocate(), sync=cfg.algo.mode == "sync")]
         else:
@@ -289,13 +288,9 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
     return roles
 
 
-def size_of(c) -> int:
-    return 0 if c is None else c.Get_size()
-
-
-def _weights_message(cfg: Config, spaces: EnvSpaces):
+def _weights_spec(cfg: Config, spaces: EnvSpaces):
     from hpcrl.models import build_model, num_params
-    return weights_spec(num_params(build_model(spaces, cfg.model))).allocate()
+    return weights_spec(num_params(build_model(spaces, cfg.model)))
 
 
 def _runner(cfg: Config, spaces: EnvSpaces, device: str, purpose: str, index: int):

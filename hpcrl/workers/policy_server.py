@@ -32,7 +32,7 @@ class InlinePolicy:
         self._wanted = version
 
     def close(self) -> None:
-        pass  # nothing posted: weights are polled by the env role's own subscriber
+        self.weights.close()  # a node's leader passes the stop word on before it goes
 
     def sampling_state(self):
         return self.runner.generator.get_state()
@@ -171,6 +171,7 @@ class InferenceRole:
         self.pending = []
         if len(self.stopped_envs) == len(self.server.env_ranks):
             self.server.close(armed=[])
+            self.weights.close()
             self.done = True
             self.status = "finished"
         return work

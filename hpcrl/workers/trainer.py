@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from hpcrl.runtime import comm
+from hpcrl.runtime.params import ParameterPublisher
 from hpcrl.workers.batch_source import FragmentQueue
 from hpcrl.algos.gae import successor_values
 from hpcrl.algos.kernels import gae, vtrace
@@ -83,7 +84,7 @@ class LearnerRole:
     name = "learner"
 
     def __init__(self, cfg: Config, spaces: EnvSpaces, learner_comm, source: FragmentQueue,
-                 publisher: comm.WeightPublisher | None, files: RunFiles | None, batch_share: float = 1.0,
+                 publisher: ParameterPublisher | None, files: RunFiles | None, batch_share: float = 1.0,
                  resume_path: str | None = None, preempt_requested: Callable[[], bool] = lambda: False,
                  heartbeat: Callable[[], None] = lambda: None):
         """`batch_share`: this learner's fraction of the global batch times the number of learners
