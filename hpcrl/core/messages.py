@@ -84,6 +84,9 @@ class Message:
 
 # --- the message kinds of the hot path ------------------------------------------------------------
 
+# Every header starts with the policy it belongs to. One policy (id 0) trains today; several
+# policies (multi-agent, self-play pools) will share the streams and tell their messages apart by it.
+DEFAULT_POLICY = 0
 STOP = 1  # flags bit: the run is over; the receiver finishes and exits
 PREEMPTED = 2  # flags bit, with STOP: the run was stopped by a signal and will resume from its checkpoint
 OUTPUT_FAILED = 4  # flags bit, with STOP: the learner root could not write its outputs (a full disk)
@@ -95,7 +98,7 @@ def request_spec(num_envs: int, obs_shape: tuple, obs_dtype) -> MessageSpec:
     truncated (their values bootstrap the return). final_obs is last so a send can stop after
     `n_final` rows."""
     return MessageSpec(
-        header=("version", "n_final", "flags"),
+        header=("policy_id", "version", "n_final", "flags"),
         fields=[("obs", obs_dtype, (num_envs, *obs_shape)),
                 ("final_obs", obs_dtype, (num_envs, *obs_shape))])
 
@@ -103,7 +106,7 @@ def request_spec(num_envs: int, obs_shape: tuple, obs_dtype) -> MessageSpec:
 def reply_spec(num_envs: int, action_shape: tuple, action_dtype) -> MessageSpec:
     """inference -> env: one action, its log-probability and the state value per env."""
     return MessageSpec(
-        header=("version", "flags"),
+        header=("policy_id", "version", "flags"),
         fields=[("actions", action_dtype, (num_envs, *action_shape)),
                 ("logp", np.float32, (num_envs,)),
                 ("values", np.float32, (num_envs,)),
@@ -120,7 +123,8 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
     `credit_wait_us` the part in which the finished fragment waited for a credit (flow control)."""
     t, n = length, num_envs
     return MessageSpec(
-        header=("env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us", "credit_wait_us"),
+        header=("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
+                "credit_wait_us"),
         fields=[("obs", obs_dtype, (t, n, *obs_shape)),
                 ("actions", action_dtype, (t, n, *action_shape)),
                 ("logp", np.float32, (t, n)),
@@ -135,4 +139,4 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
 
 def weights_spec(num_params: int) -> MessageSpec:
     """learner root -> policy holders: the flat parameter vector of one policy version."""
-    return MessageSpec(header=("version", "flags"), fields=[("params", np.float32, (num_params,))])
+    return MessageSpec(header=("policy_id", "version", "flags"), fields=[("params", np.float32, (num_params,))])
