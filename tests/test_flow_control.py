@@ -1,13 +1,13 @@
 """The sample stream's credits bound what a learner holds, whatever the fan-in and the MPI eager
-limit: 16 fast env ranks with records far below the eager limit, against a deliberately slow
-learner (many epochs per update), on 18 oversubscribed ranks."""
+limit: 32 fast env ranks with records far below the eager limit, against a deliberately slow
+learner (many epochs per update), on 34 oversubscribed ranks (the suite's scale run)."""
 import numpy as np
 
 from hpcrl.core.messages import fragment_spec
 from hpcrl.io.metrics import read_metrics
 from tests.conftest import mpirun, run_dir, small_config, write_config
 
-ACTORS, SLOTS, T, N = 16, 20, 8, 2
+ACTORS, SLOTS, T, N = 32, 40, 8, 2
 
 
 def test_a_slow_learner_holds_at_most_its_sample_slots_and_fast_env_ranks_wait_for_credit(tmp_path):
