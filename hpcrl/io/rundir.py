@@ -10,7 +10,6 @@ the repair did is printed and appended to `recovery.log` in the run directory.
 """
 from __future__ import annotations
 
-import errno
 import os
 import re
 import shutil
