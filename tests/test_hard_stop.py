@@ -114,6 +114,9 @@ def test_a_kill_inside_a_write_still_resumes(tmp_path, where, at):
     finish_and_check(cfg, str(tmp_path / "config.yaml"), 1)
     if where == "checkpoint":
         assert "checkpoint a stopped run had not finished writing" in (run_dir(cfg) / "recovery.log").read_text()
+        shown = subprocess.run([sys.executable, "-m", "hpcrl", "inspect", str(run_dir(cfg))], capture_output=True,
+                               text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        assert "repairs      1 after hard stops (recovery.log); the last:" in shown.stdout, shown.stdout + shown.stderr
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path):

@@ -10,7 +10,7 @@ import yaml
 
 from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, read_summary
 from hpcrl.io.metrics import read_metrics
-from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE
+from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE, RECOVERY_LOG
 
 CONFIG_FILE = "config.yaml"
 FINISHED = {"total_frames": "finished: it reached run.total_frames",
@@ -80,7 +80,7 @@ def describe(run_dir: str) -> dict:
     info: dict = {"run_dir": run_dir, "config": load_config_dict(run_dir),
                   "checkpoint": _checkpoint_file(checkpoint),
                   "previous_checkpoint": _checkpoint_file(previous_path(checkpoint)),
-                  "resumes_from": found, "progress": None}
+                  "resumes_from": found, "progress": None, "repairs": _repairs(run_dir)}
     try:
         m = load_metrics(run_dir)
     except RunDirError:
@@ -98,6 +98,15 @@ def describe(run_dir: str) -> dict:
     info["stopped_by"] = stopped_by
     info["finished"] = stopped_by in ("total_frames", "target_return")
     return info
+
+
+def _repairs(run_dir: str) -> list[str]:
+    """The lines of recovery.log: what resuming after hard stops repaired (and any rows lost)."""
+    try:
+        with open(os.path.join(run_dir, RECOVERY_LOG), encoding="utf-8") as fh:
+            return [line.rstrip("\n") for line in fh if line.strip()]
+    except OSError:
+        return []
 
 
 def _number(value) -> float | None:
@@ -172,4 +181,6 @@ def format_report(info: dict, full_config: bool = False) -> str:
     lines.append(f"previous     {_checkpoint_line(info['previous_checkpoint'], run_dir)}")
     if info["resumes_from"] is not None and info["checkpoint"] and info["resumes_from"] != info["checkpoint"]["file"]:
         lines.append(f"resume from  {os.path.relpath(info['resumes_from'], run_dir)} (the latest one is not usable)")
+    if info["repairs"]:
+        lines.append(f"repairs      {len(info['repairs'])} after hard stops ({RECOVERY_LOG}); the last: {info['repairs'][-1]}")
     return "\n".join(lines)
