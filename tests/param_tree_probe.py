@@ -21,7 +21,7 @@ VERSIONS, PARAMS = 300, 100_000
 def main(out: str, nodes: list[int], slow: int) -> None:
     rank, size = comm.world_rank(), comm.world_size()
     end = build_parameter_stream(comm.WORLD, rank, 0, list(range(1, size)), np.array(nodes),
-                                 lambda: weights_spec(PARAMS))
+                                 weights_spec(PARAMS))
     record = {"versions": [], "torn": 0}
     if rank == 0:
         for v in range(1, VERSIONS + 1):

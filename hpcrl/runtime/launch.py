@@ -34,9 +34,11 @@ def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size
         cfg, _ = load_config(config_path, overrides)
         plan_layout(cfg.roles, size)  # role counts must fit this world size
         spaces = probe_spaces(cfg.env)
-        from hpcrl.models import encoder_for  # rank 0 is a learner: torch is coming anyway
-        encoder_for(spaces, cfg.model)  # a ConfigError now, not on every rank later
-        return {"cfg": cfg, "spaces": spaces, "start": rundir.prepare(cfg, overwrite)}
+        from hpcrl.models import build_model, num_params  # torch, on rank 0 only
+        # the policy's size, once: it sizes the weights messages on every rank, and a model that
+        # cannot take the observations is a ConfigError now, not on every rank later
+        n_params = num_params(build_model(spaces, cfg.model))
+        return {"cfg": cfg, "spaces": spaces, "num_params": n_params, "start": rundir.prepare(cfg, overwrite)}
     except ConfigError as exc:
         return {"error": str(exc)}
     except OSError as exc:  # a full disk or an unwritable output_dir: not a config mistake
@@ -95,10 +97,10 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
         more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
         return _refuse(rank, problems[0] + more)
     if rank == 0:
-        _announce(cfg, layout, start, state["spaces"])
+        _announce(cfg, layout, start, state["spaces"], state["num_params"])
     watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
-    roles_here.extend(build_roles(cfg, state["spaces"], layout, rank, start, signals.requested,
-                                  heartbeat=lambda: watchdog.tick(True)))
+    roles_here.extend(build_roles(cfg, state["spaces"], state["num_params"], layout, rank, start,
+                                  signals.requested, heartbeat=lambda: watchdog.tick(True)))
     poll_until_done(roles_here, watchdog)
     watchdog.stop()
     flags = 0
@@ -166,7 +168,7 @@ def _rank_problem(cfg: Config, layout: Layout, rank: int) -> str | None:
     return None
 
 
-def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSpaces) -> None:
+def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSpaces, n_params: int) -> None:
     if layout.serial:
         print("[hpcrl] world size 1: serial mode (learner, env and inline inference in one process)", flush=True)
     else:
@@ -185,9 +187,8 @@ def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSp
     if start.resume_file:
         print(f"[hpcrl] resuming from {start.resume_file}: policy version {start.start_version}, "
               f"{start.start_frames:,} frames", flush=True)
-    from hpcrl.models import build_model, num_params  # rank 0 checked the model with torch already
     from hpcrl.tools.plan import memory, warnings
-    for warning in warnings(cfg, layout, memory(cfg, layout, spaces, num_params(build_model(spaces, cfg.model)))):
+    for warning in warnings(cfg, layout, memory(cfg, layout, spaces, n_params)):
         print(f"[hpcrl] warning: {warning}", flush=True)
 
 
@@ -209,8 +210,8 @@ def _ranges(ranks, limit: int = 8) -> str:
     return text + (f" and {len(runs) - limit} more runs" if len(runs) > limit else "")
 
 
-def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start: rundir.RunStart,
-                preempt_requested=lambda: False, heartbeat=lambda: None) -> list:
+def build_roles(cfg: Config, spaces: EnvSpaces, n_params: int, layout: Layout, rank: int,
+                start: rundir.RunStart, preempt_requested=lambda: False, heartbeat=lambda: None) -> list:
     """Create this rank's roles and the channels between them. Collective over WORLD: every rank
     takes part in creating the learner and weight communicators, in the same order."""
     learners = [int(r) for r in layout.learners]
@@ -219,7 +220,7 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
     learner_comm = comm.sub_communicator(is_learner)
     # weights: learner root -> one leader per node -> that node's holders (newest only)
     params = (build_parameter_stream(comm.WORLD, rank, root, layout.weight_subscribers(), layout.node_of_rank,
-                                     lambda: _weights_spec(cfg, spaces))
+                                     weights_spec(n_params))
               if not layout.serial else None)
     sample_comm = comm.stream_communicator()  # env ranks -> their learner, credit flow control
 
@@ -243,7 +244,7 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
                                 per_sender=FRAGMENT_BUFFERS)
         source = FragmentQueue(stream, envs, sync=cfg.algo.mode == "sync", max_policy_lag=cfg.algo.max_policy_lag)
         if rank == root:
-            publisher = params if params is not None else ParameterPublisher(None, _weights_spec(cfg, spaces))
+            publisher = params if params is not None else ParameterPublisher(None, weights_spec(n_params))
         files = (RunFiles(start.run_dir, start.config_text,
                           resume=start.resume_file is not None,
                           tensorboard=cfg.run.tensorboard)
@@ -286,11 +287,6 @@ def build_roles(cfg: Config, spaces: EnvSpaces, layout: Layout, rank: int, start
         if learner.env_state is not None:
             env.restore(learner.env_state.tobytes())
     return roles
-
-
-def _weights_spec(cfg: Config, spaces: EnvSpaces):
-    from hpcrl.models import build_model, num_params
-    return weights_spec(num_params(build_model(spaces, cfg.model)))
 
 
 def _runner(cfg: Config, spaces: EnvSpaces, device: str, purpose: str, index: int):

@@ -193,15 +193,13 @@ class ParameterSubscriber:
 
 
 def build_parameter_stream(world, rank: int, root: int, holders: list[int], node_of_rank: np.ndarray,
-                           make_spec: Callable[[], MessageSpec]):
-    """Collective over `world`: the publisher on the root, a subscriber on each holder, else None.
-    `make_spec` is called only there (it sizes the model: ranks without a policy never import torch)."""
+                           spec: MessageSpec):
+    """Collective over `world`: the publisher on the root, a subscriber on each holder, else None."""
     is_holder = rank in set(holders)
     member = rank == root or is_holder
     comm = world.Split(0 if member else MPI.UNDEFINED, 0 if rank == root else rank + 1)
     if not member:
         return None
-    spec = make_spec()
     node = comm.Split(int(node_of_rank[rank]) if is_holder else MPI.UNDEFINED, rank)
     leader = is_holder and node.Get_rank() == 0
     tree = comm.Split(0 if rank == root or leader else MPI.UNDEFINED, 0 if rank == root else rank + 1)

@@ -32,11 +32,14 @@ class FragmentQueue:
         self.batch: list[int] = []  # slots of the batch handed out, until released
         self.dropped: list = []  # (frames, episode stats) of fragments dropped since the last batch
         self.goodbyes: set[int] = set()
+        self._checked_version = None  # async: the version the queue was last checked for staleness at
 
     def poll(self, version: int) -> tuple[int, list[Message] | None]:
         """(fragments that arrived, the next batch or None). A batch's slots stay taken until
         `release_batch`."""
         ready = self.stream.ready()
+        if not self.sync and version != self._checked_version:  # once per version, not per poll
+            self._drop_stale(version)
         for slot in ready:
             self._take(slot, version)
         if self.sync:
@@ -45,7 +48,6 @@ class FragmentQueue:
             self.batch = [self.have[p] for p in range(self.batch_fragments)]  # in actor order: repeatable
             self.have.clear()
         else:
-            self._drop_stale(version)
             if len(self.queue) < self.batch_fragments:
                 return len(ready), None
             self.batch = [self.queue.popleft() for _ in range(self.batch_fragments)]
@@ -65,7 +67,10 @@ class FragmentQueue:
         if fragment.get("flags") & STOP:  # a goodbye before the stop word: the actor ended early
             raise RuntimeError(f"trainer: actor rank {fragment.get('env_rank')} said goodbye before the run ended")
         if not self.sync:
-            self.queue.append(slot)
+            if fragment.get("version") < version - self.max_policy_lag:
+                self._drop(slot)
+            else:
+                self.queue.append(slot)
             return
         if fragment.get("version") != version:  # sync mode: on-policy or a bug
             raise RuntimeError(f"trainer: fragment from actor rank {fragment.get('env_rank')} was collected "
@@ -77,16 +82,22 @@ class FragmentQueue:
         self.have[position] = slot
 
     def _drop_stale(self, version: int) -> None:
+        """Async, when the policy version moves on: drop queued fragments that fell behind it
+        (arrivals are checked as they come in `_take`)."""
+        self._checked_version = version
         oldest_ok = version - self.max_policy_lag
         kept: deque[int] = deque()
         for slot in self.queue:
-            fragment = self.stream.slots[slot]
-            if fragment.get("version") >= oldest_ok:
+            if self.stream.slots[slot].get("version") >= oldest_ok:
                 kept.append(slot)
             else:
-                self.dropped.append((fragment.get("frames"), fragment["episode_stats"].copy()))
-                self.stream.release(slot)
+                self._drop(slot)
         self.queue = kept
+
+    def _drop(self, slot: int) -> None:
+        fragment = self.stream.slots[slot]
+        self.dropped.append((fragment.get("frames"), fragment["episode_stats"].copy()))
+        self.stream.release(slot)
 
     # --- shutdown --------------------------------------------------------------------------------
     def drain(self) -> int:

@@ -2,7 +2,8 @@
 
 The only importer of horovod. Every learner trains on the fragments of its own env ranks and all
 learners take the same optimizer steps on the same averaged gradients, so their weights stay
-bit-identical; the learner root (world rank 0) publishes weights, logs, and writes checkpoints.
+bit-identical; the learner root (the lowest learner rank) publishes weights, logs, and writes
+checkpoints.
 """
 from __future__ import annotations
 
@@ -53,9 +54,6 @@ class RunFiles:
                                      resume=resume, tensorboard_dir=run_dir if tensorboard else None)
         self.checkpoint_path = os.path.join(run_dir, CHECKPOINT_FILE)
         self.failed = False
-
-    def write_row(self, row: dict) -> None:
-        self.metrics.append(row)
 
     def output_failed(self, what: str, path: str, exc: OSError) -> int:
         """One message for an output that could not be written (a full disk, a quota, a file system
@@ -236,14 +234,11 @@ class LearnerRole:
 
     @property
     def status(self) -> str:
-        return self._status if self._status is not None else self._waiting_for()
+        return self._status if self._status is not None else self.source.waiting_for(self.version)
 
     @status.setter
     def status(self, text: str) -> None:
         self._status = text
-
-    def _waiting_for(self) -> str:
-        return self.source.waiting_for(self.version)
 
     def _step(self) -> None:
         with self.optimizer.skip_synchronize():  # Horovod: gradients were averaged before clipping
@@ -362,7 +357,7 @@ class LearnerRole:
         if row.get("replica_digest") is not None:
             row["replica_digest"] = row["replica_digest"].reshape(-1)
         try:
-            self.files.write_row(row)
+            self.files.metrics.append(row)
         except OSError as exc:
             return self.files.output_failed("the metrics row of this update", self.files.metrics.path, exc)
         now = time.perf_counter()
