@@ -43,17 +43,18 @@ def measure(name, obs_shape, obs_dtype, trips, fragments):
     req_bytes = req.offsets["final_obs"]  # no truncated episodes in the step
     out = {}
 
-    # --- project round trip
+    # --- project round trip: the inference stream, on its own communicator as in a run
+    inference = comm.stream_communicator()
     world.Barrier()
     if rank == 0:
-        client = comm.RequestClient(1, req.allocate(), rep.allocate())
+        client = comm.RequestClient(inference, 1, req.allocate(), rep.allocate())
         start = time.perf_counter()
         for _ in range(trips):
             client.send(req_bytes)
             spin(client.test)
         out["roundtrip_project_us"] = 1e6 * (time.perf_counter() - start) / trips
     else:
-        server = comm.RequestServer([0], [0], [req.allocate()], [rep.allocate()])
+        server = comm.RequestServer(inference, [0], [0], [req.allocate()], [rep.allocate()])
         for _ in range(trips):
             spin(server.ready)
             server.reply_buffer(0)

@@ -39,6 +39,8 @@ def main(out: str, nodes: list[int], slow: int) -> None:
                     break
             if rank == slow:
                 time.sleep(0.005)
+        while not end.finished():  # a leader passes the last version on before it closes
+            pass
         end.close()
     with open(f"{out}/rank{rank}.json", "w") as fh:
         json.dump(record, fh)

@@ -1,4 +1,6 @@
-"""The PPO clipped-objective loss and the minibatch-epoch update (one place for both)."""
+"""PPO: the clipped-objective loss, the minibatch-epoch update, and the trainer step that turns a
+batch of fragments into an update (one place for each). Sync mode is PPO with GAE; async mode is
+APPO, with V-trace targets and advantages against the current policy."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +10,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcrl.core.config import AlgoConfig
+from hpcrl.algos.gae import successor_values
+from hpcrl.algos.kernels import gae, vtrace
+from hpcrl.core.config import AlgoConfig, Config
 
 LOSS_KEYS = ("loss_policy", "loss_value", "entropy", "approx_kl", "clip_frac")
 
@@ -91,3 +95,61 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
         else dict.fromkeys(LOSS_KEYS, 0.0)
     model.update_obs_norm(batch.obs, reduce=reduce_moments)
     return losses
+
+
+class PPOStep:
+    """The trainer step of PPO (sync) and APPO (async), read top to bottom: the fragments side by
+    side as [T, K*N] arrays -> advantages and value targets (GAE; or V-trace with the current
+    critic and policy) -> `train_step`. The trainer worker owns the model, the optimizer and the
+    communication; it passes the hooks that average gradients and sum moments over trainers."""
+
+    metric_keys = LOSS_KEYS
+
+    def __init__(self, cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
+                 rng: np.random.Generator, obs_dtype: str, action_dtype: str):
+        self.cfg, self.model, self.optimizer, self.device, self.rng = cfg, model, optimizer, device, rng
+        self.sync = cfg.algo.mode == "sync"
+        # actions as the env takes them (int64 or float32); uint8 frames stay bytes (the model scales them)
+        self.dtypes = {"actions": getattr(torch, action_dtype),
+                       "obs": torch.uint8 if obs_dtype == "uint8" else torch.float32}
+
+    def __call__(self, fragments: list, **update_kwargs) -> dict[str, float]:
+        """One update on `fragments` (Messages of fragment_spec); `update_kwargs` go to train_step
+        (reduce_moments, average_gradients, apply_step, loss_scale)."""
+        return train_step(self.model, self.optimizer, self.assemble(fragments), self.cfg.algo, self.rng,
+                          **update_kwargs)
+
+    def assemble(self, fragments: list) -> Batch:
+        a = self.cfg.algo
+
+        def cat(key: str, axis: int = 1) -> np.ndarray:
+            return np.concatenate([f[key] for f in fragments], axis=axis)
+
+        obs, actions, behaviour_logp = cat("obs"), cat("actions"), cat("logp")
+        rewards, dones = cat("rewards"), cat("dones")
+        if self.sync:
+            values = cat("values")
+            nxt = successor_values(values, cat("last_values", 0), dones, cat("trunc_values"))
+            advantages, returns = gae(rewards, values, nxt, dones, a.gamma, a.gae_lambda)
+        else:
+            # Truncated episodes bootstrap from the behaviour policy's V(final obs), the only
+            # value the env rank could ask for then; everything else uses the current critic.
+            values, last_values, logp_now = self._evaluate_now(obs, actions, cat("last_obs", 0))
+            nxt = successor_values(values, last_values, dones, cat("trunc_values"))
+            returns, advantages = vtrace(logp_now - behaviour_logp, rewards, values, nxt, dones, a.gamma,
+                                         a.vtrace_rho_bar, a.vtrace_c_bar, a.gae_lambda)
+        parts = {"obs": obs, "actions": actions, "logp": behaviour_logp, "values": values,
+                 "advantages": advantages, "returns": returns}
+        return Batch(**{k: torch.as_tensor(v.reshape(-1, *v.shape[2:]), device=self.device,
+                                           dtype=self.dtypes.get(k, torch.float32))
+                        for k, v in parts.items()})
+
+    @torch.no_grad()
+    def _evaluate_now(self, obs: np.ndarray, actions: np.ndarray, last_obs: np.ndarray):
+        """Async: V(s_t), V(s_T) and log pi(a_t|s_t) under the weights about to be trained."""
+        T, B = obs.shape[:2]
+        logp, _, values = self.model.evaluate(
+            torch.as_tensor(obs.reshape(T * B, *obs.shape[2:]), dtype=self.dtypes["obs"], device=self.device),
+            torch.as_tensor(actions.reshape(T * B, *actions.shape[2:]), device=self.device))
+        last = self.model.value(torch.as_tensor(last_obs, dtype=self.dtypes["obs"], device=self.device))
+        return values.cpu().numpy().reshape(T, B), last.cpu().numpy(), logp.cpu().numpy().reshape(T, B)

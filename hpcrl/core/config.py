@@ -13,6 +13,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from hpcrl.core.dataflow import ALGORITHMS
+
 REST = "rest"
 ROLE_NAMES = ("learner", "inference", "env")
 DEVICES = ("cpu", "cuda")
@@ -146,7 +148,8 @@ class EnvConfig:
 class AlgoConfig:
     """PPO hyperparameters (clipped objective, GAE, minibatch epochs); async mode is APPO."""
 
-    name: str = doc("algorithm: 'ppo'", default="ppo")
+    name: str = doc("algorithm, from the registry (hpcrl/core/dataflow.py): 'ppo' (PPO in mode sync, APPO in "
+                    "mode async)", default="ppo")
     mode: str = doc("'sync' (PPO): every sample in an update comes from the current policy, and env ranks "
                     "wait for each new version; 'async' (APPO/IMPALA): inference answers with the newest "
                     "weights it has, env ranks never wait for the learner, and the learner corrects the "
@@ -300,8 +303,10 @@ def validate(cfg: Config) -> None:
            f"env.groups: expected a divisor of env.num_envs ({e.num_envs}) such as "
            f"{', '.join(str(d) for d in range(1, min(e.num_envs, 4) + 1) if e.num_envs % d == 0)}, got {e.groups}")
     _validate_env(e)
-    _check(a.name == "ppo", f"algo.name: expected 'ppo', got {a.name!r}")
-    _check(a.mode in ("sync", "async"), f"algo.mode: expected 'sync' or 'async', got {a.mode!r}")
+    _check(a.name in ALGORITHMS, f"algo.name: expected one of {', '.join(map(repr, ALGORITHMS))}, got {a.name!r}")
+    modes = ALGORITHMS[a.name].modes
+    _check(a.mode in modes, f"algo.mode: expected {' or '.join(map(repr, modes))} (the modes of algo.name "
+                            f"{a.name}), got {a.mode!r}")
     _check(a.max_policy_lag >= 0, f"algo.max_policy_lag: expected >= 0 policy versions, got {a.max_policy_lag}")
     for key in ("vtrace_rho_bar", "vtrace_c_bar"):
         value = getattr(a, key)

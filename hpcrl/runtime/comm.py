@@ -139,14 +139,15 @@ class RequestServer:
     """Inference side of env <-> inference: per (env rank, env group), one persistent receive for
     its requests and one persistent send for its replies (no request objects built per step)."""
 
-    def __init__(self, env_ranks: Sequence[int], groups: Sequence[int], requests: Sequence[Message],
+    def __init__(self, comm, env_ranks: Sequence[int], groups: Sequence[int], requests: Sequence[Message],
                  replies: Sequence[Message]):
+        """`comm`: the inference stream's communicator (a duplicate of WORLD: ranks are world ranks)."""
         self.env_ranks = list(env_ranks)
         self.requests = list(requests)
         self.replies = list(replies)
-        self._recv = [WORLD.Recv_init(m.buffer, source=r, tag=group_tag(Tag.OBS_REQUEST, g))
+        self._recv = [comm.Recv_init(m.buffer, source=r, tag=group_tag(Tag.OBS_REQUEST, g))
                       for r, g, m in zip(self.env_ranks, groups, self.requests)]
-        self._send = [WORLD.Send_init(m.buffer, dest=r, tag=group_tag(Tag.ACTION_REPLY, g))
+        self._send = [comm.Send_init(m.buffer, dest=r, tag=group_tag(Tag.ACTION_REPLY, g))
                       for r, g, m in zip(self.env_ranks, groups, self.replies)]
         MPI.Prequest.Startall(self._recv)
 
@@ -181,14 +182,15 @@ class RequestClient:
     for a request without final observations (the common step); requests that carry final
     observations of truncated episodes go as a longer one-off Isend."""
 
-    def __init__(self, inference_rank: int, request: Message, reply: Message, group: int = 0):
+    def __init__(self, comm, inference_rank: int, request: Message, reply: Message, group: int = 0):
+        self.comm = comm
         self.peer = inference_rank
         self.request, self.reply = request, reply
         self.plain_nbytes = request.spec.offsets["final_obs"]
         self.request_tag = group_tag(Tag.OBS_REQUEST, group)
-        self._recv = WORLD.Recv_init(reply.buffer, source=self.peer, tag=group_tag(Tag.ACTION_REPLY, group))
-        self._send_plain = WORLD.Send_init([request.buffer[:self.plain_nbytes], MPI.BYTE], dest=self.peer,
-                                           tag=self.request_tag)
+        self._recv = comm.Recv_init(reply.buffer, source=self.peer, tag=group_tag(Tag.ACTION_REPLY, group))
+        self._send_plain = comm.Send_init([request.buffer[:self.plain_nbytes], MPI.BYTE], dest=self.peer,
+                                          tag=self.request_tag)
         self._active: list = []
 
     def send(self, nbytes: int) -> None:
@@ -198,8 +200,8 @@ class RequestClient:
             MPI.Prequest.Startall(self._active)
         else:
             self._recv.Start()
-            self._active = [self._recv, WORLD.Isend([self.request.buffer[:nbytes], MPI.BYTE], dest=self.peer,
-                                                    tag=self.request_tag)]
+            self._active = [self._recv, self.comm.Isend([self.request.buffer[:nbytes], MPI.BYTE], dest=self.peer,
+                                                        tag=self.request_tag)]
 
     def test(self) -> bool:
         """True once the reply is in the reply buffer."""
@@ -226,6 +228,9 @@ class LocalWeightSubscriber:
 
     def rearm(self) -> None:
         pass
+
+    def finished(self) -> bool:
+        return True  # nothing is in flight inside one process
 
     def close(self) -> None:
         pass

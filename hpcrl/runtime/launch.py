@@ -1,9 +1,11 @@
-"""`hpcrl run`: the whole topology wired in one place.
+"""`hpcrl run`: start-up checks, then every rank's workers polled until the run ends.
 
 Every rank runs `run()`. Rank 0 validates the config, probes the env and prepares the run
 directory (new, or resumed from its checkpoint); the verdict reaches every rank, so a user mistake
-ends the job with one message and status 2 everywhere. Then each rank builds the roles the layout
-gives it and polls them until they finish (status 0) or a signal preempts the run (status 3).
+ends the job with one message and status 2 everywhere. Then each rank builds the workers the layout
+gives it (`wiring.build_workers`: the whole topology in one place) and polls them until the stop
+word on the control stream ends the run: status 0, 3 when a signal preempted it, 4 when an output
+could not be written.
 """
 from __future__ import annotations
 
@@ -17,15 +19,12 @@ from hpcrl.runtime import comm
 from hpcrl.io import rundir
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
-from hpcrl.core.layout import INLINE, Layout, env_groups, plan_layout, sample_slots
-from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED, fragment_spec, reply_spec, request_spec, weights_spec
+from hpcrl.core.layout import Layout, env_groups, plan_layout, sample_slots
+from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED
 from hpcrl.io.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
-from hpcrl.core.seeds import seed_for
-from hpcrl.runtime.params import ParameterPublisher, build_parameter_stream
-from hpcrl.runtime.streams import SampleReceiver, SampleSender
+from hpcrl.runtime.control import ControlStream, build_control_stream
 from hpcrl.runtime.watchdog import Watchdog
-
-FRAGMENT_BUFFERS = 2  # per env rank: one fills while the previous is in flight
+from hpcrl.runtime.wiring import build_workers
 
 
 def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size: int) -> dict:
@@ -71,6 +70,8 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
     roles_here: list = []
 
     def describe() -> str:  # what this rank is doing, for the abort hook and the watchdog
+        if roles_here and all(r.done for r in roles_here):
+            return "its roles are finished; waiting for the stop word on the control stream (from the learner root)"
         return ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up"
 
     comm.install_abort_hook(describe)
@@ -99,13 +100,13 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
     if rank == 0:
         _announce(cfg, layout, start, state["spaces"], state["num_params"])
     watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
-    roles_here.extend(build_roles(cfg, state["spaces"], state["num_params"], layout, rank, start,
-                                  signals.requested, heartbeat=lambda: watchdog.tick(True)))
-    poll_until_done(roles_here, watchdog)
+    control = build_control_stream(comm.WORLD, rank, layout.learner_root, layout.node_of_rank)
+    roles_here.extend(build_workers(cfg, state["spaces"], state["num_params"], layout, rank, start, control,
+                                    signals.requested, heartbeat=lambda: watchdog.tick(True)))
+    poll_until_done(roles_here, control, watchdog)
+    control.close()
     watchdog.stop()
-    flags = 0
-    for role in roles_here:  # the stop word's flags, as each role received (or, on learners, sent) it
-        flags |= role.stop_flags
+    flags = control.stop_flags  # why the run stopped, the same word on every rank: the exit status
     if flags & OUTPUT_FAILED:
         return EXIT_OUTPUT_FAILED
     if flags & PREEMPTED:
@@ -210,104 +211,16 @@ def _ranges(ranks, limit: int = 8) -> str:
     return text + (f" and {len(runs) - limit} more runs" if len(runs) > limit else "")
 
 
-def build_roles(cfg: Config, spaces: EnvSpaces, n_params: int, layout: Layout, rank: int,
-                start: rundir.RunStart, preempt_requested=lambda: False, heartbeat=lambda: None) -> list:
-    """Create this rank's roles and the channels between them. Collective over WORLD: every rank
-    takes part in creating the learner and weight communicators, in the same order."""
-    learners = [int(r) for r in layout.learners]
-    root = layout.learner_root
-    is_learner = rank in learners
-    learner_comm = comm.sub_communicator(is_learner)
-    # weights: learner root -> one leader per node -> that node's holders (newest only)
-    params = (build_parameter_stream(comm.WORLD, rank, root, layout.weight_subscribers(), layout.node_of_rank,
-                                     weights_spec(n_params))
-              if not layout.serial else None)
-    sample_comm = comm.stream_communicator()  # env ranks -> their learner, credit flow control
-
-    obs_shape, obs_dtype = spaces.obs_shape, spaces.obs_dtype
-    T, N = cfg.algo.rollout_length, cfg.env.num_envs
-    G = env_groups(cfg, layout)
-    req = request_spec(N // G, obs_shape, obs_dtype)  # one request/reply channel per env group
-    rep = reply_spec(N // G, spaces.action_shape, spaces.action_dtype)
-    frag = fragment_spec(T, N, obs_shape, obs_dtype, spaces.action_shape, spaces.action_dtype)
-
-    roles: list = []
-    publisher = None
-    if is_learner or rank in layout.inference or (rank in layout.envs and layout.inline_inference):
-        import torch  # only ranks that hold a policy; remote-inference env ranks never import torch
-        torch.set_num_threads(cfg.run.torch_threads)
-    if is_learner:
-        from hpcrl.workers.batch_source import FragmentQueue
-        from hpcrl.workers.trainer import LearnerRole, RunFiles
-        envs = layout.envs_of_learner(rank)
-        stream = SampleReceiver(sample_comm, envs, [frag.allocate() for _ in range(sample_slots(cfg.roles, len(envs)))],
-                                per_sender=FRAGMENT_BUFFERS)
-        source = FragmentQueue(stream, envs, sync=cfg.algo.mode == "sync", max_policy_lag=cfg.algo.max_policy_lag)
-        if rank == root:
-            publisher = params if params is not None else ParameterPublisher(None, weights_spec(n_params))
-        files = (RunFiles(start.run_dir, start.config_text,
-                          resume=start.resume_file is not None,
-                          tensorboard=cfg.run.tensorboard)
-                 if rank == root else None)
-        share = len(envs) * len(learners) / len(layout.envs)  # unequal fan-in: weight by batch size
-        roles.append(LearnerRole(cfg, spaces, learner_comm, source, publisher, files, batch_share=share,
-                                 resume_path=start.resume_file, preempt_requested=preempt_requested,
-                                 heartbeat=heartbeat))
-
-    if rank in layout.inference:
-        from hpcrl.workers.policy_server import InferenceRole
-        slots = [(int(env), g) for env in layout.envs_of_inference(rank) for g in range(G)]
-        server = comm.RequestServer([e for e, _ in slots], [g for _, g in slots], [req.allocate() for _ in slots],
-                                    [rep.allocate() for _ in slots])
-        weights = params
-        runner = _runner(cfg, spaces, cfg.roles.inference.device, "inference", layout.index_in("inference", rank))
-        roles.append(InferenceRole(rank, runner, weights, server,
-                                   sync=cfg.algo.mode == "sync"))
-
-    if rank in layout.envs:
-        from hpcrl.workers.actor import EnvRole, RemotePolicy
-        index = layout.index_in("env", rank)
-        inference_rank = int(layout.env_inference[index])
-        if inference_rank == INLINE:
-            from hpcrl.workers.policy_server import InlinePolicy
-            weights = comm.LocalWeightSubscriber(publisher) if layout.serial else params
-            policies = [InlinePolicy(_runner(cfg, spaces, cfg.roles.env.device, "inline_policy", index), weights,
-                                     req.allocate(), rep.allocate(), sync=cfg.algo.mode == "sync")]
-        else:
-            policies = [RemotePolicy(comm.RequestClient(inference_rank, req.allocate(), rep.allocate(), group=g))
-                        for g in range(G)]
-        sender = SampleSender(sample_comm, int(layout.env_learner[index]),
-                              [frag.allocate() for _ in range(FRAGMENT_BUFFERS)])
-        roles.append(EnvRole(cfg, rank, index, policies, sender, start_version=start.start_version))
-    # Serial sync mode: the learner's checkpoints carry the env's state, for exact resumes. (Async
-    # mode steps on while the learner trains, so there is no exact point to save it at.)
-    if layout.serial and cfg.algo.mode == "sync":
-        learner, env = roles
-        learner.local_env = env
-        if learner.env_state is not None:
-            env.restore(learner.env_state.tobytes())
-    return roles
-
-
-def _runner(cfg: Config, spaces: EnvSpaces, device: str, purpose: str, index: int):
-    """The policy of an inference rank (or an env rank's inline one); `index`: the rank's index in its role."""
-    import torch
-
-    from hpcrl.models import PolicyRunner, build_model
-    torch.manual_seed(cfg.run.seed)  # initial weights; the learner root's broadcast replaces them
-    # action sampling: its own stream per rank, repeatable per run seed
-    return PolicyRunner(build_model(spaces, cfg.model), device, seed=seed_for(cfg.run.seed, purpose, index))
-
-
-def poll_until_done(roles: list, watchdog: Watchdog | None = None) -> None:
-    """SRL-style poll loop. Idle ranks back off to sleeping, so oversubscribed nodes (more ranks
-    than cores) give their cores to ranks that have work instead of spinning."""
+def poll_until_done(roles: list, control: ControlStream, watchdog: Watchdog | None = None) -> None:
+    """SRL-style poll loop, until this rank's roles are done and the stop word has passed on to
+    its subtree of the control stream. Idle ranks back off to sleeping, so oversubscribed nodes
+    (more ranks than cores) give their cores to ranks that have work instead of spinning."""
     idle = 0
     while True:
         active = [r for r in roles if not r.done]
-        if not active:
+        if not active and control.finished():
             return
-        work = sum(r.poll() for r in active)
+        work = control.poll() + sum(r.poll() for r in active)
         if watchdog is not None:
             watchdog.tick(work > 0)
         if work:

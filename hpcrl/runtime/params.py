@@ -12,7 +12,10 @@ in nodes, and no rank waits on a slow one: the root keeps a version pending whil
 are busy and sends the newest once one frees. In sync mode no version can be skipped, since the
 learner cannot make version v+1 before every holder has served version v.
 
-The last version carries the stop word (`flags`), and is never skipped: nothing follows it.
+The last version carries the END flag, the stream's own goodbye, and is never skipped: nothing
+follows it. (Why the run stops travels on the control stream, `control.py`; END only lets every
+edge of this tree close with no message unmatched.) Closing is polled, never waited on: a holder
+is `finished()` once it has END and, as a leader, has passed it on to its children.
 Message buffers: a sender keeps (children + 2), so the newest version, the one being filled or
 received, and one in flight per child each have their own.
 """
@@ -23,9 +26,10 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl.core.messages import Message, MessageSpec
+from hpcrl.core.messages import STOP, Message, MessageSpec
 
 PARAMS_TAG = 1
+END = STOP  # flags bit of the last version: the stream closes after it
 SEQ_BYTES = 8  # the shared window starts with the sequence word: odd while the leader writes
 
 
@@ -107,10 +111,14 @@ class ParameterPublisher:
                 self.edges.pool[target].set(version=version, flags=flags)
                 self.edges.set_newest(target)
 
+    def flushed(self) -> bool:
+        """At shutdown: the last version (END) has reached every child."""
+        self.poll()
+        return self._pending is None and self.edges.flushed()
+
     def wait(self) -> None:
-        """At shutdown: until the last version (the stop word) has reached every child."""
-        while self._pending is not None or not self.edges.flushed():
-            self.poll()
+        while not self.flushed():
+            pass
 
 
 class ParameterSubscriber:
@@ -122,6 +130,7 @@ class ParameterSubscriber:
         self.window = window
         self.leader = leader
         self.copy = spec.allocate()  # what poll() hands out
+        self.ended = False  # END is in: nothing more will come
         self._last_seq = 0
         buf, _ = window.Shared_query(0)
         shared = np.frombuffer(buf, dtype=np.uint8)
@@ -142,14 +151,17 @@ class ParameterSubscriber:
     def rearm(self) -> None:
         """Nothing to post: kept so policies use every subscriber alike."""
 
+    def finished(self) -> bool:
+        """END is in and, on a leader, has reached every child: the holder may close."""
+        if not self.ended:
+            self.poll()
+        return self.ended and (not self.leader or self.edges.flushed())
+
     def close(self) -> None:
-        """A leader passes the last version on to its children before it goes."""
-        if self.leader:
-            while not self.edges.flushed():
-                pass
-            if self._recv != MPI.REQUEST_NULL:
-                self._recv.Cancel()
-                self._recv.Wait()
+        """After `finished()`; a leader's receive is still posted only on an error path."""
+        if self.leader and self._recv != MPI.REQUEST_NULL:
+            self._recv.Cancel()
+            self._recv.Wait()
         self.window.Unlock_all()
 
     def _poll_leader(self) -> Message | None:
@@ -157,8 +169,8 @@ class ParameterSubscriber:
             self._recv = MPI.REQUEST_NULL
             self.edges.set_newest(self._recv_into)
             self._write_window(self.edges.pool[self._recv_into])
-        stopped = self.edges.newest is not None and self.edges.pool[self.edges.newest].get("flags")
-        if self._recv == MPI.REQUEST_NULL and not stopped:  # nothing follows the stop word
+        ended = self.edges.newest is not None and self.edges.pool[self.edges.newest].get("flags") & END
+        if self._recv == MPI.REQUEST_NULL and not ended:  # nothing follows END
             target = self.edges.free_buffer()  # none while children hold every other buffer:
             if target is not None:  # then the parent's send waits, and it skips versions for us
                 self._recv_into = target
@@ -168,6 +180,7 @@ class ParameterSubscriber:
             return None
         self._seen_seq = self.edges.seq
         self.copy.buffer[...] = self.edges.pool[self.edges.newest].buffer
+        self.ended = bool(self.copy.get("flags") & END)
         return self.copy
 
     def _write_window(self, message: Message) -> None:
@@ -189,6 +202,7 @@ class ParameterSubscriber:
         if int(self._seq[0]) != seq:
             return None  # the leader wrote meanwhile: read again on the next poll
         self._last_seq = seq
+        self.ended = bool(self.copy.get("flags") & END)
         return self.copy
 
 

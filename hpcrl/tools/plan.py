@@ -12,10 +12,10 @@ import numpy as np
 
 from hpcrl.core.config import DEFAULT_MAX_ENV_RANKS, Config
 from hpcrl.core.layout import INLINE, Layout, env_groups, sample_slots
-from hpcrl.core.messages import fragment_spec, reply_spec, request_spec, weights_spec
+from hpcrl.core.dataflow import ALGORITHMS, SENDER_BUFFERS
+from hpcrl.core.messages import reply_spec, request_spec, weights_spec
 from hpcrl.envs import EnvSpaces
 
-FRAGMENT_BUFFERS = 2  # per env rank (hpcrl.runtime.launch)
 MODEL_COPIES = {"learner": 5, "inference": 2, "env": 2}  # params x: weights, grads, Adam's two moments, message
 DEFAULT_MEMORY_PER_RANK = 4 * 2**30  # what a core of a typical HPC node has
 
@@ -35,17 +35,17 @@ class Memory:
 
 
 def memory(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int) -> Memory:
-    T, N = cfg.algo.rollout_length, cfg.env.num_envs
+    N = cfg.env.num_envs
     G = env_groups(cfg, layout)
     req = request_spec(N // G, spaces.obs_shape, spaces.obs_dtype).nbytes
     rep = reply_spec(N // G, spaces.action_shape, spaces.action_dtype).nbytes
-    frag = fragment_spec(T, N, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype).nbytes
+    frag = ALGORITHMS[cfg.algo.name].record(cfg, spaces).nbytes
     weights = weights_spec(num_params).nbytes
     model = 4 * num_params
     learner_fan = int(layout.fan_in("learner").max()) if len(layout.learners) else 0
     inference_fan = int(layout.fan_in("inference").max()) if len(layout.inference) else 0
     inline = layout.inline_inference
-    env = G * (req + rep) + FRAGMENT_BUFFERS * frag + (MODEL_COPIES["env"] * model + weights if inline else 0)
+    env = G * (req + rep) + SENDER_BUFFERS * frag + (MODEL_COPIES["env"] * model + weights if inline else 0)
     # inference: a request and a reply buffer per (env rank, group), the batch arrays, the policy
     inference = inference_fan * G * (2 * req + 2 * rep) + MODEL_COPIES["inference"] * model + weights
     # learner: the sample slots, the batch assembled from them (about a fragment per env rank), the model
@@ -72,7 +72,7 @@ def traffic(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int, ste
     G = env_groups(cfg, layout)
     req = request_spec(N // G, spaces.obs_shape, spaces.obs_dtype)
     rep = reply_spec(N // G, spaces.action_shape, spaces.action_dtype)
-    frag = fragment_spec(T, N, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype)
+    frag = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
     # per group and step one request (G per env step), plus one per rollout for bootstrap values
     requests_per_s = G * steps_per_second * (T + 1) / T
     fragments_per_s = steps_per_second / T

@@ -1,7 +1,7 @@
 """Env rank (actor): steps gymnasium vectors, asks a policy for actions, ships fragments.
 
 Never imports torch: the policy is either remote (`RemotePolicy`, over MPI) or an inline policy
-object handed in by the wiring (roles/inference.py), which is the only side that needs torch.
+object handed in by the wiring (workers/policy_server.py), the only side that needs torch.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 from hpcrl.runtime.comm import RequestClient
 from hpcrl.runtime.streams import SampleSender
 from hpcrl.core.config import Config
+from hpcrl.core.layout import INLINE
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
 from hpcrl.core.seeds import env_seeds
 from hpcrl.core.messages import EPISODE_STATS, STOP, Message
@@ -31,6 +32,9 @@ class RemotePolicy:
 
     def poll(self) -> Message | None:
         return self.reply if self.client.test() else None
+
+    def finished(self) -> bool:
+        return True  # the STOP reply was the inference stream's last message to this group
 
     def close(self) -> None:
         self.client.close()
@@ -82,8 +86,11 @@ class EnvRole:
     name = "env"
 
     def __init__(self, cfg: Config, rank: int, index: int, policies: list, sender: SampleSender,
-                 start_version: int = 0):
+                 start_version: int = 0, control=None):
+        """`control`: the rank's control stream, whose stop word ends the rollout (None: only a
+        STOP reply does, as in tests that drive an actor alone)."""
         self.rank = rank
+        self.control = control
         self.T, self.N = cfg.algo.rollout_length, cfg.env.num_envs
         self.sync = cfg.algo.mode == "sync"
         self.sender = sender
@@ -96,8 +103,7 @@ class EnvRole:
         # sync: the version this rollout must be collected with; async: the oldest version accepted
         self.version = start_version
         self.done = False
-        self.stopping = False  # a group had the stop word: collect every group's, then finish
-        self.stop_flags = 0  # the stop word's flags (why the run stopped: they decide the exit status)
+        self.stopping = False  # the stop word is in: every group collects its STOP reply, then finish
         self.fragments_sent = 0
         self.fragment = sender.current()
         self.said_goodbye = False
@@ -108,6 +114,20 @@ class EnvRole:
         self.status = "starting"
         self._reset_stats()
 
+    @classmethod
+    def build(cls, w) -> "EnvRole":
+        """From the wiring (hpcrl.runtime.wiring.Wiring): its policy (a policy server's channels, one
+        per env group, or an inline policy) and its sender to the trainer."""
+        index = w.layout.index_in("env", w.rank)
+        server = int(w.layout.env_inference[index])
+        if server == INLINE:
+            from hpcrl.workers.policy_server import InlinePolicy  # torch: only env ranks that hold a policy
+            policies = [InlinePolicy.build(w, index)]
+        else:
+            policies = [RemotePolicy(w.inference.client(server, group=g)) for g in range(w.groups)]
+        return cls(w.cfg, w.rank, index, policies, w.sample.sender(int(w.layout.env_learner[index])),
+                   start_version=w.start.start_version, control=w.control)
+
     def _reset_stats(self) -> None:
         stats = self.fragment["episode_stats"]
         stats[:] = 0
@@ -115,6 +135,8 @@ class EnvRole:
         stats[EPISODE_STATS.index("return_max")] = -np.inf
 
     def poll(self) -> int:
+        if not self.stopping and self.control is not None and self.control.stopped:
+            self.stopping = True
         if self.stopping:
             return self._stop_groups()
         work = 0
@@ -156,8 +178,7 @@ class EnvRole:
             return 0
         self._reply_arrived()
         group.waiting = False
-        if reply.get("flags") & STOP:
-            self.stop_flags = reply.get("flags")
+        if reply.get("flags") & STOP:  # the policy side heard the stop word first
             group.stopped = self.stopping = True
             return 1
         if self.sync and reply.get("version") != self.version:
@@ -266,6 +287,9 @@ class EnvRole:
             self.status = "stopping: waiting for the trainer's farewell"
             return 1
         if not self.sender.closed():
+            return 0
+        if not all(group.policy.finished() for group in self.groups):  # inline: the weights' END
+            self.status = "stopping: waiting for the parameter stream's last version"
             return 0
         self._finish()
         return 1

@@ -34,6 +34,11 @@ class FragmentQueue:
         self.goodbyes: set[int] = set()
         self._checked_version = None  # async: the version the queue was last checked for staleness at
 
+    @classmethod
+    def from_config(cls, cfg, stream: SampleReceiver, actors: list[int]) -> "FragmentQueue":
+        """The algorithm's batch source for one trainer (named in core/dataflow.py)."""
+        return cls(stream, actors, sync=cfg.algo.mode == "sync", max_policy_lag=cfg.algo.max_policy_lag)
+
     def poll(self, version: int) -> tuple[int, list[Message] | None]:
         """(fragments that arrived, the next batch or None). A batch's slots stay taken until
         `release_batch`."""

@@ -5,6 +5,9 @@ requests for a version it does not have yet, and serves them in one batched forw
 the learner root's broadcast of that version has arrived.
 Async mode: a request names the oldest version it accepts, and is answered with the newest
 weights at hand: inference never waits for the learner.
+The stop word comes on the control stream: each actor group's next request is then answered with
+STOP (the inference stream's goodbye), and the server leaves once every group has had it and the
+parameter stream has closed (END).
 """
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import numpy as np
 
 from hpcrl.runtime.comm import RequestServer
 from hpcrl.core.messages import STOP, Message
+from hpcrl.runtime.params import END
+from hpcrl.core.seeds import seed_for
 from hpcrl.models import PolicyRunner
 
 
@@ -19,20 +24,39 @@ class InlinePolicy:
     """The policy inside an env rank (`inference: {ranks: 0}`, and serial mode): same calls as
     RemotePolicy, answered in-process once this rank holds the requested version."""
 
-    def __init__(self, runner: PolicyRunner, weights, request: Message, reply: Message, sync: bool = True):
+    def __init__(self, runner: PolicyRunner, weights, request: Message, reply: Message, sync: bool = True,
+                 control=None):
+        """`control`: the rank's control stream (None: only the weights' END stops it, as in tests
+        that drive an actor alone)."""
         self.runner, self.weights = runner, weights
         self.sync = sync
+        self.control = control
         self.request, self.reply = request, reply
         self.stopped = False
-        self.stop_flags = 0
         self._wanted: int | None = None
 
     def submit(self, version: int, n_final: int) -> None:
         self.request.set(version=version, n_final=n_final, flags=0)
         self._wanted = version
 
+    @classmethod
+    def build(cls, w, index: int) -> "InlinePolicy":
+        """The policy of env rank number `index` (inference: {ranks: 0}, and serial mode)."""
+        from hpcrl.runtime.comm import LocalWeightSubscriber
+        weights = LocalWeightSubscriber(w.params) if w.layout.serial else w.params
+        spec = w.inference
+        return cls(build_runner(w.cfg, w.spaces, w.cfg.roles.env.device, "inline_policy", index), weights,
+                   spec.request.allocate(), spec.reply.allocate(), sync=w.cfg.algo.mode == "sync", control=w.control)
+
+    def finished(self) -> bool:
+        """The parameter stream has closed here (a node's leader has passed END on)."""
+        if not self.weights.finished():
+            self._take_weights()
+            return False
+        return True
+
     def close(self) -> None:
-        self.weights.close()  # a node's leader passes the stop word on before it goes
+        self.weights.close()
 
     def sampling_state(self):
         return self.runner.generator.get_state()
@@ -44,21 +68,38 @@ class InlinePolicy:
         if self._wanted is None:
             return None
         if not self.stopped and (not self.sync or self.runner.version < self._wanted):
-            message = self.weights.poll()
-            if message is not None and message.get("flags") & STOP:
-                self.stopped = True
-                self.stop_flags = message.get("flags")
-            elif message is not None:
-                self.runner.load(message["params"], message.get("version"))
-                self.weights.rearm()
+            self._take_weights()
+        if self.control is not None and self.control.stopped:
+            self.stopped = True
         if self.stopped:
-            self.reply.set(flags=self.stop_flags)
+            self.reply.set(flags=STOP)
             return self.reply
         if not can_answer(self.runner.version, self._wanted, self.sync):
             return None
         answer(self.runner, self.request, self.reply)
         self._wanted = None
         return self.reply
+
+
+    def _take_weights(self) -> None:
+        message = self.weights.poll()
+        if message is None:
+            return
+        if message.get("flags") & END:
+            self.stopped = True  # the last version: the trainer has stopped
+        else:
+            self.runner.load(message["params"], message.get("version"))
+            self.weights.rearm()
+
+
+def build_runner(cfg, spaces, device: str, purpose: str, index: int) -> PolicyRunner:
+    """The policy of an inference rank (or an env rank's inline one); `index`: the rank's index in its role."""
+    import torch
+
+    from hpcrl.models import build_model
+    torch.manual_seed(cfg.run.seed)  # initial weights; the learner root's first version replaces them
+    # action sampling: its own stream per rank, repeatable per run seed
+    return PolicyRunner(build_model(spaces, cfg.model), device, seed=seed_for(cfg.run.seed, purpose, index))
 
 
 def can_answer(have: int, wanted: int, sync: bool) -> bool:
@@ -84,13 +125,13 @@ class InferenceRole:
 
     name = "inference"
 
-    def __init__(self, rank: int, runner: PolicyRunner, weights, server: RequestServer, sync: bool = True):
+    def __init__(self, rank: int, runner: PolicyRunner, weights, server: RequestServer, control, sync: bool = True):
         self.rank = rank
         self.sync = sync
         self.runner, self.weights, self.server = runner, weights, server
+        self.control = control
         self.pending: list[int] = []
         self.stopping = False
-        self.stop_flags = 0  # the stop word's flags (why the run stopped: they decide the exit status)
         self.stopped_envs: set[int] = set()
         self.done = False
         self.status = "waiting for the first weights"
@@ -102,11 +143,23 @@ class InferenceRole:
         self.batch_logp = np.zeros(rows, dtype=np.float32)
         self.batch_values = np.zeros(rows, dtype=np.float32)
 
+    @classmethod
+    def build(cls, w) -> "InferenceRole":
+        """From the wiring (hpcrl.runtime.wiring.Wiring): a request channel per (actor, env group)
+        it serves, its parameter-stream subscription and its policy."""
+        clients = [(env, g) for env in w.layout.envs_of_inference(w.rank) for g in range(w.groups)]
+        runner = build_runner(w.cfg, w.spaces, w.cfg.roles.inference.device, "inference",
+                              w.layout.index_in("inference", w.rank))
+        return cls(w.rank, runner, w.params, w.inference.server(clients), w.control, sync=w.cfg.algo.mode == "sync")
+
     def poll(self) -> int:
         work = self._poll_weights()
         ready = self.server.ready()
         self.pending.extend(ready)
         work += len(ready)
+        if self.control.stopped and not self.stopping:
+            self.stopping = True
+            self.status = "stopping: telling env ranks"
         if self.stopping:
             return work + self._stop_pending()
         serve = []
@@ -129,16 +182,11 @@ class InferenceRole:
 
     def _poll_weights(self) -> int:
         message = self.weights.poll()
-        if message is None:
-            return 0
-        if message.get("flags") & STOP:
-            self.stopping = True
-            self.stop_flags = message.get("flags")
-            self.status = "stopping: telling env ranks"
-        else:
-            self.runner.load(message["params"], message.get("version"))
-            self.weights.rearm()
-            self.status = f"serving policy version {self.runner.version}"
+        if message is None or message.get("flags") & END:  # END: the stream closes; the stop word is on control
+            return 0 if message is None else 1
+        self.runner.load(message["params"], message.get("version"))
+        self.weights.rearm()
+        self.status = f"serving policy version {self.runner.version}"
         return 1
 
     def _serve(self, serve: list[int]) -> None:
@@ -161,17 +209,22 @@ class InferenceRole:
             self.server.rearm(i)
 
     def _stop_pending(self) -> int:
-        """After the stop word: answer each env rank's next request with STOP, then close."""
+        """After the stop word: answer each env group's next request with STOP; close once every
+        group has had it and the parameter stream has closed (END)."""
         work = 0
         for i in self.pending:
-            self.server.reply_buffer(i).set(flags=self.stop_flags)
+            self.server.reply_buffer(i).set(flags=STOP)
             self.server.reply(i)
             self.stopped_envs.add(i)
             work += 1
         self.pending = []
-        if len(self.stopped_envs) == len(self.server.env_ranks):
-            self.server.close(armed=[])
-            self.weights.close()
-            self.done = True
-            self.status = "finished"
-        return work
+        if len(self.stopped_envs) < len(self.server.env_ranks):
+            return work
+        if not self.weights.finished():
+            self.status = "stopping: waiting for the parameter stream's last version"
+            return work
+        self.server.close(armed=[])
+        self.weights.close()
+        self.done = True
+        self.status = "finished"
+        return work + 1

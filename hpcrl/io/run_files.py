@@ -1,0 +1,82 @@
+"""The learner root's outputs in the run directory: a metrics row per update, the progress line,
+and checkpoints when one is due; a write that fails (a full disk, a quota, a file system gone
+read-only) becomes one message and a stop code instead of a traceback."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable
+
+from hpcrl.io.checkpoint import inspect_latest
+from hpcrl.io.metrics import MetricsWriter
+from hpcrl.io.rundir import CHECKPOINT_FILE, EXIT_OUTPUT_FAILED, METRICS_FILE, free_space, os_reason
+
+# how an update ends the run (0: it goes on), shared with the trainer that decides it
+FRAMES_CODE, TARGET_CODE, PREEMPTED_CODE, OUTPUT_FAILED_CODE = 1, 2, 3, 4
+
+
+class RunFiles:
+    def __init__(self, run_dir: str, config_text: str, log_interval_s: float, checkpoint_interval_s: float,
+                 start_frames: int = 0, resume: bool = False, tensorboard: bool = False):
+        """`start_frames`: the frames the run starts from (a resume's); `resume`: continue
+        metrics.h5 (already cut back to the checkpoint by rundir.prepare)."""
+        self.run_dir = run_dir
+        self.config_text = config_text
+        self.log_interval_s, self.checkpoint_interval_s = log_interval_s, checkpoint_interval_s
+        self.metrics = MetricsWriter(os.path.join(run_dir, METRICS_FILE), attrs={"config": config_text},
+                                     resume=resume, tensorboard_dir=run_dir if tensorboard else None)
+        self.checkpoint_path = os.path.join(run_dir, CHECKPOINT_FILE)
+        self.failed = False
+        self._last_log = self._last_ckpt = time.perf_counter()
+        self._last_log_frames = start_frames
+
+    def report(self, row: dict, code: int, save: Callable[[str], None]) -> int:
+        """Write the metrics row (and, via `save(path)`, a checkpoint when one is due or the run
+        stops) and print the progress line; returns `code`, or OUTPUT_FAILED_CODE when an output
+        could not be written: the run then stops on every rank with one message."""
+        if row.get("replica_digest") is not None:
+            row["replica_digest"] = row["replica_digest"].reshape(-1)
+        try:
+            self.metrics.append(row)
+        except OSError as exc:
+            return self.output_failed("the metrics row of this update", self.metrics.path, exc)
+        now = time.perf_counter()
+        if code or now - self._last_log >= self.log_interval_s:
+            fps = (row["frames"] - self._last_log_frames) / max(now - self._last_log, 1e-9)
+            print(f"[hpcrl] frames {row['frames']:>10,} | {fps:8,.0f} fps | return {row['return_window_mean']:7.1f}"
+                  f" | version {row['policy_version']:5d} | pg {row['loss_policy']:+.3f} v {row['loss_value']:.3f}"
+                  f" ent {row['entropy']:.3f} kl {row['approx_kl']:.4f}", flush=True)
+            self._last_log, self._last_log_frames = now, row["frames"]
+        if code or now - self._last_ckpt >= self.checkpoint_interval_s:
+            try:
+                save(self.checkpoint_path)
+            except OSError as exc:
+                return self.output_failed("the checkpoint", self.checkpoint_path, exc)
+            self._last_ckpt = now
+        if code == PREEMPTED_CODE:
+            print(f"[hpcrl] preempted: checkpoint of policy version {row['policy_version']} at {row['frames']:,} "
+                  f"frames written; run the same command again to resume", flush=True)
+        return code
+
+    def output_failed(self, what: str, path: str, exc: OSError) -> int:
+        """One message for an output that could not be written: what, where, why, and the
+        checkpoint that stays valid. Returns the stop code."""
+        self.failed = True
+        found, _, counters, _ = inspect_latest(self.checkpoint_path)
+        valid = (f"the checkpoint {found} (policy version {int(counters.get('policy_version', 0))}, "
+                 f"{int(counters.get('frames', 0)):,} frames) stays valid: once there is room again (free space, "
+                 f"raise the quota), run the same command again to resume" if found else
+                 "no checkpoint was written yet: once there is room again, run the same command again to start "
+                 "the run anew")
+        path = exc.filename or path  # the TensorBoard events file names itself; h5py's errors do not
+        print(f"hpcrl: cannot write {what} to {path}: {os_reason(exc)}{free_space(path)}. Stopping the job "
+              f"(exit status {EXIT_OUTPUT_FAILED}); {valid}.", file=sys.stderr, flush=True)
+        return OUTPUT_FAILED_CODE
+
+    def close(self) -> None:
+        try:
+            self.metrics.close()
+        except OSError:
+            if not self.failed:  # after a failed write, closing fails too; resuming rebuilds the file
+                raise

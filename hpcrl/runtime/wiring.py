@@ -1,0 +1,137 @@
+"""The whole topology, wired in one place: the streams an algorithm declares (core/dataflow.py),
+then this rank's workers, each built by its class from the registry (`WORKERS`).
+
+A worker only knows its stream endpoints, never who is on the other side; the layout (which
+ranks, how many, on which node and device) comes from the config through `plan_layout`, so the
+same algorithm runs serially, on 4 ranks or on 4,000 with only the roles table different.
+Building the streams is collective over WORLD: every rank takes part in the same order,
+whatever its roles.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from hpcrl.core.config import Config
+from hpcrl.core.dataflow import ALGORITHMS, INFERENCE, PARAMETER, SAMPLE, SENDER_BUFFERS, Algorithm
+from hpcrl.core.layout import Layout, env_groups
+from hpcrl.core.messages import MessageSpec, reply_spec, request_spec, weights_spec
+from hpcrl.io.rundir import RunStart
+from hpcrl.runtime import comm
+from hpcrl.runtime.control import ControlStream
+from hpcrl.runtime.params import ParameterPublisher, build_parameter_stream
+from hpcrl.runtime.streams import SampleReceiver, SampleSender
+
+# YAML role name -> its worker class ('module:Class'), imported only on ranks that play the role:
+# actors with remote inference never import torch, and only the trainer imports horovod.
+WORKERS = {
+    "learner": "hpcrl.workers.trainer:LearnerRole",
+    "inference": "hpcrl.workers.policy_server:InferenceRole",
+    "env": "hpcrl.workers.actor:EnvRole",
+}
+
+
+def worker_class(role: str) -> type:
+    module, name = WORKERS[role].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass
+class InferenceStream:
+    """Request/reply endpoints between actors and policy servers, one channel per env group."""
+
+    comm: object
+    request: MessageSpec
+    reply: MessageSpec
+
+    def client(self, server: int, group: int) -> comm.RequestClient:
+        return comm.RequestClient(self.comm, server, self.request.allocate(), self.reply.allocate(), group=group)
+
+    def server(self, clients: list[tuple[int, int]]) -> comm.RequestServer:
+        """`clients`: (actor rank, group) pairs."""
+        return comm.RequestServer(self.comm, [r for r, _ in clients], [g for _, g in clients],
+                                  [self.request.allocate() for _ in clients], [self.reply.allocate() for _ in clients])
+
+
+@dataclass
+class SampleStream:
+    """Many-to-one records in the algorithm's layout, credit flow control (runtime/streams.py)."""
+
+    comm: object
+    record: MessageSpec
+
+    def sender(self, receiver: int) -> SampleSender:
+        return SampleSender(self.comm, receiver, [self.record.allocate() for _ in range(SENDER_BUFFERS)])
+
+    def receiver(self, senders: list[int], slots: int) -> SampleReceiver:
+        return SampleReceiver(self.comm, senders, [self.record.allocate() for _ in range(slots)],
+                              per_sender=SENDER_BUFFERS)
+
+
+@dataclass
+class Wiring:
+    """What a worker's `build` may use: the config, the layout, this rank, its stream endpoints."""
+
+    cfg: Config
+    spaces: object  # hpcrl.envs.EnvSpaces (not imported: the runtime needs no gymnasium here)
+    layout: Layout
+    rank: int
+    start: RunStart
+    algorithm: Algorithm
+    control: ControlStream
+    weights: MessageSpec
+    trainer_comm: object = None  # the trainers' own communicator (Horovod's), on trainer ranks
+    inference: InferenceStream | None = None
+    sample: SampleStream | None = None
+    params: object = None  # this rank's parameter-stream end: publisher (root; in serial mode read in place),
+    #                        subscriber (policy holders), or None
+    preempt_requested: Callable[[], bool] = lambda: False
+    heartbeat: Callable[[], None] = lambda: None
+
+    @property
+    def groups(self) -> int:
+        return env_groups(self.cfg, self.layout)
+
+
+def build_workers(cfg: Config, spaces, n_params: int, layout: Layout, rank: int, start: RunStart,
+                  control: ControlStream, preempt_requested: Callable[[], bool] = lambda: False,
+                  heartbeat: Callable[[], None] = lambda: None) -> list:
+    """This rank's workers, connected by the streams the algorithm declares. Collective over WORLD."""
+    algorithm = ALGORITHMS[cfg.algo.name]
+    w = Wiring(cfg, spaces, layout, rank, start, algorithm, control, weights_spec(n_params),
+               preempt_requested=preempt_requested, heartbeat=heartbeat)
+    # MPI: the trainers' communicator (Horovod among them), then each declared stream's own communicator
+    w.trainer_comm = comm.sub_communicator(rank in set(layout.learners.tolist()))
+    if algorithm.stream(INFERENCE) is not None:
+        groups = w.groups
+        w.inference = InferenceStream(comm.stream_communicator(),
+                                      request_spec(cfg.env.num_envs // groups, spaces.obs_shape, spaces.obs_dtype),
+                                      reply_spec(cfg.env.num_envs // groups, spaces.action_shape,
+                                                 spaces.action_dtype))
+    if algorithm.stream(SAMPLE) is not None:
+        w.sample = SampleStream(comm.stream_communicator(), algorithm.record(cfg, spaces))
+    if algorithm.stream(PARAMETER) is not None:
+        # serial mode: the inline policy reads the publisher's newest version in place
+        w.params = (ParameterPublisher(None, w.weights) if layout.serial else
+                    build_parameter_stream(comm.WORLD, rank, layout.learner_root, layout.weight_subscribers(),
+                                           layout.node_of_rank, w.weights))
+    if any(role != "env" or layout.inline_inference for role in layout.roles_of(rank)):
+        import torch  # only ranks that hold a policy; remote-inference actors never import torch
+        torch.set_num_threads(cfg.run.torch_threads)
+    workers = [worker_class(role).build(w) for role in layout.roles_of(rank)]
+    if layout.serial:
+        _link_serial(cfg, workers)
+    return workers
+
+
+def _link_serial(cfg: Config, workers: list) -> None:
+    """Serial sync mode: the trainer's checkpoints carry the actor's state, for exact resumes.
+    (Async mode steps on while the trainer trains, so there is no exact point to save it at.)"""
+    if cfg.algo.mode != "sync":
+        return
+    trainer, actor = workers
+    trainer.local_env = actor
+    if trainer.env_state is not None:
+        actor.restore(trainer.env_state.tobytes())
+

@@ -1,0 +1,83 @@
+"""A trainer's statistics of one update: read from the headers of its records, summed over all
+trainers (MPI), folded into the metrics row, and the window of recent episodes that
+`run.target_return` is judged on."""
+from __future__ import annotations
+
+import resource
+from collections import deque
+
+import numpy as np
+
+from hpcrl.core.messages import EPISODE_STATS
+from hpcrl.runtime import comm
+
+RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least this many episodes
+
+
+class TrainerStats:
+    def __init__(self, trainer_comm, frames: int = 0, fragments_dropped: int = 0):
+        self.comm = trainer_comm
+        self.frames = frames
+        self.fragments_dropped = fragments_dropped
+        self.windows: deque = deque()  # (episodes, return_sum) of recent updates, all trainers
+
+    @staticmethod
+    def local(fragments: list, dropped: list, slots_held_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """From this trainer's fragment headers (trained, and `dropped` since the last update, as
+        (frames, episode stats)): sums (frames, episodes, return sum, return sum of squares,
+        length sum, fragments dropped, env rollout, wait and credit-wait microseconds of the
+        trained fragments), lows (return min, version min) and highs (return max, version max,
+        the sample-slot peak and this process's resident-memory peak in MiB). Read before the
+        slots are released."""
+        counted = [(f.get("frames"), f["episode_stats"]) for f in fragments] + dropped
+        ep = {name: np.array([st[i] for _, st in counted]) for i, name in enumerate(EPISODE_STATS)}
+        versions = [f.get("version") for f in fragments]
+        sums = np.array([sum(frames for frames, _ in counted), ep["episodes"].sum(), ep["return_sum"].sum(),
+                         ep["return_sqsum"].sum(), ep["length_sum"].sum(), len(dropped),
+                         sum(f.get("rollout_us") for f in fragments), sum(f.get("wait_us") for f in fragments),
+                         sum(f.get("credit_wait_us") for f in fragments)], dtype=np.float64)
+        lows = np.array([ep["return_min"].min(), min(versions)], dtype=np.float64)
+        highs = np.array([ep["return_max"].max(), max(versions), slots_held_max,
+                          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024], dtype=np.float64)
+        return sums, lows, highs
+
+    def row(self, local: tuple[np.ndarray, np.ndarray, np.ndarray], losses: dict[str, float], version: int,
+            elapsed: float, lr: float) -> dict:
+        """MPI: the metrics row of this update, the same on every trainer (`losses` averaged)."""
+        sums, lows, highs = local
+        keys = list(losses)
+        sums = comm.allreduce_sum(self.comm, np.concatenate([sums, [losses[k] for k in keys]]))
+        lo, hi = comm.allreduce_min_max(self.comm, lows, highs)
+        frames_now, episodes, ret_sum, ret_sq, len_sum, dropped, rollout_us, wait_us, credit_us = sums[:9]
+        self.frames += int(frames_now)
+        self.fragments_dropped += int(dropped)
+        self.windows.append((episodes, ret_sum))
+        while len(self.windows) > 1 and sum(e for e, _ in list(self.windows)[1:]) >= RETURN_WINDOW_EPISODES:
+            self.windows.popleft()
+        mean = ret_sum / episodes if episodes else np.nan
+        row = {"frames": self.frames, "wall_time": elapsed, "fps": self.frames / max(elapsed, 1e-9),
+               "policy_version": version, "episodes": int(episodes), "return_mean": mean,
+               "return_std": np.sqrt(max(ret_sq / episodes - mean ** 2, 0.0)) if episodes else np.nan,
+               "return_min": lo[0] if episodes else np.nan, "return_max": hi[0] if episodes else np.nan,
+               "length_mean": len_sum / episodes if episodes else np.nan,
+               "return_window_mean": self.window_mean(), "lr": lr,
+               # the version trained on is version - 1; in sync mode every sample must carry it
+               "sample_version_min": int(lo[1]), "sample_version_max": int(hi[1]),
+               "policy_lag_max": int(version - 1 - lo[1]), "fragments_dropped": self.fragments_dropped,
+               # share of the env ranks' rollout time in which no env group could step
+               "env_wait_fraction": wait_us / rollout_us if rollout_us else 0.0,
+               # share in which a finished fragment waited for a credit: the trainer is the bottleneck
+               "env_credit_wait_fraction": credit_us / rollout_us if rollout_us else 0.0,
+               # the sample stream's bound in use: slots in flight or held, at most roles.learner.sample_slots
+               "sample_slots_max": int(hi[2]), "learner_rss_mib": float(hi[3])}
+        n = self.comm.Get_size()
+        row.update({k: float(v) / n for k, v in zip(keys, sums[9:])})
+        return row
+
+    def window_mean(self) -> float:
+        episodes = sum(e for e, _ in self.windows)
+        return sum(s for _, s in self.windows) / episodes if episodes else float("nan")
+
+    def target_reached(self, target: float | None) -> bool:
+        episodes = sum(e for e, _ in self.windows)
+        return target is not None and episodes >= RETURN_WINDOW_EPISODES and self.window_mean() >= target
