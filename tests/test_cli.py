@@ -52,9 +52,9 @@ def test_plan_prints_memory_per_role_and_warns_above_the_memory_per_rank():
             "--set", "roles.inference.max_env_ranks=0")
     out = hpcrl(*args).stdout
     assert "memory for buffers, batch and model (busiest rank of each role):" in out
-    assert "learner 31.0 MiB (2000 sample slots)" in out and "no warnings" in out
+    assert "learner 31.1 MiB (2000 sample slots)" in out and "no warnings" in out
     tight = hpcrl(*args, "--memory-per-rank-gib", "0.01").stdout
-    assert "warning: each learner rank needs about 31.0 MiB for its buffers, batch and model, more than the " \
+    assert "warning: each learner rank needs about 31.1 MiB for its buffers, batch and model, more than the " \
            "10.2 MiB per rank assumed" in tight and "lower roles.learner.sample_slots" in tight
     fewer = hpcrl(*args, "--set", "roles.learner.sample_slots=1000").stdout
     assert "(1000 sample slots)" in fewer

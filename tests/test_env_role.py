@@ -82,13 +82,20 @@ def test_fragment_matches_a_replay_and_truncation_bootstraps_from_the_final_obs(
     assert stats["return_min"] == min(returns) and stats["return_max"] == max(returns)
 
 
-def test_metrics_count_raw_rewards_when_training_sees_normalised_ones():
-    _, _, f = collect_fragment(f"{{id: CartPole-v1, num_envs: {N}, normalize_reward: true, "
-                               f"kwargs: {{max_episode_steps: {LIMIT}}}}}")
+def test_with_normalize_reward_a_fragment_carries_raw_rewards_and_the_moments_of_its_returns():
+    cfg, _, f = collect_fragment(f"{{id: CartPole-v1, num_envs: {N}, normalize_reward: true, "
+                                 f"kwargs: {{max_episode_steps: {LIMIT}}}}}")
     stats = dict(zip(EPISODE_STATS, f["episode_stats"]))
-    assert not np.allclose(f["rewards"], 1.0)  # training: scaled rewards
+    assert np.all(f["rewards"] == 1.0)  # the trainers scale them, with every env rank's statistics
     assert stats["episodes"] >= N and stats["return_max"] <= LIMIT
     assert stats["return_sum"] == stats["length_sum"]  # metrics: CartPole's raw reward, 1 a step
+    returns, seen = np.zeros(N), []
+    for t in range(T):  # the discounted return of every env at every step of the fragment
+        returns = returns * cfg.algo.gamma + f["rewards"][t]
+        seen.extend(returns)
+        returns[f["dones"][t].astype(bool)] = 0.0
+    count, mean, m2 = f["return_moments"]
+    assert count == T * N and mean == pytest.approx(np.mean(seen)) and m2 == pytest.approx(np.var(seen) * T * N)
 
 
 def test_metrics_count_whole_games_of_raw_score_across_life_losses():

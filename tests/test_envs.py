@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hpcrl.core.config import ConfigError, parse_config
+from hpcrl.algos.moments import ReturnScaler
 from hpcrl.envs import EnvSpaces, make_vector_env, probe_spaces, random_actions
 
 
@@ -145,24 +146,51 @@ def test_same_seed_same_envs_for_each_backend():
 
 # --- reward normalisation -----------------------------------------------------------------------
 
-def test_normalized_rewards_divide_by_the_std_of_the_discounted_return():
+def test_actors_report_the_moments_of_the_discounted_return_and_pass_rewards_unchanged():
     gamma, n = 0.9, 2
     cfg = env_cfg(id="CartPole-v1", num_envs=n, normalize_reward="true", kwargs="{max_episode_steps: 5}")
     envs, _ = make_vector_env(cfg, seed=0, gamma=gamma)
-    returns, history, scaled = np.zeros(n), [], set()
-    for _ in range(12):
-        _, rewards, terminated, truncated, info = envs.step(np.zeros(n, dtype=np.int64))
-        np.testing.assert_array_equal(info["raw_reward"], 1.0)  # metrics see raw rewards
-        returns = returns * gamma + info["raw_reward"]
+    returns, history = np.zeros(n), []
+    for step in range(12):
+        _, rewards, terminated, truncated, _ = envs.step(np.zeros(n, dtype=np.int64))
+        np.testing.assert_array_equal(rewards, 1.0)  # the trainers scale them
+        returns = returns * gamma + rewards
         history.extend(returns)
-        # the running statistics start as SB3's: mean 0, variance 1, weight 1e-4
-        x, w = np.array(history), 1e-4
-        mean = x.sum() / (len(x) + w)
-        var = (w * (1 + mean ** 2) + ((x - mean) ** 2).sum()) / (len(x) + w)
-        np.testing.assert_allclose(rewards, min(1.0 / np.sqrt(var + 1e-8), 10.0), rtol=1e-9)  # clipped at 10
         returns[terminated | truncated] = 0.0
-        scaled.add(round(float(rewards[0]), 6))
-    assert len(scaled) > 3 and 10.0 in scaled
+        if step in (4, 11):  # as at two fragment ends: the moments since the last one
+            count, mean, m2 = envs.take_moments()
+            x = np.array(history)
+            assert count == len(x) and mean == pytest.approx(x.mean()) and m2 == pytest.approx(((x - x.mean()) ** 2).sum())
+            history = []
+
+
+def test_the_reward_scale_merges_every_env_rank_and_is_the_same_on_every_trainer():
+    rng = np.random.default_rng(0)
+    per_rank = [rng.normal(5.0, 3.0, size=k) for k in (40, 7, 100, 1)]  # four env ranks' returns
+    rows = [(len(x), x.mean(), ((x - x.mean()) ** 2).sum()) for x in per_rank]
+    trainers = [ReturnScaler(), ReturnScaler()]  # env ranks 0-1 feed the first, 2-3 the second
+    local = [trainers[0], rows[:2]], [trainers[1], rows[2:]]
+    sums = {}
+    for scaler, mine in local:  # what the allreduce does: each trainer's pooled sums, added up
+        scaler.fold(mine, reduce=lambda v, key=id(scaler): sums.setdefault(key, v))
+    total = sum(sums.values())
+    for scaler, mine in local:
+        scaler.__init__()
+        scaler.fold(mine, reduce=lambda v: total)
+    everything = np.concatenate(per_rank)
+    reference = ReturnScaler()
+    reference.fold([(len(everything), everything.mean(), ((everything - everything.mean()) ** 2).sum())])
+    for scaler in trainers:
+        assert (scaler.mean, scaler.var, scaler.count) == pytest.approx((reference.mean, reference.var, reference.count))
+    w = 1e-4  # SB3's start: mean 0, variance 1, weight 1e-4
+    mean = everything.sum() / (len(everything) + w)
+    var = (w * (1 + mean ** 2) + ((everything - mean) ** 2).sum()) / (len(everything) + w)
+    assert reference.var == pytest.approx(var, rel=1e-9)
+    np.testing.assert_allclose(reference.scale(np.array([1.0, 1e6])), [1 / np.sqrt(var + 1e-8), 10.0], rtol=1e-6)
+    saved = reference.state()
+    restored = ReturnScaler()
+    restored.restore(saved)
+    assert (restored.mean, restored.var, restored.count) == (reference.mean, reference.var, reference.count)
 
 
 # --- the env ceiling ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from hpcrl.io.checkpoint import load_checkpoint
@@ -16,11 +17,14 @@ from tests.conftest import MPIRUN, REPO, mpirun, run_dir, small_config, write_co
 EXIT_PREEMPTED = 3
 
 
-def test_serial_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
-    algo = {"lr_schedule": "constant"}
-    whole = small_config(tmp_path, name="whole", run={"total_frames": 1280}, algo=algo)
+@pytest.mark.parametrize("normalize_reward", [False, True])
+def test_serial_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, normalize_reward):
+    """With env.normalize_reward the trainer's reward scale (every env rank's return statistics)
+    travels in the checkpoint: without it the resumed losses would differ."""
+    algo, env = {"lr_schedule": "constant"}, {"normalize_reward": normalize_reward}
+    whole = small_config(tmp_path, name="whole", run={"total_frames": 1280}, algo=algo, env=env)
     assert mpirun(1, "run", str(write_config(tmp_path, whole, "whole.yaml"))).returncode == 0
-    halves = small_config(tmp_path, name="halves", run={"total_frames": 640}, algo=algo)
+    halves = small_config(tmp_path, name="halves", run={"total_frames": 640}, algo=algo, env=env)
     path = str(write_config(tmp_path, halves, "halves.yaml"))
     assert mpirun(1, "run", path).returncode == 0
     second = mpirun(1, "run", path, "--set", "run.total_frames=1280")
@@ -33,6 +37,11 @@ def test_serial_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     ca, cb = load_checkpoint(str(run_dir(whole) / "checkpoint.h5")), load_checkpoint(str(run_dir(halves) / "checkpoint.h5"))
     for key in ca["model"]:
         assert torch.equal(ca["model"][key], cb["model"][key]), key
+    saved = cb["extra"]["step"]
+    assert ("reward_return_moments" in saved) == normalize_reward
+    if normalize_reward:  # count: SB3's 1e-4 start plus one return per frame
+        assert saved["reward_return_moments"][2] == pytest.approx(1280 + 1e-4)
+        np.testing.assert_array_equal(saved["reward_return_moments"], ca["extra"]["step"]["reward_return_moments"])
 
 
 def wait_for_rows(path, rows: int, proc, timeout: float = 120) -> None:

@@ -12,6 +12,7 @@ from torch import nn
 
 from hpcrl.algos.gae import successor_values
 from hpcrl.algos.kernels import gae, vtrace
+from hpcrl.algos.moments import ReturnScaler
 from hpcrl.core.config import AlgoConfig, Config
 
 LOSS_KEYS = ("loss_policy", "loss_value", "entropy", "approx_kl", "clip_frac")
@@ -109,17 +110,31 @@ class PPOStep:
                  rng: np.random.Generator, obs_dtype: str, action_dtype: str):
         self.cfg, self.model, self.optimizer, self.device, self.rng = cfg, model, optimizer, device, rng
         self.sync = cfg.algo.mode == "sync"
+        self.rewards = ReturnScaler() if cfg.env.normalize_reward else None
         # actions as the env takes them (int64 or float32); uint8 frames stay bytes (the model scales them)
         self.dtypes = {"actions": getattr(torch, action_dtype),
                        "obs": torch.uint8 if obs_dtype == "uint8" else torch.float32}
 
-    def __call__(self, fragments: list, **update_kwargs) -> dict[str, float]:
-        """One update on `fragments` (Messages of fragment_spec); `update_kwargs` go to train_step
-        (reduce_moments, average_gradients, apply_step, loss_scale)."""
-        return train_step(self.model, self.optimizer, self.assemble(fragments), self.cfg.algo, self.rng,
-                          **update_kwargs)
+    def __call__(self, fragments: list, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m,
+                 **update_kwargs) -> dict[str, float]:
+        """One update on `fragments` (Messages of fragment_spec). `reduce_moments` sums statistics
+        over trainers (reward and observation normalisers); `update_kwargs` go to train_step
+        (average_gradients, apply_step, loss_scale)."""
+        losses = train_step(self.model, self.optimizer, self.assemble(fragments, reduce_moments), self.cfg.algo,
+                            self.rng, reduce_moments=reduce_moments, **update_kwargs)
+        if self.rewards is not None:  # the std rewards are divided by (metrics: reward_return_std)
+            losses["reward_return_std"] = float(np.sqrt(self.rewards.var + self.rewards.EPS))
+        return losses
 
-    def assemble(self, fragments: list) -> Batch:
+    def state(self) -> dict:
+        """What a resume needs besides the model and optimizer: the reward scale's statistics."""
+        return self.rewards.state() if self.rewards is not None else {}
+
+    def restore(self, state: dict) -> None:
+        if self.rewards is not None:
+            self.rewards.restore(state)
+
+    def assemble(self, fragments: list, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m) -> Batch:
         a = self.cfg.algo
 
         def cat(key: str, axis: int = 1) -> np.ndarray:
@@ -127,6 +142,9 @@ class PPOStep:
 
         obs, actions, behaviour_logp = cat("obs"), cat("actions"), cat("logp")
         rewards, dones = cat("rewards"), cat("dones")
+        if self.rewards is not None:  # env.normalize_reward: statistics of every env rank's returns
+            self.rewards.fold([f["return_moments"] for f in fragments], reduce_moments)
+            rewards = self.rewards.scale(rewards)
         if self.sync:
             values = cat("values")
             nxt = successor_values(values, cat("last_values", 0), dones, cat("trunc_values"))

@@ -140,8 +140,10 @@ class EnvConfig:
                                    default=None)
     atari: AtariConfig = doc("Atari preprocessing options (used with preset: atari)", default_factory=AtariConfig)
     normalize_reward: bool = doc("train on rewards divided by a running std of the discounted return "
-                                 "(gamma = algo.gamma), kept per env rank; metrics report raw returns",
-                                 default=False)
+                                 "(gamma = algo.gamma, clipped to +-10, as SB3's VecNormalize): env ranks send "
+                                 "their returns' moments with each fragment, the learners merge them over every "
+                                 "env rank and keep them in the checkpoint (metrics: reward_return_std); metrics "
+                                 "report raw returns", default=False)
 
 
 @dataclass

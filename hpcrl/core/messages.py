@@ -120,7 +120,9 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
     `last_obs` are the observations after step T-1, for V-trace's bootstrap with the learner's
     own critic. A message with the STOP flag is an env rank's last (no data). `rollout_us` is the
     wall time the fragment took, `wait_us` the part of it in which no env group could step, and
-    `credit_wait_us` the part in which the finished fragment waited for a credit (flow control)."""
+    `credit_wait_us` the part in which the finished fragment waited for a credit (flow control).
+    `return_moments` (count, mean, M2) of the discounted returns its envs saw, for the trainers'
+    reward scale (env.normalize_reward; zeros without it)."""
     t, n = length, num_envs
     return MessageSpec(
         header=("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
@@ -134,7 +136,8 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                 ("trunc_values", np.float32, (t, n)),
                 ("last_values", np.float32, (n,)),
                 ("last_obs", obs_dtype, (n, *obs_shape)),
-                ("episode_stats", np.float64, (len(EPISODE_STATS),))])
+                ("episode_stats", np.float64, (len(EPISODE_STATS),)),
+                ("return_moments", np.float64, (3,))])
 
 
 def weights_spec(num_params: int) -> MessageSpec:

@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 
 from hpcrl.core.config import ConfigError, EnvConfig
-from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, NormalizeReward,
+from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, DiscountedReturns,
                                envpool_vector, numpy_vector)
 
 __all__ = ["EnvSpaces", "make_env", "probe_spaces", "make_vector_env", "random_actions", "RAW_REWARD",
@@ -128,7 +128,7 @@ def _vector(cfg: EnvConfig, num_envs: int, seed: int, gamma: float) -> gym.vecto
     if isinstance(envs.single_action_space, gym.spaces.Box):
         envs = ClipActions(envs)
     if cfg.normalize_reward:
-        envs = NormalizeReward(envs, gamma)
+        envs = DiscountedReturns(envs, gamma)
     return envs
 
 

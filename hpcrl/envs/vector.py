@@ -7,7 +7,7 @@ numpy vector envs, envpool) are adapted in one place, `SameStepAutoreset`.
 
 Episode statistics count raw rewards over whole episodes. When training sees something else (clipped
 or normalised rewards, an Atari life loss treated as terminal), the step's info carries
-info[RAW_REWARD] (float [N]) and info[GAME_OVER] (bool [N]); roles/env.py reads them when present.
+info[RAW_REWARD] (float [N]) and info[GAME_OVER] (bool [N]); workers/actor.py reads them when present.
 
 No MPI and no torch here (env ranks with remote inference import only numpy and gymnasium).
 """
@@ -80,29 +80,32 @@ class ClipActions(gym.vector.VectorWrapper):
         return self.env.step(np.clip(actions, self.low, self.high).astype(self.dtype, copy=False))
 
 
-class NormalizeReward(gym.vector.VectorWrapper):
-    """Rewards divided by a running std of the discounted return, as SB3's VecNormalize does (no mean
-    subtracted; clipped to +-clip). Statistics live in this object, so they are per env rank and
-    travel with serial-mode checkpoints (which pickle the vector)."""
+class DiscountedReturns(gym.vector.VectorWrapper):
+    """env.normalize_reward, actor side: the discounted return of every env (gamma = algo.gamma)
+    and the moments (count, mean, M2) of the returns seen since the last `take_moments()`, which
+    ride with each fragment to the trainers; they scale the rewards (algos.moments.ReturnScaler)
+    with statistics merged over every env rank. Rewards pass through unchanged."""
 
-    def __init__(self, env: gym.vector.VectorEnv, gamma: float, clip: float = 10.0, epsilon: float = 1e-8):
+    def __init__(self, env: gym.vector.VectorEnv, gamma: float):
         super().__init__(env)
-        self.gamma, self.clip, self.epsilon = gamma, clip, epsilon
+        self.gamma = gamma
         self.returns = np.zeros(env.num_envs, dtype=np.float64)
-        self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # SB3's RunningMeanStd start
+        self.mean, self.var, self.count = 0.0, 0.0, 0
 
-    def _update(self, x: np.ndarray) -> None:
-        self.mean, self.var, self.count = merge_moments(self.mean, self.var, self.count, float(x.mean()),
-                                                        float(x.var()) * len(x), len(x))
+    def take_moments(self) -> np.ndarray:
+        """(count, mean, M2) since the last call, and start again."""
+        out = np.array([self.count, self.mean, self.var * self.count], dtype=np.float64)
+        self.mean, self.var, self.count = 0.0, 0.0, 0
+        return out
 
     def step(self, actions):
         obs, rewards, terminated, truncated, info = self.env.step(actions)
-        info.setdefault(RAW_REWARD, np.asarray(rewards, dtype=np.float64))
         self.returns = self.returns * self.gamma + rewards
-        self._update(self.returns)
-        scaled = np.clip(rewards / np.sqrt(self.var + self.epsilon), -self.clip, self.clip)
+        x = self.returns
+        self.mean, self.var, self.count = merge_moments(self.mean, self.var, self.count, float(x.mean()),
+                                                        float(x.var()) * len(x), len(x))
         self.returns[terminated | truncated] = 0.0
-        return obs, scaled, terminated, truncated, info
+        return obs, rewards, terminated, truncated, info
 
 
 # --- backends ------------------------------------------------------------------------------------

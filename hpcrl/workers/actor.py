@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from hpcrl.algos.moments import combine_moments
 from hpcrl.runtime.comm import RequestClient
 from hpcrl.runtime.streams import SampleSender
 from hpcrl.core.config import Config
@@ -93,6 +94,7 @@ class EnvRole:
         self.control = control
         self.T, self.N = cfg.algo.rollout_length, cfg.env.num_envs
         self.sync = cfg.algo.mode == "sync"
+        self.normalize_reward = cfg.env.normalize_reward
         self.sender = sender
         per_group = self.N // len(policies)
         self.groups = []
@@ -244,6 +246,8 @@ class EnvRole:
                           index=self.fragments_sent, frames=self.T * self.N, flags=0,
                           rollout_us=int(1e6 * (now - self.rollout_start)), wait_us=int(1e6 * self.waited),
                           credit_wait_us=int(1e6 * credit_wait))
+        if self.normalize_reward:  # the trainers scale rewards by the std of every env rank's returns
+            self.fragment["return_moments"][:] = combine_moments([g.envs.take_moments() for g in self.groups])
         self.fragment = self.sender.send()
         self.fragments_sent += 1
         if self.sync:

@@ -131,10 +131,12 @@ class LearnerRole:
             # A fresh optimizer is identical everywhere already; hvd.broadcast_optimizer_state would
             # take a zero-gradient step to create Adam's state, putting bias correction one step off.
             return {}
-        # MPI: the root's optimizer state and counters, pickled once at start, loaded as saved
-        state, counters = comm.broadcast_object_on(
-            self.comm, (checkpoint["optimizer"], checkpoint["counters"]) if self.root else None)
+        # MPI: the root's optimizer state, counters and step state, pickled once at start, loaded as saved
+        state, counters, step_state = comm.broadcast_object_on(
+            self.comm, (checkpoint["optimizer"], checkpoint["counters"], checkpoint["extra"].get("step", {}))
+            if self.root else None)
         self.optimizer.load_state_dict(state)
+        self.step.restore(step_state)
         if checkpoint is not None:
             restore_rng_states(checkpoint["rng"], self.rng)
         return counters
@@ -233,7 +235,7 @@ class LearnerRole:
                     "wall_time": time.perf_counter() - self.start, "stopped_by": self.stopped_by,
                     "fragments_dropped": self.stats.fragments_dropped,
                     "target_return": self.cfg.run.target_return}
-        extra = {}
+        extra = {"step": self.step.state()}
         if self.local_env is not None:  # serial mode: the env's state too, for an exact continuation
             try:
                 extra["env_state"] = np.frombuffer(self.local_env.snapshot(), dtype=np.uint8)
