@@ -26,6 +26,8 @@ from hpcrl.runtime.control import ControlStream, build_control_stream
 from hpcrl.runtime.watchdog import Watchdog
 from hpcrl.runtime.wiring import build_workers
 
+CONTROL_POLL_EVERY = 64  # passes of the poll loop between control-stream polls on a busy rank
+
 
 def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size: int) -> dict:
     """Rank 0's start-up checks: config, layout fit, env, run directory. Returns state or an error."""
@@ -215,12 +217,18 @@ def poll_until_done(roles: list, control: ControlStream, watchdog: Watchdog | No
     """SRL-style poll loop, until this rank's roles are done and the stop word has passed on to
     its subtree of the control stream. Idle ranks back off to sleeping, so oversubscribed nodes
     (more ranks than cores) give their cores to ranks that have work instead of spinning."""
-    idle = 0
+    idle = passes = 0
     while True:
         active = [r for r in roles if not r.done]
         if not active and control.finished():
             return
-        work = control.poll() + sum(r.poll() for r in active)
+        work = sum(r.poll() for r in active)
+        passes += 1
+        # The stop word comes once per run and may wait a few passes, while every MPI test that
+        # finds nothing costs a progress call (under oversubscription Open MPI yields the core in
+        # it): ask for it on idle passes, and every CONTROL_POLL_EVERY passes on a rank never idle.
+        if not work or passes % CONTROL_POLL_EVERY == 0:
+            work += control.poll()
         if watchdog is not None:
             watchdog.tick(work > 0)
         if work:
