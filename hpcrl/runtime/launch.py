@@ -17,7 +17,8 @@ from hpcrl.runtime import comm
 from hpcrl.io import rundir
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
-from hpcrl.core.layout import INLINE, Layout, env_groups, plan_layout, sample_slots
+from hpcrl.core.layout import (FRAGMENT_BUFFERS, INLINE, Layout, batch_fragments, batch_share, env_groups,
+                               fragments_per_env_rank, plan_layout, sample_slots)
 from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED, fragment_spec, reply_spec, request_spec, weights_spec
 from hpcrl.io.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
 from hpcrl.core.seeds import seed_for
@@ -25,14 +26,13 @@ from hpcrl.runtime.params import ParameterPublisher, build_parameter_stream
 from hpcrl.runtime.streams import SampleReceiver, SampleSender
 from hpcrl.runtime.watchdog import Watchdog
 
-FRAGMENT_BUFFERS = 2  # per env rank: one fills while the previous is in flight
-
 
 def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size: int) -> dict:
     """Rank 0's start-up checks: config, layout fit, env, run directory. Returns state or an error."""
     try:
         cfg, _ = load_config(config_path, overrides)
-        plan_layout(cfg.roles, size)  # role counts must fit this world size
+        # role counts must fit this world size, and algo.batch_frames the role counts
+        fragments_per_env_rank(cfg, plan_layout(cfg.roles, size))
         spaces = probe_spaces(cfg.env)
         from hpcrl.models import build_model, num_params  # torch, on rank 0 only
         # the policy's size, once: it sizes the weights messages on every rank, and a model that
@@ -89,7 +89,7 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
     nodes = comm.node_of_rank()
     try:
         layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes))
-        sample_slots(cfg.roles, int(layout.fan_in("learner").max()))  # slots that can hold a batch
+        sample_slots(cfg, layout, int(layout.fan_in("learner").max()))  # algo.batch_frames fits; slots hold a batch
     except ConfigError as exc:  # every rank computed the same layout from the same gathered facts
         return _refuse(rank, str(exc))
     problems = [p for p in comm.all_gather_objects(_rank_problem(cfg, layout, rank)) if p]
@@ -240,16 +240,17 @@ def build_roles(cfg: Config, spaces: EnvSpaces, n_params: int, layout: Layout, r
         from hpcrl.workers.batch_source import FragmentQueue
         from hpcrl.workers.trainer import LearnerRole, RunFiles
         envs = layout.envs_of_learner(rank)
-        stream = SampleReceiver(sample_comm, envs, [frag.allocate() for _ in range(sample_slots(cfg.roles, len(envs)))],
+        stream = SampleReceiver(sample_comm, envs, [frag.allocate() for _ in range(sample_slots(cfg, layout, len(envs)))],
                                 per_sender=FRAGMENT_BUFFERS)
-        source = FragmentQueue(stream, envs, sync=cfg.algo.mode == "sync", max_policy_lag=cfg.algo.max_policy_lag)
+        source = FragmentQueue(stream, envs, sync=cfg.algo.mode == "sync", max_policy_lag=cfg.algo.max_policy_lag,
+                               batch_fragments=batch_fragments(cfg, layout, len(envs)))
         if rank == root:
             publisher = params if params is not None else ParameterPublisher(None, weights_spec(n_params))
         files = (RunFiles(start.run_dir, start.config_text,
                           resume=start.resume_file is not None,
                           tensorboard=cfg.run.tensorboard)
                  if rank == root else None)
-        share = len(envs) * len(learners) / len(layout.envs)  # unequal fan-in: weight by batch size
+        share = batch_share(cfg, layout, len(envs))  # unequal batches (fan-in): weight by batch size
         roles.append(LearnerRole(cfg, spaces, learner_comm, source, publisher, files, batch_share=share,
                                  resume_path=start.resume_file, preempt_requested=preempt_requested,
                                  heartbeat=heartbeat))
@@ -278,7 +279,8 @@ def build_roles(cfg: Config, spaces: EnvSpaces, n_params: int, layout: Layout, r
                         for g in range(G)]
         sender = SampleSender(sample_comm, int(layout.env_learner[index]),
                               [frag.allocate() for _ in range(FRAGMENT_BUFFERS)])
-        roles.append(EnvRole(cfg, rank, index, policies, sender, start_version=start.start_version))
+        roles.append(EnvRole(cfg, rank, index, policies, sender, start_version=start.start_version,
+                             fragments_per_version=fragments_per_env_rank(cfg, layout)))
     # Serial sync mode: the learner's checkpoints carry the env's state, for exact resumes. (Async
     # mode steps on while the learner trains, so there is no exact point to save it at.)
     if layout.serial and cfg.algo.mode == "sync":

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcrl.core.config import DEFAULT_MAX_ENV_RANKS, Config
-from hpcrl.core.layout import INLINE, Layout, env_groups, sample_slots
+from hpcrl.core.layout import FRAGMENT_BUFFERS, INLINE, Layout, env_groups, sample_slots
 from hpcrl.core.messages import fragment_spec, reply_spec, request_spec, weights_spec
 from hpcrl.envs import EnvSpaces
 
-FRAGMENT_BUFFERS = 2  # per env rank (hpcrl.runtime.launch)
 MODEL_COPIES = {"learner": 5, "inference": 2, "env": 2}  # params x: weights, grads, Adam's two moments, message
 DEFAULT_MEMORY_PER_RANK = 4 * 2**30  # what a core of a typical HPC node has
 
@@ -49,7 +48,7 @@ def memory(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int) -> M
     # inference: a request and a reply buffer per (env rank, group), the batch arrays, the policy
     inference = inference_fan * G * (2 * req + 2 * rep) + MODEL_COPIES["inference"] * model + weights
     # learner: the sample slots, the batch assembled from them (about a fragment per env rank), the model
-    learner = ((sample_slots(cfg.roles, learner_fan) + learner_fan) * frag + MODEL_COPIES["learner"] * model
+    learner = ((sample_slots(cfg, layout, learner_fan) + learner_fan) * frag + MODEL_COPIES["learner"] * model
                + weights) if learner_fan else 0
     return Memory(env=env, inference=inference if inference_fan else 0, learner=learner)
 
@@ -190,7 +189,7 @@ def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float
         lines.append(f"  each learner    allreduces {_rate(t.allreduce_per_second)} of gradients")
     if mem is not None:
         lines.append("memory for buffers, batch and model (busiest rank of each role):")
-        lines.append(f"  learner {_bytes(mem.learner)} ({sample_slots(cfg.roles, int(learner_fan.max()))} sample "
+        lines.append(f"  learner {_bytes(mem.learner)} ({sample_slots(cfg, layout, int(learner_fan.max()))} sample "
                      f"slots), inference {_bytes(mem.inference)}, env {_bytes(mem.env)}")
     problems = warnings(cfg, layout, mem, memory_per_rank)
     lines += [f"warning: {w}" for w in problems] or ["no warnings"]
