@@ -18,6 +18,7 @@ def test_plan_prints_every_rank_and_its_peers():
     assert "rank      0  learner    fragments from 2 env ranks" in result.stdout
     # 3 env ranks over 2 learners: one learner trains on twice the data, and the plan says so
     assert "warning: learner fan-in is uneven (1 to 2 env ranks): learner rank 0 will be the bottleneck" in result.stdout
+    assert "batch: 768 frames per update: 1 fragment of 256 frames per env rank, 1-2 per learner" in result.stdout
 
 
 def test_plan_of_a_multi_node_job_shows_per_node_counts_traffic_and_limits():
@@ -61,6 +62,42 @@ def test_plan_prints_memory_per_role_and_warns_above_the_memory_per_rank():
     refused = hpcrl(*args, "--set", "roles.learner.sample_slots=999")
     assert refused.returncode == 2 and "999 slots cannot hold a batch of one fragment from each of the 1000" \
         in refused.stderr
+
+
+def test_plan_prints_the_batch_of_algo_batch_frames_and_sizes_the_learner_by_it():
+    job = ("plan", "jobs/cartpole_ppo_2learners.yaml", "--world-size", "8")  # 2 learners, 4 env ranks
+    sync = hpcrl(*job, "--set", "algo.batch_frames=3072").stdout
+    assert "batch: 3,072 frames per update (algo.batch_frames): 3 fragments of 256 frames per env rank, 6 per " \
+           "learner" in sync
+    assert "(8 sample slots)" in sync  # a batch and one per env rank
+    tight = hpcrl(*job, "--set", "algo.batch_frames=3072", "--memory-per-rank-gib", "0.0001").stdout
+    assert "warning: each learner rank needs about" in tight and "lower roles.learner.sample_slots or " \
+        "algo.batch_frames" in tight  # num_envs and rollout_length no longer set the batch
+    asynchronous = hpcrl(*job, "--set", "algo.mode=async", "--set", "algo.batch_frames=2560").stdout
+    assert "batch: 2,560 frames per update (algo.batch_frames): 5 fragments of 256 frames per learner" in asynchronous
+    refused = hpcrl(*job, "--set", "algo.batch_frames=2000")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "algo.batch_frames: 2,000 frames are not a whole number of fragments per env rank" in refused.stderr
+    assert "a multiple of 4 x 256 = 1,024 (nearest: 1,024 or 2,048" in refused.stderr
+
+
+def test_plan_memory_counts_the_batch_of_algo_batch_frames():
+    from hpcrl.core.config import parse_config
+    from hpcrl.core.layout import plan_layout
+    from hpcrl.core.messages import fragment_spec
+    from hpcrl.envs import probe_spaces
+    from hpcrl.tools.plan import memory
+
+    def learner_bytes(batch_frames):
+        cfg = parse_config(f"algo: {{rollout_length: 32, batch_frames: {batch_frames}}}\nenv: {{num_envs: 8}}")
+        return memory(cfg, plan_layout(cfg.roles, 5), probe_spaces(cfg.env), 1000).learner
+
+    spaces = probe_spaces(parse_config("").env)
+    frag = fragment_spec(32, 8, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype).nbytes
+    # 1 learner, 4 env ranks: by default 8 slots and a batch of 4 fragments; with 4 fragments per env rank
+    # (sync), 16 + 2 x 3 slots (a batch, and the credits of the other env ranks once done) and 16
+    assert learner_bytes("null") == learner_bytes(4 * 256)
+    assert learner_bytes(16 * 256) - learner_bytes("null") == ((22 + 16) - (8 + 4)) * frag
 
 
 def test_plan_reports_a_layout_that_does_not_fit():

@@ -52,8 +52,11 @@ class RoleSpec:
     sample_slots: Union[int, None] = doc(
         "learner: fragments one learner holds or has in flight at once, its sample stream's memory bound "
         "(this x the fragment size, whatever the MPI eager limit); an env rank without a free slot waits "
-        "(credit flow control). At least one per env rank it trains on, since a batch is one fragment per "
-        "env rank (default: two per env rank, so the next batch arrives while one trains)", default=None)
+        "(credit flow control). At least one batch: a fragment per env rank it trains on, or as "
+        "algo.batch_frames sets (sync mode with more than two fragments per env rank and version: also two "
+        "per other env rank, for the credits of env ranks that have sent their share). Default: the larger of "
+        "two per env rank and a batch plus one per env rank (and never below that minimum), so the next batch "
+        "arrives while one trains", default=None)
 
 
 @dataclass
@@ -164,6 +167,13 @@ class AlgoConfig:
     vtrace_c_bar: float = doc("async: V-trace clip of the trace-cutting weights (c-bar)", default=1.0)
     rollout_length: int = doc("steps per env per fragment (T); a fragment is T x num_envs frames",
                               default=128)
+    batch_frames: Union[int, None] = doc(
+        "frames per update, all learners together. Async: each learner's batch is batch_frames / learners, "
+        "so a multiple of learners x a fragment's frames; sync: every env rank collects batch_frames / env "
+        "ranks with each policy version, so a multiple of env ranks x a fragment's frames. Setting it "
+        "keeps the algorithm (batch, minibatch size, updates per frame) unchanged across resumes with other "
+        "env-rank counts (default null: one fragment per env rank, so the env-rank count sets the batch)",
+        default=None)
     gamma: float = doc("discount factor, in [0, 1]", default=0.99)
     gae_lambda: float = doc("GAE lambda, in [0, 1]; in async mode also V-trace's lambda (traces "
                             "c_t = lambda * min(c_bar, rho_t))", default=0.95)
@@ -314,6 +324,10 @@ def validate(cfg: Config) -> None:
         value = getattr(a, key)
         _check(value > 0 and math.isfinite(value), f"algo.{key}: expected a number > 0, got {value}")
     _check(a.rollout_length >= 1, f"algo.rollout_length: expected >= 1, got {a.rollout_length}")
+    # whether it is a whole number of fragments per learner or env rank depends on the layout:
+    # hpcrl.core.layout.batch_fragments checks that
+    _check(a.batch_frames is None or a.batch_frames >= 1,
+           f"algo.batch_frames: expected a positive number of frames or null, got {a.batch_frames}")
     for key in ("gamma", "gae_lambda"):
         value = getattr(a, key)
         _check(0.0 <= value <= 1.0, f"algo.{key}: expected a number in [0, 1], got {value}")

@@ -22,7 +22,6 @@ SAMPLE = "sample"        # many-to-one records, credit flow control (runtime/str
 PARAMETER = "parameter"  # newest-only, hierarchical weights (runtime/params.py)
 CONTROL = "control"      # the run's stop word, independent of the weights (runtime/control.py)
 STREAM_KINDS = (INFERENCE, SAMPLE, PARAMETER, CONTROL)
-SENDER_BUFFERS = 2  # record buffers per sample-stream sender: one fills while the previous is in flight
 
 
 @dataclass(frozen=True)

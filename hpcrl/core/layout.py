@@ -19,6 +19,9 @@ import numpy as np
 from hpcrl.core.config import REST, ROLE_NAMES, Config, ConfigError, RolesConfig
 
 INLINE = -1  # env_inference entry for an env rank that runs its policy itself
+# Fragment buffers per env rank (one fills while the previous is in flight), and so the most
+# sample-stream credits it holds at once
+FRAGMENT_BUFFERS = 2
 
 
 def _role_table(roles: RolesConfig) -> str:
@@ -251,14 +254,97 @@ def env_groups(cfg: Config, layout: Layout) -> int:
     return 1 if layout.inline_inference else cfg.env.groups
 
 
-def sample_slots(roles: RolesConfig, fan_in: int) -> int:
-    """Fragment slots of a learner that trains on `fan_in` env ranks (roles.learner.sample_slots,
-    default two per env rank); a ConfigError if they cannot hold one batch (a fragment per env rank)."""
-    slots = roles.learner.sample_slots
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
+
+
+def _nearest(value: int, step: int) -> str:
+    """The multiples of `step` nearest `value` (which is not one), for an error message."""
+    low = value // step * step
+    return f"nearest: {low:,} or {low + step:,}" if low else f"smallest: {step:,}"
+
+
+def fragments_per_env_rank(cfg: Config, layout: Layout) -> int:
+    """Sync mode: fragments every env rank collects with one policy version, algo.batch_frames /
+    (env ranks x frames per fragment); 1 when batch_frames is null, and in async mode (env ranks
+    never wait for a version there). A ConfigError when batch_frames does not fit the layout."""
+    a, E = cfg.algo, len(layout.envs)
+    F = a.rollout_length * cfg.env.num_envs
+    if a.batch_frames is None:
+        return 1
+    if a.mode == "async":
+        L = len(layout.learners)
+        if a.batch_frames % (L * F):
+            raise ConfigError(
+                f"algo.batch_frames: {a.batch_frames:,} frames are not a whole number of fragments per learner: in "
+                f"async mode each learner's batch is batch_frames / {_count(L, 'learner')}, in fragments of {F:,} "
+                f"frames (algo.rollout_length {a.rollout_length} x env.num_envs {cfg.env.num_envs}), so "
+                f"batch_frames must be a multiple of {L} x {F:,} = {L * F:,} ({_nearest(a.batch_frames, L * F)})")
+        return 1
+    if a.batch_frames % (E * F):
+        raise ConfigError(
+            f"algo.batch_frames: {a.batch_frames:,} frames are not a whole number of fragments per env rank: in "
+            f"sync mode the batch is the same whole number of fragments of {F:,} frames (algo.rollout_length "
+            f"{a.rollout_length} x env.num_envs {cfg.env.num_envs}) from each env rank, and this job has "
+            f"{_count(E, 'env rank')}, so batch_frames must be a multiple of {E} x {F:,} = {E * F:,} "
+            f"({_nearest(a.batch_frames, E * F)}; or use an env-rank count that divides it)")
+    return a.batch_frames // (E * F)
+
+
+def update_frames(cfg: Config, layout: Layout) -> int:
+    """Frames per update, all learners together: algo.batch_frames, or a fragment per env rank."""
+    fragments_per_env_rank(cfg, layout)  # a ConfigError if batch_frames does not fit the layout
+    F = cfg.algo.rollout_length * cfg.env.num_envs
+    return cfg.algo.batch_frames if cfg.algo.batch_frames is not None else len(layout.envs) * F
+
+
+def batch_fragments(cfg: Config, layout: Layout, fan_in: int) -> int:
+    """Fragments in one batch of a learner that trains on `fan_in` env ranks: one per env rank
+    (batch_frames null), algo.batch_frames / learners in async mode (the same for every learner),
+    or fragments_per_env_rank per env rank in sync mode. A ConfigError when batch_frames does not
+    fit the layout."""
+    k = fragments_per_env_rank(cfg, layout)
+    if cfg.algo.batch_frames is not None and cfg.algo.mode == "async":
+        F = cfg.algo.rollout_length * cfg.env.num_envs
+        return cfg.algo.batch_frames // (len(layout.learners) * F)
+    return k * fan_in
+
+
+def batch_share(cfg: Config, layout: Layout, fan_in: int) -> float:
+    """A learner's share of the global batch times the number of learners: its gradient's weight
+    in the average, so that the average is the mean over all samples (1.0 when every learner's
+    batch is as large as the others', as in async mode with batch_frames)."""
+    total = update_frames(cfg, layout) // (cfg.algo.rollout_length * cfg.env.num_envs)
+    return batch_fragments(cfg, layout, fan_in) * len(layout.learners) / total
+
+
+def sample_slots(cfg: Config, layout: Layout, fan_in: int) -> int:
+    """Fragment slots of a learner that trains on `fan_in` env ranks (roles.learner.sample_slots);
+    a ConfigError if they cannot hold one batch.
+
+    Sync mode with k > FRAGMENT_BUFFERS fragments per env rank and version needs more: an env rank
+    that has sent its k may still hold up to FRAGMENT_BUFFERS credits, and their slots stay
+    reserved until the batch is trained, so a slow env rank could be left without a credit for
+    its last fragments (with k <= FRAGMENT_BUFFERS every env rank holds credits for its whole
+    share when a version starts). The default adds a fragment per env rank to a batch, so the
+    next batch arrives while one trains (two per env rank when batch_frames is null)."""
+    batch = batch_fragments(cfg, layout, fan_in)
+    k = fragments_per_env_rank(cfg, layout)
+    minimum = batch + (FRAGMENT_BUFFERS * (fan_in - 1) if cfg.algo.mode == "sync" and k > FRAGMENT_BUFFERS else 0)
+    slots = cfg.roles.learner.sample_slots
     if slots is None:
-        return 2 * fan_in
-    if slots < fan_in:
+        return max(2 * fan_in, batch + fan_in, minimum)
+    if slots >= minimum:
+        return slots
+    if cfg.algo.batch_frames is None:
         raise ConfigError(f"roles.learner.sample_slots: {slots} slots cannot hold a batch of one fragment from "
                           f"each of the {fan_in} env ranks a learner trains on; use at least {fan_in} (or more "
                           f"learners)")
-    return slots
+    why = (f"a batch of {batch} fragments (algo.batch_frames {cfg.algo.batch_frames:,} over "
+           + (f"{_count(len(layout.learners), 'learner')})" if cfg.algo.mode == "async" else
+              f"{_count(len(layout.envs), 'env rank')}: {k} from each env rank a learner trains on, {fan_in} here)"))
+    if minimum > batch:
+        why += (f" plus the {FRAGMENT_BUFFERS} credits each of the other {fan_in - 1} env ranks may still hold once "
+                f"it has sent its {k} fragments of a policy version")
+    raise ConfigError(f"roles.learner.sample_slots: {slots} slots cannot hold {why}; use at least {minimum} (or "
+                      f"leave it unset for the default, {max(2 * fan_in, batch + fan_in, minimum)})")

@@ -19,7 +19,7 @@ from hpcrl.runtime import comm
 from hpcrl.io import rundir
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
-from hpcrl.core.layout import Layout, env_groups, plan_layout, sample_slots
+from hpcrl.core.layout import Layout, env_groups, fragments_per_env_rank, plan_layout, sample_slots
 from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED
 from hpcrl.io.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
 from hpcrl.runtime.control import ControlStream, build_control_stream
@@ -33,7 +33,8 @@ def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size
     """Rank 0's start-up checks: config, layout fit, env, run directory. Returns state or an error."""
     try:
         cfg, _ = load_config(config_path, overrides)
-        plan_layout(cfg.roles, size)  # role counts must fit this world size
+        # role counts must fit this world size, and algo.batch_frames the role counts
+        fragments_per_env_rank(cfg, plan_layout(cfg.roles, size))
         spaces = probe_spaces(cfg.env)
         from hpcrl.models import build_model, num_params  # torch, on rank 0 only
         # the policy's size, once: it sizes the weights messages on every rank, and a model that
@@ -92,7 +93,7 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
     nodes = comm.node_of_rank()
     try:
         layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes))
-        sample_slots(cfg.roles, int(layout.fan_in("learner").max()))  # slots that can hold a batch
+        sample_slots(cfg, layout, int(layout.fan_in("learner").max()))  # algo.batch_frames fits; slots hold a batch
     except ConfigError as exc:  # every rank computed the same layout from the same gathered facts
         return _refuse(rank, str(exc))
     problems = [p for p in comm.all_gather_objects(_rank_problem(cfg, layout, rank)) if p]

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hpcrl.core.config import Config
-from hpcrl.core.dataflow import ALGORITHMS, INFERENCE, PARAMETER, SAMPLE, SENDER_BUFFERS, Algorithm
-from hpcrl.core.layout import Layout, env_groups
+from hpcrl.core.dataflow import ALGORITHMS, INFERENCE, PARAMETER, SAMPLE, Algorithm
+from hpcrl.core.layout import FRAGMENT_BUFFERS, Layout, env_groups
 from hpcrl.core.messages import MessageSpec, reply_spec, request_spec, weights_spec
 from hpcrl.io.rundir import RunStart
 from hpcrl.runtime import comm
@@ -62,11 +62,11 @@ class SampleStream:
     record: MessageSpec
 
     def sender(self, receiver: int) -> SampleSender:
-        return SampleSender(self.comm, receiver, [self.record.allocate() for _ in range(SENDER_BUFFERS)])
+        return SampleSender(self.comm, receiver, [self.record.allocate() for _ in range(FRAGMENT_BUFFERS)])
 
     def receiver(self, senders: list[int], slots: int) -> SampleReceiver:
         return SampleReceiver(self.comm, senders, [self.record.allocate() for _ in range(slots)],
-                              per_sender=SENDER_BUFFERS)
+                              per_sender=FRAGMENT_BUFFERS)
 
 
 @dataclass

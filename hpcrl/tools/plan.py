@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcrl.core.config import DEFAULT_MAX_ENV_RANKS, Config
-from hpcrl.core.layout import INLINE, Layout, env_groups, sample_slots
-from hpcrl.core.dataflow import ALGORITHMS, SENDER_BUFFERS
+from hpcrl.core.dataflow import ALGORITHMS
+from hpcrl.core.layout import (FRAGMENT_BUFFERS, INLINE, Layout, batch_fragments, env_groups, fragments_per_env_rank,
+                               sample_slots, update_frames)
 from hpcrl.core.messages import reply_spec, request_spec, weights_spec
 from hpcrl.envs import EnvSpaces
 
@@ -45,12 +46,12 @@ def memory(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int) -> M
     learner_fan = int(layout.fan_in("learner").max()) if len(layout.learners) else 0
     inference_fan = int(layout.fan_in("inference").max()) if len(layout.inference) else 0
     inline = layout.inline_inference
-    env = G * (req + rep) + SENDER_BUFFERS * frag + (MODEL_COPIES["env"] * model + weights if inline else 0)
+    env = G * (req + rep) + FRAGMENT_BUFFERS * frag + (MODEL_COPIES["env"] * model + weights if inline else 0)
     # inference: a request and a reply buffer per (env rank, group), the batch arrays, the policy
     inference = inference_fan * G * (2 * req + 2 * rep) + MODEL_COPIES["inference"] * model + weights
-    # learner: the sample slots, the batch assembled from them (about a fragment per env rank), the model
-    learner = ((sample_slots(cfg.roles, learner_fan) + learner_fan) * frag + MODEL_COPIES["learner"] * model
-               + weights) if learner_fan else 0
+    # learner: the sample slots, the batch assembled from them (a copy of its fragments), the model
+    learner = ((sample_slots(cfg, layout, learner_fan) + batch_fragments(cfg, layout, learner_fan)) * frag
+               + MODEL_COPIES["learner"] * model + weights) if learner_fan else 0
     return Memory(env=env, inference=inference if inference_fan else 0, learner=learner)
 
 
@@ -79,7 +80,8 @@ def traffic(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int, ste
     remote = not layout.inline_inference
     inf_fan = int(layout.fan_in("inference").max()) if remote else 0
     learner_fan = int(layout.fan_in("learner").max())
-    updates_per_s = fragments_per_s  # sync mode: one update per rollout, if training keeps up
+    # one update per batch_frames frames (a fragment per env rank by default), if training keeps up
+    updates_per_s = fragments_per_s * len(layout.envs) * T * N / update_frames(cfg, layout)
     return Traffic(
         env_requests=requests_per_s * req.offsets["final_obs"] if remote else 0.0,
         env_fragments=fragments_per_s * frag.nbytes,
@@ -100,7 +102,9 @@ def warnings(cfg: Config, layout: Layout, mem: Memory | None = None,
         if mem.of(role) > memory_per_rank:
             out.append(f"each {role} rank needs about {_bytes(mem.of(role))} for its buffers, batch and model, more "
                        f"than the {_bytes(memory_per_rank)} per rank assumed (--memory-per-rank-gib): "
-                       + ("add learners or lower roles.learner.sample_slots, env.num_envs or algo.rollout_length"
+                       + (("add learners or lower roles.learner.sample_slots, env.num_envs or algo.rollout_length"
+                           if cfg.algo.batch_frames is None else
+                           "add learners or lower roles.learner.sample_slots or algo.batch_frames")
                           if role == "learner" else "add inference ranks" if role == "inference"
                           else "lower env.num_envs or algo.rollout_length"))
     for role in ("inference", "learner"):
@@ -154,6 +158,20 @@ def _rate(x: float) -> str:
     return f"{x:.0f} B/s"
 
 
+def _batch_line(cfg: Config, layout: Layout) -> str:
+    """The batch of one update: frames over all learners, fragments per env rank and per learner."""
+    fan = layout.fan_in("learner")
+    low, high = batch_fragments(cfg, layout, int(fan.min())), batch_fragments(cfg, layout, int(fan.max()))
+    per_learner = f"{low}-{high}" if low != high else str(low)
+    F = cfg.algo.rollout_length * cfg.env.num_envs
+    text = f"batch: {update_frames(cfg, layout):,} frames per update"
+    text += " (algo.batch_frames)" if cfg.algo.batch_frames is not None else ""
+    if cfg.algo.batch_frames is not None and cfg.algo.mode == "async":  # in arrival order, from any env rank
+        return text + f": {per_learner} fragments of {F:,} frames per learner"
+    k = fragments_per_env_rank(cfg, layout)
+    return text + f": {k} fragment{'s' if k > 1 else ''} of {F:,} frames per env rank, {per_learner} per learner"
+
+
 def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float, per_rank: bool,
                 mem: Memory | None = None, memory_per_rank: int = DEFAULT_MEMORY_PER_RANK) -> str:
     n_nodes = len(np.unique(layout.node_of_rank))
@@ -176,6 +194,7 @@ def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float
         fan = layout.fan_in("inference")
         lines.append(f"        each inference rank serves {fan.min()}-{fan.max()} env ranks"
                      if fan.min() != fan.max() else f"        each inference rank serves {fan.min()} env ranks")
+    lines.append(_batch_line(cfg, layout))
     lines.append(f"traffic at {steps_per_second:,.0f} vector steps/s per env rank (--env-steps-per-s):")
     if not layout.inline_inference:
         lines.append(f"  env rank        sends {_rate(t.env_requests + t.env_fragments)} "
@@ -190,7 +209,7 @@ def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float
         lines.append(f"  each learner    allreduces {_rate(t.allreduce_per_second)} of gradients")
     if mem is not None:
         lines.append("memory for buffers, batch and model (busiest rank of each role):")
-        lines.append(f"  learner {_bytes(mem.learner)} ({sample_slots(cfg.roles, int(learner_fan.max()))} sample "
+        lines.append(f"  learner {_bytes(mem.learner)} ({sample_slots(cfg, layout, int(learner_fan.max()))} sample "
                      f"slots), inference {_bytes(mem.inference)}, env {_bytes(mem.env)}")
     problems = warnings(cfg, layout, mem, memory_per_rank)
     lines += [f"warning: {w}" for w in problems] or ["no warnings"]

@@ -14,7 +14,7 @@ from hpcrl.algos.moments import combine_moments
 from hpcrl.runtime.comm import RequestClient
 from hpcrl.runtime.streams import SampleSender
 from hpcrl.core.config import Config
-from hpcrl.core.layout import INLINE
+from hpcrl.core.layout import INLINE, fragments_per_env_rank
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
 from hpcrl.core.seeds import env_seeds
 from hpcrl.core.messages import EPISODE_STATS, STOP, Message
@@ -78,7 +78,8 @@ class EnvRole:
     fragment. A group makes T+1 policy calls per fragment: the last only asks for the values of
     the observations after step T-1 (and of episodes truncated there), which GAE needs to
     bootstrap. The fragment ships once every group has had that reply.
-    Sync mode: fragment k is collected with policy version k; then the rank waits for k+1.
+    Sync mode: the rank collects `fragments_per_version` fragments (1 unless algo.batch_frames
+    says more) with policy version v, then waits for v+1.
     Async mode: every request takes the newest version the policy has (at least the start
     version), so the (T+1)-th reply's actions also begin the next fragment: no call is wasted and
     the rank never waits for the learner.
@@ -87,9 +88,11 @@ class EnvRole:
     name = "env"
 
     def __init__(self, cfg: Config, rank: int, index: int, policies: list, sender: SampleSender,
-                 start_version: int = 0, control=None):
-        """`control`: the rank's control stream, whose stop word ends the rollout (None: only a
-        STOP reply does, as in tests that drive an actor alone)."""
+                 start_version: int = 0, fragments_per_version: int = 1, control=None):
+        """`fragments_per_version`: sync mode, fragments collected with each policy version
+        (hpcrl.core.layout.fragments_per_env_rank). `control`: the rank's control stream, whose
+        stop word ends the rollout (None: only a STOP reply does, as in tests that drive an actor
+        alone)."""
         self.rank = rank
         self.control = control
         self.T, self.N = cfg.algo.rollout_length, cfg.env.num_envs
@@ -104,6 +107,8 @@ class EnvRole:
             self.groups.append(EnvGroup(envs, first_obs, policy, slice(g * per_group, (g + 1) * per_group)))
         # sync: the version this rollout must be collected with; async: the oldest version accepted
         self.version = start_version
+        self.fragments_per_version = fragments_per_version  # sync (hpcrl.core.layout.fragments_per_env_rank)
+        self.version_fragments = 0  # sync: fragments sent with self.version so far
         self.done = False
         self.stopping = False  # the stop word is in: every group collects its STOP reply, then finish
         self.fragments_sent = 0
@@ -128,7 +133,8 @@ class EnvRole:
         else:
             policies = [RemotePolicy(w.inference.client(server, group=g)) for g in range(w.groups)]
         return cls(w.cfg, w.rank, index, policies, w.sample.sender(int(w.layout.env_learner[index])),
-                   start_version=w.start.start_version, control=w.control)
+                   start_version=w.start.start_version,
+                   fragments_per_version=fragments_per_env_rank(w.cfg, w.layout), control=w.control)
 
     def _reset_stats(self) -> None:
         stats = self.fragment["episode_stats"]
@@ -250,8 +256,10 @@ class EnvRole:
             self.fragment["return_moments"][:] = combine_moments([g.envs.take_moments() for g in self.groups])
         self.fragment = self.sender.send()
         self.fragments_sent += 1
-        if self.sync:
-            self.version += 1
+        if self.sync:  # the next version only once this one's share of the batch is sent
+            self.version_fragments += 1
+            if self.version_fragments == self.fragments_per_version:
+                self.version, self.version_fragments = self.version + 1, 0
         self.rollout_start, self.waited = time.perf_counter(), 0.0
         self._reset_stats()
         for group in self.groups:
@@ -306,7 +314,8 @@ class EnvRole:
         return pickle.dumps({"groups": [{"envs": g.envs, "obs": g.request["obs"].copy(), "ep_return": g.ep_return,
                                          "ep_length": g.ep_length, "sampling": g.policy.sampling_state()}
                                         for g in self.groups],
-                             "version": self.version, "fragments_sent": self.fragments_sent})
+                             "version": self.version, "version_fragments": self.version_fragments,
+                             "fragments_sent": self.fragments_sent})
 
     def restore(self, blob: bytes) -> None:
         state = pickle.loads(blob)
@@ -319,6 +328,7 @@ class EnvRole:
             group.ep_return, group.ep_length = saved["ep_return"], saved["ep_length"]
             group.policy.restore_sampling_state(saved["sampling"])
         self.version, self.fragments_sent = state["version"], state["fragments_sent"]
+        self.version_fragments = state.get("version_fragments", 0)  # snapshots from before batch_frames: 0
 
     def _finish(self) -> None:
         self.sender.close()

@@ -1,11 +1,12 @@
 """The trainer's batch source for on-policy algorithms: fragments from the sample stream, queued
 until a batch is complete.
 
-Sync mode (PPO): a batch is one fragment of the current policy version from every actor of this
-trainer; a fragment of another version is a bug (sync actors wait for each version).
+Sync mode (PPO): a batch is k fragments of the current policy version from every actor of this
+trainer (k = 1 unless algo.batch_frames says more); a fragment of another version is a bug (sync
+actors wait for each version after their k).
 Async mode (APPO): fragments queue in arrival order; a batch is the oldest `batch_fragments` of
-them, and fragments more than `max_policy_lag` versions old are dropped (their frames and
-finished episodes still count).
+them (one per actor, or as algo.batch_frames says), and fragments more than `max_policy_lag`
+versions old are dropped (their frames and finished episodes still count).
 Fragments stay in the stream's slots until the batch that holds them is trained on; releasing
 the slots grants the actors credits again, so the stream's memory bound holds here too.
 """
@@ -13,21 +14,30 @@ from __future__ import annotations
 
 from collections import deque
 
+from hpcrl.core.layout import batch_fragments
 from hpcrl.core.messages import STOP, Message
 from hpcrl.runtime.streams import SampleReceiver
 
 
 class FragmentQueue:
-    def __init__(self, stream: SampleReceiver, actors: list[int], sync: bool, max_policy_lag: int):
+    def __init__(self, stream: SampleReceiver, actors: list[int], sync: bool, max_policy_lag: int,
+                 batch_fragments: int | None = None):
+        """`batch_fragments`: fragments per batch (hpcrl.core.layout.batch_fragments; default one
+        per actor); in sync mode a multiple of the actors, each sending its share per version."""
         self.stream = stream
         self.actors = list(actors)
         self.position = {rank: i for i, rank in enumerate(self.actors)}
         self.sync = sync
         self.max_policy_lag = max_policy_lag
-        self.batch_fragments = len(self.actors)  # one per actor, as in sync mode
+        self.batch_fragments = len(self.actors) if batch_fragments is None else batch_fragments
         if len(stream.slots) < self.batch_fragments:
             raise ValueError(f"{len(stream.slots)} sample slots cannot hold a batch of {self.batch_fragments} fragments")
-        self.have: dict[int, int] = {}  # sync: actor position -> slot of its fragment
+        if sync and self.batch_fragments % len(self.actors):
+            raise ValueError(f"sync mode: a batch of {self.batch_fragments} fragments is not the same number from "
+                             f"each of {len(self.actors)} actors")
+        self.per_actor = self.batch_fragments // len(self.actors)  # sync: fragments per actor and version
+        self.have: dict[int, list[int]] = {}  # sync: actor position -> slots of its fragments, in index order
+        self.complete = 0  # sync: actors whose fragments of this version are all in
         self.queue: deque[int] = deque()  # async: slots in arrival order
         self.batch: list[int] = []  # slots of the batch handed out, until released
         self.dropped: list = []  # (frames, episode stats) of fragments dropped since the last batch
@@ -35,9 +45,10 @@ class FragmentQueue:
         self._checked_version = None  # async: the version the queue was last checked for staleness at
 
     @classmethod
-    def from_config(cls, cfg, stream: SampleReceiver, actors: list[int]) -> "FragmentQueue":
+    def from_config(cls, cfg, layout, stream: SampleReceiver, actors: list[int]) -> "FragmentQueue":
         """The algorithm's batch source for one trainer (named in core/dataflow.py)."""
-        return cls(stream, actors, sync=cfg.algo.mode == "sync", max_policy_lag=cfg.algo.max_policy_lag)
+        return cls(stream, actors, sync=cfg.algo.mode == "sync", max_policy_lag=cfg.algo.max_policy_lag,
+                   batch_fragments=batch_fragments(cfg, layout, len(actors)))
 
     def poll(self, version: int) -> tuple[int, list[Message] | None]:
         """(fragments that arrived, the next batch or None). A batch's slots stay taken until
@@ -48,10 +59,12 @@ class FragmentQueue:
         for slot in ready:
             self._take(slot, version)
         if self.sync:
-            if len(self.have) < self.batch_fragments:
+            if self.complete < len(self.actors):
                 return len(ready), None
-            self.batch = [self.have[p] for p in range(self.batch_fragments)]  # in actor order: repeatable
+            # actor order, then fragment index: repeatable, whatever the arrival order
+            self.batch = [slot for p in range(len(self.actors)) for slot in self.have[p]]
             self.have.clear()
+            self.complete = 0
         else:
             if len(self.queue) < self.batch_fragments:
                 return len(ready), None
@@ -81,10 +94,14 @@ class FragmentQueue:
             raise RuntimeError(f"trainer: fragment from actor rank {fragment.get('env_rank')} was collected "
                                f"with policy version {fragment.get('version')}, expected {version}")
         position = self.position[fragment.get("env_rank")]
-        if position in self.have:
-            raise RuntimeError(f"trainer: two fragments of policy version {version} from actor rank "
-                               f"{fragment.get('env_rank')} (sync mode collects one per version)")
-        self.have[position] = slot
+        slots = self.have.setdefault(position, [])
+        if len(slots) == self.per_actor:
+            raise RuntimeError(f"trainer: {self.per_actor + 1} fragments of policy version {version} from actor rank "
+                               f"{fragment.get('env_rank')} (sync mode collects {self.per_actor} per version)")
+        slots.append(slot)
+        # one actor's records arrive in the order sent, but one call to ready() lists them by slot
+        slots.sort(key=lambda s: self.stream.slots[s].get("index"))
+        self.complete += len(slots) == self.per_actor
 
     def _drop_stale(self, version: int) -> None:
         """Async, when the policy version moves on: drop queued fragments that fell behind it
@@ -108,10 +125,11 @@ class FragmentQueue:
     def drain(self) -> int:
         """After the stop word: discard fragments (their slots grant credits for the actors' last
         sends) until every actor's goodbye is in."""
-        for slot in list(self.queue) + list(self.have.values()) + self.batch:
+        for slot in list(self.queue) + [s for slots in self.have.values() for s in slots] + self.batch:
             self.stream.release(slot)
         self.queue.clear()
         self.have.clear()
+        self.complete = 0
         self.batch = []
         ready = self.stream.ready()
         for slot in ready:
@@ -129,6 +147,7 @@ class FragmentQueue:
         if not self.sync:
             return (f"waiting for fragments: {len(self.queue)} of {self.batch_fragments} queued "
                     f"for policy version {version}")
-        missing = [r for r in self.actors if self.position[r] not in self.have]
+        missing = [r for r in self.actors if len(self.have.get(self.position[r], ())) < self.per_actor]
         shown = ", ".join(str(r) for r in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        return f"waiting for fragments of policy version {version} from env ranks {shown}"
+        each = f" ({self.per_actor} from each)" if self.per_actor > 1 else ""
+        return f"waiting for fragments of policy version {version}{each} from env ranks {shown}"

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from hpcrl.core.config import Config
-from hpcrl.core.layout import sample_slots
+from hpcrl.core.layout import batch_share, sample_slots
 from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED, STOP
 from hpcrl.core.seeds import seed_for
 from hpcrl.io.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
@@ -47,16 +47,14 @@ class LearnerRole:
         algorithm's batch source over it; on the root, the parameter publisher and the run files."""
         cfg, layout = w.cfg, w.layout
         actors = layout.envs_of_learner(w.rank)
-        stream = w.sample.receiver(actors, sample_slots(cfg.roles, len(actors)))
-        source = w.algorithm.load("batch_source").from_config(cfg, stream, actors)
+        stream = w.sample.receiver(actors, sample_slots(cfg, layout, len(actors)))
+        source = w.algorithm.load("batch_source").from_config(cfg, layout, stream, actors)
         root = w.rank == layout.learner_root
         files = (RunFiles(w.start.run_dir, w.start.config_text, cfg.run.log_interval_s, cfg.run.checkpoint_interval_s,
                           start_frames=w.start.start_frames, resume=w.start.resume_file is not None,
                           tensorboard=cfg.run.tensorboard) if root else None)
-        # unequal fan-in: a trainer's gradient is weighed by its share of the global batch
-        share = len(actors) * len(layout.learners) / len(layout.envs)
         return cls(cfg, w.spaces, w.trainer_comm, source, w.params if root else None, files, w.control,
-                   step=w.algorithm.load("step"), batch_share=share, resume_path=w.start.resume_file,
+                   step=w.algorithm.load("step"), batch_share=batch_share(cfg, layout, len(actors)), resume_path=w.start.resume_file,
                    preempt_requested=w.preempt_requested, heartbeat=w.heartbeat)
 
     def __init__(self, cfg: Config, spaces, trainer_comm, source, publisher: ParameterPublisher | None,
@@ -64,8 +62,9 @@ class LearnerRole:
                  resume_path: str | None = None, preempt_requested: Callable[[], bool] = lambda: False,
                  heartbeat: Callable[[], None] = lambda: None):
         """`step`: the algorithm's trainer step class. `batch_share`: this trainer's fraction of
-        the global batch times the number of trainers (1.0 when every trainer has as many actors
-        as the others). `resume_path`: the checkpoint to continue from (every trainer is told; the
+        the global batch times the number of trainers (1.0 when every trainer's batch is as large
+        as the others'; hpcrl.core.layout.batch_share), so unequal batches average to the mean
+        over all samples. `resume_path`: the checkpoint to continue from (every trainer is told; the
         root reads it). `preempt_requested`: polled by the root after every update; True stops
         the run with a checkpoint, marked preempted."""
         self.cfg = cfg
