@@ -97,6 +97,28 @@ def test_corrupt_or_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path
     assert ck["counters"] == {"frames": 1} and "unreadable checkpoint" in problems[0]
 
 
+def test_damage_anywhere_in_the_file_is_a_checkpoint_error_and_the_previous_one_is_used(tmp_path):
+    """Bytes overwritten at any place (data, HDF5 metadata, the superblock) make the checkpoint
+    unusable, never crash the reader: load_latest reports it and falls back."""
+    model, opt = trained()
+    rng = np.random.default_rng(0)
+    path = str(tmp_path / "checkpoint.h5")
+    save_checkpoint(path, model, opt, {"frames": 1}, rng, "first")
+    save_checkpoint(path, model, opt, {"frames": 2}, rng, "second", extra={"step": {}})
+    intact = open(path, "rb").read()
+    for offset in range(0, len(intact), max(1, len(intact) // 97)):
+        with open(path, "wb") as fh:
+            fh.write(intact[:offset] + b"\xff" * 64 + intact[offset + 64:])
+        try:
+            ck, used, problems = load_latest(path)
+        except CheckpointError as exc:
+            pytest.fail(f"the previous checkpoint was not used after damage at byte {offset}: {exc}")
+        if used == path:  # the overwritten bytes were unused space: the checksum still holds
+            assert ck["counters"] == {"frames": 2} and problems == []
+        else:
+            assert ck["counters"] == {"frames": 1} and len(problems) == 1, offset
+
+
 def test_extra_state_round_trips(tmp_path):
     model, opt = trained()
     path = str(tmp_path / "checkpoint.h5")

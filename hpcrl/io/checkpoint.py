@@ -189,7 +189,8 @@ def _read_verified(path: str, read: Callable[[h5py.File], Any]) -> Any:
             if f.attrs.get("sha256") != _digest(f):
                 raise CheckpointError(f"{path}: checksum mismatch (the file is corrupt)")
             return read(f)
-    except (OSError, KeyError, ValueError) as exc:
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:
+        # RuntimeError: damaged HDF5 metadata fails inside h5py's object visit ("message not aligned")
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from None
 
 
