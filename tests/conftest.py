@@ -42,6 +42,13 @@ def mpirun(n: int, *args: str, timeout: float = 240, cwd: Path | None = None,
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=env)
 
 
+def mpirun_probe(n: int, script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`mpirun -n N python tests/SCRIPT ARGS`: a probe that drives one piece of the runtime under real MPI."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = ["bash", str(MPIRUN), "-n", str(n), sys.executable, str(REPO / "tests" / script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
 def run_dir(cfg: dict) -> Path:
     return Path(cfg["run"]["output_dir"]) / cfg["run"]["name"]
 

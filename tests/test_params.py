@@ -1,23 +1,18 @@
 """The parameter stream: newest-only, hierarchical (root -> node leaders -> node holders through
 shared memory), and a slow holder never slows the learner."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 
 from hpcrl.io.metrics import read_metrics
-from tests.conftest import MPIRUN, REPO, mpirun, run_dir, small_config, write_config
+from tests.conftest import mpirun, mpirun_probe, run_dir, small_config, write_config
 
 
 def test_every_holder_gets_the_newest_versions_and_the_stop_word_through_a_tree_of_node_leaders(tmp_path):
     # 7 ranks on 4 synthetic nodes: the root alone on node 0, two holders on each other node
     # (leaders 1, 3, 5 in a tree under the root; 2, 4, 6 read their node's shared window); 6 is slow
     nodes, slow = "0,1,1,2,2,3,3", 6
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    result = subprocess.run(["bash", str(MPIRUN), "-n", "7", sys.executable, str(REPO / "tests" / "param_tree_probe.py"),
-                             str(tmp_path), nodes, str(slow)], capture_output=True, text=True, timeout=240, env=env)
+    result = mpirun_probe(7, "param_tree_probe.py", str(tmp_path), nodes, str(slow))
     assert result.returncode == 0, result.stdout + result.stderr
     records = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(1, 7)}
     for rank, record in records.items():

@@ -80,7 +80,6 @@ class InlinePolicy:
         self._wanted = None
         return self.reply
 
-
     def _take_weights(self) -> None:
         message = self.weights.poll()
         if message is None:
