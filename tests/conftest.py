@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,40 @@ def mpirun_probe(n: int, script: str, *args: str, timeout: float = 240) -> subpr
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = ["bash", str(MPIRUN), "-n", str(n), sys.executable, str(REPO / "tests" / script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def job_pids(fragment: str, rank: int | None = None) -> list[int]:
+    """PIDs of processes whose command line names `fragment` (a test's own config file or temp
+    directory) and, with `rank`, that Open MPI started as that rank. Matching the test's own path
+    keeps other jobs on the machine (a concurrent test session, a leftover) out."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0") if rank is not None else []
+        except OSError:
+            continue
+        if fragment.encode() in cmdline and (rank is None or f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ):
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test(tmp_path):
+    """A test that fails while its run is going (most start runs of 10**7 frames and stop them)
+    must not leave the job training on: end whatever still runs from its temp directory."""
+    yield
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = job_pids(str(tmp_path))
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if pids:
+            time.sleep(1.0)
 
 
 def run_dir(cfg: dict) -> Path:

@@ -4,10 +4,9 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from hpcrl.io.checkpoint import load_latest
-from tests.conftest import MPIRUN, REPO, mpirun, run_dir, small_config, write_config
+from tests.conftest import MPIRUN, REPO, job_pids, mpirun, run_dir, small_config, write_config
 from tests.test_resume import wait_for_rows
 
 
@@ -26,33 +25,17 @@ def test_hung_env_step_ends_the_job_naming_the_rank_and_what_it_did(tmp_path):
     assert ck is not None and problems == []  # the checkpoints written before the hang stay valid
 
 
-def rank_pids(rank: int) -> list[int]:
-    """PIDs of hpcrl processes that Open MPI started as `rank`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"hpcrl" in cmdline and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
-            pids.append(int(entry.name))
-    return pids
-
-
 def test_killed_env_rank_ends_the_job_within_seconds(tmp_path):
     cfg = small_config(tmp_path, run={"total_frames": 10**7, "checkpoint_interval_s": 0.5, "log_interval_s": 60})
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(["bash", str(MPIRUN), "-n", "4", sys.executable, "-m", "hpcrl", "run",
-                             str(write_config(tmp_path, cfg))],
+    path = str(write_config(tmp_path, cfg))
+    proc = subprocess.Popen(["bash", str(MPIRUN), "-n", "4", sys.executable, "-m", "hpcrl", "run", path],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_rows(str(run_dir(cfg) / "metrics.h5"), 3, proc)
     deadline = time.monotonic() + 60
     while not (run_dir(cfg) / "checkpoint.h5").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    victims = rank_pids(2)
+    victims = job_pids(path, rank=2)
     assert len(victims) == 1
     os.kill(victims[0], signal.SIGKILL)
     killed = time.monotonic()

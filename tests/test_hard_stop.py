@@ -15,8 +15,7 @@ import pytest
 
 from hpcrl.io.checkpoint import inspect_latest, load_latest
 from hpcrl.io.metrics import MetricsWriter, read_metrics, rebuild_metrics
-from tests.conftest import MPIRUN, REPO, mpirun, run_dir, small_config, write_config
-from tests.test_failures import rank_pids
+from tests.conftest import MPIRUN, REPO, job_pids, mpirun, run_dir, small_config, write_config
 
 EXIT_OUTPUT_FAILED = 4
 KILL_CONFIG = {"total_frames": 10**7, "checkpoint_interval_s": 0.3, "log_interval_s": 60}
@@ -82,7 +81,7 @@ def test_repeated_kill_9_at_random_moments_always_resumes(tmp_path, n, victims):
                  (not versions or checkpoint_counters(cfg)["policy_version"] > versions[-1]), proc,
                  "a new checkpoint")
         time.sleep(rng.uniform(0.0, 1.5))  # an env step, an update, a metrics row or a checkpoint write
-        pids = [proc.pid] if victim == "serial" else rank_pids(victim)
+        pids = [proc.pid] if victim == "serial" else job_pids(path, rank=victim)
         assert len(pids) == 1, pids
         out = kill_hard(proc, pids[0])
         assert "resuming from" in out or not versions
