@@ -18,21 +18,13 @@ def merge_moments(mean, var, count, batch_mean, batch_m2, n):
 
 
 def combine_moments(rows) -> tuple[float, float, float]:
-    """(count, mean, M2) of several (count, mean, M2) rows taken together (float64 sums)."""
-    count, total, m2 = pooled_sums(rows)
-    mean = total / count if count else 0.0
-    return count, mean, m2
-
-
-def pooled_sums(rows) -> tuple[float, float, float]:
-    """(count, sum, M2 about the pooled mean) of (count, mean, M2) rows: the form that adds up
-    across ranks (summed, then `from_sums`)."""
-    rows = [(float(n), float(mu), float(m2)) for n, mu, m2 in rows if n > 0]
-    count = sum(n for n, _, _ in rows)
+    """(count, mean, M2) of several (count, mean, M2) rows taken together."""
+    n, mu, m2 = np.asarray(rows, dtype=np.float64).reshape(-1, 3).T
+    count = float(n.sum())
     if not count:
         return 0.0, 0.0, 0.0
-    mean = sum(n * mu for n, mu, _ in rows) / count
-    return count, mean * count, sum(m2 + n * (mu - mean) ** 2 for n, mu, m2 in rows)
+    mean = float((n * mu).sum()) / count
+    return count, mean, float((m2 + n * (mu - mean) ** 2).sum())
 
 
 class ReturnScaler:
@@ -48,11 +40,10 @@ class ReturnScaler:
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # SB3's RunningMeanStd start
 
     def fold(self, rows, reduce=lambda sums: sums) -> None:
-        """Fold in (count, mean, M2) rows; `reduce` sums the pooled form over trainers (an
-        allreduce): each trainer's (count, sum, M2 about its mean) with its sum of squares."""
-        count, total, m2 = pooled_sums(rows)
-        local = np.array([count, total, m2 + (total * total / count if count else 0.0)], dtype=np.float64)
-        count, total, sqsum = reduce(local)  # raw sums add up over trainers; M2 about each mean would not
+        """Fold in (count, mean, M2) rows; `reduce` sums them over trainers (an allreduce) as
+        raw sums (count, sum, sum of squares), which add up where M2 about each mean would not."""
+        n, mu, m2 = np.asarray(rows, dtype=np.float64).reshape(-1, 3).T
+        count, total, sqsum = reduce(np.array([n.sum(), (n * mu).sum(), (m2 + n * mu * mu).sum()]))
         if count > 0:
             mean = total / count
             self.mean, self.var, self.count = merge_moments(self.mean, self.var, self.count, mean,
