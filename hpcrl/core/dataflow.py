@@ -14,7 +14,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from hpcrl.core.messages import MessageSpec, fragment_spec
+from hpcrl.core.messages import MessageSpec, fragment_spec, reply_spec, request_spec
 
 # The four stream kinds (runtime/): each has its own duplicated communicator.
 INFERENCE = "inference"  # request/reply slots between actors and a batching policy server
@@ -56,6 +56,14 @@ class Algorithm:
         """The trainer step's or the batch source's class (imported on trainer ranks only)."""
         module, name = getattr(self, what).split(":")
         return getattr(importlib.import_module(module), name)
+
+
+def inference_messages(cfg, spaces, groups: int) -> tuple[MessageSpec, MessageSpec]:
+    """The inference stream's request and reply layouts: one channel per env group, so each
+    carries num_envs / groups envs (core/messages.py)."""
+    n = cfg.env.num_envs // groups
+    return (request_spec(n, spaces.obs_shape, spaces.obs_dtype),
+            reply_spec(n, spaces.action_shape, spaces.action_dtype))
 
 
 def fragment_record(cfg, spaces) -> MessageSpec:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hpcrl.core.config import Config
-from hpcrl.core.dataflow import ALGORITHMS, INFERENCE, PARAMETER, SAMPLE, Algorithm
+from hpcrl.core.dataflow import ALGORITHMS, INFERENCE, PARAMETER, SAMPLE, Algorithm, inference_messages
 from hpcrl.core.layout import FRAGMENT_BUFFERS, Layout, env_groups
-from hpcrl.core.messages import MessageSpec, reply_spec, request_spec, weights_spec
+from hpcrl.core.messages import MessageSpec, weights_spec
 from hpcrl.io.rundir import RunStart
 from hpcrl.runtime import comm
 from hpcrl.runtime.control import ControlStream
@@ -104,11 +104,7 @@ def build_workers(cfg: Config, spaces, n_params: int, layout: Layout, rank: int,
     # MPI: the trainers' communicator (Horovod among them), then each declared stream's own communicator
     w.trainer_comm = comm.sub_communicator(rank in set(layout.learners.tolist()))
     if algorithm.stream(INFERENCE) is not None:
-        groups = w.groups
-        w.inference = InferenceStream(comm.stream_communicator(),
-                                      request_spec(cfg.env.num_envs // groups, spaces.obs_shape, spaces.obs_dtype),
-                                      reply_spec(cfg.env.num_envs // groups, spaces.action_shape,
-                                                 spaces.action_dtype))
+        w.inference = InferenceStream(comm.stream_communicator(), *inference_messages(cfg, spaces, w.groups))
     if algorithm.stream(SAMPLE) is not None:
         w.sample = SampleStream(comm.stream_communicator(), algorithm.record(cfg, spaces))
     if algorithm.stream(PARAMETER) is not None:

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcrl.core.config import DEFAULT_MAX_ENV_RANKS, Config
-from hpcrl.core.dataflow import ALGORITHMS
+from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.layout import (FRAGMENT_BUFFERS, INLINE, Layout, batch_fragments, env_groups, fragments_per_env_rank,
                                sample_slots, update_frames)
-from hpcrl.core.messages import reply_spec, request_spec, weights_spec
+from hpcrl.core.messages import weights_spec
 from hpcrl.envs import EnvSpaces
 
 MODEL_COPIES = {"learner": 5, "inference": 2, "env": 2}  # params x: weights, grads, Adam's two moments, message
@@ -36,10 +36,8 @@ class Memory:
 
 
 def memory(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int) -> Memory:
-    N = cfg.env.num_envs
     G = env_groups(cfg, layout)
-    req = request_spec(N // G, spaces.obs_shape, spaces.obs_dtype).nbytes
-    rep = reply_spec(N // G, spaces.action_shape, spaces.action_dtype).nbytes
+    req, rep = (m.nbytes for m in inference_messages(cfg, spaces, G))
     frag = ALGORITHMS[cfg.algo.name].record(cfg, spaces).nbytes
     weights = weights_spec(num_params).nbytes
     model = 4 * num_params
@@ -71,8 +69,7 @@ class Traffic:
 def traffic(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int, steps_per_second: float) -> Traffic:
     T, N = cfg.algo.rollout_length, cfg.env.num_envs
     G = env_groups(cfg, layout)
-    req = request_spec(N // G, spaces.obs_shape, spaces.obs_dtype)
-    rep = reply_spec(N // G, spaces.action_shape, spaces.action_dtype)
+    req, rep = inference_messages(cfg, spaces, G)
     frag = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
     # per group and step one request (G per env step), plus one per rollout for bootstrap values
     requests_per_s = G * steps_per_second * (T + 1) / T
