@@ -1,11 +1,14 @@
-/* hpcrl._kernels: the hot numeric loops over [T, N] fragments, in C.
+/* hpcrl._kernels: the hot numeric loops, in C.
  *
- * gae()    generalised advantage estimation (same recursion as hpcrl/algos/gae.py)
- * vtrace() V-trace targets and policy-gradient advantages (hpcrl/algos/vtrace.py)
+ * gae()            generalised advantage estimation (same recursion as hpcrl/algos/gae.py)
+ * vtrace()         V-trace targets and policy-gradient advantages (hpcrl/algos/vtrace.py)
+ * sumtree_update() set leaves of a sum-tree and recompute their paths (hpcrl/algos/sumtree.py)
+ * sumtree_sample() prefix-sum descent from the root to a leaf per value (hpcrl/algos/sumtree.py)
  *
  * Arrays arrive as C-contiguous buffers (hpcrl/algos/kernels.py checks dtypes and shapes and
- * allocates the outputs); the loops run with the GIL released. Time runs backwards over t, and
- * the inner loop over the N envs is contiguous, so the compiler can vectorise it.
+ * allocates the outputs); the loops run with the GIL released. For GAE and V-trace time runs
+ * backwards over t, and the inner loop over the N envs is contiguous, so the compiler can
+ * vectorise it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -116,15 +119,140 @@ static PyObject *py_vtrace(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* ---- sum-tree: double tree[2L], L a power of two; tree[1] the root, node n has children 2n
+ * and 2n + 1, leaf i is tree[L + i]. The numpy reference (hpcrl/algos/sumtree.py) is the
+ * specification; the checks below raise the same ValueErrors with the same messages. */
+
+static int check_tree(Py_buffer *tree, Py_ssize_t L) {
+    if (L < 1 || (L & (L - 1))) {
+        PyErr_Format(PyExc_ValueError, "a sum-tree has length 2L with L a power of two, got L = %zd", L);
+        return 0;
+    }
+    return check_len(tree, 2 * L * (Py_ssize_t)sizeof(double), "tree");
+}
+
+/* k for a buffer of k items of `size` bytes, or -1 with a ValueError */
+static Py_ssize_t item_count(Py_buffer *b, Py_ssize_t size, const char *name) {
+    if (b->len % size) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of %zd-byte items",
+                     name, b->len, size);
+        return -1;
+    }
+    return b->len / size;
+}
+
+/* ValueError "<name>[j] = <x as Python's repr(float)> is not <what> (valid: finite and >= 0)" */
+static void bad_double(const char *name, Py_ssize_t j, double x, const char *what) {
+    char *text = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (text) {
+        PyErr_Format(PyExc_ValueError, "%s[%zd] = %s is not %s (valid: finite and >= 0)", name, j, text, what);
+        PyMem_Free(text);
+    }
+}
+
+static PyObject *py_sumtree_update(PyObject *self, PyObject *args) {
+    Py_buffer tree, idx, pri;
+    Py_ssize_t L;
+    if (!PyArg_ParseTuple(args, "w*y*y*n", &tree, &idx, &pri, &L))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t k = item_count(&idx, sizeof(int64_t), "indices");
+    if (k >= 0 && check_tree(&tree, L) && check_len(&pri, k * (Py_ssize_t)sizeof(double), "priorities")) {
+        double *t = tree.buf;
+        const int64_t *ix = idx.buf;
+        const double *p = pri.buf;
+        /* all checks before the first write: a rejected call leaves the tree as it was */
+        Py_ssize_t bad_index = -1, bad_priority = -1;
+        for (Py_ssize_t j = 0; j < k && bad_index < 0; j++)
+            if (ix[j] < 0 || ix[j] >= L) bad_index = j;
+        for (Py_ssize_t j = 0; j < k && bad_priority < 0 && bad_index < 0; j++)
+            if (!(isfinite(p[j]) && p[j] >= 0)) bad_priority = j;
+        if (bad_index >= 0) {
+            PyErr_Format(PyExc_ValueError, "indices[%zd] = %lld is outside the tree's %zd leaves (valid: 0 to %zd)",
+                         bad_index, (long long)ix[bad_index], L, L - 1);
+        } else if (bad_priority >= 0) {
+            bad_double("priorities", bad_priority, p[bad_priority], "a priority");
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            /* in order, so a repeated index ends with its last priority; each parent is recomputed
+             * from its children, so the result is the same tree as the reference's */
+            for (Py_ssize_t j = 0; j < k; j++) {
+                Py_ssize_t n = L + (Py_ssize_t)ix[j];
+                t[n] = p[j];
+                for (n >>= 1; n >= 1; n >>= 1)
+                    t[n] = t[2 * n] + t[2 * n + 1];
+            }
+            Py_END_ALLOW_THREADS
+            result = Py_None;
+            Py_INCREF(result);
+        }
+    }
+    PyBuffer_Release(&tree); PyBuffer_Release(&idx); PyBuffer_Release(&pri);
+    return result;
+}
+
+static PyObject *py_sumtree_sample(PyObject *self, PyObject *args) {
+    Py_buffer tree, val, out;
+    Py_ssize_t L;
+    if (!PyArg_ParseTuple(args, "y*y*w*n", &tree, &val, &out, &L))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t B = item_count(&val, sizeof(double), "values");
+    if (B >= 0 && check_tree(&tree, L) && check_len(&out, B * (Py_ssize_t)sizeof(int64_t), "out_indices")) {
+        const double *t = tree.buf, *v = val.buf;
+        int64_t *leaf = out.buf;
+        const double total = t[1];
+        Py_ssize_t bad_value = -1;
+        for (Py_ssize_t b = 0; b < B && bad_value < 0; b++)
+            if (!(isfinite(v[b]) && v[b] >= 0)) bad_value = b;
+        if (!(isfinite(total) && total > 0)) {
+            char *text = PyOS_double_to_string(total, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+            if (text) {
+                PyErr_Format(PyExc_ValueError, "the tree's total priority is %s: nothing to sample "
+                             "(sampling needs a positive, finite total)", text);
+                PyMem_Free(text);
+            }
+        } else if (bad_value >= 0) {
+            bad_double("values", bad_value, v[bad_value], "a prefix sum");
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t b = 0; b < B; b++) {
+                double x = v[b];
+                Py_ssize_t n = 1;
+                while (n < L) {
+                    const double left = t[2 * n];
+                    /* right only when its sum is > 0: round-off never ends in a zero leaf */
+                    if (x >= left && t[2 * n + 1] > 0) {
+                        x -= left;
+                        n = 2 * n + 1;
+                    } else {
+                        n = 2 * n;
+                    }
+                }
+                leaf[b] = (int64_t)(n - L);
+            }
+            Py_END_ALLOW_THREADS
+            result = Py_None;
+            Py_INCREF(result);
+        }
+    }
+    PyBuffer_Release(&tree); PyBuffer_Release(&val); PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"gae", py_gae, METH_VARARGS,
      "gae(rewards, values, next_values, dones, out_advantages, T, N, gamma, lam)"},
     {"vtrace", py_vtrace, METH_VARARGS,
      "vtrace(log_rhos, rewards, values, next_values, dones, out_vs, out_pg, T, N, gamma, rho_bar, c_bar, lam)"},
+    {"sumtree_update", py_sumtree_update, METH_VARARGS,
+     "sumtree_update(tree, indices, priorities, L): float64 tree[2L] in place, int64 indices[k], float64 priorities[k]"},
+    {"sumtree_sample", py_sumtree_sample, METH_VARARGS,
+     "sumtree_sample(tree, values, out_indices, L): float64 tree[2L], float64 values[B], int64 out_indices[B]"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",
-                                    "C kernels for GAE and V-trace (see hpcrl/algos/kernels.py)", -1, methods};
+                                    "C kernels for GAE, V-trace and the sum-tree (see hpcrl/algos/kernels.py)", -1, methods};
 
 PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
