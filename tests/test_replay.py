@@ -1,10 +1,12 @@
-"""The sum-tree: the C kernels against the numpy reference."""
+"""The sum-tree (C kernels against the numpy reference) and the prioritized-replay shard."""
+import h5py
 import numpy as np
 import pytest
 
 from hpcrl import _kernels
 from hpcrl.algos import kernels
 from hpcrl.algos import sumtree
+from hpcrl.algos.replay import PrioritizedReplay
 
 CAPACITIES = [1, 2, 3, 7, 64, 1000, 4097]  # powers of two and not (zero padding leaves past the capacity)
 
@@ -143,3 +145,228 @@ def test_the_dispatch_gives_the_same_results_under_both_backends(monkeypatch):
         rng = np.random.default_rng(7)
     np.testing.assert_array_equal(trees["c"], trees["numpy"])
     np.testing.assert_array_equal(leaves["c"], leaves["numpy"])
+
+
+# --- the replay shard -------------------------------------------------------------------------
+
+FIELDS = {"obs": (np.float32, (4,)), "action": (np.int64, ()), "reward": (np.float32, ())}
+
+
+@pytest.fixture(params=["c", "numpy"])
+def backend(request, monkeypatch):
+    """Run a replay test with the C sum-tree and again with the numpy one."""
+    monkeypatch.setenv("HPCRL_KERNELS", request.param)
+    assert kernels.backend() == request.param
+    return request.param
+
+
+def rows(ids):
+    """Rows that carry their own insertion number, so a test can tell which transition sits where."""
+    ids = np.asarray(ids)
+    return {"obs": np.repeat(ids[:, None], 4, axis=1).astype(np.float32), "action": ids.astype(np.int64),
+            "reward": ids.astype(np.float32)}
+
+
+def frequencies(replay, draws, batch_size=64, seed=0):
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(replay.capacity)
+    for _ in range(draws // batch_size):
+        indices, _, _ = replay.sample(batch_size, beta=0.4, rng=rng)
+        counts += np.bincount(indices, minlength=replay.capacity)
+    return counts / counts.sum()
+
+
+def test_rows_are_drawn_in_proportion_to_their_priorities(backend):
+    raw = np.array([1.0, 4.0, 9.0, 16.0, 0.0, 25.0, 36.0, 49.0])
+    replay = PrioritizedReplay(8, FIELDS, alpha=0.5, eps=0.0)
+    replay.add(rows(range(8)), raw)
+    expected = np.sqrt(raw) / np.sqrt(raw).sum()  # (1, 2, 3, 4, 0, 5, 6, 7) / 28
+    n = 64 * 2000
+    seen = frequencies(replay, n)
+    # six binomial standard deviations of independent draws: stratified draws vary less, so a
+    # correct sampler cannot fail this; uniform sampling (1/8 each) fails it at every row
+    bound = 6 * np.sqrt(expected * (1 - expected) / n)
+    assert (np.abs(seen - expected) <= bound).all(), (seen, expected)
+    assert seen[4] == 0.0
+    assert (np.abs(1 / 8 - expected) > bound).all()
+
+
+def test_zero_priority_rows_and_padding_leaves_are_never_drawn(backend):
+    replay = PrioritizedReplay(5, FIELDS, alpha=1.0, eps=0.0)  # 8 leaves: 3 padding leaves past row 4
+    replay.add(rows(range(5)), np.array([0.0, 3.0, 0.0, 1e-300, 0.0]))
+    seen = frequencies(replay, 64 * 500)
+    assert set(np.flatnonzero(seen)) <= {1, 3} and seen[1] > 0.99  # 1e-300 next to 3: (almost) never
+    replay.update_priorities(np.array([1]), np.array([0.0]))
+    assert set(np.flatnonzero(frequencies(replay, 64 * 50))) == {3}
+
+
+def test_the_ring_keeps_the_newest_rows_and_counts(backend):
+    replay = PrioritizedReplay(5, FIELDS)
+    replay.add(rows([0, 1, 2]), np.array([1.0, 2.0, 3.0]))
+    assert (replay.size, replay.inserted, replay.sampled) == (3, 3, 0)
+    replay.add(rows([3, 4, 5, 6]), np.array([4.0, 5.0, 6.0, 7.0]))  # runs past the end: wraps
+    assert (replay.size, replay.inserted) == (5, 7)
+    np.testing.assert_array_equal(replay.storage["action"], [5, 6, 2, 3, 4])
+    np.testing.assert_array_equal(replay.raw_priorities, [6.0, 7.0, 3.0, 4.0, 5.0])
+    replay.add(rows(range(7, 19)), np.arange(7, 19, dtype=np.float64))  # 12 rows > capacity 5
+    assert (replay.size, replay.inserted) == (5, 19)
+    np.testing.assert_array_equal(replay.storage["action"], [15, 16, 17, 18, 14])  # row = id % capacity
+    np.testing.assert_array_equal(replay.storage["obs"][:, 3], [15, 16, 17, 18, 14])
+    np.testing.assert_array_equal(replay.raw_priorities, [15, 16, 17, 18, 14])
+    replay.add(rows([]), np.array([]))
+    assert replay.inserted == 19
+    rng = np.random.default_rng(0)
+    _, _, data = replay.sample(4, 0.4, rng)
+    replay.sample(3, 0.4, rng)
+    assert replay.sampled == 7
+    assert set(data) == set(FIELDS) and data["obs"].shape == (4, 4) and data["action"].dtype == np.int64
+    data["action"][:] = -1  # the batch is a copy
+    assert (replay.storage["action"] >= 0).all()
+
+
+def test_importance_weights_by_hand(backend):
+    replay = PrioritizedReplay(4, FIELDS, alpha=1.0, eps=0.0)
+    replay.add(rows([0, 1]), np.array([1.0, 3.0]))  # P = (1/4, 3/4), size 2
+    # batch 4 cuts the total 4 into [0,1) [1,2) [2,3) [3,4): row 0 once, then row 1 three times
+    indices, weights, _ = replay.sample(4, beta=1.0, rng=np.random.default_rng(0))
+    np.testing.assert_array_equal(indices, [0, 1, 1, 1])
+    # (2 * 1/4) ** -1 = 2 and (2 * 3/4) ** -1 = 2/3, divided by the largest, 2
+    np.testing.assert_allclose(weights, [1.0, 1 / 3, 1 / 3, 1 / 3], rtol=1e-6)
+    assert weights.dtype == np.float32
+    _, weights, _ = replay.sample(4, beta=0.5, rng=np.random.default_rng(0))
+    np.testing.assert_allclose(weights, [1.0] + 3 * [np.sqrt(1 / 3)], rtol=1e-6)
+    _, weights, _ = replay.sample(4, beta=0.0, rng=np.random.default_rng(0))
+    np.testing.assert_array_equal(weights, np.ones(4))
+
+
+def test_the_largest_weight_of_every_batch_is_one(backend):
+    rng = np.random.default_rng(2)
+    replay = PrioritizedReplay(100, FIELDS)
+    replay.add(rows(range(100)), rng.exponential(size=100))
+    for batch_size in (1, 2, 17, 64):
+        _, weights, _ = replay.sample(batch_size, beta=0.7, rng=rng)
+        assert weights.max() == 1.0 and (weights > 0).all()
+
+
+def test_updated_priorities_change_the_draws_and_new_rows_get_the_max(backend):
+    replay = PrioritizedReplay(8, FIELDS, alpha=1.0, eps=0.0)
+    replay.add(rows(range(4)))  # no priorities yet: the initial max, 1.0
+    np.testing.assert_array_equal(replay.raw_priorities[:4], 1.0)
+    np.testing.assert_allclose(frequencies(replay, 64 * 200), [0.25] * 4 + [0.0] * 4, atol=0.02)
+    replay.update_priorities(np.array([2, 0]), np.array([-9.0, 0.5]))  # |td|
+    np.testing.assert_allclose(frequencies(replay, 64 * 200)[:4], np.array([0.5, 1, 9, 1]) / 11.5, atol=0.02)
+    assert replay.max_priority == 9.0
+    replay.add(rows([4]))
+    assert replay.raw_priorities[4] == 9.0 and replay.tree[8 + 4] == 9.0
+    replay.add(rows([5]), np.array([20.0]))
+    assert replay.max_priority == 20.0
+    replay.update_priorities(np.array([5, 5]), np.array([2.0, 3.0]))  # a repeated row: the last wins
+    assert replay.raw_priorities[5] == 3.0 and replay.max_priority == 20.0  # the max never decreases
+
+
+def test_mean_priority_is_over_raw_priorities_of_held_rows(backend):
+    replay = PrioritizedReplay(4, FIELDS, alpha=0.5, eps=0.1)
+    assert replay.mean_priority() == 0.0
+    replay.add(rows([0, 1, 2]), np.array([1.0, 2.0, 3.0]))
+    assert replay.mean_priority() == pytest.approx(2.0)
+    replay.update_priorities(np.array([0]), np.array([-4.0]))
+    assert replay.mean_priority() == pytest.approx(3.0)
+
+
+def test_bad_arguments_say_what_would_be_valid(backend):
+    with pytest.raises(ValueError, match="capacity must be an integer >= 1, got 0"):
+        PrioritizedReplay(0, FIELDS)
+    with pytest.raises(ValueError, match="alpha must be finite and >= 0"):
+        PrioritizedReplay(4, FIELDS, alpha=-0.5)
+    replay = PrioritizedReplay(4, FIELDS)
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="cannot sample from an empty replay"):
+        replay.sample(2, 0.4, rng)
+    replay.add(rows([0, 1]))
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
+        replay.sample(0, 0.4, rng)
+    with pytest.raises(ValueError, match=r"beta must be in \[0, 1\]"):
+        replay.sample(2, 1.5, rng)
+    with pytest.raises(ValueError, match=r"missing \['reward'\], unexpected \['rewards'\]"):
+        replay.add({"obs": np.zeros((1, 4)), "action": np.zeros(1, np.int64), "rewards": np.zeros(1)})
+    with pytest.raises(ValueError, match=r"field 'obs': expected rows of shape \(4,\)"):
+        replay.add({**rows([2]), "obs": np.zeros((1, 3), np.float32)})
+    with pytest.raises(ValueError, match="field 'action': float64 does not cast to the stored int64"):
+        replay.add({**rows([2]), "action": np.zeros(1)})
+    with pytest.raises(ValueError, match=r"priorities\[0\] = -1.0 is not valid"):
+        replay.add(rows([2]), np.array([-1.0]))
+    with pytest.raises(ValueError, match=r"td_errors\[1\] = nan is not valid \(valid: finite"):
+        replay.update_priorities(np.array([0, 1]), np.array([1.0, np.nan]))
+    with pytest.raises(ValueError, match=r"indices\[0\] = 2 is not valid \(valid: held rows 0 to 1\)"):
+        replay.update_priorities(np.array([2]), np.array([1.0]))
+    assert (replay.size, replay.inserted) == (2, 2)  # rejected calls add nothing
+
+
+def filled_replay(seed=0, capacity=50):
+    rng = np.random.default_rng(seed)
+    replay = PrioritizedReplay(capacity, FIELDS, alpha=0.6, eps=1e-6)
+    for start in range(0, 130, 13):  # wraps twice
+        replay.add(rows(range(start, start + 13)), rng.exponential(size=13) if start % 2 else None)
+        indices, _, _ = replay.sample(8, 0.4, rng)
+        replay.update_priorities(indices, rng.normal(size=8))
+    return replay
+
+
+def assert_same_future(a, b, seed=11):
+    """The same rng draws the same rows with the same weights and data, through adds and updates."""
+    rng_a, rng_b = np.random.default_rng(seed), np.random.default_rng(seed)
+    for step in range(5):
+        (ia, wa, da), (ib, wb, db) = a.sample(16, 0.5, rng_a), b.sample(16, 0.5, rng_b)
+        np.testing.assert_array_equal(ia, ib)
+        np.testing.assert_array_equal(wa, wb)
+        for name in FIELDS:
+            np.testing.assert_array_equal(da[name], db[name])
+        td = np.random.default_rng(step).normal(size=16)
+        a.update_priorities(ia, td)
+        b.update_priorities(ib, td)
+        a.add(rows([1000 + step]))
+        b.add(rows([1000 + step]))
+    np.testing.assert_array_equal(a.tree, b.tree)
+    assert (a.size, a.inserted, a.sampled, a.max_priority) == (b.size, b.inserted, b.sampled, b.max_priority)
+
+
+def test_state_and_restore_give_the_same_future_draws(backend, tmp_path):
+    saved = filled_replay()
+    resumed = PrioritizedReplay(50, FIELDS, alpha=0.6, eps=1e-6)
+    resumed.restore(saved.state())
+    np.testing.assert_array_equal(resumed.tree, saved.tree)
+    assert resumed.mean_priority() == saved.mean_priority()
+    assert_same_future(saved, resumed)
+    with h5py.File(tmp_path / "replay.h5", "w") as f:  # a flat dict of arrays: one HDF5 group
+        for key, value in resumed.state().items():
+            f.create_dataset(f"replay/{key}", data=value)
+    from_file = PrioritizedReplay(50, FIELDS, alpha=0.6, eps=1e-6)
+    with h5py.File(tmp_path / "replay.h5", "r") as f:
+        from_file.restore({key: f["replay"][key][()] for key in f["replay"]})
+    assert_same_future(resumed, from_file)
+
+
+def test_a_partly_filled_replay_round_trips():
+    small = PrioritizedReplay(10, FIELDS)
+    small.add(rows([0, 1, 2]), np.array([0.5, 1.0, 2.0]))
+    copy = PrioritizedReplay(10, FIELDS)
+    copy.restore(small.state())
+    assert (copy.size, copy.inserted) == (3, 3)
+    assert_same_future(small, copy)
+
+
+def test_a_mismatched_restore_names_every_difference_and_changes_nothing():
+    state = filled_replay().state()
+    other = PrioritizedReplay(40, {**FIELDS, "obs": (np.float32, (8,))}, alpha=0.5)
+    other.add(rows([7]) | {"obs": np.zeros((1, 8), np.float32)})
+    before = other.tree.copy()
+    with pytest.raises(ValueError) as error:
+        other.restore(state)
+    message = str(error.value)
+    for part in ("capacity: saved 50, this replay 40", "alpha: saved 0.6, this replay 0.5",
+                 "field 'obs': saved rows float32 (4,), this replay float32 (8,)"):
+        assert part in message
+    np.testing.assert_array_equal(other.tree, before)
+    assert (other.size, other.inserted) == (1, 1)
+    with pytest.raises(ValueError, match=r"keys missing \['data.reward'\]"):
+        PrioritizedReplay(50, FIELDS).restore({k: v for k, v in state.items() if k != "data.reward"})
