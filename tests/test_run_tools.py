@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 
+import h5py
 import imageio.v2 as imageio
 import numpy as np
 import pytest
@@ -52,8 +53,13 @@ def test_inspect_names_a_corrupt_checkpoint_and_the_one_a_resume_would_use(solve
     copy = tmp_path / "copy"
     shutil.copytree(solved_run, copy)
     shutil.copy(copy / "checkpoint.h5", copy / "checkpoint.prev.h5")
-    with open(copy / "checkpoint.h5", "r+b") as fh:  # flip bytes in the middle: data, not the header
-        fh.seek((copy / "checkpoint.h5").stat().st_size // 2)
+    with h5py.File(copy / "checkpoint.h5", "r") as f:  # where the model's largest tensor lies in the file
+        datasets = []
+        f["model"].visititems(lambda name, item: datasets.append(item) if isinstance(item, h5py.Dataset) else None)
+        largest = max(datasets, key=lambda d: d.nbytes)
+        offset = largest.id.get_offset()
+    with open(copy / "checkpoint.h5", "r+b") as fh:  # flip bytes of that data, not of the file's metadata
+        fh.seek(offset)
         fh.write(b"\xff" * 64)
     out = hpcrl("inspect", str(copy)).stdout
     assert "checkpoint   checkpoint.h5" in out and "NOT USABLE:" in out
