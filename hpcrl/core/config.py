@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from hpcrl.core.config_base import ConfigError, check, doc
+from hpcrl.core.config_dqn import DQNConfig, ReplayConfig, validate_dqn
 from hpcrl.core.dataflow import ALGORITHMS
 
 REST = "rest"
@@ -21,13 +23,6 @@ DEVICES = ("cpu", "cuda")
 ENCODERS = ("auto", "mlp", "cnn")
 
 
-class ConfigError(ValueError):
-    """A user mistake in the config; the message says where, what, and what would be valid."""
-
-
-def doc(text: str, **kwargs: Any) -> Any:
-    """A dataclass field with its one-line documentation attached."""
-    return field(metadata={"doc": text}, **kwargs)
 
 
 DEFAULT_RANKS = {"learner": 1, "inference": 0, "env": REST}
@@ -56,7 +51,8 @@ class RoleSpec:
         "algo.batch_frames sets (sync mode with more than two fragments per env rank and version: also two "
         "per other env rank, for the credits of env ranks that have sent their share). Default: the larger of "
         "two per env rank and a batch plus one per env rank (and never below that minimum), so the next batch "
-        "arrives while one trains", default=None)
+        "arrives while one trains; DQN: one per env rank, since records held back for the replay ratio grow "
+        "old", default=None)
 
 
 @dataclass
@@ -151,14 +147,15 @@ class EnvConfig:
 
 @dataclass
 class AlgoConfig:
-    """PPO hyperparameters (clipped objective, GAE, minibatch epochs); async mode is APPO."""
+    """The algorithm: PPO's hyperparameters at the top (async mode is APPO), DQN's in dqn and replay."""
 
     name: str = doc("algorithm, from the registry (hpcrl/core/dataflow.py): 'ppo' (PPO in mode sync, APPO in "
-                    "mode async)", default="ppo")
-    mode: str = doc("'sync' (PPO): every sample in an update comes from the current policy, and env ranks "
-                    "wait for each new version; 'async' (APPO/IMPALA): inference answers with the newest "
-                    "weights it has, env ranks never wait for the learner, and the learner corrects the "
-                    "policy lag with V-trace", default="sync")
+                    "mode async) or 'dqn' (Ape-X DQN, mode async)", default="ppo")
+    mode: Union[str, None] = doc(
+        "'sync' (PPO): every sample in an update comes from the current policy, and env ranks wait for each new "
+        "version; 'async' (APPO/IMPALA, DQN): inference answers with the newest weights it has, env ranks never "
+        "wait for the learner (APPO corrects the policy lag with V-trace). Default: the algorithm's first mode "
+        "(ppo: sync, dqn: async)", default=None)
     max_policy_lag: int = doc("async: a fragment whose oldest step was collected more than this many "
                               "policy versions ago is dropped, not trained on (counted in metrics as "
                               "fragments_dropped)", default=8)
@@ -189,6 +186,8 @@ class AlgoConfig:
     norm_adv: bool = doc("normalise advantages per minibatch", default=True)
     train: bool = doc("false: learners take fragments and count them but do not train (the weights never "
                       "change); measures a layout's sampling throughput (bench/sampling.py)", default=True)
+    dqn: DQNConfig = doc("DQN only: the Q-learning step and exploration", default_factory=DQNConfig)
+    replay: ReplayConfig = doc("DQN only: the prioritized replay shards", default_factory=ReplayConfig)
 
 
 @dataclass
@@ -264,9 +263,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
-def _check(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
+_check = check
 
 
 def validate(cfg: Config) -> None:
@@ -317,8 +314,21 @@ def validate(cfg: Config) -> None:
     _validate_env(e)
     _check(a.name in ALGORITHMS, f"algo.name: expected one of {', '.join(map(repr, ALGORITHMS))}, got {a.name!r}")
     modes = ALGORITHMS[a.name].modes
+    if a.mode is None:
+        a.mode = modes[0]  # resolved, so the run directory's config.yaml says it
     _check(a.mode in modes, f"algo.mode: expected {' or '.join(map(repr, modes))} (the modes of algo.name "
                             f"{a.name}), got {a.mode!r}")
+    if a.name == "dqn":
+        validate_dqn(a.dqn, a.replay)
+        _check(a.rollout_length > a.dqn.n_step,
+               f"algo.rollout_length: a DQN record holds rollout_length x env.num_envs transitions and one env step "
+               f"may complete n_step + 1 of them per env; expected more than algo.dqn.n_step ({a.dqn.n_step}), "
+               f"got {a.rollout_length}")
+        _check(not e.normalize_reward, "env.normalize_reward: not supported with algo.name dqn (replayed "
+                                       "rewards would be scaled by statistics of another time); use false")
+        _check(a.batch_frames is None, "algo.batch_frames: not used by algo.name dqn (its batch is "
+                                       "algo.dqn.batch_size transitions per gradient step); use null")
+        _check(not m.obs_norm, "model.obs_norm: not supported with algo.name dqn yet; use false")
     _check(a.max_policy_lag >= 0, f"algo.max_policy_lag: expected >= 0 policy versions, got {a.max_policy_lag}")
     for key in ("vtrace_rho_bar", "vtrace_c_bar"):
         value = getattr(a, key)

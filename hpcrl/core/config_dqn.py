@@ -1,0 +1,83 @@
+"""The config sections of DQN (algo.dqn) and of its prioritized replay (algo.replay).
+
+Sizes are for all learners together (each learner owns one replay shard and samples its share),
+so a layout with more learners runs the same algorithm: the same batch per gradient step, the
+same replay capacity and warm-up, the same replay ratio.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Union
+
+from hpcrl.core.config_base import check, doc
+
+EPS_SCHEDULES = ("apex", "linear")
+
+
+@dataclass
+class DQNConfig:
+    """Double DQN with a dueling head, n-step returns computed on the actors, Ape-X exploration."""
+
+    n_step: int = doc("steps in each return the actors compute: r_t + g r_t+1 + ... + g^(n-1) r_t+n-1, "
+                      "bootstrapped from step t+n", default=3)
+    batch_size: int = doc("transitions per gradient step, all learners together (each samples batch_size / "
+                          "learners from its own replay shard; Horovod averages the gradients)", default=64)
+    double: bool = doc("double DQN: the online network picks the next action, the target network values it",
+                       default=True)
+    dueling: bool = doc("dueling head: Q = V + A - mean(A) (Wang et al. 2016)", default=True)
+    gradient_steps: int = doc("gradient steps per update, each on its own sample (priorities are written back "
+                              "after each); the weights are published and a metrics row written once per update",
+                              default=16)
+    target_update_interval: int = doc("gradient steps between copies of the online network into the target "
+                                      "network", default=500)
+    eps_schedule: str = doc("exploration: 'apex' (a fixed epsilon per env, eps_i = eps ^ (1 + eps_alpha * i / "
+                            "(N - 1)) over the N envs of every env rank, Horgan et al. 2018) or 'linear' (one "
+                            "epsilon, from eps_start to eps_final over eps_decay_frames; for small runs)",
+                            default="apex")
+    eps: float = doc("apex: the largest epsilon (env 0's)", default=0.4)
+    eps_alpha: float = doc("apex: how fast epsilon falls over the envs", default=7.0)
+    eps_start: float = doc("linear: epsilon at the start", default=1.0)
+    eps_final: float = doc("linear: epsilon after eps_decay_frames", default=0.05)
+    eps_decay_frames: int = doc("linear: frames (all env ranks together) over which epsilon falls",
+                                default=10_000)
+
+
+@dataclass
+class ReplayConfig:
+    """Proportional prioritized replay (Schaul et al. 2016), one shard per learner."""
+
+    capacity: int = doc("transitions held, all shards together (the oldest are overwritten)", default=1_000_000)
+    warmup: int = doc("transitions held, all shards together, before the learners start training",
+                      default=50_000)
+    alpha: float = doc("priority exponent: P(i) ~ p_i ^ alpha (0: uniform replay)", default=0.6)
+    beta: float = doc("importance-sampling exponent at the start, annealed linearly to 1 at run.total_frames",
+                      default=0.4)
+    replay_ratio: Union[float, None] = doc(
+        "transitions sampled per transition inserted; the learners hold back their actors' records (credit "
+        "flow control) while they are behind it. null: learners train as fast as they can and actors never wait "
+        "for them (Ape-X)", default=None)
+
+
+def validate_dqn(d: DQNConfig, r: ReplayConfig) -> None:
+    check(d.n_step >= 1, f"algo.dqn.n_step: expected >= 1, got {d.n_step}")
+    check(d.batch_size >= 1, f"algo.dqn.batch_size: expected >= 1, got {d.batch_size}")
+    check(d.gradient_steps >= 1, f"algo.dqn.gradient_steps: expected >= 1, got {d.gradient_steps}")
+    check(d.target_update_interval >= 1,
+          f"algo.dqn.target_update_interval: expected >= 1 gradient steps, got {d.target_update_interval}")
+    check(d.eps_schedule in EPS_SCHEDULES,
+          f"algo.dqn.eps_schedule: expected one of {', '.join(EPS_SCHEDULES)}, got {d.eps_schedule!r}")
+    for key in ("eps", "eps_start", "eps_final"):
+        value = getattr(d, key)
+        check(0.0 <= value <= 1.0, f"algo.dqn.{key}: expected a number in [0, 1], got {value}")
+    check(d.eps_alpha >= 0 and math.isfinite(d.eps_alpha), f"algo.dqn.eps_alpha: expected >= 0, got {d.eps_alpha}")
+    check(d.eps_decay_frames >= 1, f"algo.dqn.eps_decay_frames: expected >= 1, got {d.eps_decay_frames}")
+    check(r.capacity >= d.batch_size, f"algo.replay.capacity: expected at least algo.dqn.batch_size "
+                                      f"({d.batch_size}) transitions, got {r.capacity}")
+    check(d.batch_size <= r.warmup <= r.capacity,
+          f"algo.replay.warmup: expected between algo.dqn.batch_size ({d.batch_size}) and algo.replay.capacity "
+          f"({r.capacity}) transitions, got {r.warmup}")
+    check(r.alpha >= 0 and math.isfinite(r.alpha), f"algo.replay.alpha: expected >= 0, got {r.alpha}")
+    check(0.0 <= r.beta <= 1.0, f"algo.replay.beta: expected a number in [0, 1], got {r.beta}")
+    check(r.replay_ratio is None or (r.replay_ratio > 0 and math.isfinite(r.replay_ratio)),
+          f"algo.replay.replay_ratio: expected a number > 0 or null, got {r.replay_ratio}")
