@@ -52,11 +52,11 @@ def tight_loop(config: str, seconds: float) -> float:
     runner = PolicyRunner(build_model(spaces, cfg.model), "cpu", seed=0)
     n = cfg.env.num_envs
     actions = np.zeros((n, *spaces.action_shape), dtype=spaces.action_dtype)
-    logp, values = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    out = {"actions": actions, "logp": np.zeros(n, np.float32), "values": np.zeros(n, np.float32)}
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         for _ in range(50):
-            runner.act(obs, actions, logp, values)
+            runner.act(obs, out)
             obs = envs.step(actions)[0]
         steps += 50
     elapsed = time.perf_counter() - start

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpcrl.algos.moments import merge_moments
-from hpcrl.core.config import ConfigError, ModelConfig
+from hpcrl.core.config import Config, ConfigError, ModelConfig
 
 if TYPE_CHECKING:  # not at run time: inference ranks need no gymnasium
     from hpcrl.envs import EnvSpaces
@@ -123,16 +123,42 @@ class ObsNormalizer(nn.Module):
         self.count.copy_(count)
 
 
-class ActorCritic(nn.Module):
-    """An encoder, a policy head (categorical or diagonal Gaussian) and a state-value head."""
+class ObservationInput(nn.Module):
+    """What every policy network does to its observations before its own layers: uint8 frames
+    scaled to [0, 1] (they travel and are stored as bytes), the optional running normaliser, then
+    the network's `trunk`."""
 
     def __init__(self, spaces: EnvSpaces, cfg: ModelConfig):
         super().__init__()
-        self.continuous = spaces.continuous
-        self.action_shape = tuple(spaces.action_shape)
-        # uint8 frames are scaled to [0, 1] here, so they travel and are stored as bytes
         self.obs_scale = 1.0 / 255.0 if spaces.obs_dtype == "uint8" else None
         self.obs_norm = ObsNormalizer(tuple(spaces.obs_shape)) if cfg.obs_norm else None
+
+    def _scaled(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float()
+        return x * self.obs_scale if self.obs_scale is not None else x
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """What the heads read: scaled, normalised, encoded observations."""
+        x = self._scaled(obs)
+        if self.obs_norm is not None:
+            x = self.obs_norm(x)
+        return self.trunk(x)
+
+    def update_obs_norm(self, obs: torch.Tensor, reduce: Callable[[np.ndarray], np.ndarray] = lambda m: m) -> None:
+        """Fold a batch into the observation normaliser (a no-op without model.obs_norm). `reduce`
+        sums the moments over every learner's batch (an allreduce), so all learners merge the same
+        numbers and hold identical stats."""
+        if self.obs_norm is not None:
+            self.obs_norm.merge(reduce(self.obs_norm.moments(self._scaled(obs))))
+
+
+class ActorCritic(ObservationInput):
+    """An encoder, a policy head (categorical or diagonal Gaussian) and a state-value head."""
+
+    def __init__(self, spaces: EnvSpaces, cfg: ModelConfig):
+        super().__init__(spaces, cfg)
+        self.continuous = spaces.continuous
+        self.action_shape = tuple(spaces.action_shape)
         out = int(np.prod(self.action_shape)) if self.continuous else spaces.num_actions
         if encoder_for(spaces, cfg) == "cnn":
             # One trunk for both heads, as in Atari PPO: the features are learned once.
@@ -146,25 +172,6 @@ class ActorCritic(nn.Module):
             self.critic = _mlp([obs_dim, *hidden, 1], act, out_gain=1.0)
         if self.continuous:  # state-independent log-std, init 0 (std 1), as CleanRL ppo_continuous_action
             self.log_std = nn.Parameter(torch.zeros(out))
-
-    # --- inputs ------------------------------------------------------------------------------------
-    def _scaled(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.float()
-        return x * self.obs_scale if self.obs_scale is not None else x
-
-    def features(self, obs: torch.Tensor) -> torch.Tensor:
-        """What both heads read: scaled, normalised, encoded observations."""
-        x = self._scaled(obs)
-        if self.obs_norm is not None:
-            x = self.obs_norm(x)
-        return self.trunk(x)
-
-    def update_obs_norm(self, obs: torch.Tensor, reduce: Callable[[np.ndarray], np.ndarray] = lambda m: m) -> None:
-        """Fold a batch into the observation normaliser (a no-op without model.obs_norm). `reduce`
-        sums the moments over every learner's batch (an allreduce), so all learners merge the same
-        numbers and hold identical stats."""
-        if self.obs_norm is not None:
-            self.obs_norm.merge(reduce(self.obs_norm.moments(self._scaled(obs))))
 
     # --- the policy --------------------------------------------------------------------------------
     def value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -218,6 +225,21 @@ def build_model(spaces: EnvSpaces, cfg: ModelConfig) -> ActorCritic:
     return ActorCritic(spaces, cfg)
 
 
+def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
+    """The network of cfg's algorithm (its declaration's `policy`): an actor-critic, or a Q-network."""
+    from hpcrl.core.dataflow import ALGORITHMS
+    if ALGORITHMS[cfg.algo.name].policy == "q":
+        from hpcrl.models.q import QNetwork
+        return QNetwork(spaces, cfg.model, dueling=cfg.algo.dqn.dueling, env_id=cfg.env.id)
+    return build_model(spaces, cfg.model)
+
+
+def make_runner(model: ObservationInput, device: str, seed: int) -> "Runner":
+    """The runner that answers requests with `model`: PolicyRunner or QRunner."""
+    from hpcrl.models.q import QNetwork, QRunner
+    return (QRunner if isinstance(model, QNetwork) else PolicyRunner)(model, device, seed)
+
+
 # --- the weights message: parameters, then buffers (the normaliser's stats) ---------------------------
 
 def policy_tensors(model: nn.Module) -> list[torch.Tensor]:
@@ -257,10 +279,13 @@ def load_params_from(model: nn.Module, flat: np.ndarray) -> None:
             offset += n
 
 
-class PolicyRunner:
-    """Runs the policy forward on numpy batches: sample actions, log-probs and values."""
+class Runner:
+    """Runs a policy network forward on numpy batches for a policy holder: `act` fills the reply
+    fields named in `outputs` (views into a reply buffer, or a policy server's batch arrays)."""
 
-    def __init__(self, model: ActorCritic, device: str, seed: int):
+    outputs: tuple[str, ...] = ()
+
+    def __init__(self, model: ObservationInput, device: str, seed: int):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.model.eval()
@@ -277,13 +302,18 @@ class PolicyRunner:
         # native dtype: uint8 frames cross to the device as bytes; the model casts to float32
         return torch.as_tensor(obs, device=self.device)
 
+
+class PolicyRunner(Runner):
+    """Actor-critic: sampled actions, their log-probs and the state values."""
+
+    outputs = ("actions", "logp", "values")
+
     @torch.no_grad()
-    def act(self, obs: np.ndarray, actions: np.ndarray, logp: np.ndarray, values: np.ndarray) -> None:
-        """Fill the output arrays (views into a reply or fragment buffer) for a batch of obs."""
+    def act(self, obs: np.ndarray, out: dict[str, np.ndarray]) -> None:
         a, lp, v = self.model.sample(self._tensor(obs), self.generator)
-        actions[...] = a.cpu().numpy()
-        logp[...] = lp.cpu().numpy()
-        values[...] = v.cpu().numpy()
+        out["actions"][...] = a.cpu().numpy()
+        out["logp"][...] = lp.cpu().numpy()
+        out["values"][...] = v.cpu().numpy()
 
     @torch.no_grad()
     def value(self, obs: np.ndarray, out: np.ndarray) -> None:

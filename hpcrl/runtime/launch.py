@@ -36,10 +36,10 @@ def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size
         # role counts must fit this world size, and algo.batch_frames the role counts
         fragments_per_env_rank(cfg, plan_layout(cfg.roles, size))
         spaces = probe_spaces(cfg.env)
-        from hpcrl.models import build_model, num_params  # torch, on rank 0 only
+        from hpcrl.models import build_policy, num_params  # torch, on rank 0 only
         # the policy's size, once: it sizes the weights messages on every rank, and a model that
         # cannot take the observations is a ConfigError now, not on every rank later
-        n_params = num_params(build_model(spaces, cfg.model))
+        n_params = num_params(build_policy(spaces, cfg))
         return {"cfg": cfg, "spaces": spaces, "num_params": n_params, "start": rundir.prepare(cfg, overwrite)}
     except ConfigError as exc:
         return {"error": str(exc)}

@@ -165,8 +165,8 @@ def _plan(args) -> int:
         gpus = None if args.gpus_per_node is None else np.full(args.world_size, args.gpus_per_node)
         layout = plan_layout(cfg.roles, args.world_size, nodes, gpus)
         spaces = probe_spaces(cfg.env)
-        from hpcrl.models import build_model, num_params  # torch: only to count the policy's parameters
-        n_params = num_params(build_model(spaces, cfg.model))  # ConfigError: model.encoder unfit for the obs
+        from hpcrl.models import build_policy, num_params  # torch: only to count the policy's parameters
+        n_params = num_params(build_policy(spaces, cfg))  # ConfigError: model.encoder unfit for the obs
         mem = memory(cfg, layout, spaces, n_params)  # ConfigError: sample slots that cannot hold a batch
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")

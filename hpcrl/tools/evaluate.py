@@ -15,8 +15,9 @@ import torch
 
 from hpcrl.io.checkpoint import load_latest
 from hpcrl.core.config import Config, ConfigError, parse_config
-from hpcrl.envs import GAME_OVER, RAW_REWARD, EnvSpaces, make_vector_env, probe_spaces
+from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env, probe_spaces
 from hpcrl.io.rundir import CHECKPOINT_FILE
+from hpcrl.models import build_policy
 from hpcrl.tools.inspect import RunDirError, open_run_dir
 
 
@@ -38,11 +39,6 @@ class EvalResult:
         return {"episodes": len(r), "return_mean": float(r.mean()), "return_std": float(r.std()),
                 "return_min": float(r.min()), "return_max": float(r.max()),
                 "length_mean": float(np.mean(self.lengths)), **dataclasses.asdict(self)}
-
-
-def build_policy(spaces: EnvSpaces, cfg: Config):
-    from hpcrl.models import build_model
-    return build_model(spaces, cfg.model)
 
 
 def load_run(run_dir: str) -> tuple[Config, dict, str, list[str]]:
@@ -67,7 +63,7 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
     env_cfg = dataclasses.replace(cfg.env, num_envs=1,
                                   kwargs={**cfg.env.kwargs, **({"render_mode": "rgb_array"} if video else {})})
     spaces = probe_spaces(cfg.env)
-    model = build_policy(spaces, cfg)
+    model = build_policy(spaces, cfg)  # the run's network: an actor-critic, or a Q-network
     model.load_state_dict(checkpoint["model"])
     model.eval()
     counters = checkpoint["counters"]

@@ -1,4 +1,5 @@
-"""Inference rank (policy server) and inline inference: both run `PolicyRunner` on fresh weights.
+"""Inference rank (policy server) and inline inference: both run the algorithm's runner (models:
+PolicyRunner for PPO, models.q:QRunner for DQN) on fresh weights and fill the reply fields it names.
 
 Sync mode: a request names the policy version it must be answered with. An inference rank holds
 requests for a version it does not have yet, and serves them in one batched forward pass once
@@ -17,14 +18,14 @@ from hpcrl.runtime.comm import RequestServer
 from hpcrl.core.messages import STOP, Message
 from hpcrl.runtime.params import END
 from hpcrl.core.seeds import seed_for
-from hpcrl.models import PolicyRunner
+from hpcrl.models import Runner
 
 
 class InlinePolicy:
     """The policy inside an env rank (`inference: {ranks: 0}`, and serial mode): same calls as
     RemotePolicy, answered in-process once this rank holds the requested version."""
 
-    def __init__(self, runner: PolicyRunner, weights, request: Message, reply: Message, sync: bool = True,
+    def __init__(self, runner: Runner, weights, request: Message, reply: Message, sync: bool = True,
                  control=None):
         """`control`: the rank's control stream (None: only the weights' END stops it, as in tests
         that drive an actor alone)."""
@@ -91,14 +92,14 @@ class InlinePolicy:
             self.weights.rearm()
 
 
-def build_runner(cfg, spaces, device: str, purpose: str, index: int) -> PolicyRunner:
+def build_runner(cfg, spaces, device: str, purpose: str, index: int) -> Runner:
     """The policy of an inference rank (or an env rank's inline one); `index`: the rank's index in its role."""
     import torch
 
-    from hpcrl.models import build_model
+    from hpcrl.models import build_policy, make_runner
     torch.manual_seed(cfg.run.seed)  # initial weights; the learner root's first version replaces them
     # action sampling: its own stream per rank, repeatable per run seed
-    return PolicyRunner(build_model(spaces, cfg.model), device, seed=seed_for(cfg.run.seed, purpose, index))
+    return make_runner(build_policy(spaces, cfg), device, seed=seed_for(cfg.run.seed, purpose, index))
 
 
 def can_answer(have: int, wanted: int, sync: bool) -> bool:
@@ -106,13 +107,13 @@ def can_answer(have: int, wanted: int, sync: bool) -> bool:
     return have == wanted or (not sync and have > wanted)
 
 
-def answer(runner: PolicyRunner, request: Message, reply: Message) -> None:
+def answer(runner: Runner, request: Message, reply: Message) -> None:
     """Fill one reply for one request (no batching across env ranks)."""
-    runner.act(request["obs"], reply["actions"], reply["logp"], reply["values"])
+    runner.act(request["obs"], {name: reply[name] for name in runner.outputs})
     finish_reply(runner, request, reply)
 
 
-def finish_reply(runner: PolicyRunner, request: Message, reply: Message) -> None:
+def finish_reply(runner: Runner, request: Message, reply: Message) -> None:
     """After the actions: values of the request's final observations, and the policy version."""
     n_final = request.get("n_final")
     runner.value(request["final_obs"][:n_final], reply["final_values"][:n_final])
@@ -124,7 +125,7 @@ class InferenceRole:
 
     name = "inference"
 
-    def __init__(self, rank: int, runner: PolicyRunner, weights, server: RequestServer, control, sync: bool = True):
+    def __init__(self, rank: int, runner: Runner, weights, server: RequestServer, control, sync: bool = True):
         self.rank = rank
         self.sync = sync
         self.runner, self.weights, self.server = runner, weights, server
@@ -137,10 +138,9 @@ class InferenceRole:
         first = server.requests[0]
         rows = len(server.requests) * first["obs"].shape[0]
         self.batch_obs = np.zeros((rows, *first["obs"].shape[1:]), dtype=first["obs"].dtype)
-        reply = server.replies[0]
-        self.batch_actions = np.zeros((rows, *reply["actions"].shape[1:]), dtype=reply["actions"].dtype)
-        self.batch_logp = np.zeros(rows, dtype=np.float32)
-        self.batch_values = np.zeros(rows, dtype=np.float32)
+        reply = server.replies[0]  # the runner's outputs for every request at once, then split per reply
+        self.batch_out = {name: np.zeros((rows, *reply[name].shape[1:]), dtype=reply[name].dtype)
+                          for name in runner.outputs}
 
     @classmethod
     def build(cls, w) -> "InferenceRole":
@@ -196,13 +196,11 @@ class InferenceRole:
             self.batch_obs[start:start + len(obs)] = obs
             spans.append((i, start, start + len(obs)))
             start += len(obs)
-        self.runner.act(self.batch_obs[:start], self.batch_actions[:start], self.batch_logp[:start],
-                        self.batch_values[:start])
+        self.runner.act(self.batch_obs[:start], {name: out[:start] for name, out in self.batch_out.items()})
         for i, a, b in spans:
             reply = self.server.reply_buffer(i)
-            reply["actions"][...] = self.batch_actions[a:b]
-            reply["logp"][...] = self.batch_logp[a:b]
-            reply["values"][...] = self.batch_values[a:b]
+            for name, out in self.batch_out.items():
+                reply[name][...] = out[a:b]
             finish_reply(self.runner, requests[i], reply)
             self.server.reply(i)
             self.server.rearm(i)
