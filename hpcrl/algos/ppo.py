@@ -105,6 +105,7 @@ class PPOStep:
     communication; it passes the hooks that average gradients and sum moments over trainers."""
 
     metric_keys = LOSS_KEYS
+    progress = "pg {loss_policy:+.3f} v {loss_value:.3f} ent {entropy:.3f} kl {approx_kl:.4f}"  # the progress line's
 
     def __init__(self, cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
                  rng: np.random.Generator, obs_dtype: str, action_dtype: str):

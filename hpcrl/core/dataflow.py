@@ -1,11 +1,11 @@
 """An algorithm's dataflow, declared as data: the workers it needs, the streams that join them,
 the record layout its samples travel in, and where its trainer step and batch source live.
 
-The wiring (`hpcrl.runtime.launch.build_workers`) reads the declaration and builds exactly the
+The wiring (`hpcrl.runtime.wiring.build_workers`) reads the declaration and builds exactly the
 streams it names; the layout (ranks per role, per node, devices) comes from the config alone and
-never changes an algorithm. PPO and APPO are one algorithm in two modes; Ape-X DQN and MAPPO are
-meant to be further entries here (a replay worker, transition records, an agent axis), not new
-wiring. Pure: numpy and the message layouts only (every rank and `hpcrl plan` read this).
+never changes an algorithm. PPO and APPO are one algorithm in two modes; Ape-X DQN is another entry
+(transition records, a replay batch source, its own actor and step) on the same streams, and
+MAPPO is meant to be one more (an agent axis), not new wiring. Pure: numpy and the message layouts only (every rank and `hpcrl plan` read this).
 Trainer steps and batch sources are named by import path, so actors never import torch.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from hpcrl.core.messages import MessageSpec, fragment_spec, reply_spec, request_spec
+from hpcrl.core.messages import (MessageSpec, fragment_spec, q_reply_spec, reply_spec, request_spec,
+                                 transition_spec)
 
 # The four stream kinds (runtime/): each has its own duplicated communicator.
 INFERENCE = "inference"  # request/reply slots between actors and a batching policy server
@@ -37,14 +38,20 @@ class Stream:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """What an algorithm needs from the runtime. `record(cfg, spaces)` gives the sample-stream
-    record layout; `batch_source` and `step` are 'module:Name' import paths, loaded on trainers."""
+    """What an algorithm needs from the runtime. `workers`: its YAML roles and the worker class of
+    each ('module:Class', imported only on ranks that play the role: actors with remote inference
+    never import torch, only the trainer imports horovod). `record(cfg, spaces)`: the sample
+    stream's record layout; `reply(cfg, spaces, num_envs)`: the inference stream's reply layout.
+    `policy`: the network policy holders and trainers build ('actor_critic' or 'q', see
+    hpcrl.models.build_policy). `batch_source` and `step`: 'module:Name' paths, loaded on trainers."""
 
     name: str
     modes: tuple[str, ...]
-    workers: tuple[str, ...]
+    workers: dict[str, str]
     streams: tuple[Stream, ...]
     record: Callable[..., MessageSpec]
+    reply: Callable[..., MessageSpec]
+    policy: str
     batch_source: str
     step: str
     doc: str
@@ -57,13 +64,16 @@ class Algorithm:
         module, name = getattr(self, what).split(":")
         return getattr(importlib.import_module(module), name)
 
+    def worker_class(self, role: str) -> type:
+        module, name = self.workers[role].split(":")
+        return getattr(importlib.import_module(module), name)
+
 
 def inference_messages(cfg, spaces, groups: int) -> tuple[MessageSpec, MessageSpec]:
     """The inference stream's request and reply layouts: one channel per env group, so each
-    carries num_envs / groups envs (core/messages.py)."""
+    carries num_envs / groups envs (core/messages.py); the reply is the algorithm's."""
     n = cfg.env.num_envs // groups
-    return (request_spec(n, spaces.obs_shape, spaces.obs_dtype),
-            reply_spec(n, spaces.action_shape, spaces.action_dtype))
+    return request_spec(n, spaces.obs_shape, spaces.obs_dtype), ALGORITHMS[cfg.algo.name].reply(cfg, spaces, n)
 
 
 def fragment_record(cfg, spaces) -> MessageSpec:
@@ -72,24 +82,62 @@ def fragment_record(cfg, spaces) -> MessageSpec:
                          spaces.action_shape, spaces.action_dtype)
 
 
+def policy_reply(cfg, spaces, n: int) -> MessageSpec:
+    """PPO/APPO's reply: sampled actions, their log-probabilities and the state values."""
+    return reply_spec(n, spaces.action_shape, spaces.action_dtype)
+
+
+def transition_record(cfg, spaces) -> MessageSpec:
+    """DQN's record: rollout_length x num_envs n-step transitions (one per env step on average)."""
+    return transition_spec(cfg.algo.rollout_length * cfg.env.num_envs, spaces.obs_shape, spaces.obs_dtype,
+                           spaces.action_shape, spaces.action_dtype)
+
+
+def q_reply(cfg, spaces, n: int) -> MessageSpec:
+    """DQN's reply: every action's Q-value (the actor explores and computes priorities)."""
+    return q_reply_spec(n, spaces.num_actions)
+
+
+# The roles' worker classes that PPO and DQN share.
+LEARNER = "hpcrl.workers.trainer:LearnerRole"
+POLICY_SERVER = "hpcrl.workers.policy_server:InferenceRole"
+# The streams of an actor -> policy server -> trainer dataflow (PPO and DQN alike).
+ACTOR_LEARNER_STREAMS = (
+    # actors ask a policy server (or, with inference ranks: 0, their inline policy) for actions
+    Stream(INFERENCE, source="env", sink="inference"),
+    # actors ship their records to their trainer; it grants credits
+    Stream(SAMPLE, source="env", sink="learner", record="record"),
+    # the trainer root publishes each policy version to the policy holders
+    Stream(PARAMETER, source="learner", sink="inference"),
+    # the trainer root (the controller) stops every rank
+    Stream(CONTROL, source="learner", sink="*"),
+)
+
 PPO = Algorithm(
     name="ppo",
     modes=("sync", "async"),
-    workers=("learner", "inference", "env"),
-    streams=(
-        # actors ask a policy server (or, with inference ranks: 0, their inline policy) for actions
-        Stream(INFERENCE, source="env", sink="inference"),
-        # actors ship fragments to their trainer; it grants credits
-        Stream(SAMPLE, source="env", sink="learner", record="fragment"),
-        # the trainer root publishes each policy version to the policy holders
-        Stream(PARAMETER, source="learner", sink="inference"),
-        # the trainer root (the controller) stops every rank
-        Stream(CONTROL, source="learner", sink="*"),
-    ),
+    workers={"learner": LEARNER, "inference": POLICY_SERVER, "env": "hpcrl.workers.actor:EnvRole"},
+    streams=ACTOR_LEARNER_STREAMS,
     record=fragment_record,
+    reply=policy_reply,
+    policy="actor_critic",
     batch_source="hpcrl.workers.batch_source:FragmentQueue",
     step="hpcrl.algos.ppo:PPOStep",
     doc="PPO (mode sync: GAE, on-policy batches) and APPO (mode async: V-trace, the newest weights)",
 )
 
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (PPO,)}
+DQN = Algorithm(
+    name="dqn",
+    modes=("async",),
+    workers={"learner": LEARNER, "inference": POLICY_SERVER, "env": "hpcrl.workers.q_actor:TransitionActor"},
+    streams=ACTOR_LEARNER_STREAMS,
+    record=transition_record,
+    reply=q_reply,
+    policy="q",
+    batch_source="hpcrl.workers.replay_source:ReplaySource",
+    step="hpcrl.algos.dqn:DQNStep",
+    doc="Ape-X DQN: double DQN with a dueling head, n-step transitions from the actors with their initial "
+        "priorities, a prioritized replay shard in every learner",
+)
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (PPO, DQN)}

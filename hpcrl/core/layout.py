@@ -264,11 +264,30 @@ def _nearest(value: int, step: int) -> str:
     return f"nearest: {low:,} or {low + step:,}" if low else f"smallest: {step:,}"
 
 
+def replay_shard(cfg: Config, layout: Layout) -> tuple[int, int, int]:
+    """DQN: (capacity, warm-up, batch per gradient step) of one learner's replay shard, the
+    config's totals over the learners; a ConfigError when algo.dqn.batch_size is not the same
+    whole number for every learner."""
+    d, r, L = cfg.algo.dqn, cfg.algo.replay, len(layout.learners)
+    if d.batch_size % L:
+        low = d.batch_size // L * L
+        raise ConfigError(f"algo.dqn.batch_size: {d.batch_size} transitions per gradient step are not the same "
+                          f"number for each of the {_count(L, 'learner')}; use a multiple of {L} "
+                          f"({_nearest(d.batch_size, L)})" if low else
+                          f"algo.dqn.batch_size: {d.batch_size} transitions per gradient step cannot be shared by "
+                          f"{_count(L, 'learner')}; use at least {L} (a multiple of {L})")
+    return -(-r.capacity // L), -(-r.warmup // L), d.batch_size // L
+
+
 def fragments_per_env_rank(cfg: Config, layout: Layout) -> int:
     """Sync mode: fragments every env rank collects with one policy version, algo.batch_frames /
     (env ranks x frames per fragment); 1 when batch_frames is null, and in async mode (env ranks
-    never wait for a version there). A ConfigError when batch_frames does not fit the layout."""
+    never wait for a version there). A ConfigError when batch_frames (or DQN's batch_size) does
+    not fit the layout."""
     a, E = cfg.algo, len(layout.envs)
+    if a.name == "dqn":
+        replay_shard(cfg, layout)
+        return 1
     F = a.rollout_length * cfg.env.num_envs
     if a.batch_frames is None:
         return 1
@@ -332,6 +351,10 @@ def sample_slots(cfg: Config, layout: Layout, fan_in: int) -> int:
     k = fragments_per_env_rank(cfg, layout)
     minimum = batch + (FRAGMENT_BUFFERS * (fan_in - 1) if cfg.algo.mode == "sync" and k > FRAGMENT_BUFFERS else 0)
     slots = cfg.roles.learner.sample_slots
+    if slots is None and cfg.algo.name == "dqn":
+        # a replay takes records in as they come, unless it holds them back to keep its replay
+        # ratio: then every slot more is a record that waits and grows older (policy lag)
+        return fan_in
     if slots is None:
         return max(2 * fan_in, batch + fan_in, minimum)
     if slots >= minimum:

@@ -113,6 +113,39 @@ def reply_spec(num_envs: int, action_shape: tuple, action_dtype) -> MessageSpec:
                 ("final_values", np.float32, (num_envs,))])
 
 
+def q_reply_spec(num_envs: int, num_actions: int) -> MessageSpec:
+    """inference -> env (DQN): the Q-value of every action per env. The actor picks its actions
+    (epsilon-greedy, per env) and computes its transitions' initial priorities from them, so it
+    needs no torch. `final_values` (the max Q of final observations) keeps the request's layout;
+    DQN actors send none (n_final 0)."""
+    return MessageSpec(
+        header=("policy_id", "version", "flags"),
+        fields=[("q", np.float32, (num_envs, num_actions)),
+                ("final_values", np.float32, (num_envs,))])
+
+
+REPLAY_FIELDS = ("obs", "actions", "returns", "discounts", "next_obs")  # what a replay keeps of a transition
+
+
+def transition_spec(rows: int, obs_shape: tuple, obs_dtype, action_shape: tuple, action_dtype) -> MessageSpec:
+    """env -> learner (DQN): `rows` n-step transitions, of which the first `count` are filled:
+    s_t, a_t, the discounted n-step return G, the discount of its bootstrap (gamma^k, 0 after a
+    terminal step), s_t+k, and the actor's initial priority |G + discount max_a Q(s_t+k, a) -
+    Q(s_t, a_t)|. The header words after `flags` are those of a fragment (timings; `frames`: env
+    steps since the last record), so trainers count both alike."""
+    k = rows
+    return MessageSpec(
+        header=("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
+                "credit_wait_us", "count"),
+        fields=[("obs", obs_dtype, (k, *obs_shape)),
+                ("actions", action_dtype, (k, *action_shape)),
+                ("returns", np.float32, (k,)),
+                ("discounts", np.float32, (k,)),
+                ("next_obs", obs_dtype, (k, *obs_shape)),
+                ("priorities", np.float32, (k,)),
+                ("episode_stats", np.float64, (len(EPISODE_STATS),))])
+
+
 def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                   action_shape: tuple, action_dtype) -> MessageSpec:
     """env -> learner: T steps x N envs of experience plus what GAE needs to bootstrap.

@@ -18,9 +18,12 @@ FRAMES_CODE, TARGET_CODE, PREEMPTED_CODE, OUTPUT_FAILED_CODE = 1, 2, 3, 4
 
 class RunFiles:
     def __init__(self, run_dir: str, config_text: str, log_interval_s: float, checkpoint_interval_s: float,
-                 start_frames: int = 0, resume: bool = False, tensorboard: bool = False):
+                 start_frames: int = 0, resume: bool = False, tensorboard: bool = False,
+                 progress: str = "loss {loss:.3f}"):
         """`start_frames`: the frames the run starts from (a resume's); `resume`: continue
-        metrics.h5 (already cut back to the checkpoint by rundir.prepare)."""
+        metrics.h5 (already cut back to the checkpoint by rundir.prepare). `progress`: the
+        algorithm's part of the progress line, a format string over the row (its step's `progress`)."""
+        self.progress = progress
         self.run_dir = run_dir
         self.config_text = config_text
         self.log_interval_s, self.checkpoint_interval_s = log_interval_s, checkpoint_interval_s
@@ -45,8 +48,7 @@ class RunFiles:
         if code or now - self._last_log >= self.log_interval_s:
             fps = (row["frames"] - self._last_log_frames) / max(now - self._last_log, 1e-9)
             print(f"[hpcrl] frames {row['frames']:>10,} | {fps:8,.0f} fps | return {row['return_window_mean']:7.1f}"
-                  f" | version {row['policy_version']:5d} | pg {row['loss_policy']:+.3f} v {row['loss_value']:.3f}"
-                  f" ent {row['entropy']:.3f} kl {row['approx_kl']:.4f}", flush=True)
+                  f" | version {row['policy_version']:5d} | {self.progress.format(**row)}", flush=True)
             self._last_log, self._last_log_frames = now, row["frames"]
         if code or now - self._last_ckpt >= self.checkpoint_interval_s:
             try:

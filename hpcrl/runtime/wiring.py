@@ -1,5 +1,5 @@
 """The whole topology, wired in one place: the streams an algorithm declares (core/dataflow.py),
-then this rank's workers, each built by its class from the registry (`WORKERS`).
+then this rank's workers, each built by the class the algorithm names for its role.
 
 A worker only knows its stream endpoints, never who is on the other side; the layout (which
 ranks, how many, on which node and device) comes from the config through `plan_layout`, so the
@@ -9,7 +9,6 @@ whatever its roles.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,20 +21,6 @@ from hpcrl.runtime import comm
 from hpcrl.runtime.control import ControlStream
 from hpcrl.runtime.params import ParameterPublisher, build_parameter_stream
 from hpcrl.runtime.streams import SampleReceiver, SampleSender
-
-# YAML role name -> its worker class ('module:Class'), imported only on ranks that play the role:
-# actors with remote inference never import torch, and only the trainer imports horovod.
-WORKERS = {
-    "learner": "hpcrl.workers.trainer:LearnerRole",
-    "inference": "hpcrl.workers.policy_server:InferenceRole",
-    "env": "hpcrl.workers.actor:EnvRole",
-}
-
-
-def worker_class(role: str) -> type:
-    module, name = WORKERS[role].split(":")
-    return getattr(importlib.import_module(module), name)
-
 
 @dataclass
 class InferenceStream:
@@ -115,7 +100,7 @@ def build_workers(cfg: Config, spaces, n_params: int, layout: Layout, rank: int,
     if any(role != "env" or layout.inline_inference for role in layout.roles_of(rank)):
         import torch  # only ranks that hold a policy; remote-inference actors never import torch
         torch.set_num_threads(cfg.run.torch_threads)
-    workers = [worker_class(role).build(w) for role in layout.roles_of(rank)]
+    workers = [algorithm.worker_class(role).build(w) for role in layout.roles_of(rank)]
     if layout.serial:
         _link_serial(cfg, workers)
     return workers

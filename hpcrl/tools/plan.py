@@ -13,8 +13,8 @@ import numpy as np
 from hpcrl.core.config import DEFAULT_MAX_ENV_RANKS, Config
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.layout import (FRAGMENT_BUFFERS, INLINE, Layout, batch_fragments, env_groups, fragments_per_env_rank,
-                               sample_slots, update_frames)
-from hpcrl.core.messages import weights_spec
+                               replay_shard, sample_slots, update_frames)
+from hpcrl.core.messages import REPLAY_FIELDS, MessageSpec, weights_spec
 from hpcrl.envs import EnvSpaces
 
 MODEL_COPIES = {"learner": 5, "inference": 2, "env": 2}  # params x: weights, grads, Adam's two moments, message
@@ -47,10 +47,24 @@ def memory(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int) -> M
     env = G * (req + rep) + FRAGMENT_BUFFERS * frag + (MODEL_COPIES["env"] * model + weights if inline else 0)
     # inference: a request and a reply buffer per (env rank, group), the batch arrays, the policy
     inference = inference_fan * G * (2 * req + 2 * rep) + MODEL_COPIES["inference"] * model + weights
-    # learner: the sample slots, the batch assembled from them (a copy of its fragments), the model
-    learner = ((sample_slots(cfg, layout, learner_fan) + batch_fragments(cfg, layout, learner_fan)) * frag
-               + MODEL_COPIES["learner"] * model + weights) if learner_fan else 0
+    # learner: the sample slots, the batch assembled from them (a copy of its fragments), the model;
+    # DQN: the replay shard and its sum-tree instead of the batch, and a target network
+    if cfg.algo.name == "dqn":
+        data = replay_bytes(cfg, layout, ALGORITHMS["dqn"].record(cfg, spaces)) + model
+    else:
+        data = batch_fragments(cfg, layout, learner_fan) * frag
+    learner = (sample_slots(cfg, layout, learner_fan) * frag + data + MODEL_COPIES["learner"] * model
+               + weights) if learner_fan else 0
     return Memory(env=env, inference=inference if inference_fan else 0, learner=learner)
+
+
+def replay_bytes(cfg: Config, layout: Layout, record: MessageSpec) -> int:
+    """One DQN learner's replay shard: its transitions, their raw priorities, the sum-tree (float64
+    over the next power of two of leaves) and a sampled batch."""
+    capacity, _, batch = replay_shard(cfg, layout)
+    row = sum(record.field(name).nbytes // record.field(name).shape[0] for name in REPLAY_FIELDS)
+    leaves = 1 << max(capacity - 1, 0).bit_length()
+    return capacity * (row + 8) + 2 * leaves * 8 + batch * row
 
 
 @dataclass
@@ -71,14 +85,21 @@ def traffic(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int, ste
     G = env_groups(cfg, layout)
     req, rep = inference_messages(cfg, spaces, G)
     frag = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
-    # per group and step one request (G per env step), plus one per rollout for bootstrap values
-    requests_per_s = G * steps_per_second * (T + 1) / T
+    # per group and step one request (G per env step), plus one per rollout for bootstrap values (PPO)
+    dqn = cfg.algo.name == "dqn"
+    requests_per_s = G * steps_per_second * (1 if dqn else (T + 1) / T)
     fragments_per_s = steps_per_second / T
     remote = not layout.inline_inference
     inf_fan = int(layout.fan_in("inference").max()) if remote else 0
     learner_fan = int(layout.fan_in("learner").max())
-    # one update per batch_frames frames (a fragment per env rank by default), if training keeps up
-    updates_per_s = fragments_per_s * len(layout.envs) * T * N / update_frames(cfg, layout)
+    frames_per_s = fragments_per_s * len(layout.envs) * T * N
+    if dqn:  # replay_ratio samples per frame, in updates of gradient_steps x batch_size (null: as fast as they can)
+        d = cfg.algo.dqn
+        updates_per_s = frames_per_s * (cfg.algo.replay.replay_ratio or 0.0) / (d.gradient_steps * d.batch_size)
+        steps_per_update = d.gradient_steps
+    else:  # one update per batch_frames frames (a fragment per env rank by default), if training keeps up
+        updates_per_s = frames_per_s / update_frames(cfg, layout)
+        steps_per_update = cfg.algo.epochs * cfg.algo.num_minibatches
     return Traffic(
         env_requests=requests_per_s * req.offsets["final_obs"] if remote else 0.0,
         env_fragments=fragments_per_s * frag.nbytes,
@@ -86,7 +107,7 @@ def traffic(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int, ste
         learner_fragments_in=learner_fan * fragments_per_s * frag.nbytes,
         weights_per_update=4 * num_params,
         updates_per_second=updates_per_s,
-        allreduce_per_second=(updates_per_s * cfg.algo.epochs * cfg.algo.num_minibatches * 4 * num_params
+        allreduce_per_second=(updates_per_s * steps_per_update * 4 * num_params
                               if len(layout.learners) > 1 else 0.0))
 
 
@@ -99,7 +120,8 @@ def warnings(cfg: Config, layout: Layout, mem: Memory | None = None,
         if mem.of(role) > memory_per_rank:
             out.append(f"each {role} rank needs about {_bytes(mem.of(role))} for its buffers, batch and model, more "
                        f"than the {_bytes(memory_per_rank)} per rank assumed (--memory-per-rank-gib): "
-                       + (("add learners or lower roles.learner.sample_slots, env.num_envs or algo.rollout_length"
+                       + (("add learners or lower algo.replay.capacity" if cfg.algo.name == "dqn" else
+                           "add learners or lower roles.learner.sample_slots, env.num_envs or algo.rollout_length"
                            if cfg.algo.batch_frames is None else
                            "add learners or lower roles.learner.sample_slots or algo.batch_frames")
                           if role == "learner" else "add inference ranks" if role == "inference"
@@ -156,7 +178,15 @@ def _rate(x: float) -> str:
 
 
 def _batch_line(cfg: Config, layout: Layout) -> str:
-    """The batch of one update: frames over all learners, fragments per env rank and per learner."""
+    """The batch of one update: frames over all learners, fragments per env rank and per learner
+    (DQN: transitions per gradient step, and the replay shards)."""
+    if cfg.algo.name == "dqn":
+        d, r = cfg.algo.dqn, cfg.algo.replay
+        capacity, warmup, batch = replay_shard(cfg, layout)
+        ratio = f"replay ratio {r.replay_ratio:g}" if r.replay_ratio else "no replay ratio (as fast as they can)"
+        return (f"batch: {d.batch_size:,} transitions per gradient step ({batch:,} per learner), {d.gradient_steps} "
+                f"gradient steps per update, {ratio}; replay shard per learner: {capacity:,} transitions, warm-up "
+                f"{warmup:,}")
     fan = layout.fan_in("learner")
     low, high = batch_fragments(cfg, layout, int(fan.min())), batch_fragments(cfg, layout, int(fan.max()))
     per_learner = f"{low}-{high}" if low != high else str(low)

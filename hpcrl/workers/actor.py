@@ -223,15 +223,18 @@ class EnvRole:
         group.truncated_envs = np.flatnonzero(truncated & ~terminated)
         if len(group.truncated_envs):
             group.request["final_obs"][:len(group.truncated_envs)] = np.stack(info["final_obs"][group.truncated_envs])
-        # Metrics: raw rewards over whole episodes (an Atari game of several lives), when training
-        # sees clipped or normalised rewards and life losses as ends (hpcrl/vector_envs.py)
+        self._tally(group, rewards, done, info)
+        group.t += 1
+        group.submit(self.version)  # at once: its round trip overlaps the other groups' steps
+
+    def _tally(self, group: EnvGroup, rewards: np.ndarray, done: np.ndarray, info: dict) -> None:
+        """Metrics: raw rewards over whole episodes (an Atari game of several lives), when training
+        sees clipped or normalised rewards and life losses as ends (hpcrl/envs/)."""
         group.ep_return += info.get(RAW_REWARD, rewards)
         group.ep_length += 1
         ended = info.get(GAME_OVER, done)
         if ended.any():
             self._count_episodes(group, np.flatnonzero(ended))
-        group.t += 1
-        group.submit(self.version)  # at once: its round trip overlaps the other groups' steps
 
     def _count_episodes(self, group: EnvGroup, ended: np.ndarray) -> None:
         stats, returns = self.fragment["episode_stats"], group.ep_return[ended]

@@ -50,9 +50,9 @@ class FragmentQueue:
         return cls(stream, actors, sync=cfg.algo.mode == "sync", max_policy_lag=cfg.algo.max_policy_lag,
                    batch_fragments=batch_fragments(cfg, layout, len(actors)))
 
-    def poll(self, version: int) -> tuple[int, list[Message] | None]:
+    def poll(self, version: int, frames: int = 0) -> tuple[int, list[Message] | None]:
         """(fragments that arrived, the next batch or None). A batch's slots stay taken until
-        `release_batch`."""
+        `release_batch`. (`frames`, the run's so far, is for sources that anneal on it.)"""
         ready = self.stream.ready()
         if not self.sync and version != self._checked_version:  # once per version, not per poll
             self._drop_stale(version)
@@ -70,6 +70,10 @@ class FragmentQueue:
                 return len(ready), None
             self.batch = [self.queue.popleft() for _ in range(self.batch_fragments)]
         return len(ready), [self.stream.slots[s] for s in self.batch]
+
+    def counted(self, batch: list[Message]) -> list[Message]:
+        """The records an update accounts for (frames, episodes, timings): the batch's fragments."""
+        return batch
 
     def release_batch(self) -> None:
         for slot in self.batch:

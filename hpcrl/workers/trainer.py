@@ -1,9 +1,10 @@
 """Trainer (learner rank): records from its batch source -> the algorithm's trainer step ->
 statistics, the stop decision, outputs and the next policy version. Horovod averages gradients.
 
-The only importer of horovod. The pieces are separate: the batch source (workers/batch_source.py:
-the on-policy queue) hands over batches; the algorithm's step (algos/ppo.py: PPOStep, named by
-the algorithm's declaration in core/dataflow.py) turns one into an update; statistics are summed
+The only importer of horovod. The pieces are separate: the batch source (workers/batch_source.py,
+the on-policy queue; workers/replay_source.py, a prioritized replay shard) hands over batches;
+the algorithm's step (algos/ppo.py: PPOStep; algos/dqn.py: DQNStep; named by the algorithm's
+declaration in core/dataflow.py) turns one into an update; statistics are summed
 over trainers (workers/trainer_stats.py); the root writes metrics and checkpoints
 (io/run_files.py), publishes weights and, when the run ends, sends the stop word on the control
 stream. Every trainer takes the same optimizer steps on the same averaged gradients, so their
@@ -26,7 +27,7 @@ from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED, STOP
 from hpcrl.core.seeds import seed_for
 from hpcrl.io.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from hpcrl.io.run_files import FRAMES_CODE, OUTPUT_FAILED_CODE, PREEMPTED_CODE, TARGET_CODE, RunFiles
-from hpcrl.models import build_model, copy_params_to, policy_digest
+from hpcrl.models import build_policy, copy_params_to, policy_digest
 from hpcrl.runtime import comm
 from hpcrl.runtime.control import ControlStream
 from hpcrl.runtime.params import END, ParameterPublisher
@@ -52,7 +53,8 @@ class LearnerRole:
         root = w.rank == layout.learner_root
         files = (RunFiles(w.start.run_dir, w.start.config_text, cfg.run.log_interval_s, cfg.run.checkpoint_interval_s,
                           start_frames=w.start.start_frames, resume=w.start.resume_file is not None,
-                          tensorboard=cfg.run.tensorboard) if root else None)
+                          tensorboard=cfg.run.tensorboard, progress=w.algorithm.load("step").progress)
+                 if root else None)
         return cls(cfg, w.spaces, w.trainer_comm, source, w.params if root else None, files, w.control,
                    step=w.algorithm.load("step"), batch_share=batch_share(cfg, layout, len(actors)), resume_path=w.start.resume_file,
                    preempt_requested=w.preempt_requested, heartbeat=w.heartbeat)
@@ -89,7 +91,7 @@ class LearnerRole:
             torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())  # Horovod: pin by local rank
         self.device = torch.device(device)
         torch.manual_seed(cfg.run.seed)  # the root's initial weights (Horovod copies them) repeat per seed
-        self.model = build_model(spaces, cfg.model).to(self.device)
+        self.model = build_policy(spaces, cfg).to(self.device)
         # fused: one kernel for all parameters; 7x faster than the per-tensor loop on small MLPs here
         optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algo.lr, eps=1e-5, fused=True)
         self.rng = np.random.default_rng(seed_for(cfg.run.seed, "learner", hvd.rank()))  # minibatch order
@@ -149,7 +151,7 @@ class LearnerRole:
             if self.source.all_gone() and (self.publisher is None or self.publisher.flushed()):
                 self._finish()
             return work
-        arrived, batch = self.source.poll(self.version)
+        arrived, batch = self.source.poll(self.version, self.frames)
         if batch is None:
             if arrived:
                 self._set_waiting_status()
@@ -166,7 +168,8 @@ class LearnerRole:
             for group in self.optimizer.param_groups:
                 group["lr"] = a.lr * max(0.0, 1.0 - self.frames / self.cfg.run.total_frames)
         # the headers are read now: the slots are released after the update
-        self._local = self.stats.local(batch, self.source.take_dropped(), self.source.stream.held_max)
+        self._local = self.stats.local(self.source.counted(batch), self.source.take_dropped(),
+                                       self.source.stream.held_max)
         # MPI: after the update, every trainer folds the moments of all trainers' batches into its
         # observation normaliser (a no-op without model.obs_norm), so all hold identical stats
         self._losses = self.step(batch, reduce_moments=lambda moments: comm.allreduce_sum(self.comm, moments),

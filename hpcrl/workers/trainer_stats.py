@@ -36,8 +36,9 @@ class TrainerStats:
                          ep["return_sqsum"].sum(), ep["length_sum"].sum(), len(dropped),
                          sum(f.get("rollout_us") for f in fragments), sum(f.get("wait_us") for f in fragments),
                          sum(f.get("credit_wait_us") for f in fragments)], dtype=np.float64)
-        lows = np.array([ep["return_min"].min(), min(versions)], dtype=np.float64)
-        highs = np.array([ep["return_max"].max(), max(versions), slots_held_max,
+        # no records (a replay trainer may update before new ones arrive): neutral for min and max
+        lows = np.array([ep["return_min"].min(initial=np.inf), min(versions, default=np.inf)], dtype=np.float64)
+        highs = np.array([ep["return_max"].max(initial=-np.inf), max(versions, default=-1), slots_held_max,
                           resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024], dtype=np.float64)
         return sums, lows, highs
 
@@ -62,8 +63,9 @@ class TrainerStats:
                "length_mean": len_sum / episodes if episodes else np.nan,
                "return_window_mean": self.window_mean(), "lr": lr,
                # the version trained on is version - 1; in sync mode every sample must carry it
-               "sample_version_min": int(lo[1]), "sample_version_max": int(hi[1]),
-               "policy_lag_max": int(version - 1 - lo[1]), "fragments_dropped": self.fragments_dropped,
+               "sample_version_min": int(min(lo[1], version - 1)), "sample_version_max": int(hi[1]),
+               "policy_lag_max": int(version - 1 - min(lo[1], version - 1)),
+               "fragments_dropped": self.fragments_dropped,
                # share of the env ranks' rollout time in which no env group could step
                "env_wait_fraction": wait_us / rollout_us if rollout_us else 0.0,
                # share in which a finished fragment waited for a credit: the trainer is the bottleneck

@@ -1,0 +1,124 @@
+"""DQN's trainer step: double DQN on n-step transitions from prioritized replay, with a target
+network, the Huber loss weighted by importance sampling, and TD errors written back as the new
+priorities (one place for each).
+
+The actors computed the n-step returns G and the discounts of their bootstraps (gamma^k, or 0
+after a terminal step), so the target is y = G + discount * Q_target(s', argmax_a Q(s', a)).
+Every trainer samples its own shard; Horovod averages the gradients, so the online networks stay
+bit-identical, and so do the target networks, copied from them after the same gradient steps.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hpcrl.core.config import Config
+
+LOSS_KEYS = ("loss", "td_error", "q_mean")
+
+
+def td_errors(model: nn.Module, target: nn.Module, obs: torch.Tensor, actions: torch.Tensor,
+              returns: torch.Tensor, discounts: torch.Tensor, next_obs: torch.Tensor,
+              double: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y - Q(s, a), Q(s, a)) of a batch; y carries no gradient."""
+    q = model.q_values(obs).gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        next_target = target.q_values(next_obs)
+        # double DQN: the online network picks the action, the target network values it
+        choice = (model.q_values(next_obs) if double else next_target).argmax(-1, keepdim=True)
+        y = returns + discounts * next_target.gather(-1, choice).squeeze(-1)
+    return y - q, q
+
+
+def dqn_loss(td: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The importance-weighted Huber loss (delta 1) of TD errors."""
+    return (weights * F.huber_loss(td, torch.zeros_like(td), reduction="none", delta=1.0)).mean()
+
+
+class DQNStep:
+    """One update: algo.dqn.gradient_steps gradient steps, each on its own prioritized sample from
+    the trainer's replay shard (the batch source, workers/replay_source.py), its TD errors written
+    back as priorities before the next sample."""
+
+    # the progress line's part (io/run_files.py)
+    progress = "loss {loss:.3f} td {td_error:.3f} q {q_mean:.2f} | replay {replay_size:,.0f} eps {eps_min:.3f}"
+
+    def __init__(self, cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
+                 rng: np.random.Generator, obs_dtype: str, action_dtype: str):
+        self.cfg, self.model, self.optimizer, self.device = cfg, model, optimizer, device
+        self.d = cfg.algo.dqn
+        self.target: nn.Module | None = None  # copied from the model at the first update (or restored)
+        self.gradient_steps = 0
+        self.metric_keys = LOSS_KEYS + ("replay_size", "replay_ratio", "priority_mean", "beta",
+                                        "eps_min", "eps_max")
+
+    def _copy_target(self) -> None:
+        if self.target is None:
+            self.target = copy.deepcopy(self.model)
+            self.target.requires_grad_(False)
+        self.target.load_state_dict(self.model.state_dict())
+
+    def _tensor(self, a: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.as_tensor(a, device=self.device, dtype=dtype)
+
+    def __call__(self, source, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m,
+                 average_gradients: Callable[[], None] = lambda: None, apply_step: Callable[[], None] | None = None,
+                 loss_scale: float = 1.0) -> dict[str, float]:
+        """`source`: the replay batch source (sample, update_priorities, metrics). The hooks are
+        the trainer's, as for PPOStep: average gradients (Horovod), apply the optimizer step."""
+        apply_step = apply_step or self.optimizer.step
+        if self.target is None:
+            self._copy_target()
+        totals = dict.fromkeys(LOSS_KEYS, 0.0)
+        for _ in range(self.d.gradient_steps):
+            indices, weights, data = source.sample()
+            td, q = td_errors(self.model, self.target, self._tensor(data["obs"]), self._tensor(data["actions"]),
+                              self._tensor(data["returns"], torch.float32),
+                              self._tensor(data["discounts"], torch.float32), self._tensor(data["next_obs"]),
+                              double=self.d.double)
+            loss = dqn_loss(td, self._tensor(weights, torch.float32))
+            self.optimizer.zero_grad()
+            (loss * loss_scale).backward()
+            average_gradients()
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.algo.max_grad_norm)
+            apply_step()
+            abs_td = td.detach().abs().cpu().numpy()
+            source.update_priorities(indices, abs_td)
+            self.gradient_steps += 1
+            if self.gradient_steps % self.d.target_update_interval == 0:
+                self._copy_target()
+            totals["loss"] += float(loss.detach())
+            totals["td_error"] += float(abs_td.mean())
+            totals["q_mean"] += float(q.detach().mean())
+        metrics = {k: v / self.d.gradient_steps for k, v in totals.items()}
+        metrics.update(source.metrics())
+        metrics["eps_min"], metrics["eps_max"] = self.epsilon_range(source.frames)
+        return metrics
+
+    def epsilon_range(self, frames: int) -> tuple[float, float]:
+        """The actors' exploration now (workers/q_actor.py): apex, fixed per env, from eps^(1 +
+        eps_alpha) to eps; linear, one epsilon for all."""
+        d = self.d
+        if d.eps_schedule == "apex":
+            return d.eps ** (1.0 + d.eps_alpha), d.eps
+        eps = d.eps_start + (d.eps_final - d.eps_start) * min(1.0, frames / d.eps_decay_frames)
+        return eps, eps
+
+    def state(self) -> dict:
+        """What a resume needs besides the model and optimizer: the target network and the step count."""
+        if self.target is None:
+            self._copy_target()
+        return {"target": {k: v.detach().cpu() for k, v in self.target.state_dict().items()},
+                "gradient_steps": self.gradient_steps}
+
+    def restore(self, state: dict) -> None:
+        if not state:
+            return
+        self._copy_target()
+        self.target.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state["target"].items()})
+        self.gradient_steps = int(state["gradient_steps"])

@@ -1,0 +1,239 @@
+"""DQN actor (env rank): epsilon-greedy on its policy's Q-values, n-step transitions with their
+initial priorities, shipped in records to its trainer's replay shard.
+
+Never imports torch: the Q-values arrive as numpy (from a policy server, or from the inline
+policy the wiring hands in), and everything here is numpy. What it shares with the PPO actor
+(env groups that step while others wait, the stop and goodbye sequence, episode statistics) is
+inherited from `EnvRole`; what differs is what one reply turns into.
+
+Per reply for step t of a group (observations s_t, Q-values q_t):
+1. every env whose window holds n steps emits the transition of step t-n, bootstrapped from s_t:
+   G = r_t-n + g r_t-n+1 + ... + g^(n-1) r_t-1, discount g^n, priority |G + g^n max q_t - Q(s_t-n, a_t-n)|;
+2. actions: greedy on q_t, or uniform with the env's epsilon;
+3. the env steps; an env whose episode ended emits its whole window at once (discount 0 after
+   a terminal step, g^k after a time limit, with s_t+k its final observation).
+The initial priority of a transition cut by a time limit bootstraps from max q_t (the final
+observation's value would take another round trip); the trainer writes back exact TD errors
+once it samples it.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hpcrl.core.config import Config
+from hpcrl.core.layout import INLINE
+from hpcrl.core.messages import STOP
+from hpcrl.core.seeds import seed_for
+from hpcrl.workers.actor import EnvGroup, EnvRole, RemotePolicy
+
+
+def apex_epsilons(eps: float, alpha: float, total_envs: int) -> np.ndarray:
+    """Ape-X's fixed exploration per env (Horgan et al. 2018): eps_i = eps ^ (1 + alpha i / (N - 1))."""
+    i = np.arange(total_envs, dtype=np.float64)
+    return eps ** (1.0 + alpha * i / max(total_envs - 1, 1))
+
+
+class NStepWindow:
+    """The last n steps of every env of one group, and the transitions they complete. All envs
+    of a group step together, so step t of every env sits in ring slot t % n."""
+
+    def __init__(self, n: int, gamma: float, num_envs: int, obs: np.ndarray, actions: np.ndarray):
+        """`obs`, `actions`: one step's arrays, for their shapes and dtypes."""
+        self.n, self.gamma = n, gamma
+        self.obs = np.zeros((n, *obs.shape), dtype=obs.dtype)
+        self.actions = np.zeros((n, *actions.shape), dtype=actions.dtype)
+        self.rewards = np.zeros((n, num_envs), dtype=np.float64)
+        self.q = np.zeros((n, num_envs), dtype=np.float64)  # Q(s, a) of the action taken
+        self.filled = np.zeros(num_envs, dtype=np.int64)  # steps held per env, at most n
+        self.t = 0
+        self.powers = gamma ** np.arange(n + 1)
+
+    def ripe(self, obs: np.ndarray, max_q: np.ndarray, out: "TransitionWriter") -> None:
+        """Before step t: envs with n steps held emit step t-n's transition, bootstrapped from s_t."""
+        envs = np.flatnonzero(self.filled == self.n)
+        if not len(envs):
+            return
+        oldest = self.t % self.n
+        returns = np.zeros(len(envs))
+        for k in range(self.n):
+            returns += self.powers[k] * self.rewards[(self.t + k) % self.n, envs]
+        discount = self.powers[self.n]
+        out.write(self.obs[oldest, envs], self.actions[oldest, envs], returns, np.full(len(envs), discount),
+                  obs[envs], np.abs(returns + discount * max_q[envs] - self.q[oldest, envs]))
+        self.filled[envs] -= 1
+
+    def record(self, obs: np.ndarray, actions: np.ndarray, q_taken: np.ndarray) -> None:
+        slot = self.t % self.n
+        self.obs[slot], self.actions[slot], self.q[slot] = obs, actions, q_taken
+
+    def rewarded(self, rewards: np.ndarray, terminated: np.ndarray, ended: np.ndarray, final_obs,
+                 max_q: np.ndarray, out: "TransitionWriter") -> None:
+        """After step t: its rewards; envs whose episode `ended` emit every step they hold, into
+        `final_obs[e]` (their last observation), with no bootstrap after a terminal step."""
+        self.rewards[self.t % self.n] = rewards
+        self.filled += 1
+        for e in np.flatnonzero(ended):
+            held = int(self.filled[e])
+            slots = [(self.t - j) % self.n for j in range(held)]  # newest first
+            returns = np.zeros(held)
+            carry = 0.0
+            for j, slot in enumerate(slots):
+                carry = self.rewards[slot, e] + self.gamma * carry
+                returns[j] = carry
+            discounts = np.zeros(held) if terminated[e] else self.powers[1:held + 1]
+            bootstrap = returns + discounts * max_q[e]
+            out.write(self.obs[slots, e], self.actions[slots, e], returns, discounts,
+                      np.broadcast_to(final_obs[e], (held, *np.shape(final_obs[e]))),
+                      np.abs(bootstrap - self.q[slots, e]))
+            self.filled[e] = 0
+        self.t += 1
+
+
+class TransitionWriter:
+    """Appends transitions to the record being filled (a sample-stream buffer)."""
+
+    def __init__(self, record):
+        self.record, self.rows = record, 0
+        self.capacity = record["returns"].shape[0]
+
+    def room(self) -> int:
+        return self.capacity - self.rows
+
+    def write(self, obs, actions, returns, discounts, next_obs, priorities) -> None:
+        a, b = self.rows, self.rows + len(returns)
+        r = self.record
+        r["obs"][a:b], r["actions"][a:b], r["returns"][a:b] = obs, actions, returns
+        r["discounts"][a:b], r["next_obs"][a:b], r["priorities"][a:b] = discounts, next_obs, priorities
+        self.rows = b
+
+
+class TransitionActor(EnvRole):
+    """Collects n-step transitions from its env groups and ships them in records of
+    rollout_length x num_envs rows (a record ships once another group step might not fit)."""
+
+    name = "env"
+
+    def __init__(self, cfg: Config, rank: int, index: int, policies: list, sender, env_ranks: int,
+                 start_version: int = 0, control=None):
+        super().__init__(cfg, rank, index, policies, sender, start_version=start_version, control=control)
+        d = cfg.algo.dqn
+        self.n_step = d.n_step
+        self.per_group = self.N // len(self.groups)
+        # the most rows one group step writes: an env emits one ripe transition, then its whole
+        # window of n steps if its episode ends there
+        self.rows_per_step = self.per_group * (d.n_step + 1)
+        self.writer = TransitionWriter(self.fragment)
+        actions = np.zeros(self.per_group, dtype=self.fragment["actions"].dtype)
+        self.windows = [NStepWindow(d.n_step, cfg.algo.gamma, self.per_group, g.request["obs"], actions)
+                        for g in self.groups]
+        self.rng = np.random.default_rng(seed_for(cfg.run.seed, "explore", index))
+        self.schedule = d.eps_schedule
+        self.eps_linear = (d.eps_start, d.eps_final, d.eps_decay_frames)
+        self.env_ranks = env_ranks
+        self.frames = 0  # env steps of this rank
+        self.record_frames = 0  # env steps since the last record shipped
+        self.record_version = -1  # the policy version of the record's first transition step
+        # apex: this rank's envs are numbers index*N .. index*N+N-1 of every env rank's envs
+        self.epsilons = apex_epsilons(d.eps, d.eps_alpha, env_ranks * self.N)[index * self.N:(index + 1) * self.N]
+
+    @classmethod
+    def build(cls, w) -> "TransitionActor":
+        """From the wiring (hpcrl.runtime.wiring.Wiring), as the PPO actor: its policy (a policy
+        server's channels, one per env group, or an inline policy) and its sender to the trainer."""
+        index = w.layout.index_in("env", w.rank)
+        server = int(w.layout.env_inference[index])
+        if server == INLINE:
+            from hpcrl.workers.policy_server import InlinePolicy  # torch: only env ranks that hold a policy
+            policies = [InlinePolicy.build(w, index)]
+        else:
+            policies = [RemotePolicy(w.inference.client(server, group=g)) for g in range(w.groups)]
+        return cls(w.cfg, w.rank, index, policies, w.sample.sender(int(w.layout.env_learner[index])),
+                   env_ranks=len(w.layout.envs), start_version=w.start.start_version, control=w.control)
+
+    def epsilon(self, g: int) -> np.ndarray:
+        """The exploration of group g's envs now."""
+        cols = self.groups[g].columns
+        if self.schedule == "apex":
+            return self.epsilons[cols]
+        start, final, frames = self.eps_linear
+        # linear: every env rank's frames, estimated from this rank's (the env ranks run alike)
+        progress = min(1.0, self.frames * self.env_ranks / frames)
+        return np.full(self.per_group, start + (final - start) * progress)
+
+    def epsilon_range(self) -> tuple[float, float]:
+        eps = np.concatenate([self.epsilon(g) for g in range(len(self.groups))])
+        return float(eps.min()), float(eps.max())
+
+    def poll(self) -> int:
+        if not self.stopping and self.control is not None and self.control.stopped:
+            self.stopping = True
+        if self.stopping:
+            return self._stop_groups()
+        work = 0
+        for group in self.groups:
+            if not group.waiting:
+                group.submit(self.version)
+            work += self._poll_group(group)
+            if self.stopping:
+                return work + self._stop_groups()
+        if self.writer.room() < self.rows_per_step:  # full: no group may step until it ships
+            if self.sender.can_send():
+                self._ship()
+                work += 1
+            elif self.credit_wait_since is None:  # flow control: its trainer has no free slot yet
+                self.credit_wait_since = time.perf_counter()
+                self.status = f"waiting for a credit from its trainer (rank {self.sender.peer}) to send transitions"
+        self._account_wait(work)
+        return work
+
+    def _poll_group(self, group: EnvGroup) -> int:
+        if not group.waiting or self.writer.room() < self.rows_per_step:
+            return 0  # the reply waits in its buffer until the record has room for what it brings
+        reply = group.policy.poll()
+        if reply is None:
+            return 0
+        self._reply_arrived()
+        group.waiting = False
+        if reply.get("flags") & STOP:  # the policy side heard the stop word first
+            group.stopped = self.stopping = True
+            return 1
+        self._step(group, reply)
+        group.submit(self.version)  # at once: its round trip overlaps the other groups' steps
+        return 1
+
+    def _step(self, group: EnvGroup, reply) -> None:
+        g = self.groups.index(group)
+        window, q = self.windows[g], reply["q"]
+        obs = group.request["obs"]
+        max_q = q.max(1)
+        if self.record_version < 0:
+            self.record_version = reply.get("version")
+        window.ripe(obs, max_q, self.writer)
+        explore = self.rng.random(self.per_group) < self.epsilon(g)
+        actions = np.where(explore, self.rng.integers(q.shape[1], size=self.per_group), q.argmax(1))
+        window.record(obs, actions, q[np.arange(self.per_group), actions])
+        self.status = f"stepping envs (step {window.t})"
+        next_obs, rewards, terminated, truncated, info = group.envs.step(actions)
+        ended = terminated | truncated
+        window.rewarded(rewards, terminated, ended, info.get("final_obs"), max_q, self.writer)
+        group.request["obs"][...] = next_obs
+        self._tally(group, rewards, ended, info)
+        self.frames += self.per_group
+        self.record_frames += self.per_group
+
+    def _ship(self) -> None:
+        now = time.perf_counter()
+        credit_wait = now - self.credit_wait_since if self.credit_wait_since is not None else 0.0
+        self.credit_wait_since = None
+        self.fragment.set(env_rank=self.rank, version=max(self.record_version, 0), index=self.fragments_sent,
+                          frames=self.record_frames, flags=0, count=self.writer.rows,
+                          rollout_us=int(1e6 * (now - self.rollout_start)), wait_us=int(1e6 * self.waited),
+                          credit_wait_us=int(1e6 * credit_wait))
+        self.fragment = self.sender.send()
+        self.writer = TransitionWriter(self.fragment)
+        self.fragments_sent += 1
+        self.record_frames, self.record_version = 0, -1
+        self.rollout_start, self.waited = time.perf_counter(), 0.0
+        self._reset_stats()

@@ -1,0 +1,169 @@
+"""The trainer's batch source for DQN: records from the sample stream go into this trainer's
+prioritized replay shard (hpcrl.algos.replay), and an update samples from it.
+
+Each learner owns one shard of algo.replay.capacity / learners transitions (as in SRL's Ape-X:
+the replay lives in the trainer, so sampling and priority write-back never cross the network;
+docs/architecture.md says why). A record's slot goes back to its actor as a credit as soon as its
+transitions are in the shard, so the stream's memory bound holds and the shard's is fixed.
+
+With algo.replay.replay_ratio set, the learner keeps to it: after warm-up it trains while it owes
+samples (ratio x transitions inserted since warm-up > transitions sampled), and it takes in a new
+record only when it owes less than one update's samples. Records it does not take stay in their
+slots, so actors run out of credits and wait: flow control is what holds the ratio.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from hpcrl.algos.replay import PrioritizedReplay
+from hpcrl.core.layout import replay_shard
+from hpcrl.core.messages import REPLAY_FIELDS, STOP, Message
+from hpcrl.core.seeds import seed_for
+from hpcrl.runtime.streams import SampleReceiver
+
+HEADER_KEPT = ("frames", "version", "rollout_us", "wait_us", "credit_wait_us")
+
+
+class RecordHeader:
+    """What the trainer's statistics read from a record (hpcrl.workers.trainer_stats), kept after
+    its slot is released: the header words and the episode statistics."""
+
+    def __init__(self, record: Message):
+        self.words = {key: record.get(key) for key in HEADER_KEPT}
+        self.episode_stats = record["episode_stats"].copy()
+
+    def get(self, key: str) -> int:
+        return self.words[key]
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return {"episode_stats": self.episode_stats}[key]
+
+
+class ReplaySource:
+    def __init__(self, stream: SampleReceiver, actors: list[int], replay: PrioritizedReplay, batch_size: int,
+                 warmup: int, gradient_steps: int, replay_ratio: float | None, beta: float, total_frames: int,
+                 learners: int, rng: np.random.Generator):
+        """`batch_size` and `warmup`: this shard's (hpcrl.core.layout.replay_shard)."""
+        self.stream, self.actors = stream, list(actors)
+        self.replay = replay
+        self.batch_size, self.warmup, self.gradient_steps = batch_size, warmup, gradient_steps
+        self.replay_ratio = replay_ratio
+        self.beta0, self.total_frames = beta, total_frames
+        self.learners = learners
+        self.rng = rng
+        self.waiting: deque[int] = deque()  # slots that arrived and are not in the shard yet
+        self.arrivals: list[RecordHeader] = []  # records taken in since the last update
+        self.inserted_at_warm: int | None = None  # the shard's insert count when warm-up ended
+        self.frames = 0  # the run's frames (all env ranks), for beta's annealing
+        self.goodbyes: set[int] = set()
+
+    @classmethod
+    def from_config(cls, cfg, layout, stream: SampleReceiver, actors: list[int]) -> "ReplaySource":
+        """The algorithm's batch source for one trainer (named in core/dataflow.py)."""
+        learners = len(layout.learners)
+        capacity, warmup, batch = replay_shard(cfg, layout)
+        spec = stream.slots[0].spec
+        fields = {name: (spec.field(name).dtype, spec.field(name).shape[1:]) for name in REPLAY_FIELDS}
+        r, d = cfg.algo.replay, cfg.algo.dqn
+        index = layout.index_in("learner", stream.comm.Get_rank())  # the stream's communicator is a copy of WORLD
+        return cls(stream, actors, PrioritizedReplay(capacity, fields, alpha=r.alpha), batch, warmup,
+                   d.gradient_steps, r.replay_ratio, r.beta, cfg.run.total_frames, learners,
+                   np.random.default_rng(seed_for(cfg.run.seed, "replay", index)))
+
+    # --- the trainer's calls -------------------------------------------------------------------------
+    def poll(self, version: int, frames: int = 0) -> tuple[int, "ReplaySource | None"]:
+        """(records that arrived, this source as the batch when an update is due, else None). The
+        step samples from it (`sample`) and writes priorities back (`update_priorities`)."""
+        self.frames = frames
+        ready = self.stream.ready()
+        for slot in ready:
+            if self.stream.slots[slot].get("flags") & STOP:
+                raise RuntimeError(f"trainer: actor rank {self.stream.slots[slot].get('env_rank')} said goodbye "
+                                   f"before the run ended")
+            self.waiting.append(slot)
+        while self.waiting and self._may_take_in():
+            self._take_in(self.waiting.popleft())
+        return len(ready), (self if self._update_due() else None)
+
+    def counted(self, batch) -> list[RecordHeader]:
+        """The records this update accounts for: those taken in since the last one."""
+        return self.arrivals
+
+    def release_batch(self) -> None:
+        self.arrivals = []
+
+    def take_dropped(self) -> list:
+        return []  # a replay never drops records (it overwrites its oldest transitions)
+
+    # --- what the step uses ----------------------------------------------------------------------------
+    @property
+    def beta(self) -> float:
+        """Importance-sampling exponent, annealed linearly from algo.replay.beta to 1 at run.total_frames."""
+        return self.beta0 + (1.0 - self.beta0) * min(1.0, self.frames / self.total_frames)
+
+    def sample(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """(shard indices, importance weights, transitions) of one gradient step."""
+        return self.replay.sample(self.batch_size, self.beta, self.rng)
+
+    def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
+        self.replay.update_priorities(indices, td_errors)
+
+    def metrics(self) -> dict[str, float]:
+        """This shard's part of the metrics row (the trainer averages them over learners)."""
+        r = self.replay
+        return {"replay_size": float(r.size * self.learners),  # the mean shard x learners: all shards' total
+                "replay_ratio": r.sampled / max(r.inserted, 1), "priority_mean": r.mean_priority(),
+                "beta": self.beta}
+
+    # --- taking records in -------------------------------------------------------------------------------
+    def _warm(self) -> bool:
+        return self.replay.size >= self.warmup
+
+    def _owed(self) -> float:
+        """Samples this learner owes the replay ratio (infinite without one)."""
+        if self.replay_ratio is None:
+            return math.inf
+        return self.replay_ratio * (self.replay.inserted - self.inserted_at_warm) - self.replay.sampled
+
+    def _may_take_in(self) -> bool:
+        return not self._warm() or self.replay_ratio is None or \
+            self._owed() < self.batch_size * self.gradient_steps
+
+    def _update_due(self) -> bool:
+        return self._warm() and self._owed() > 0
+
+    def _take_in(self, slot: int) -> None:
+        record = self.stream.slots[slot]
+        count = record.get("count")
+        self.replay.add({name: record[name][:count] for name in REPLAY_FIELDS}, record["priorities"][:count])
+        self.arrivals.append(RecordHeader(record))
+        self.stream.release(slot)  # a credit for the actor again
+        if self.inserted_at_warm is None and self._warm():
+            self.inserted_at_warm = self.replay.inserted  # the ratio counts from here (nothing was sampled yet)
+
+    # --- shutdown --------------------------------------------------------------------------------------
+    def drain(self) -> int:
+        """After the stop word: discard records until every actor's goodbye is in."""
+        while self.waiting:
+            self.stream.release(self.waiting.popleft())
+        ready = self.stream.ready()
+        for slot in ready:
+            record = self.stream.slots[slot]
+            if record.get("flags") & STOP:
+                self.goodbyes.add(record.get("env_rank"))
+            self.stream.release(slot)
+        return len(ready)
+
+    def all_gone(self) -> bool:
+        return len(self.goodbyes) == len(self.actors)
+
+    def waiting_for(self, version: int) -> str:
+        """What the trainer waits for (the watchdog's message, if it fires)."""
+        if not self._warm():
+            return (f"filling its replay shard before training: {self.replay.size:,} of {self.warmup:,} "
+                    f"transitions (algo.replay.warmup / learners)")
+        return (f"waiting for transitions: the replay ratio {self.replay_ratio} is met "
+                f"({self.replay.sampled:,} sampled, {self.replay.inserted:,} inserted)")

@@ -1,0 +1,79 @@
+"""DQN as real jobs: two learners with their own replay shards stay bit-identical, the replay
+ratio holds, the checkpoint carries the target network, and a resume refills the replay."""
+import numpy as np
+import pytest
+
+from hpcrl.io.checkpoint import load_checkpoint
+from hpcrl.io.metrics import read_metrics
+from tests.conftest import mpirun, run_dir, small_config, write_config
+from tests.test_mpi_runs import check_finished
+
+GRADIENT_STEPS = 4
+
+
+def dqn_config(tmp_path, **sections):
+    algo = {"name": "dqn", "rollout_length": 8, "lr": 0.001,
+            "dqn": {"batch_size": 32, "gradient_steps": GRADIENT_STEPS, "target_update_interval": 10,
+                    "eps_schedule": "linear", "eps_decay_frames": 2000},
+            "replay": {"capacity": 100_000, "warmup": 512, "replay_ratio": 4}}
+    cfg = small_config(tmp_path, **sections)
+    cfg["algo"] = {**algo, **sections.get("algo", {})}
+    return cfg
+
+
+def test_two_learners_with_their_own_replay_shards_stay_bit_identical(tmp_path):
+    cfg = dqn_config(tmp_path, run={"replica_digests": True, "total_frames": 4096},
+                     roles={"learner": {"ranks": 2}, "inference": {"ranks": 1}, "env": {"ranks": "rest"}})
+    result = mpirun(5, "run", str(write_config(tmp_path, cfg)))
+    metrics = check_finished(result, cfg, 4096, sync=False)
+    digests = metrics["replica_digest"]
+    assert np.all(digests[:, 0] == digests[:, 1])  # same averaged gradients, same target copies
+    assert len(set(digests[:, 0])) == len(digests)
+    # the replay holds every transition (capacity is larger than the run); each env step makes one,
+    # except the last few of each env's window, still waiting for their n steps
+    envs = 2 * 4
+    assert np.all(metrics["replay_size"] <= metrics["frames"])
+    assert metrics["replay_size"][-1] >= metrics["frames"][-1] - 2 * envs * (3 + 1) - 2 * 8 * envs
+    assert metrics["replay_size"][0] >= 512  # nobody trains before the warm-up is in
+    # the learners keep the replay ratio: at most one update of samples (and one record) ahead of it
+    ratio = metrics["replay_ratio"][-1]
+    assert 2.0 < ratio <= 4.0 + 1e-9
+    assert np.all(metrics["eps_max"] <= 1.0) and metrics["eps_min"][-1] == pytest.approx(0.05)
+    ck = load_checkpoint(str(run_dir(cfg) / "checkpoint.h5"))
+    step = ck["extra"]["step"]
+    assert int(step["gradient_steps"]) == GRADIENT_STEPS * metrics["policy_version"][-1]
+    assert set(step["target"]) == set(ck["model"])  # the target network, saved beside the model
+
+
+def test_serial_dqn_resumes_its_counters_and_target_and_refills_its_replay(tmp_path):
+    cfg = dqn_config(tmp_path, roles={"inference": {"ranks": 0}}, run={"total_frames": 2048})
+    first = mpirun(1, "run", str(write_config(tmp_path, cfg)))
+    before = check_finished(first, cfg, 2048, sync=False)
+    cfg["run"]["total_frames"] = 4096
+    second = mpirun(1, "run", str(write_config(tmp_path, cfg)))
+    after = check_finished(second, cfg, 4096, sync=False)
+    assert "resuming from" in second.stdout
+    n = len(before["frames"])
+    np.testing.assert_array_equal(after["frames"][:n], before["frames"])  # the first run's rows stay
+    # without a saved replay the resumed run takes in a warm-up's worth again before it trains
+    assert after["frames"][n] - before["frames"][-1] >= 512
+    assert after["replay_size"][n] < after["frames"][n] - before["frames"][-1] + 4 * 8 * 4
+    ck = load_checkpoint(str(run_dir(cfg) / "checkpoint.h5"))
+    assert int(ck["extra"]["step"]["gradient_steps"]) == GRADIENT_STEPS * after["policy_version"][-1]
+
+
+def test_dqn_is_refused_for_continuous_actions_before_any_rank_starts_work(tmp_path):
+    cfg = dqn_config(tmp_path, env={"id": "Pendulum-v1"}, roles={"inference": {"ranks": 0}})
+    result = mpirun(2, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "dqn needs a Discrete action space" in result.stderr and "use algo.name: ppo" in result.stderr
+
+
+def test_metrics_name_what_a_dqn_run_reports(tmp_path):
+    cfg = dqn_config(tmp_path, roles={"inference": {"ranks": 0}}, run={"total_frames": 1024})
+    check_finished(mpirun(1, "run", str(write_config(tmp_path, cfg))), cfg, 1024, sync=False)
+    metrics = read_metrics(str(run_dir(cfg) / "metrics.h5"))
+    for key in ("replay_size", "replay_ratio", "priority_mean", "td_error", "q_mean", "eps_min", "eps_max", "beta"):
+        assert np.all(np.isfinite(metrics[key])), key
+    assert np.all(np.diff(metrics["beta"]) >= 0) and 0.4 <= metrics["beta"][0] < metrics["beta"][-1] <= 1.0
