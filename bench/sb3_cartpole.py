@@ -1,9 +1,9 @@
-"""Stable-Baselines3 PPO on CartPole-v1 with the rl-zoo hyperparameters, stopped at the target:
-the baseline that bench/solve.py launches as a subprocess, timing it from launch like hpcrl.
+"""Stable-Baselines3 PPO or DQN on CartPole-v1 with the rl-zoo hyperparameters, stopped at the
+target: the baseline that bench/solve.py launches as a subprocess, timing it from launch like hpcrl.
 
 Prints one JSON line: seed, frames at the stop, whether the target was reached, the window mean.
 
-    .venv/bin/python bench/sb3_cartpole.py --seed 1 [--target 475]
+    .venv/bin/python bench/sb3_cartpole.py --seed 1 [--algo ppo|dqn] [--target 475]
 
 Stable-Baselines3 is a benchmark extra (`pip install -e .[bench]`), never a dependency of hpcrl.
 """
@@ -14,7 +14,7 @@ import json
 from collections import deque
 
 import torch
-from stable_baselines3 import PPO
+from stable_baselines3 import DQN, PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.utils import LinearSchedule
@@ -25,6 +25,12 @@ N_ENVS = 8
 N_TIMESTEPS = 100_000
 PPO_KWARGS = dict(policy="MlpPolicy", n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
                   ent_coef=0.0, learning_rate=LinearSchedule(1e-3, 0.0, 1.0), clip_range=LinearSchedule(0.2, 0.0, 1.0))
+# rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1: one env, 128 gradient steps every 256 env
+# steps, epsilon 1 -> 0.04 over the first 16% of n_timesteps (8,000 steps).
+DQN_TIMESTEPS = 50_000
+DQN_KWARGS = dict(policy="MlpPolicy", learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
+                  gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
+                  exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]))
 WINDOW_EPISODES = 20  # as hpcrl's target_return: the mean return of the last 20 finished episodes
 
 
@@ -53,17 +59,20 @@ class StopAtTarget(BaseCallback):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--algo", choices=["ppo", "dqn"], default="ppo")
     parser.add_argument("--target", type=float, default=475.0)
     args = parser.parse_args()
     torch.set_num_threads(1)  # as hpcrl (run.torch_threads: 1)
-    envs = make_vec_env("CartPole-v1", n_envs=N_ENVS, seed=args.seed)
-    model = PPO(env=envs, seed=args.seed, device="cpu", verbose=0, **PPO_KWARGS)
+    algo, n_envs, timesteps, kwargs = ((PPO, N_ENVS, N_TIMESTEPS, PPO_KWARGS) if args.algo == "ppo" else
+                                       (DQN, 1, DQN_TIMESTEPS, DQN_KWARGS))
+    envs = make_vec_env("CartPole-v1", n_envs=n_envs, seed=args.seed)
+    model = algo(env=envs, seed=args.seed, device="cpu", verbose=0, **kwargs)
     stop = StopAtTarget(args.target)
-    model.learn(total_timesteps=N_TIMESTEPS, callback=stop)
+    model.learn(total_timesteps=timesteps, callback=stop)
     print(json.dumps({"seed": args.seed, "frames": int(model.num_timesteps), "solved": stop.reached(),
                       "window_mean": round(stop.window_mean(), 1),
-                      "hyperparameters": {"n_envs": N_ENVS, "n_timesteps": N_TIMESTEPS,
-                                          **{k: repr(v) if callable(v) else v for k, v in PPO_KWARGS.items()}}}))
+                      "hyperparameters": {"n_envs": n_envs, "n_timesteps": timesteps,
+                                          **{k: repr(v) if callable(v) else v for k, v in kwargs.items()}}}))
 
 
 if __name__ == "__main__":

@@ -1,17 +1,19 @@
 """Time to solve CartPole-v1 (mean return of the last >= 20 episodes >= 475) from launch: hpcrl's
-layouts against Stable-Baselines3 PPO, measured by this script in the same run.
+layouts against Stable-Baselines3, measured by this script in the same run: PPO against SB3 PPO
+(`--algo ppo`, the default), or DQN against SB3 DQN (`--algo dqn`).
 
 Every run is a fresh process timed from launch to exit, so start-up (imports, MPI, env creation)
 counts the same for every system: hpcrl's shipped jobs through the real launcher
 (`scripts/mpirun.sh`, even for world size 1), and SB3 2.9.2 PPO with the rl-zoo CartPole-v1
 hyperparameters (`bench/sb3_cartpole.py`, torch threads 1 like hpcrl, stopped at the target by a
-callback). Seeds are interleaved over the systems so a noisy moment of a shared machine does not
+callback), or SB3 DQN with rl-zoo's CartPole-v1 DQN hyperparameters. Seeds are interleaved over the systems so a noisy moment of a shared machine does not
 hit one system only. Prints JSON: per system the seconds and frames of each seed and their
 medians; per hpcrl layout `ratio_to_sb3` = hpcrl median seconds / SB3 median seconds (target
 <= 1) and the speed-up against the serial layout.
 
     .venv/bin/python bench/solve.py [--seeds 1 2 3] [--layouts serial 4ranks 6ranks] [--out FILE]
     .venv/bin/python bench/solve.py --seeds 1 --layouts serial       # a quick check (~1 minute)
+    .venv/bin/python bench/solve.py --algo dqn --out bench/results/solve_dqn.json
 """
 from __future__ import annotations
 
@@ -32,12 +34,18 @@ from report import emit  # noqa: E402
 from hpcrl.io.metrics import read_metrics  # noqa: E402
 
 TARGET = 475
-LAYOUTS = {  # key: (description, ranks, job); serial is the baseline of speedup_vs_serial
-    "serial": ("serial", 1, "cartpole_ppo.yaml"),
-    "4ranks": ("4 ranks: 1 learner, 1 inference, 2 env", 4, "cartpole_ppo.yaml"),
-    "6ranks": ("6 ranks: 2 learners, 2 inference, 2 env", 6, "cartpole_ppo_2learners.yaml"),
+LAYOUTS = {  # algo -> key: (description, ranks, job); serial is the baseline of speedup_vs_serial
+    "ppo": {
+        "serial": ("serial", 1, "cartpole_ppo.yaml"),
+        "4ranks": ("4 ranks: 1 learner, 1 inference, 2 env", 4, "cartpole_ppo.yaml"),
+        "6ranks": ("6 ranks: 2 learners, 2 inference, 2 env", 6, "cartpole_ppo_2learners.yaml"),
+    },
+    "dqn": {
+        "serial": ("serial", 1, "cartpole_dqn.yaml"),
+        "4ranks": ("4 ranks: 1 learner (with the replay), 1 inference, 2 env", 4, "cartpole_dqn.yaml"),
+    },
 }
-SB3 = "stable-baselines3 2.9.2 PPO, rl-zoo CartPole-v1 hyperparameters (bench/sb3_cartpole.py)"
+SB3 = "stable-baselines3 2.9.2 {algo}, rl-zoo CartPole-v1 hyperparameters (bench/sb3_cartpole.py --algo {algo})"
 
 
 def timed(cmd: list[str], what: str) -> tuple[float, str]:
@@ -62,8 +70,9 @@ def hpcrl_run(ranks: int, job: str, seed: int) -> dict:
             "train_fps": round(float(metrics["fps"][-1]), 1)}
 
 
-def sb3_run(seed: int) -> dict:
-    cmd = [sys.executable, str(REPO / "bench/sb3_cartpole.py"), "--seed", str(seed), "--target", str(TARGET)]
+def sb3_run(algo: str, seed: int) -> dict:
+    cmd = [sys.executable, str(REPO / "bench/sb3_cartpole.py"), "--algo", algo, "--seed", str(seed),
+           "--target", str(TARGET)]
     seconds, stdout = timed(cmd, f"SB3 seed {seed}")
     result = json.loads(stdout.strip().splitlines()[-1])
     return {"seed": seed, "seconds_from_launch": round(seconds, 2), "frames": result["frames"],
@@ -79,22 +88,28 @@ def summary(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds to run (default: 1 2 3)")
-    parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS),
-                        help="hpcrl layouts to run (default: all)")
+    parser.add_argument("--algo", choices=list(LAYOUTS), default="ppo", help="ppo (default) or dqn")
+    parser.add_argument("--layouts", nargs="+", choices=["serial", "4ranks", "6ranks"],
+                        help="hpcrl layouts to run (default: all of the algorithm's)")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
+    layouts_of = LAYOUTS[args.algo]
+    args.layouts = args.layouts or list(layouts_of)
+    unknown = [key for key in args.layouts if key not in layouts_of]
+    if unknown:
+        parser.error(f"--algo {args.algo} has no layout {', '.join(unknown)} (it has {', '.join(layouts_of)})")
     runs: dict[str, list[dict]] = {key: [] for key in [*args.layouts, "sb3"]}
     for seed in args.seeds:  # interleaved: every system sees the same stretch of machine noise
         for key in args.layouts:
-            _, ranks, job = LAYOUTS[key]
+            _, ranks, job = layouts_of[key]
             runs[key].append(hpcrl_run(ranks, job, seed))
-        runs["sb3"].append(sb3_run(seed))
-    sb3 = {"system": SB3, "hyperparameters": runs["sb3"][0].pop("hyperparameters"), **summary(runs["sb3"])}
+        runs["sb3"].append(sb3_run(args.algo, seed))
+    sb3 = {"system": SB3.format(algo=args.algo.upper()), "hyperparameters": runs["sb3"][0].pop("hyperparameters"), **summary(runs["sb3"])}
     for run in runs["sb3"]:
         run.pop("hyperparameters", None)
     layouts = []
     for key in args.layouts:
-        name, ranks, job = LAYOUTS[key]
+        name, ranks, job = layouts_of[key]
         entry = {"layout": name, "key": key, "ranks": ranks, "job": f"jobs/{job}", **summary(runs[key])}
         entry["ratio_to_sb3"] = round(entry["median_seconds"] / sb3["median_seconds"], 2)
         layouts.append(entry)
@@ -103,7 +118,7 @@ def main() -> None:
         for entry in layouts:
             entry["speedup_vs_serial"] = round(serial / entry["median_seconds"], 2)
     emit({"benchmark": f"solve CartPole-v1 (mean return of the last >= 20 episodes >= {TARGET}) from launch",
-          "seeds": args.seeds, "target_ratio_to_sb3": "<= 1", "sb3": sb3, "layouts": layouts}, args.out)
+          "algo": args.algo, "seeds": args.seeds, "target_ratio_to_sb3": "<= 1", "sb3": sb3, "layouts": layouts}, args.out)
 
 
 if __name__ == "__main__":
