@@ -73,11 +73,19 @@ def test_serial_runs_on_vectorised_backends(tmp_path, backend):
     assert ("cannot be pickled" in result.stdout + result.stderr) == (backend == "envpool")
 
 
-def test_env_ranks_with_remote_inference_never_import_torch(tmp_path):
+@pytest.mark.parametrize("algo", [
+    {},  # PPO: fragments, sampled actions from the policy server
+    # DQN: epsilon-greedy on Q-values, n-step transitions and priorities, all in numpy on the actor
+    {"name": "dqn", "rollout_length": 8, "dqn": {"batch_size": 32, "gradient_steps": 2},
+     "replay": {"capacity": 10_000, "warmup": 128}},
+], ids=["ppo", "dqn"])
+def test_env_ranks_with_remote_inference_never_import_torch(tmp_path, algo):
     report = tmp_path / "modules"
     report.mkdir()
     cfg = small_config(tmp_path, env={"id": "tests.probe_envs:HpcrlTest/ModuleReporting-v0",
                                       "kwargs": {"report_dir": str(report)}}, run={"total_frames": 256})
+    if algo:
+        cfg["algo"] = algo
     result = mpirun(4, "run", str(write_config(tmp_path, cfg)))
     assert result.returncode == 0, result.stderr
     by_rank = {}
