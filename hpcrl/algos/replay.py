@@ -146,7 +146,7 @@ class PrioritizedReplay:
         callers that care compare `inserted` with what it was at the draw."""
         indices = np.asarray(indices)
         td = np.asarray(td_errors, dtype=np.float64)
-        if not np.issubdtype(indices.dtype, np.integer):
+        if indices.dtype.kind not in "iu":  # signed or unsigned integers
             raise ValueError(f"indices must be integers (as sample returns them), got {indices.dtype}")
         if indices.ndim != 1 or td.shape != indices.shape:
             raise ValueError(f"indices and td_errors must be 1-D of one length, got shapes {indices.shape} and {td.shape}")
