@@ -63,9 +63,11 @@ def interleaved_us(calls: dict, repeats: int = 15) -> dict[str, float]:
     return {backend: 1e6 * min(s) / OPS_PER_TIMING for backend, s in seconds.items()}
 
 
-def filled_shard(capacity: int) -> PrioritizedReplay:
+def filled_shard(capacity: int, backend: str) -> PrioritizedReplay:
     rng = np.random.default_rng(0)
+    os.environ["HPCRL_KERNELS"] = backend  # a replay picks its kernels once, when it is made
     replay = PrioritizedReplay(capacity, FIELDS)
+    os.environ.pop("HPCRL_KERNELS")
     replay.add(transitions(rng, capacity), rng.exponential(size=capacity))  # full: the steady state
     return replay
 
@@ -132,7 +134,7 @@ def main() -> None:
                  "run `python setup.py build_ext --inplace` (or pip install -e .) first")
     built = kernels.backend()
     load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
-    shards = {backend: filled_shard(args.capacity) for backend in BACKENDS}
+    shards = {backend: filled_shard(args.capacity, backend) for backend in BACKENDS}
     timings = {**time_shards(shards), **time_tree_kernels({b: s.tree for b, s in shards.items()}, args.capacity)}
     storage = shards["c"].storage
     rows = np.random.default_rng(4).integers(0, args.capacity, size=(OPS_PER_TIMING, BATCH))

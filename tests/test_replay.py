@@ -370,3 +370,85 @@ def test_a_mismatched_restore_names_every_difference_and_changes_nothing():
     assert (other.size, other.inserted) == (1, 1)
     with pytest.raises(ValueError, match=r"keys missing \['data.reward'\]"):
         PrioritizedReplay(50, FIELDS).restore({k: v for k, v in state.items() if k != "data.reward"})
+
+
+# --- the shard's C kernels against its numpy specification -------------------------------------
+
+def replay_under(backend, monkeypatch, *args, **kwargs):
+    """A PrioritizedReplay made under HPCRL_KERNELS=backend (a replay picks its backend once, when made)."""
+    monkeypatch.setenv("HPCRL_KERNELS", backend)
+    replay = PrioritizedReplay(*args, **kwargs)
+    assert (replay._c is not None) == (backend == "c")
+    return replay
+
+
+@pytest.mark.parametrize("alpha, eps", [(0.6, 1e-6), (0.0, 1e-6), (0.5, 0.0), (1.0, 0.0), (2.0, 0.01), (0.7, 1e-3)])
+@pytest.mark.parametrize("capacity", [1, 5, 64, 1000])
+def test_the_c_shard_kernels_match_the_numpy_specification(alpha, eps, capacity, monkeypatch):
+    """Random adds (with and without priorities, zeros, wrapping, larger than the ring), draws at
+    beta 0, 0.4 and 1, and updates with repeated rows and zero TD errors: the same trees bit for
+    bit, raw priorities, max priority and indices; weights within one float32 ulp (both round the
+    same float64 arithmetic to float32; the C path mirrors numpy's sqrt/square/reciprocal
+    shortcuts for ** 0.5, 2 and -1, so today they are equal, but that is numpy's business)."""
+    c, ref = (replay_under(b, monkeypatch, capacity, FIELDS, alpha=alpha, eps=eps) for b in ("c", "numpy"))
+    rng = np.random.default_rng(capacity + int(100 * alpha))
+    rng_c, rng_ref = np.random.default_rng(5), np.random.default_rng(5)
+    next_id = 0
+    for step in range(40):
+        k = int(rng.integers(0, 2 * capacity + 3))
+        priorities = None if step % 3 == 0 else rng.lognormal(sigma=2.0, size=k) * (rng.random(k) < 0.7)
+        for replay in (c, ref):
+            replay.add(rows(range(next_id, next_id + k)), priorities)
+        next_id += k
+        if c.size and c.tree[1] > 0:
+            for beta in (0.0, 0.4, 1.0):
+                (ic, wc, dc), (ir, wr, dr) = c.sample(17, beta, rng_c), ref.sample(17, beta, rng_ref)
+                np.testing.assert_array_equal(ic, ir)
+                assert wc.dtype == wr.dtype == np.float32
+                np.testing.assert_array_max_ulp(wc, wr, maxulp=1)
+                np.testing.assert_array_equal(dc["action"], dr["action"])
+            repeated = np.concatenate([ic, ic[::-2]])  # every other drawn row twice, in another order
+            td = rng.normal(size=repeated.shape[0]) * (rng.random(repeated.shape[0]) < 0.8) * 10.0 ** rng.integers(-3, 4)
+            c.update_priorities(repeated, td)
+            ref.update_priorities(repeated, td)
+        np.testing.assert_array_equal(c.tree, ref.tree)
+        np.testing.assert_array_equal(c.raw_priorities, ref.raw_priorities)
+        assert (c.max_priority, c.size, c.inserted, c.sampled) == (ref.max_priority, ref.size, ref.inserted, ref.sampled)
+        for name in FIELDS:
+            np.testing.assert_array_equal(c.storage[name], ref.storage[name])
+
+
+@pytest.mark.parametrize("backend_name", ["c", "numpy"])
+def test_the_shard_rejects_bad_priorities_before_it_writes_anything(backend_name, monkeypatch):
+    replay = replay_under(backend_name, monkeypatch, 4, FIELDS)
+    replay.add(rows([0, 1]), np.array([1.0, 2.0]))
+    tree, raw = replay.tree.copy(), replay.raw_priorities.copy()
+    with pytest.raises(ValueError, match=r"^priorities\[2\] = inf is not valid \(valid: finite and >= 0\)$"):
+        replay.add(rows([2, 3, 4]), np.array([1.0, 5.0, np.inf]))
+    with pytest.raises(ValueError, match=r"^priorities\[0\] = -1e-300 is not valid"):
+        replay.add(rows([2]), np.array([-1e-300]))
+    with pytest.raises(ValueError, match=r"^indices\[1\] = -1 is not valid \(valid: held rows 0 to 1\)$"):
+        replay.update_priorities(np.array([0, -1]), np.array([np.nan, 1.0]))  # indices are checked first
+    with pytest.raises(ValueError, match=r"^td_errors\[0\] = -inf is not valid \(valid: finite; a NaN"):
+        replay.update_priorities(np.array([1, 0], dtype=np.int32), np.array([-np.inf, 1.0]))
+    np.testing.assert_array_equal(replay.tree, tree)
+    np.testing.assert_array_equal(replay.raw_priorities, raw)
+    assert (replay.size, replay.inserted, replay.max_priority) == (2, 2, 2.0)
+    assert (replay.storage["action"][2:] == 0).all()
+
+
+def test_the_c_shard_kernels_check_their_buffers():
+    tree, store = sumtree.empty(4), np.zeros(4)
+    with pytest.raises(ValueError, match="a replay of capacity 5 does not fit a sum-tree of 4 leaves"):
+        _kernels.replay_add_priorities(tree, np.zeros(5), np.ones(1), 4, 5, 0, 0.6, 1e-6, 1.0)
+    with pytest.raises(ValueError, match="raw_priorities: expected 24 bytes, got 32"):
+        _kernels.replay_update_priorities(tree, store, np.zeros(1, np.int64), np.ones(1), 4, 3, 1, 0.6, 1e-6, 1.0)
+    with pytest.raises(ValueError, match="out_weights: expected 8 bytes, got 16"):
+        _kernels.replay_sample(tree, np.zeros(2), np.empty(2, np.int64), np.empty(2, np.float64), 4, 1, 0.4)
+    with pytest.raises(ValueError, match="the tree's total priority is 0.0: nothing to sample"):
+        _kernels.replay_sample(tree, np.zeros(1), np.empty(1, np.int64), np.empty(1, np.float32), 4, 1, 0.4)
+    inf_tree = sumtree.empty(4)
+    with np.errstate(over="ignore"):
+        sumtree.update(inf_tree, np.array([0, 1]), np.array([1e308, 1e308]))  # a total that overflowed
+    with pytest.raises(ValueError, match="the tree's total priority is inf"):
+        _kernels.replay_sample(inf_tree, np.zeros(1), np.empty(1, np.int64), np.empty(1, np.float32), 4, 2, 0.4)

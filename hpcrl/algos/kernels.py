@@ -25,6 +25,13 @@ def backend() -> str:
     return "c" if _kernels is not None and os.environ.get("HPCRL_KERNELS", "c") != "numpy" else "numpy"
 
 
+def c_module():
+    """The C extension module if backend() is 'c', else None: for callers that choose once (a
+    PrioritizedReplay at construction) and then call its kernels directly, without a look at
+    os.environ per call."""
+    return _kernels if backend() == "c" else None
+
+
 def _f32(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 

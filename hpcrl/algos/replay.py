@@ -7,6 +7,14 @@ Two priority spaces. A *raw* priority p is what callers give: |TD error| (or any
 P(i) = (p_i + eps) ** alpha / sum_j (p_j + eps) ** alpha; eps keeps rows whose TD error reached 0
 drawable, alpha = 0 is uniform replay. Rows added without priorities get the largest raw priority
 seen so far (1.0 before any), as in Schaul et al.'s Algorithm 1, so every new row is seen soon.
+
+The numpy code in add(), sample() and update_priorities() is the specification. With the C
+extension built, each of the three hands its priority work (checks, powers, raw-priority writes,
+the dedupe of repeated rows, the tree, the max, the importance weights) to one kernel in
+src_ext/kernels.c instead: a call of a 64-row batch is a few microseconds of arithmetic, so the
+numpy overhead of a dozen small array operations would cost more than the tree itself. The C path
+gives the same trees bit for bit, the same raw priorities, max priority and indices, weights equal
+within float32 rounding, and the same ValueErrors (tests/test_replay.py).
 """
 from __future__ import annotations
 
@@ -52,7 +60,10 @@ class PrioritizedReplay:
                         for name, (dtype, shape) in self.fields.items()}
         self.raw_priorities = np.zeros(self.capacity, dtype=np.float64)
         self.tree = sumtree.empty(self.capacity)
-        self._first_leaf = self.tree.shape[0] // 2  # tree index of row 0's leaf
+        self._first_leaf = self.tree.shape[0] // 2  # tree index of row 0's leaf (= the leaf count L)
+        # C kernels or None (numpy), chosen once: kernels.backend() reads os.environ, which costs
+        # as much as a C kernel call; HPCRL_KERNELS applies to replays made after it is set
+        self._c = kernels.c_module()
         self.size = 0
         self.inserted = 0
         self.sampled = 0
@@ -93,22 +104,36 @@ class PrioritizedReplay:
             raw = np.asarray(priorities, dtype=np.float64)
             if raw.shape != (k,):
                 raise ValueError(f"priorities must have one value per row, shape ({k},), got {raw.shape}")
-            _first_bad("priorities", raw, np.isfinite(raw) & (raw >= 0), "valid: finite and >= 0")
+        if self._c is not None:  # the checks and priority writes below, in one C call
+            self.max_priority = self._c.replay_add_priorities(
+                self.tree, self.raw_priorities, np.ascontiguousarray(raw), self._first_leaf, self.capacity,
+                self.inserted % self.capacity, self.alpha, self.eps, self.max_priority)
+            if k:
+                self._write_rows(arrays, k)
+            return
+        _first_bad("priorities", raw, np.isfinite(raw) & (raw >= 0), "valid: finite and >= 0")
         if k == 0:
             return
         if priorities is not None:
             self.max_priority = max(self.max_priority, float(raw.max()))
         keep = min(k, self.capacity)
         start = (self.inserted + k - keep) % self.capacity  # where the first kept row goes
-        before_wrap = min(keep, self.capacity - start)
-        for name, store in self.storage.items():
-            kept = arrays[name][k - keep:]
-            store[start:start + before_wrap] = kept[:before_wrap]
-            store[:keep - before_wrap] = kept[before_wrap:]
         rows = (start + np.arange(keep)) % self.capacity
         raw = raw[k - keep:]
         self.raw_priorities[rows] = raw
         kernels.sumtree_update(self.tree, rows, self._leaf_values(raw))
+        self._write_rows(arrays, k)
+
+    def _write_rows(self, arrays: dict[str, np.ndarray], k: int) -> None:
+        """Copy the newest min(k, capacity) of k checked rows into the ring and count them."""
+        keep = min(k, self.capacity)
+        start = (self.inserted + k - keep) % self.capacity  # where the first kept row goes
+        before_wrap = min(keep, self.capacity - start)
+        for name, store in self.storage.items():
+            kept = arrays[name][k - keep:]
+            store[start:start + before_wrap] = kept[:before_wrap]
+            if keep > before_wrap:  # an empty slice assignment still costs a microsecond
+                store[:keep - before_wrap] = kept[before_wrap:]
         self.size = min(self.size + k, self.capacity)
         self.inserted += k
 
@@ -130,11 +155,16 @@ class PrioritizedReplay:
         total = self.tree[1]
         if not total > 0:
             raise ValueError(f"every one of the {self.size} held rows has priority 0 (eps = 0): nothing to sample")
-        values = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
-        indices = kernels.sumtree_sample(self.tree, values)
-        probabilities = self.tree[self._first_leaf + indices] / total
-        weights = (self.size * probabilities) ** -beta
-        weights = (weights / weights.max()).astype(np.float32)
+        if self._c is not None:  # the prefix sums, the descent and the weights below, in one C call
+            indices, weights = np.empty(batch_size, dtype=np.int64), np.empty(batch_size, dtype=np.float32)
+            self._c.replay_sample(self.tree, rng.random(batch_size), indices, weights, self._first_leaf,
+                                  self.size, float(beta))
+        else:
+            values = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
+            indices = kernels.sumtree_sample(self.tree, values)
+            probabilities = self.tree[self._first_leaf + indices] / total
+            weights = (self.size * probabilities) ** -beta
+            weights = (weights / weights.max()).astype(np.float32)
         data = {name: store[indices] for name, store in self.storage.items()}
         self.sampled += batch_size
         return indices, weights, data
@@ -150,6 +180,12 @@ class PrioritizedReplay:
             raise ValueError(f"indices must be integers (as sample returns them), got {indices.dtype}")
         if indices.ndim != 1 or td.shape != indices.shape:
             raise ValueError(f"indices and td_errors must be 1-D of one length, got shapes {indices.shape} and {td.shape}")
+        if self._c is not None:  # the checks, the dedupe and the priority writes below, in one C call
+            self.max_priority = self._c.replay_update_priorities(
+                self.tree, self.raw_priorities, np.ascontiguousarray(indices, dtype=np.int64),
+                np.ascontiguousarray(td), self._first_leaf, self.capacity, self.size, self.alpha, self.eps,
+                self.max_priority)
+            return
         _first_bad("indices", indices, (indices >= 0) & (indices < self.size), f"valid: held rows 0 to {self.size - 1}")
         _first_bad("td_errors", td, np.isfinite(td), "valid: finite; a NaN or inf loss should stop the learner")
         if indices.shape[0] == 0:
