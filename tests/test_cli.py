@@ -142,3 +142,13 @@ def test_committed_job_scripts_are_what_hpcrl_sbatch_writes():
         regenerated = hpcrl(*args)
         assert regenerated.returncode == 0, regenerated.stderr
         assert regenerated.stdout == script.read_text(), f"{script.name} is stale: {written_by}"
+
+
+def test_plan_counts_each_dqn_learners_replay_shard_and_says_what_to_lower():
+    out = hpcrl("plan", "jobs/breakout_apex.yaml", "--world-size", "4").stdout
+    assert "replay shard per learner: 50,000 transitions, warm-up 20,000" in out
+    assert "learner 2.7 GiB" in out and "no warnings" in out  # two uint8 frame stacks per transition
+    two = hpcrl("plan", "jobs/breakout_apex.yaml", "--world-size", "5", "--set", "roles.learner.ranks=2").stdout
+    assert "replay shard per learner: 25,000 transitions" in two and "learner 1.4 GiB" in two
+    big = hpcrl("plan", "jobs/breakout_apex.yaml", "--world-size", "4", "--set", "algo.replay.capacity=200000").stdout
+    assert "add learners or lower algo.replay.capacity" in big

@@ -45,21 +45,41 @@ def test_two_learners_with_their_own_replay_shards_stay_bit_identical(tmp_path):
     assert set(step["target"]) == set(ck["model"])  # the target network, saved beside the model
 
 
-def test_serial_dqn_resumes_its_counters_and_target_and_refills_its_replay(tmp_path):
+@pytest.mark.parametrize("save_replay", [False, True], ids=["replay-refilled", "replay-saved"])
+def test_serial_dqn_resumes_its_counters_and_target_and_its_replay_if_saved(tmp_path, save_replay):
     cfg = dqn_config(tmp_path, roles={"inference": {"ranks": 0}}, run={"total_frames": 2048})
+    cfg["algo"]["replay"]["checkpoint"] = save_replay
     first = mpirun(1, "run", str(write_config(tmp_path, cfg)))
     before = check_finished(first, cfg, 2048, sync=False)
+    assert (run_dir(cfg) / "replay-0.h5").exists() == save_replay
     cfg["run"]["total_frames"] = 4096
     second = mpirun(1, "run", str(write_config(tmp_path, cfg)))
     after = check_finished(second, cfg, 4096, sync=False)
     assert "resuming from" in second.stdout
     n = len(before["frames"])
     np.testing.assert_array_equal(after["frames"][:n], before["frames"])  # the first run's rows stay
-    # without a saved replay the resumed run takes in a warm-up's worth again before it trains
-    assert after["frames"][n] - before["frames"][-1] >= 512
-    assert after["replay_size"][n] < after["frames"][n] - before["frames"][-1] + 4 * 8 * 4
+    new_frames = after["frames"][n] - before["frames"][-1]
+    if save_replay:  # the shard is back: training goes on at once, on the old transitions and the new
+        assert new_frames < 512
+        assert after["replay_size"][n] >= before["replay_size"][-1] + new_frames - 4 * 4 * 4
+    else:  # without a saved replay the resumed run takes in a warm-up's worth again before it trains
+        assert new_frames >= 512 and "fills its replay again" not in second.stdout
+        assert after["replay_size"][n] < new_frames + 4 * 8 * 4
     ck = load_checkpoint(str(run_dir(cfg) / "checkpoint.h5"))
     assert int(ck["extra"]["step"]["gradient_steps"]) == GRADIENT_STEPS * after["policy_version"][-1]
+
+
+def test_a_saved_replay_of_another_learner_count_is_not_used_and_the_run_says_so(tmp_path):
+    cfg = dqn_config(tmp_path, roles={"learner": {"ranks": 2}, "inference": {"ranks": 0}}, run={"total_frames": 1024})
+    cfg["algo"]["replay"]["checkpoint"] = True
+    check_finished(mpirun(4, "run", str(write_config(tmp_path, cfg))), cfg, 1024, sync=False)
+    assert (run_dir(cfg) / "replay-0.h5").exists() and (run_dir(cfg) / "replay-1.h5").exists()
+    cfg["roles"]["learner"]["ranks"] = 1
+    cfg["run"]["total_frames"] = 2048
+    second = mpirun(3, "run", str(write_config(tmp_path, cfg)))
+    check_finished(second, cfg, 2048, sync=False)
+    assert "learner 0: no saved replay shard to resume from" in second.stdout
+    assert "holds policy version" in second.stdout and "of 2 learners" in second.stdout
 
 
 def test_dqn_is_refused_for_continuous_actions_before_any_rank_starts_work(tmp_path):

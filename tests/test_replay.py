@@ -386,10 +386,11 @@ def replay_under(backend, monkeypatch, *args, **kwargs):
 @pytest.mark.parametrize("capacity", [1, 5, 64, 1000])
 def test_the_c_shard_kernels_match_the_numpy_specification(alpha, eps, capacity, monkeypatch):
     """Random adds (with and without priorities, zeros, wrapping, larger than the ring), draws at
-    beta 0, 0.4 and 1, and updates with repeated rows and zero TD errors: the same trees bit for
-    bit, raw priorities, max priority and indices; weights within one float32 ulp (both round the
-    same float64 arithmetic to float32; the C path mirrors numpy's sqrt/square/reciprocal
-    shortcuts for ** 0.5, 2 and -1, so today they are equal, but that is numpy's business)."""
+    beta 0, 0.4 and 1, and updates with repeated rows and zero TD errors: the same raw priorities,
+    max priority and indices; trees equal within round-off (on this project's machines bit for
+    bit, since the C path mirrors numpy's sqrt/square/reciprocal shortcuts for ** 0.5, 2 and -1,
+    but numpy may compute other powers with vectorised code that differs in the last bit);
+    weights within one float32 ulp."""
     c, ref = (replay_under(b, monkeypatch, capacity, FIELDS, alpha=alpha, eps=eps) for b in ("c", "numpy"))
     rng = np.random.default_rng(capacity + int(100 * alpha))
     rng_c, rng_ref = np.random.default_rng(5), np.random.default_rng(5)
@@ -411,7 +412,9 @@ def test_the_c_shard_kernels_match_the_numpy_specification(alpha, eps, capacity,
             td = rng.normal(size=repeated.shape[0]) * (rng.random(repeated.shape[0]) < 0.8) * 10.0 ** rng.integers(-3, 4)
             c.update_priorities(repeated, td)
             ref.update_priorities(repeated, td)
-        np.testing.assert_array_equal(c.tree, ref.tree)
+        # leaves are (p + eps) ** alpha from C's pow and from numpy's power, which on CPUs where numpy
+        # vectorises it (AVX512's SVML) may differ in the last bit: equal within round-off, not bit for bit
+        np.testing.assert_allclose(c.tree, ref.tree, rtol=1e-13, atol=0)
         np.testing.assert_array_equal(c.raw_priorities, ref.raw_priorities)
         assert (c.max_priority, c.size, c.inserted, c.sampled) == (ref.max_priority, ref.size, ref.inserted, ref.sampled)
         for name in FIELDS:

@@ -57,6 +57,10 @@ class ReplayConfig:
         "transitions sampled per transition inserted; the learners hold back their actors' records (credit "
         "flow control) while they are behind it. null: learners train as fast as they can and actors never wait "
         "for them (Ape-X)", default=None)
+    checkpoint: bool = doc("save every learner's replay shard (replay-K.h5 in the run directory) with each checkpoint, "
+                           "so a resume with the same learner count trains on at once; it can be gigabytes. Without "
+                           "it a resumed run fills its replay again (warmup transitions) before it trains",
+                           default=False)
 
 
 def validate_dqn(d: DQNConfig, r: ReplayConfig) -> None:

@@ -131,22 +131,48 @@ def save_checkpoint(path: str, model, optimizer,
                     counters: dict[str, int | float], np_rng: np.random.Generator, config_text: str,
                     extra: dict[str, np.ndarray] | None = None) -> None:
     """Write a checkpoint with a content checksum; the one it replaces becomes `*.prev.h5`."""
+    def fill(f: h5py.File) -> None:
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["config"] = config_text
+        _write_tree(f.create_group("model"), dict(model.state_dict()))
+        pause_point("checkpoint")  # tests: a kill here leaves half a file
+        _write_tree(f.create_group("optimizer"), optimizer.state_dict())
+        _write_tree(f.create_group("counters"), dict(counters))
+        _write_tree(f.create_group("rng"), rng_states(np_rng))
+        _write_tree(f.create_group("extra"), dict(extra or {}))
+
+    _write_whole(path, fill, install=_install)
+
+
+def save_arrays(path: str, arrays: dict[str, np.ndarray], attrs: dict[str, int | float | str]) -> None:
+    """Named arrays and attributes (a replay shard) in one HDF5 file, written as checkpoints are:
+    to a temporary name, with a checksum, synced to disk, then renamed over the old one."""
+    def fill(f: h5py.File) -> None:
+        for key, value in attrs.items():
+            f.attrs[key] = value
+        for name, array in arrays.items():
+            f.create_dataset(name, data=array)
+
+    _write_whole(path, fill, install=os.replace)
+
+
+def load_arrays(path: str) -> tuple[dict[str, np.ndarray], dict]:
+    """(arrays, attributes) of a file from `save_arrays`; CheckpointError if it is unusable."""
+    return _read_verified(path, lambda f: ({name: f[name][()] for name in f}, dict(f.attrs)))
+
+
+def _write_whole(path: str, fill: Callable[[h5py.File], None], install: Callable[[str, str], None]) -> None:
+    """`fill` a new file at a temporary name, add its checksum, sync it, `install` it at `path`:
+    a crash leaves the old file or the new one, never half of one."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with h5py.File(tmp, "w") as f:
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["config"] = config_text
-            _write_tree(f.create_group("model"), dict(model.state_dict()))
-            pause_point("checkpoint")  # tests: a kill here leaves half a file
-            _write_tree(f.create_group("optimizer"), optimizer.state_dict())
-            _write_tree(f.create_group("counters"), dict(counters))
-            _write_tree(f.create_group("rng"), rng_states(np_rng))
-            _write_tree(f.create_group("extra"), dict(extra or {}))
+            fill(f)
             f.attrs["sha256"] = _digest(f)
             f.flush()
         with open(tmp, "rb") as fh:  # the data is on disk before the name points at it
             os.fsync(fh.fileno())
-        _install(tmp, path)
+        install(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -24,6 +24,7 @@ class RunFiles:
         metrics.h5 (already cut back to the checkpoint by rundir.prepare). `progress`: the
         algorithm's part of the progress line, a format string over the row (its step's `progress`)."""
         self.progress = progress
+        self.saved = False  # whether the last report wrote a checkpoint
         self.run_dir = run_dir
         self.config_text = config_text
         self.log_interval_s, self.checkpoint_interval_s = log_interval_s, checkpoint_interval_s
@@ -50,12 +51,14 @@ class RunFiles:
             print(f"[hpcrl] frames {row['frames']:>10,} | {fps:8,.0f} fps | return {row['return_window_mean']:7.1f}"
                   f" | version {row['policy_version']:5d} | {self.progress.format(**row)}", flush=True)
             self._last_log, self._last_log_frames = now, row["frames"]
+        self.saved = False
         if code or now - self._last_ckpt >= self.checkpoint_interval_s:
             try:
                 save(self.checkpoint_path)
             except OSError as exc:
                 return self.output_failed("the checkpoint", self.checkpoint_path, exc)
             self._last_ckpt = now
+            self.saved = True  # the trainers save what they hold beside it (replay shards)
         if code == PREEMPTED_CODE:
             print(f"[hpcrl] preempted: checkpoint of policy version {row['policy_version']} at {row['frames']:,} "
                   f"frames written; run the same command again to resume", flush=True)

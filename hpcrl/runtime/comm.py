@@ -244,9 +244,14 @@ def allreduce_sum(comm, values: np.ndarray) -> np.ndarray:
 
 def broadcast_int(comm, value: int) -> int:
     """The root's decision, on every rank of comm (so no rank decides from its own rounding)."""
-    buf = np.array([value], dtype=np.int64)
+    return broadcast_ints(comm, [value])[0]
+
+
+def broadcast_ints(comm, values: list[int]) -> list[int]:
+    """The root's decisions, in one message, on every rank of comm."""
+    buf = np.array(values, dtype=np.int64)
     comm.Bcast(buf, root=0)
-    return int(buf[0])
+    return [int(v) for v in buf]
 
 
 def broadcast_object_on(comm, obj):

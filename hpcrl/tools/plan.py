@@ -231,7 +231,8 @@ def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float
         lines.append(f"  env rank        sends {_rate(t.env_fragments)} of fragments")
     lines.append(f"  learner         receives {_rate(t.learner_fragments_in)} of fragments (busiest learner)")
     lines.append(f"  learner root    broadcasts {t.weights_per_update:,} bytes of weights per update, "
-                 f"{t.updates_per_second:,.1f} updates/s")
+                 + (f"{t.updates_per_second:,.1f} updates/s" if t.updates_per_second else
+                    "as many updates as the learners can train (no algo.replay.replay_ratio)"))
     if t.allreduce_per_second:
         lines.append(f"  each learner    allreduces {_rate(t.allreduce_per_second)} of gradients")
     if mem is not None:

@@ -71,6 +71,12 @@ class FragmentQueue:
             self.batch = [self.queue.popleft() for _ in range(self.batch_fragments)]
         return len(ready), [self.stream.slots[s] for s in self.batch]
 
+    def save(self, run_dir: str, version: int) -> None:
+        """With a checkpoint: nothing to save (queued fragments are not worth a resume's while)."""
+
+    def resume(self, run_dir: str, version: int | None) -> None:
+        """At start (`version`: the checkpoint's, or None for a new run): nothing to restore."""
+
     def counted(self, batch: list[Message]) -> list[Message]:
         """The records an update accounts for (frames, episodes, timings): the batch's fragments."""
         return batch

@@ -13,12 +13,15 @@ slots, so actors run out of credits and wait: flow control is what holds the rat
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections import deque
 
 import numpy as np
 
 from hpcrl.algos.replay import PrioritizedReplay
+from hpcrl.io.checkpoint import CheckpointError, load_arrays, save_arrays
 from hpcrl.core.layout import replay_shard
 from hpcrl.core.messages import REPLAY_FIELDS, STOP, Message
 from hpcrl.core.seeds import seed_for
@@ -45,8 +48,9 @@ class RecordHeader:
 class ReplaySource:
     def __init__(self, stream: SampleReceiver, actors: list[int], replay: PrioritizedReplay, batch_size: int,
                  warmup: int, gradient_steps: int, replay_ratio: float | None, beta: float, total_frames: int,
-                 learners: int, rng: np.random.Generator):
-        """`batch_size` and `warmup`: this shard's (hpcrl.core.layout.replay_shard)."""
+                 learners: int, rng: np.random.Generator, index: int = 0, save_shard: bool = False):
+        """`batch_size` and `warmup`: this shard's (hpcrl.core.layout.replay_shard). `index`: the
+        learner's index among the learners; `save_shard`: algo.replay.checkpoint."""
         self.stream, self.actors = stream, list(actors)
         self.replay = replay
         self.batch_size, self.warmup, self.gradient_steps = batch_size, warmup, gradient_steps
@@ -56,9 +60,11 @@ class ReplaySource:
         self.rng = rng
         self.waiting: deque[int] = deque()  # slots that arrived and are not in the shard yet
         self.arrivals: list[RecordHeader] = []  # records taken in since the last update
-        self.inserted_at_warm: int | None = None  # the shard's insert count when warm-up ended
+        self.inserted_at_warm: int | None = None  # the shard's insert count when warm-up ended (or at a resume)
+        self.sampled_at_warm = 0  # and its sample count then
         self.frames = 0  # the run's frames (all env ranks), for beta's annealing
         self.goodbyes: set[int] = set()
+        self.index, self.save_shard = index, save_shard
 
     @classmethod
     def from_config(cls, cfg, layout, stream: SampleReceiver, actors: list[int]) -> "ReplaySource":
@@ -71,7 +77,8 @@ class ReplaySource:
         index = layout.index_in("learner", stream.comm.Get_rank())  # the stream's communicator is a copy of WORLD
         return cls(stream, actors, PrioritizedReplay(capacity, fields, alpha=r.alpha), batch, warmup,
                    d.gradient_steps, r.replay_ratio, r.beta, cfg.run.total_frames, learners,
-                   np.random.default_rng(seed_for(cfg.run.seed, "replay", index)))
+                   np.random.default_rng(seed_for(cfg.run.seed, "replay", index)), index=index,
+                   save_shard=r.checkpoint)
 
     # --- the trainer's calls -------------------------------------------------------------------------
     def poll(self, version: int, frames: int = 0) -> tuple[int, "ReplaySource | None"]:
@@ -118,6 +125,44 @@ class ReplaySource:
                 "replay_ratio": r.sampled / max(r.inserted, 1), "priority_mean": r.mean_priority(),
                 "beta": self.beta}
 
+    # --- with checkpoints (algo.replay.checkpoint) ------------------------------------------------------
+    def shard_path(self, run_dir: str) -> str:
+        return os.path.join(run_dir, f"replay-{self.index}.h5")
+
+    def save(self, run_dir: str, version: int) -> None:
+        """Beside the root's checkpoint of policy version `version`: this learner's shard."""
+        if self.save_shard:
+            save_arrays(self.shard_path(run_dir), self.replay.state(),
+                        {"policy_version": version, "learners": self.learners,
+                         "rng": json.dumps(self.rng.bit_generator.state)})
+
+    def resume(self, run_dir: str, version: int | None) -> None:
+        """At start: a resume (checkpoint of policy `version`) takes its shard back when it was saved
+        with that checkpoint and the same learner count; otherwise it fills the replay again."""
+        if not self.save_shard or version is None:
+            return
+        path = self.shard_path(run_dir)
+        why = None
+        try:
+            arrays, attrs = load_arrays(path)
+        except CheckpointError as exc:
+            why = "it has none" if not os.path.exists(path) else str(exc)
+        else:
+            if int(attrs["policy_version"]) != version or int(attrs["learners"]) != self.learners:
+                why = (f"{path} holds policy version {int(attrs['policy_version'])} of {int(attrs['learners'])} "
+                       f"learners, the checkpoint version {version} of {self.learners}")
+            else:
+                try:
+                    self.replay.restore(arrays)
+                    self.rng.bit_generator.state = json.loads(attrs["rng"])
+                except ValueError as exc:  # another capacity or record layout
+                    why = f"{path} does not fit this run's replay ({exc})"
+        if why:
+            print(f"[hpcrl] warning: learner {self.index}: no saved replay shard to resume from ({why}); it fills "
+                  f"its replay again ({self.warmup:,} transitions) before it trains", flush=True)
+        elif self._warm():  # the replay ratio counts on from here
+            self.inserted_at_warm, self.sampled_at_warm = self.replay.inserted, self.replay.sampled
+
     # --- taking records in -------------------------------------------------------------------------------
     def _warm(self) -> bool:
         return self.replay.size >= self.warmup
@@ -126,7 +171,8 @@ class ReplaySource:
         """Samples this learner owes the replay ratio (infinite without one)."""
         if self.replay_ratio is None:
             return math.inf
-        return self.replay_ratio * (self.replay.inserted - self.inserted_at_warm) - self.replay.sampled
+        return self.replay_ratio * (self.replay.inserted - self.inserted_at_warm) - (self.replay.sampled -
+                                                                                    self.sampled_at_warm)
 
     def _may_take_in(self) -> bool:
         return not self._warm() or self.replay_ratio is None or \
@@ -141,8 +187,8 @@ class ReplaySource:
         self.replay.add({name: record[name][:count] for name in REPLAY_FIELDS}, record["priorities"][:count])
         self.arrivals.append(RecordHeader(record))
         self.stream.release(slot)  # a credit for the actor again
-        if self.inserted_at_warm is None and self._warm():
-            self.inserted_at_warm = self.replay.inserted  # the ratio counts from here (nothing was sampled yet)
+        if self.inserted_at_warm is None and self._warm():  # the ratio counts from here
+            self.inserted_at_warm, self.sampled_at_warm = self.replay.inserted, self.replay.sampled
 
     # --- shutdown --------------------------------------------------------------------------------------
     def drain(self) -> int:

@@ -55,14 +55,16 @@ class LearnerRole:
                           start_frames=w.start.start_frames, resume=w.start.resume_file is not None,
                           tensorboard=cfg.run.tensorboard, progress=w.algorithm.load("step").progress)
                  if root else None)
+        source.resume(w.start.run_dir, w.start.start_version if w.start.resume_file else None)
         return cls(cfg, w.spaces, w.trainer_comm, source, w.params if root else None, files, w.control,
-                   step=w.algorithm.load("step"), batch_share=batch_share(cfg, layout, len(actors)), resume_path=w.start.resume_file,
+                   step=w.algorithm.load("step"), batch_share=batch_share(cfg, layout, len(actors)),
+                   run_dir=w.start.run_dir, resume_path=w.start.resume_file,
                    preempt_requested=w.preempt_requested, heartbeat=w.heartbeat)
 
     def __init__(self, cfg: Config, spaces, trainer_comm, source, publisher: ParameterPublisher | None,
                  files: RunFiles | None, control: ControlStream, step: type, batch_share: float = 1.0,
-                 resume_path: str | None = None, preempt_requested: Callable[[], bool] = lambda: False,
-                 heartbeat: Callable[[], None] = lambda: None):
+                 run_dir: str = ".", resume_path: str | None = None,
+                 preempt_requested: Callable[[], bool] = lambda: False, heartbeat: Callable[[], None] = lambda: None):
         """`step`: the algorithm's trainer step class. `batch_share`: this trainer's fraction of
         the global batch times the number of trainers (1.0 when every trainer's batch is as large
         as the others'; hpcrl.core.layout.batch_share), so unequal batches average to the mean
@@ -76,6 +78,7 @@ class LearnerRole:
         self.publisher = publisher
         self.files = files
         self.batch_share = batch_share
+        self.run_dir = run_dir  # where the batch source saves what it holds (replay shards) with a checkpoint
         self.preempt_requested = preempt_requested
         self.heartbeat = heartbeat  # called per minibatch: a long update is work, not a hang
         self.local_env = None  # serial mode: the actor in this process, saved with the checkpoint
@@ -200,7 +203,10 @@ class LearnerRole:
                 code = TARGET_CODE
             self.stopped_by = STOP_REASONS[code]
             code = self.files.report(row, code, self.save)
-        code = comm.broadcast_int(self.comm, code)  # MPI: all trainers stop after the same update, the same way
+        # MPI: all trainers stop after the same update, the same way, and save with the root's checkpoint
+        code, saved = comm.broadcast_ints(self.comm, [code, self.files.saved if self.root else 0])
+        if saved:
+            self.source.save(self.run_dir, self.version)
         self.stopped_by = STOP_REASONS[code]
         self.stop_flags = STOP_FLAGS[code]
         if code and self.control.is_controller:
