@@ -1,11 +1,15 @@
 """DQN as real jobs: two learners with their own replay shards stay bit-identical, the replay
 ratio holds, the checkpoint carries the target network, and a resume refills the replay."""
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.io.metrics import read_metrics
-from tests.conftest import mpirun, run_dir, small_config, write_config
+from tests.conftest import REPO, mpirun, run_dir, small_config, write_config
 from tests.test_mpi_runs import check_finished
 
 GRADIENT_STEPS = 4
@@ -97,3 +101,8 @@ def test_metrics_name_what_a_dqn_run_reports(tmp_path):
     for key in ("replay_size", "replay_ratio", "priority_mean", "td_error", "q_mean", "eps_min", "eps_max", "beta"):
         assert np.all(np.isfinite(metrics[key])), key
     assert np.all(np.diff(metrics["beta"]) >= 0) and 0.4 <= metrics["beta"][0] < metrics["beta"][-1] <= 1.0
+    # hpcrl eval plays the Q-network greedily, sampled or not (exploration belongs to the actors)
+    played = subprocess.run([sys.executable, "-m", "hpcrl", "eval", str(run_dir(cfg)), "--episodes", "2", "--json"],
+                            capture_output=True, text=True, cwd=REPO)
+    assert played.returncode == 0, played.stderr
+    assert json.loads(played.stdout)["episodes"] == 2
