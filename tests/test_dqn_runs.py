@@ -106,3 +106,20 @@ def test_metrics_name_what_a_dqn_run_reports(tmp_path):
                             capture_output=True, text=True, cwd=REPO)
     assert played.returncode == 0, played.stderr
     assert json.loads(played.stdout)["episodes"] == 2
+
+
+def test_the_shipped_atari_apex_job_trains_on_frame_stacks_with_per_env_epsilons(tmp_path):
+    """jobs/breakout_apex.yaml, cut short: uint8 frame stacks travel in transitions, the Nature CNN
+    with its dueling head trains on them, and every env explores with its own Ape-X epsilon."""
+    out = tmp_path / "runs"
+    result = mpirun(4, "run", str(REPO / "jobs" / "breakout_apex.yaml"), "--set", f"run.output_dir={out}",
+                    "--set", "run.total_frames=2000", "--set", "algo.replay.warmup=800",
+                    "--set", "algo.replay.capacity=5000", timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    metrics = read_metrics(str(out / "breakout_apex" / "metrics.h5"))
+    assert metrics["frames"][-1] >= 2000 and metrics["replay_size"][0] >= 800
+    # 2 env ranks x 8 envs: eps from 0.4 down to 0.4 ** 8
+    assert metrics["eps_max"][-1] == pytest.approx(0.4) and metrics["eps_min"][-1] == pytest.approx(0.4 ** 8)
+    assert np.all(np.isfinite(metrics["td_error"])) and np.all(np.isfinite(metrics["q_mean"]))
+    ck = load_checkpoint(str(out / "breakout_apex" / "checkpoint.h5"))
+    assert any(k.startswith("trunk.0.") for k in ck["extra"]["step"]["target"])  # the CNN's target copy

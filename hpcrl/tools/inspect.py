@@ -118,9 +118,17 @@ def _config_summary(cfg: dict) -> list[str]:
     run, env, algo, model, roles = (cfg.get(k, {}) or {} for k in ("run", "env", "algo", "model", "roles"))
     role_counts = ", ".join(f"{name} {_role_count(spec)}" for name, spec in roles.items() if isinstance(spec, dict))
     target = run.get("target_return")
+    if algo.get("name") == "dqn":  # its step's own settings, not PPO's epochs
+        dqn, replay = algo.get("dqn", {}) or {}, algo.get("replay", {}) or {}
+        step = (f"{dqn.get('n_step')}-step, batch {dqn.get('batch_size')}, replay {replay.get('capacity', 0):,} "
+                f"ratio {replay.get('replay_ratio') or 'null'}")
+    else:
+        step = f"epochs {algo.get('epochs')}"
+    # auto takes the CNN for the image observations of the atari preset
+    cnn = model.get("encoder") == "cnn" or (model.get("encoder") == "auto" and env.get("preset") == "atari")
+    net = "Nature CNN" if cnn else f"{model.get('hidden_sizes')} {model.get('activation')}"
     return [f"{env.get('id')} x {env.get('num_envs')} per env rank; {algo.get('name')} {algo.get('mode')}, rollout "
-            f"{algo.get('rollout_length')}, lr {algo.get('lr')} {algo.get('lr_schedule')}, epochs {algo.get('epochs')}, "
-            f"model {model.get('hidden_sizes')} {model.get('activation')}",
+            f"{algo.get('rollout_length')}, lr {algo.get('lr')} {algo.get('lr_schedule')}, {step}, model {net}",
             f"roles: {role_counts}; seed {run.get('seed')}; total_frames {run.get('total_frames', 0):,}"
             + (f"; target_return {target}" if target is not None else "")]
 
