@@ -82,6 +82,18 @@ class SampleReceiver:
         self.free.append(slot)
         self._grant()
 
+    def discard_arrivals(self) -> int:
+        """After the stop word: release every record that has arrived, unread (a goodbye among them
+        is answered with its farewell); the count of them."""
+        ready = self.ready()
+        for slot in ready:
+            self.release(slot)
+        return len(ready)
+
+    def all_closed(self) -> bool:
+        """Every sender's goodbye is in."""
+        return len(self.closed) == len(self.senders)
+
     def in_flight(self) -> int:
         """Slots granted (a receive posted) or holding an arrived record."""
         return len(self.slots) - len(self.free)

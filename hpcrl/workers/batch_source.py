@@ -41,7 +41,6 @@ class FragmentQueue:
         self.queue: deque[int] = deque()  # async: slots in arrival order
         self.batch: list[int] = []  # slots of the batch handed out, until released
         self.dropped: list = []  # (frames, episode stats) of fragments dropped since the last batch
-        self.goodbyes: set[int] = set()
         self._checked_version = None  # async: the version the queue was last checked for staleness at
 
     @classmethod
@@ -141,16 +140,10 @@ class FragmentQueue:
         self.have.clear()
         self.complete = 0
         self.batch = []
-        ready = self.stream.ready()
-        for slot in ready:
-            fragment = self.stream.slots[slot]
-            if fragment.get("flags") & STOP:
-                self.goodbyes.add(fragment.get("env_rank"))
-            self.stream.release(slot)
-        return len(ready)
+        return self.stream.discard_arrivals()
 
     def all_gone(self) -> bool:
-        return len(self.goodbyes) == len(self.actors)
+        return self.stream.all_closed()
 
     def waiting_for(self, version: int) -> str:
         """What the trainer waits for (the watchdog's message, if it fires)."""

@@ -42,7 +42,9 @@ class RecordHeader:
         return self.words[key]
 
     def __getitem__(self, key: str) -> np.ndarray:
-        return {"episode_stats": self.episode_stats}[key]
+        if key != "episode_stats":  # the one field kept
+            raise KeyError(key)
+        return self.episode_stats
 
 
 class ReplaySource:
@@ -63,7 +65,6 @@ class ReplaySource:
         self.inserted_at_warm: int | None = None  # the shard's insert count when warm-up ended (or at a resume)
         self.sampled_at_warm = 0  # and its sample count then
         self.frames = 0  # the run's frames (all env ranks), for beta's annealing
-        self.goodbyes: set[int] = set()
         self.index, self.save_shard = index, save_shard
 
     @classmethod
@@ -195,16 +196,10 @@ class ReplaySource:
         """After the stop word: discard records until every actor's goodbye is in."""
         while self.waiting:
             self.stream.release(self.waiting.popleft())
-        ready = self.stream.ready()
-        for slot in ready:
-            record = self.stream.slots[slot]
-            if record.get("flags") & STOP:
-                self.goodbyes.add(record.get("env_rank"))
-            self.stream.release(slot)
-        return len(ready)
+        return self.stream.discard_arrivals()
 
     def all_gone(self) -> bool:
-        return len(self.goodbyes) == len(self.actors)
+        return self.stream.all_closed()
 
     def waiting_for(self, version: int) -> str:
         """What the trainer waits for (the watchdog's message, if it fires)."""
