@@ -5,13 +5,14 @@ import pytest
 import torch
 
 from hpcrl.algos.dqn import dqn_loss, td_errors
+from hpcrl.algos.exploration import apex_epsilons
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.layout import plan_layout, replay_shard
 from hpcrl.core.messages import transition_spec
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.models import build_policy
 from hpcrl.models.q import QNetwork, QRunner
-from hpcrl.workers.q_actor import NStepWindow, TransitionWriter, apex_epsilons
+from hpcrl.workers.q_actor import NStepWindow, TransitionWriter
 
 G = 0.5
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hpcrl.algos.exploration import linear_epsilon
 from hpcrl.core.config import Config
 
 LOSS_KEYS = ("loss", "td_error", "q_mean")
@@ -106,7 +107,7 @@ class DQNStep:
         d = self.d
         if d.eps_schedule == "apex":
             return d.eps ** (1.0 + d.eps_alpha), d.eps
-        eps = d.eps_start + (d.eps_final - d.eps_start) * min(1.0, frames / d.eps_decay_frames)
+        eps = linear_epsilon(d, frames)
         return eps, eps
 
     def state(self) -> dict:

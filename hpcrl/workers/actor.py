@@ -126,15 +126,24 @@ class EnvRole:
         """From the wiring (hpcrl.runtime.wiring.Wiring): its policy (a policy server's channels, one
         per env group, or an inline policy) and its sender to the trainer."""
         index = w.layout.index_in("env", w.rank)
+        return cls(w.cfg, w.rank, index, cls.policies(w, index), cls.sender(w, index),
+                   start_version=w.start.start_version,
+                   fragments_per_version=fragments_per_env_rank(w.cfg, w.layout), control=w.control)
+
+    @staticmethod
+    def policies(w, index: int) -> list:
+        """Env rank number `index`'s policy: its policy server's channels, one per env group, or
+        an inline policy (with inference: {ranks: 0}, and in serial mode)."""
         server = int(w.layout.env_inference[index])
         if server == INLINE:
             from hpcrl.workers.policy_server import InlinePolicy  # torch: only env ranks that hold a policy
-            policies = [InlinePolicy.build(w, index)]
-        else:
-            policies = [RemotePolicy(w.inference.client(server, group=g)) for g in range(w.groups)]
-        return cls(w.cfg, w.rank, index, policies, w.sample.sender(int(w.layout.env_learner[index])),
-                   start_version=w.start.start_version,
-                   fragments_per_version=fragments_per_env_rank(w.cfg, w.layout), control=w.control)
+            return [InlinePolicy.build(w, index)]
+        return [RemotePolicy(w.inference.client(server, group=g)) for g in range(w.groups)]
+
+    @staticmethod
+    def sender(w, index: int) -> SampleSender:
+        """Env rank number `index`'s end of the sample stream, to its trainer."""
+        return w.sample.sender(int(w.layout.env_learner[index]))
 
     def _reset_stats(self) -> None:
         stats = self.fragment["episode_stats"]
@@ -154,17 +163,24 @@ class EnvRole:
             work += self._poll_group(group)
             if self.stopping:
                 return work + self._stop_groups()
-        if all(g.at_end for g in self.groups):
+        if self._record_full():
             if self.sender.can_send():
                 self._ship()
                 work += 1
             else:  # flow control: its trainer has no free slot yet (a wait on a peer)
                 if self.credit_wait_since is None:
                     self.credit_wait_since = time.perf_counter()
-                    self.status = f"waiting for a credit from its trainer (rank {self.sender.peer}) to send a fragment"
+                    self.status = (f"waiting for a credit from its trainer (rank {self.sender.peer}) to send "
+                                   f"{self.record_name}")
                 return work
         self._account_wait(work)
         return work
+
+    record_name = "a fragment"  # what ships, for the status line
+
+    def _record_full(self) -> bool:
+        """The record must ship before any group steps on: every group has had step T's reply."""
+        return all(g.at_end for g in self.groups)
 
     def _account_wait(self, work: int) -> None:
         """Time in which no group had anything to step (what double buffering is meant to hide)
@@ -179,8 +195,8 @@ class EnvRole:
             self.idle_since = None
 
     def _poll_group(self, group: EnvGroup) -> int:
-        if not group.waiting:
-            return 0
+        if not group.waiting or self._record_full():
+            return 0  # a reply that came while the record is full waits in its buffer until it ships
         reply = group.policy.poll()
         if reply is None:
             return 0
@@ -189,6 +205,12 @@ class EnvRole:
         if reply.get("flags") & STOP:  # the policy side heard the stop word first
             group.stopped = self.stopping = True
             return 1
+        self._take_reply(group, reply)
+        return 1
+
+    def _take_reply(self, group: EnvGroup, reply: Message) -> None:
+        """A fragment's step: the reply's actions step the group, or (step T) its values close the
+        group's columns of the fragment."""
         if self.sync and reply.get("version") != self.version:
             raise RuntimeError(f"env rank {self.rank}: sync mode got actions from policy version "
                                f"{reply.get('version')} while collecting with version {self.version}")
@@ -200,9 +222,8 @@ class EnvRole:
             frag["last_values"][cols] = reply["values"]
             frag["last_obs"][cols] = group.request["obs"]
             group.at_end = True
-            return 1
+            return
         self._step(group, reply)
-        return 1
 
     def _step(self, group: EnvGroup, reply: Message) -> None:
         t, frag, cols = group.t, self.fragment, group.columns

@@ -23,16 +23,9 @@ import time
 import numpy as np
 
 from hpcrl.core.config import Config
-from hpcrl.core.layout import INLINE
-from hpcrl.core.messages import STOP
+from hpcrl.algos.exploration import apex_epsilons, linear_epsilon
 from hpcrl.core.seeds import seed_for
-from hpcrl.workers.actor import EnvGroup, EnvRole, RemotePolicy
-
-
-def apex_epsilons(eps: float, alpha: float, total_envs: int) -> np.ndarray:
-    """Ape-X's fixed exploration per env (Horgan et al. 2018): eps_i = eps ^ (1 + alpha i / (N - 1))."""
-    i = np.arange(total_envs, dtype=np.float64)
-    return eps ** (1.0 + alpha * i / max(total_envs - 1, 1))
+from hpcrl.workers.actor import EnvGroup, EnvRole
 
 
 class NStepWindow:
@@ -118,8 +111,7 @@ class TransitionActor(EnvRole):
     def __init__(self, cfg: Config, rank: int, index: int, policies: list, sender, env_ranks: int,
                  start_version: int = 0, control=None):
         super().__init__(cfg, rank, index, policies, sender, start_version=start_version, control=control)
-        d = cfg.algo.dqn
-        self.n_step = d.n_step
+        d = self.dqn = cfg.algo.dqn
         self.per_group = self.N // len(self.groups)
         # the most rows one group step writes: an env emits one ripe transition, then its whole
         # window of n steps if its episode ends there
@@ -129,8 +121,6 @@ class TransitionActor(EnvRole):
         self.windows = [NStepWindow(d.n_step, cfg.algo.gamma, self.per_group, g.request["obs"], actions)
                         for g in self.groups]
         self.rng = np.random.default_rng(seed_for(cfg.run.seed, "explore", index))
-        self.schedule = d.eps_schedule
-        self.eps_linear = (d.eps_start, d.eps_final, d.eps_decay_frames)
         self.env_ranks = env_ranks
         self.frames = 0  # env steps of this rank
         self.record_frames = 0  # env steps since the last record shipped
@@ -143,65 +133,25 @@ class TransitionActor(EnvRole):
         """From the wiring (hpcrl.runtime.wiring.Wiring), as the PPO actor: its policy (a policy
         server's channels, one per env group, or an inline policy) and its sender to the trainer."""
         index = w.layout.index_in("env", w.rank)
-        server = int(w.layout.env_inference[index])
-        if server == INLINE:
-            from hpcrl.workers.policy_server import InlinePolicy  # torch: only env ranks that hold a policy
-            policies = [InlinePolicy.build(w, index)]
-        else:
-            policies = [RemotePolicy(w.inference.client(server, group=g)) for g in range(w.groups)]
-        return cls(w.cfg, w.rank, index, policies, w.sample.sender(int(w.layout.env_learner[index])),
-                   env_ranks=len(w.layout.envs), start_version=w.start.start_version, control=w.control)
+        return cls(w.cfg, w.rank, index, cls.policies(w, index), cls.sender(w, index), env_ranks=len(w.layout.envs),
+                   start_version=w.start.start_version, control=w.control)
 
     def epsilon(self, g: int) -> np.ndarray:
         """The exploration of group g's envs now."""
-        cols = self.groups[g].columns
-        if self.schedule == "apex":
-            return self.epsilons[cols]
-        start, final, frames = self.eps_linear
+        if self.dqn.eps_schedule == "apex":
+            return self.epsilons[self.groups[g].columns]
         # linear: every env rank's frames, estimated from this rank's (the env ranks run alike)
-        progress = min(1.0, self.frames * self.env_ranks / frames)
-        return np.full(self.per_group, start + (final - start) * progress)
+        return np.full(self.per_group, linear_epsilon(self.dqn, self.frames * self.env_ranks))
 
-    def epsilon_range(self) -> tuple[float, float]:
-        eps = np.concatenate([self.epsilon(g) for g in range(len(self.groups))])
-        return float(eps.min()), float(eps.max())
+    record_name = "transitions"
 
-    def poll(self) -> int:
-        if not self.stopping and self.control is not None and self.control.stopped:
-            self.stopping = True
-        if self.stopping:
-            return self._stop_groups()
-        work = 0
-        for group in self.groups:
-            if not group.waiting:
-                group.submit(self.version)
-            work += self._poll_group(group)
-            if self.stopping:
-                return work + self._stop_groups()
-        if self.writer.room() < self.rows_per_step:  # full: no group may step until it ships
-            if self.sender.can_send():
-                self._ship()
-                work += 1
-            elif self.credit_wait_since is None:  # flow control: its trainer has no free slot yet
-                self.credit_wait_since = time.perf_counter()
-                self.status = f"waiting for a credit from its trainer (rank {self.sender.peer}) to send transitions"
-        self._account_wait(work)
-        return work
+    def _record_full(self) -> bool:
+        """No group may step on until the record ships: another step might not fit."""
+        return self.writer.room() < self.rows_per_step
 
-    def _poll_group(self, group: EnvGroup) -> int:
-        if not group.waiting or self.writer.room() < self.rows_per_step:
-            return 0  # the reply waits in its buffer until the record has room for what it brings
-        reply = group.policy.poll()
-        if reply is None:
-            return 0
-        self._reply_arrived()
-        group.waiting = False
-        if reply.get("flags") & STOP:  # the policy side heard the stop word first
-            group.stopped = self.stopping = True
-            return 1
+    def _take_reply(self, group: EnvGroup, reply) -> None:
         self._step(group, reply)
         group.submit(self.version)  # at once: its round trip overlaps the other groups' steps
-        return 1
 
     def _step(self, group: EnvGroup, reply) -> None:
         g = self.groups.index(group)
