@@ -26,6 +26,25 @@ def test_rows_read_back_while_the_writer_is_open(tmp_path):
     assert m["digest"].tolist() == [[3, 4], [5, 6], [7, 8]]
 
 
+def test_buffered_rows_reach_the_file_as_one_block_on_flush_and_close(tmp_path):
+    """A learner's rows are held for up to a flush interval and written together: readers see none
+    of them before the flush, all of them in order after, and close writes the rest."""
+    path = str(tmp_path / "metrics.h5")
+    writer = MetricsWriter(path, tensorboard_dir=str(tmp_path), flush_interval_s=3600)
+    for v in (1, 2, 3):
+        writer.append({"frames": 10 * v, "policy_version": v, "digest": np.array([v, -v], dtype=np.int64)})
+    assert writer.rows == 0 and read_metrics(path) == {}
+    with pytest.raises(ValueError, match="keys changed"):  # refused when appended, not at the flush
+        writer.append({"frames": 40})
+    writer.flush()
+    assert writer.rows == 3 and read_metrics(path)["policy_version"].tolist() == [1, 2, 3]
+    writer.append({"frames": 40, "policy_version": 4, "digest": np.array([4, -4], dtype=np.int64)})
+    assert read_metrics(path)["frames"].tolist() == [10, 20, 30]
+    writer.close()
+    m = read_metrics(path)
+    assert m["frames"].tolist() == [10, 20, 30, 40] and m["digest"][:, 1].tolist() == [-1, -2, -3, -4]
+
+
 def test_a_row_with_other_keys_is_refused(tmp_path):
     writer = MetricsWriter(str(tmp_path / "m.h5"))
     writer.append({"frames": 1})

@@ -4,6 +4,12 @@ Written in HDF5's single-writer/multiple-reader mode, so `read_metrics` (or h5py
 SWMR) can follow a run while it goes on, and a crash leaves every row written so far readable.
 Optionally every row is mirrored as TensorBoard scalars in event files beside it.
 
+Rows may be buffered (`flush_interval_s`) and written as one block per series: a learner that
+updates many times a second (small async batches) would otherwise spend a large share of its core
+in HDF5's per-dataset calls (about 1 ms per row for 25 series here). A resume cuts the file back
+to its checkpoint anyway, so the run files flush before every checkpoint and lose nothing a resume
+would keep.
+
 A run that was killed (kill -9, the OOM killer, a dead node) leaves SWMR's "open for writing"
 flags in the file, which make HDF5 refuse to open it for writing again. `rebuild_metrics`, run
 when a run resumes, reads what can be read (an SWMR reader ignores those flags) and writes it
@@ -35,11 +41,16 @@ class MetricsWriter:
     """Appends rows of named scalars (and fixed-width vectors); every row has the same keys."""
 
     def __init__(self, path: str, attrs: dict[str, str] | None = None, resume: bool = False,
-                 tensorboard_dir: str | None = None):
+                 tensorboard_dir: str | None = None, flush_interval_s: float = 0.0):
         """A new file; or, with `resume`, the existing one continued (a resumed run first cuts it
         back to its checkpoint with `rebuild_metrics`). `tensorboard_dir`: also write every row
-        there as TensorBoard scalars (step = frames)."""
+        there as TensorBoard scalars (step = frames). `flush_interval_s`: hold rows in memory and
+        write them together once this long has passed since the last write (0: every row at once);
+        `flush()` and `close()` write what is held."""
         self.path = path
+        self.flush_interval_s = flush_interval_s
+        self._pending: list[dict[str, np.ndarray]] = []
+        self._last_flush = time.perf_counter()
         if not resume or not os.path.exists(path):
             self.file = h5py.File(path, "w", libver="latest")
             self.rows = 0
@@ -58,26 +69,41 @@ class MetricsWriter:
 
     def append(self, row: dict[str, float | np.ndarray]) -> None:
         values = {key: np.asarray(value) for key, value in row.items()}
-        if not len(self.file):  # first row: create one dataset per key
-            for key, value in values.items():
+        keys = set(self.file.keys()) or set(self._pending[0] if self._pending else values)
+        if set(values) != keys:
+            raise ValueError(f"metrics row keys changed: {sorted(set(values) ^ keys)}")
+        self._pending.append(values)
+        if time.perf_counter() - self._last_flush >= self.flush_interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the rows held in memory: each series grows once, by all of them."""
+        if not self._pending:
+            return
+        rows, self._pending = self._pending, []
+        self._last_flush = time.perf_counter()
+        if not len(self.file):  # first rows: create one dataset per key
+            for key, value in rows[0].items():
                 _create_series(self.file, key, np.int64 if np.issubdtype(value.dtype, np.integer) else np.float64,
                                value.shape)
             self.file.swmr_mode = True  # datasets exist: readers may open the file from now on
-        if set(values) != set(self.file.keys()):
-            raise ValueError(f"metrics row keys changed: {sorted(set(values) ^ set(self.file.keys()))}")
-        for i, (key, value) in enumerate(values.items()):
-            if i == len(values) // 2:
+        end = self.rows + len(rows)
+        for i, key in enumerate(rows[0]):
+            if i == len(rows[0]) // 2:
                 pause_point("metrics")  # tests: a kill here leaves half a row
             ds = self.file[key]
-            ds.resize(self.rows + 1, axis=0)
-            ds[self.rows] = value
+            ds.resize(end, axis=0)
+            ds[self.rows:end] = np.stack([r[key] for r in rows])
             ds.flush()
-        self.rows += 1
+        self.rows = end
         if self.tensorboard is not None:
-            self.tensorboard.append(row)
+            self.tensorboard.append(rows)
 
     def close(self) -> None:
-        self.file.close()
+        try:
+            self.flush()
+        finally:
+            self.file.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
 
@@ -106,17 +132,28 @@ class TensorBoardScalars:
         self._write(Event(step=purge_from_step, wall_time=time.time(),
                           session_log=SessionLog(status=SessionLog.START)))
 
-    def _write(self, event) -> None:
+    def _write(self, event, flush: bool = True) -> None:
         try:
             self.writer.write(event.SerializeToString())
-            self.writer.flush()  # readers see each row at once, as they do in metrics.h5
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self.path) from None
+        if flush:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Readers see the rows as soon as metrics.h5 has them."""
+        try:
+            self.writer.flush()
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, self.path) from None
 
-    def append(self, row: dict[str, float | np.ndarray]) -> None:
-        values = [self._summary.Value(tag=key, simple_value=float(value))
-                  for key, value in row.items() if np.ndim(value) == 0]  # vectors (replica digests) stay in HDF5
-        self._write(self._event(step=int(row["frames"]), wall_time=time.time(), summary=self._summary(value=values)))
+    def append(self, rows: list[dict[str, np.ndarray]]) -> None:
+        for row in rows:
+            values = [self._summary.Value(tag=key, simple_value=float(value))
+                      for key, value in row.items() if np.ndim(value) == 0]  # vectors (replica digests) stay in HDF5
+            self._write(self._event(step=int(row["frames"]), wall_time=time.time(),
+                                    summary=self._summary(value=values)), flush=False)
+        self._flush()
 
     def close(self) -> None:
         self.writer.close()

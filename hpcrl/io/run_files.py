@@ -14,6 +14,9 @@ from hpcrl.io.rundir import CHECKPOINT_FILE, EXIT_OUTPUT_FAILED, METRICS_FILE, f
 
 # how an update ends the run (0: it goes on), shared with the trainer that decides it
 FRAMES_CODE, TARGET_CODE, PREEMPTED_CODE, OUTPUT_FAILED_CODE = 1, 2, 3, 4
+# Metrics rows reach metrics.h5 (and TensorBoard) within this long, and before every checkpoint:
+# written one by one, they cost small-batch async learners a large share of their core.
+METRICS_FLUSH_S = 1.0
 
 
 class RunFiles:
@@ -29,22 +32,24 @@ class RunFiles:
         self.config_text = config_text
         self.log_interval_s, self.checkpoint_interval_s = log_interval_s, checkpoint_interval_s
         self.metrics = MetricsWriter(os.path.join(run_dir, METRICS_FILE), attrs={"config": config_text},
-                                     resume=resume, tensorboard_dir=run_dir if tensorboard else None)
+                                     resume=resume, tensorboard_dir=run_dir if tensorboard else None,
+                                     flush_interval_s=METRICS_FLUSH_S)
         self.checkpoint_path = os.path.join(run_dir, CHECKPOINT_FILE)
         self.failed = False
         self._last_log = self._last_ckpt = time.perf_counter()
         self._last_log_frames = start_frames
 
     def report(self, row: dict, code: int, save: Callable[[str], None]) -> int:
-        """Write the metrics row (and, via `save(path)`, a checkpoint when one is due or the run
-        stops) and print the progress line; returns `code`, or OUTPUT_FAILED_CODE when an output
-        could not be written: the run then stops on every rank with one message."""
+        """Add the metrics row (written within METRICS_FLUSH_S), write a checkpoint via `save(path)`
+        when one is due or the run stops, and print the progress line; returns `code`, or
+        OUTPUT_FAILED_CODE when an output could not be written: the run then stops on every rank
+        with one message."""
         if row.get("replica_digest") is not None:
             row["replica_digest"] = row["replica_digest"].reshape(-1)
         try:
             self.metrics.append(row)
         except OSError as exc:
-            return self.output_failed("the metrics row of this update", self.metrics.path, exc)
+            return self.output_failed("the metrics rows of the last updates", self.metrics.path, exc)
         now = time.perf_counter()
         if code or now - self._last_log >= self.log_interval_s:
             fps = (row["frames"] - self._last_log_frames) / max(now - self._last_log, 1e-9)
@@ -53,6 +58,10 @@ class RunFiles:
             self._last_log, self._last_log_frames = now, row["frames"]
         self.saved = False
         if code or now - self._last_ckpt >= self.checkpoint_interval_s:
+            try:  # the checkpoint's rows first: a resume keeps the rows up to its checkpoint
+                self.metrics.flush()
+            except OSError as exc:
+                return self.output_failed("the metrics rows before this checkpoint", self.metrics.path, exc)
             try:
                 save(self.checkpoint_path)
             except OSError as exc:
