@@ -50,8 +50,9 @@ def test_env_family_and_bench_extras_are_declared():
     extras = {key: {name(r) for r in reqs} for key, reqs in project()["optional-dependencies"].items()}
     assert extras["atari"] == {"ale-py"}
     assert extras["mujoco"] == {"mujoco", "imageio"}
-    assert extras["box2d"] == {"box2d", "pygame"}
+    assert extras["box2d"] == {"box2d", "pygame-ce"}  # the pygame mpe2 needs: one distribution of the module
     assert extras["envpool"] == {"envpool"}
+    assert extras["multiagent"] == {"pettingzoo", "mpe2"}
     assert project()["optional-dependencies"]["bench"] == ["stable-baselines3==2.9.2"]
 
 

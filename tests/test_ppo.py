@@ -23,6 +23,9 @@ class Fixed(torch.nn.Module):
     def evaluate(self, obs, actions):
         return self.logp, self.ent, self.v
 
+    def raw_of(self, returns):  # the critic learns in return units (no algo.value_norm)
+        return returns
+
 
 def batch(adv):
     n = len(adv)
@@ -102,3 +105,43 @@ def test_the_observation_normaliser_takes_the_batch_after_the_update_so_first_ra
     with torch.no_grad():
         # the batch is in the stats now: the same weights act differently
         assert not torch.allclose(model.log_probs(obs).gather(1, actions[:, None]).squeeze(1), logp)
+
+
+def test_inactive_rows_are_left_out_of_the_loss_and_its_gradient():
+    """Multi-agent: rows whose agent did not act change neither the loss nor its gradient, whatever
+    their advantages, returns and log-probs hold."""
+    cfg = AlgoConfig(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, norm_adv=True)
+    active = [1.0, 0.0, 1.0, 0.0]
+
+    def run(junk: float):
+        model = Fixed([0.1, junk, -0.1, junk], [0.2, junk, 0.3, junk], [1.0, junk, 2.0, junk])
+        b = Batch(obs=torch.zeros(4, 1), actions=torch.zeros(4, dtype=torch.int64), logp=torch.zeros(4),
+                  values=torch.tensor([0.5, junk, 1.5, junk]), advantages=torch.tensor([1.0, junk, -2.0, junk]),
+                  returns=torch.tensor([1.5, junk, 0.5, junk]), active=torch.tensor(active))
+        loss, stats = ppo_loss(model, b, cfg)
+        loss.backward()
+        return float(loss), model.logp.grad.clone(), model.v.grad.clone()
+
+    loss_a, logp_grad_a, v_grad_a = run(0.0)
+    loss_b, logp_grad_b, v_grad_b = run(50.0)
+    assert loss_a == pytest.approx(loss_b, abs=1e-6)
+    assert torch.allclose(logp_grad_a, logp_grad_b) and torch.allclose(v_grad_a, v_grad_b)
+    assert logp_grad_a[1] == 0 and logp_grad_a[3] == 0 and v_grad_a[1] == 0 and v_grad_a[3] == 0
+    # and the active rows alone, as a plain batch, give the same loss
+    model = Fixed([0.1, -0.1], [0.2, 0.3], [1.0, 2.0])
+    plain = Batch(obs=torch.zeros(2, 1), actions=torch.zeros(2, dtype=torch.int64), logp=torch.zeros(2),
+                  values=torch.tensor([0.5, 1.5]), advantages=torch.tensor([1.0, -2.0]), returns=torch.tensor([1.5, 0.5]),
+                  active=torch.ones(2))
+    assert float(ppo_loss(model, plain, cfg)[0]) == pytest.approx(loss_a, abs=1e-6)
+
+
+def test_minibatches_keep_each_envs_agent_rows_together():
+    b = Batch(*(torch.arange(12.0) for _ in range(6)), rows_together=3)
+    parts = b.minibatches(np.random.default_rng(0), 2)
+    assert sorted(torch.cat(parts).tolist()) == list(range(12))
+    for idx in parts:
+        groups = idx.reshape(-1, 3)
+        assert (groups % 3 == torch.arange(3)).all() and (groups // 3 == groups[:, :1] // 3).all()
+    single = Batch(*(torch.arange(8.0) for _ in range(6)))  # one row per env: PPO's permutation as before
+    order = torch.cat(single.minibatches(np.random.default_rng(5), 4))
+    assert order.tolist() == np.random.default_rng(5).permutation(8).tolist()

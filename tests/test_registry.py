@@ -4,7 +4,7 @@ that names an algorithm outside the registry is refused with the valid names."""
 import pytest
 
 from hpcrl.core.config import ROLE_NAMES, ConfigError, parse_config
-from hpcrl.core.dataflow import ALGORITHMS, STREAM_KINDS, inference_messages
+from hpcrl.core.dataflow import ALGORITHMS, POLICY_KINDS, STREAM_KINDS, inference_messages
 from hpcrl.envs import probe_spaces
 
 
@@ -20,7 +20,7 @@ def test_each_algorithm_has_a_worker_class_for_every_role_that_builds_from_the_w
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_each_algorithm_declares_a_complete_dataflow(name):
     algorithm = ALGORITHMS[name]
-    assert algorithm.modes and algorithm.policy in ("actor_critic", "q")
+    assert algorithm.modes and algorithm.policy in POLICY_KINDS
     kinds = [s.kind for s in algorithm.streams]
     assert set(kinds) <= set(STREAM_KINDS) and len(kinds) == len(set(kinds))
     for stream in algorithm.streams:
@@ -37,5 +37,5 @@ def test_each_algorithm_declares_a_complete_dataflow(name):
 
 
 def test_an_algorithm_outside_the_registry_is_refused_with_the_valid_names():
-    with pytest.raises(ConfigError, match=r"algo.name: expected one of 'ppo', 'dqn', got 'sac'"):
+    with pytest.raises(ConfigError, match=r"algo.name: expected one of 'ppo', 'mappo', 'ippo', 'dqn', got 'sac'"):
         parse_config("algo: {name: sac}")

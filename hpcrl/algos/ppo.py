@@ -20,7 +20,9 @@ LOSS_KEYS = ("loss_policy", "loss_value", "entropy", "approx_kl", "clip_frac")
 
 @dataclass
 class Batch:
-    """Flat [B, ...] tensors for one learner's update."""
+    """Flat [B, ...] tensors for one learner's update. Multi-agent: `active` (float 0/1) marks the
+    rows whose agent acted, and rows come in whole envs of `rows_together` (the agents per env), which
+    minibatches keep together for the centralised critic."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -28,35 +30,59 @@ class Batch:
     values: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    active: torch.Tensor | None = None
+    rows_together: int = 1
 
     def __len__(self) -> int:
         return self.obs.shape[0]
 
     def take(self, idx: torch.Tensor) -> "Batch":
-        return Batch(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
+        def part(name: str):
+            value = getattr(self, name)
+            return value[idx] if isinstance(value, torch.Tensor) else value
+        return Batch(*(part(f) for f in self.__dataclass_fields__))
+
+    def minibatches(self, rng: np.random.Generator, count: int) -> list[torch.Tensor]:
+        """`count` random index sets covering the batch once, whole envs at a time."""
+        k = self.rows_together
+        envs = torch.from_numpy(rng.permutation(len(self) // k))
+        return [(part[:, None] * k + torch.arange(k)).reshape(-1) for part in torch.tensor_split(envs, count)]
+
+
+def _mean(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """The mean over the active rows (all rows without a mask)."""
+    return x.mean() if weights is None else (x * weights).sum() / weights.sum().clamp_min(1.0)
 
 
 def ppo_loss(model: nn.Module, mb: Batch, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate + value loss - entropy bonus; returns the loss and detached statistics."""
+    """Clipped surrogate + value loss - entropy bonus, over the active rows; returns the loss and
+    detached statistics. Values and returns enter the value loss in the critic's own units
+    (normalised under algo.value_norm)."""
     new_logp, entropy, new_values = model.evaluate(mb.obs, mb.actions)
+    w = mb.active
     log_ratio = new_logp - mb.logp
     ratio = log_ratio.exp()
     adv = mb.advantages
     if cfg.norm_adv and len(adv) > 1:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+        if w is None:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        else:  # mean and std over the active rows
+            mean = _mean(adv, w)
+            adv = (adv - mean) / (_mean((adv - mean) ** 2, w).sqrt() + 1e-8)
+    pg_loss = _mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)), w)
+    old_values, returns = model.raw_of(mb.values), model.raw_of(mb.returns)
     if cfg.clip_vloss:
-        clipped = mb.values + (new_values - mb.values).clamp(-cfg.clip_coef, cfg.clip_coef)
-        v_loss = 0.5 * torch.max((new_values - mb.returns) ** 2, (clipped - mb.returns) ** 2).mean()
+        clipped = old_values + (new_values - old_values).clamp(-cfg.clip_coef, cfg.clip_coef)
+        v_loss = 0.5 * _mean(torch.max((new_values - returns) ** 2, (clipped - returns) ** 2), w)
     else:
-        v_loss = 0.5 * ((new_values - mb.returns) ** 2).mean()
-    ent = entropy.mean()
+        v_loss = 0.5 * _mean((new_values - returns) ** 2, w)
+    ent = _mean(entropy, w)
     loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * ent
     with torch.no_grad():
         stats = {"loss_policy": pg_loss.detach(), "loss_value": v_loss.detach(), "entropy": ent.detach(),
                  # k3 estimator of KL(old || new), low variance (Schulman's note on KL approximation)
-                 "approx_kl": ((ratio - 1) - log_ratio).mean(),
-                 "clip_frac": ((ratio - 1).abs() > cfg.clip_coef).float().mean()}
+                 "approx_kl": _mean((ratio - 1) - log_ratio, w),
+                 "clip_frac": _mean(((ratio - 1).abs() > cfg.clip_coef).float(), w)}
     return loss, stats
 
 
@@ -71,8 +97,7 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
     totals = {k: 0.0 for k in LOSS_KEYS}
     steps = 0
     for _ in range(cfg.epochs):
-        order = torch.from_numpy(rng.permutation(len(batch)))
-        for idx in torch.tensor_split(order, cfg.num_minibatches):
+        for idx in batch.minibatches(rng, cfg.num_minibatches):
             loss, stats = ppo_loss(model, batch.take(idx), cfg)
             optimizer.zero_grad()
             (loss * loss_scale).backward()
@@ -88,13 +113,18 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: AlgoConfig,
                rng: np.random.Generator, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m,
                **update_kwargs) -> dict[str, float]:
-    """One PPO/APPO trainer step: the update (unless algo.train is false), then the observation
-    normaliser folds in the batch. In that order the update trains with the statistics the batch
-    was collected with, so in sync mode the first minibatch's ratios are exactly 1. `reduce_moments`
-    sums the normaliser's moments over all learners (an allreduce)."""
+    """One PPO/APPO trainer step: the value normaliser folds in the batch's returns (algo.value_norm,
+    MAPPO's order: the targets are normalised by statistics that include them), the update (unless
+    algo.train is false), then the observation normaliser folds in the batch. In that order the
+    update trains with the observation statistics the batch was collected with, so in sync mode the
+    first minibatch's ratios are exactly 1. `reduce_moments` sums the normalisers' moments over all
+    learners (an allreduce). Inactive agents' rows count in neither."""
+    active = batch.active.bool() if batch.active is not None else slice(None)
+    if cfg.train:
+        model.update_value_norm(batch.returns[active], reduce=reduce_moments)
     losses = ppo_update(model, optimizer, batch, cfg, rng, **update_kwargs) if cfg.train \
         else dict.fromkeys(LOSS_KEYS, 0.0)
-    model.update_obs_norm(batch.obs, reduce=reduce_moments)
+    model.update_obs_norm(batch.obs[active], reduce=reduce_moments)
     return losses
 
 
@@ -115,6 +145,8 @@ class PPOStep:
         # actions as the env takes them (int64 or float32); uint8 frames stay bytes (the model scales them)
         self.dtypes = {"actions": getattr(torch, action_dtype),
                        "obs": torch.uint8 if obs_dtype == "uint8" else torch.float32}
+        # PettingZoo envs: a fragment's columns are whole envs of this many agent rows
+        self.model_agents = getattr(model, "num_agents", 1)
 
     def __call__(self, fragments: list, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m,
                  **update_kwargs) -> dict[str, float]:
@@ -159,16 +191,19 @@ class PPOStep:
                                          a.vtrace_rho_bar, a.vtrace_c_bar, a.gae_lambda)
         parts = {"obs": obs, "actions": actions, "logp": behaviour_logp, "values": values,
                  "advantages": advantages, "returns": returns}
+        if "active" in fragments[0].arrays:  # PettingZoo envs: inactive agents' rows are masked out
+            parts["active"] = cat("active")
         return Batch(**{k: torch.as_tensor(v.reshape(-1, *v.shape[2:]), device=self.device,
                                            dtype=self.dtypes.get(k, torch.float32))
-                        for k, v in parts.items()})
+                        for k, v in parts.items()}, rows_together=self.model_agents)
 
     @torch.no_grad()
     def _evaluate_now(self, obs: np.ndarray, actions: np.ndarray, last_obs: np.ndarray):
         """Async: V(s_t), V(s_T) and log pi(a_t|s_t) under the weights about to be trained."""
         T, B = obs.shape[:2]
-        logp, _, values = self.model.evaluate(
+        logp, _, raw = self.model.evaluate(
             torch.as_tensor(obs.reshape(T * B, *obs.shape[2:]), dtype=self.dtypes["obs"], device=self.device),
             torch.as_tensor(actions.reshape(T * B, *actions.shape[2:]), device=self.device))
+        values = self.model.returns_of(raw)
         last = self.model.value(torch.as_tensor(last_obs, dtype=self.dtypes["obs"], device=self.device))
         return values.cpu().numpy().reshape(T, B), last.cpu().numpy(), logp.cpu().numpy().reshape(T, B)

@@ -150,7 +150,9 @@ class AlgoConfig:
     """The algorithm: PPO's hyperparameters at the top (async mode is APPO), DQN's in dqn and replay."""
 
     name: str = doc("algorithm, from the registry (hpcrl/core/dataflow.py): 'ppo' (PPO in mode sync, APPO in "
-                    "mode async) or 'dqn' (Ape-X DQN, mode async)", default="ppo")
+                    "mode async), 'mappo' (PettingZoo envs: PPO with a centralised critic on every agent's "
+                    "observations of the env), 'ippo' (PettingZoo envs: PPO with each agent's own critic input) "
+                    "or 'dqn' (Ape-X DQN, mode async)", default="ppo")
     mode: Union[str, None] = doc(
         "'sync' (PPO): every sample in an update comes from the current policy, and env ranks wait for each new "
         "version; 'async' (APPO/IMPALA, DQN): inference answers with the newest weights it has, env ranks never "
@@ -184,6 +186,10 @@ class AlgoConfig:
     num_minibatches: int = doc("minibatches per epoch on every learner", default=4)
     max_grad_norm: float = doc("global gradient-norm clip (after Horovod averaging)", default=0.5)
     norm_adv: bool = doc("normalise advantages per minibatch", default=True)
+    value_norm: Union[bool, None] = doc(
+        "train the critic on returns normalised by their running mean and std (kept in the model, so policy "
+        "servers report values in return units); MAPPO's recommendation (Yu et al. 2022). Default: true for "
+        "mappo and ippo, false for ppo", default=None)
     train: bool = doc("false: learners take fragments and count them but do not train (the weights never "
                       "change); measures a layout's sampling throughput (bench/sampling.py)", default=True)
     dqn: DQNConfig = doc("DQN only: the Q-learning step and exploration", default_factory=DQNConfig)
@@ -318,7 +324,10 @@ def validate(cfg: Config) -> None:
         a.mode = modes[0]  # resolved, so the run directory's config.yaml says it
     _check(a.mode in modes, f"algo.mode: expected {' or '.join(map(repr, modes))} (the modes of algo.name "
                             f"{a.name}), got {a.mode!r}")
+    if a.value_norm is None:
+        a.value_norm = a.name in ("mappo", "ippo")  # resolved, so the run directory's config.yaml says it
     if a.name == "dqn":
+        _check(not a.value_norm, "algo.value_norm: a PPO option, not used by algo.name dqn; use false or null")
         validate_dqn(a.dqn, a.replay)
         _check(a.rollout_length > a.dqn.n_step,
                f"algo.rollout_length: a DQN record holds rollout_length x env.num_envs transitions and one env step "

@@ -23,6 +23,8 @@ SAMPLE = "sample"        # many-to-one records, credit flow control (runtime/str
 PARAMETER = "parameter"  # newest-only, hierarchical weights (runtime/params.py)
 CONTROL = "control"      # the run's stop word, independent of the weights (runtime/control.py)
 STREAM_KINDS = (INFERENCE, SAMPLE, PARAMETER, CONTROL)
+# The networks an algorithm may ask for (hpcrl.models.build_policy builds them)
+POLICY_KINDS = ("actor_critic", "central_critic", "q")
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,8 @@ class Algorithm:
     each ('module:Class', imported only on ranks that play the role: actors with remote inference
     never import torch, only the trainer imports horovod). `record(cfg, spaces)`: the sample
     stream's record layout; `reply(cfg, spaces, num_envs)`: the inference stream's reply layout.
-    `policy`: the network policy holders and trainers build ('actor_critic' or 'q', see
-    hpcrl.models.build_policy). `batch_source` and `step`: 'module:Name' paths, loaded on trainers."""
+    `policy`: the network policy holders and trainers build ('actor_critic', 'central_critic' (the
+    critic reads every agent of the env) or 'q', see hpcrl.models.build_policy). `batch_source` and `step`: 'module:Name' paths, loaded on trainers."""
 
     name: str
     modes: tuple[str, ...]
@@ -69,17 +71,23 @@ class Algorithm:
         return getattr(importlib.import_module(module), name)
 
 
+def env_rows(cfg, spaces, envs: int | None = None) -> int:
+    """Rows of `envs` envs (default: an env rank's): one per env, or per agent of a PettingZoo env."""
+    return (cfg.env.num_envs if envs is None else envs) * spaces.num_agents
+
+
 def inference_messages(cfg, spaces, groups: int) -> tuple[MessageSpec, MessageSpec]:
     """The inference stream's request and reply layouts: one channel per env group, so each
-    carries num_envs / groups envs (core/messages.py); the reply is the algorithm's."""
-    n = cfg.env.num_envs // groups
+    carries num_envs / groups envs (core/messages.py), a row per agent; the reply is the algorithm's."""
+    n = env_rows(cfg, spaces, cfg.env.num_envs // groups)
     return request_spec(n, spaces.obs_shape, spaces.obs_dtype), ALGORITHMS[cfg.algo.name].reply(cfg, spaces, n)
 
 
 def fragment_record(cfg, spaces) -> MessageSpec:
-    """PPO/APPO's record: a fragment of T steps x N envs (core/messages.py)."""
-    return fragment_spec(cfg.algo.rollout_length, cfg.env.num_envs, spaces.obs_shape, spaces.obs_dtype,
-                         spaces.action_shape, spaces.action_dtype)
+    """PPO/APPO's (and MAPPO's) record: a fragment of T steps x N env rows (core/messages.py), with
+    the agents' active mask for PettingZoo envs."""
+    return fragment_spec(cfg.algo.rollout_length, env_rows(cfg, spaces), spaces.obs_shape, spaces.obs_dtype,
+                         spaces.action_shape, spaces.action_dtype, active=spaces.num_agents > 1)
 
 
 def policy_reply(cfg, spaces, n: int) -> MessageSpec:
@@ -126,6 +134,21 @@ PPO = Algorithm(
     doc="PPO (mode sync: GAE, on-policy batches) and APPO (mode async: V-trace, the newest weights)",
 )
 
+# Multi-agent PPO on PettingZoo envs: each agent is a row of the actor's vector (envs/multiagent.py),
+# every agent shares one policy (parameter sharing), inactive agents are masked out of the loss.
+# The two differ only in what the critic reads (Yu et al. 2022; de Witt et al. 2020 for IPPO).
+MAPPO = Algorithm(
+    name="mappo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
+    reply=policy_reply, policy="central_critic", batch_source=PPO.batch_source, step=PPO.step,
+    doc="MAPPO: PPO whose critic reads the observations of every agent of the env (and the agent's index), "
+        "with value normalisation; one policy shared by all agents")
+
+IPPO = Algorithm(
+    name="ippo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
+    reply=policy_reply, policy="actor_critic", batch_source=PPO.batch_source, step=PPO.step,
+    doc="IPPO: PPO on every agent's own observations (decentralised critic), with value normalisation; one "
+        "policy shared by all agents")
+
 DQN = Algorithm(
     name="dqn",
     modes=("async",),
@@ -140,4 +163,4 @@ DQN = Algorithm(
         "priorities, a prioritized replay shard in every learner",
 )
 
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (PPO, DQN)}
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (PPO, MAPPO, IPPO, DQN)}

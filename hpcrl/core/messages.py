@@ -147,8 +147,10 @@ def transition_spec(rows: int, obs_shape: tuple, obs_dtype, action_shape: tuple,
 
 
 def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
-                  action_shape: tuple, action_dtype) -> MessageSpec:
-    """env -> learner: T steps x N envs of experience plus what GAE needs to bootstrap.
+                  action_shape: tuple, action_dtype, active: bool = False) -> MessageSpec:
+    """env -> learner: T steps x N envs (rows: with PettingZoo envs, one per agent) of experience
+    plus what GAE needs to bootstrap. With `active`, a [T, N] mask of the rows whose agent acted
+    (multi-agent: inactive rows are left out of the loss).
     `version` is the policy version of the fragment's first step (async: the oldest in it);
     `last_obs` are the observations after step T-1, for V-trace's bootstrap with the learner's
     own critic. A message with the STOP flag is an env rank's last (no data). `rollout_us` is the
@@ -170,7 +172,7 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                 ("last_values", np.float32, (n,)),
                 ("last_obs", obs_dtype, (n, *obs_shape)),
                 ("episode_stats", np.float64, (len(EPISODE_STATS),)),
-                ("return_moments", np.float64, (3,))])
+                ("return_moments", np.float64, (3,))] + ([("active", np.uint8, (t, n))] if active else []))
 
 
 def weights_spec(num_params: int) -> MessageSpec:

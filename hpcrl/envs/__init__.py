@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 
 from hpcrl.core.config import ConfigError, EnvConfig
+from hpcrl.envs.multiagent import ParallelVector, parallel_env_factory
 from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, DiscountedReturns,
                                envpool_vector, numpy_vector)
 
@@ -34,6 +35,8 @@ class EnvSpaces:
     action_dtype: str = "int64"   # Discrete: 'int64'; Box: 'float32'
     action_low: tuple = ()    # Box only: per-dimension bounds (floats), for clipping on env ranks
     action_high: tuple = ()
+    num_agents: int = 1       # PettingZoo: agents per env, each a row of the vector (envs/multiagent.py)
+    agents: tuple = ()        # PettingZoo: the agent names, in row order
 
     @property
     def continuous(self) -> bool:
@@ -110,7 +113,12 @@ def make_env(cfg: EnvConfig) -> gym.Env:
 # --- the vector an env rank steps ----------------------------------------------------------------
 
 def _vector(cfg: EnvConfig, num_envs: int, seed: int, gamma: float) -> gym.vector.VectorEnv:
-    if cfg.backend == "sync":
+    if parallel_env_factory(cfg.id) is not None:  # PettingZoo: one row per agent
+        if cfg.backend != "sync" or cfg.preset is not None:
+            raise ConfigError(f"env.id: {cfg.id!r} is a PettingZoo env, stepped by env.backend: sync with no "
+                              f"env.preset (got backend {cfg.backend!r}, preset {cfg.preset!r})")
+        envs = ParallelVector(cfg.id, cfg.kwargs, num_envs)
+    elif cfg.backend == "sync":
         # partial, not a lambda: the vector stays picklable, so serial-mode checkpoints can hold it
         envs = gym.vector.SyncVectorEnv([functools.partial(make_env, cfg) for _ in range(num_envs)],
                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -140,13 +148,13 @@ def make_vector_env(cfg: EnvConfig, seed: int | list[int], gamma: float = 0.99,
     autoresets SAME_STEP: a finished env returns its reset observation at once and its final
     observation in info["final_obs"] (needed to bootstrap truncation). `gamma` is the discount of
     env.normalize_reward. Returns the vector and its first observations."""
-    n = num_envs or cfg.num_envs
+    n = num_envs or cfg.num_envs  # envs; a PettingZoo vector has n x agents rows
     seeds = [seed + i for i in range(n)] if isinstance(seed, int) else list(seed)
     if len(seeds) != n:
         raise ValueError(f"{len(seeds)} seeds for {n} envs")
     first = seeds[0] % 2**31  # envpool takes an int32 base seed
     envs = _vector(cfg, n, first, gamma)
-    obs, _ = envs.reset(seed=seeds if cfg.backend == "sync" else first)
+    obs, _ = envs.reset(seed=seeds if cfg.backend == "sync" else first)  # PettingZoo: info["active"] too
     return envs, obs
 
 
@@ -156,11 +164,13 @@ def probe_spaces(cfg: EnvConfig) -> EnvSpaces:
     envs = _vector(dataclasses.replace(cfg, num_envs=1), 1, seed=0, gamma=0.99)
     try:
         obs, act = envs.single_observation_space, envs.single_action_space
+        agents = tuple(getattr(envs.unwrapped, "agents", ()))
     finally:
         envs.close()
     if not isinstance(obs, gym.spaces.Box):
         raise ConfigError(f"env.id: {cfg.id!r} has observation space {obs}; hpcrl supports Box observations")
-    spaces = EnvSpaces(obs_shape=tuple(obs.shape), obs_dtype=np.dtype(obs.dtype).name, num_actions=0)
+    spaces = EnvSpaces(obs_shape=tuple(obs.shape), obs_dtype=np.dtype(obs.dtype).name, num_actions=0,
+                       num_agents=max(len(agents), 1), agents=agents)
     if isinstance(act, gym.spaces.Discrete) and int(act.start) == 0:
         return dataclasses.replace(spaces, num_actions=int(act.n))
     if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:

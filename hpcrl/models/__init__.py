@@ -78,14 +78,16 @@ def encoder_for(spaces: EnvSpaces, cfg: ModelConfig) -> str:
     return kind
 
 
-class ObsNormalizer(nn.Module):
-    """Running mean and variance of observations (Chan et al.'s parallel merge of count, mean and
-    M2); normalises to (x - mean) / sqrt(var + eps), clipped to +-10. Stats are float64 buffers;
-    the forward casts them to float32 first, so a policy holder that received them as float32 in
-    the weights message normalises bit-identically to the learner."""
+class RunningNorm(nn.Module):
+    """Running mean and variance (Chan et al.'s parallel merge of count, mean and M2) of
+    observations (model.obs_norm) or of return targets (algo.value_norm); normalises to
+    (x - mean) / sqrt(var + eps), clipped to +-`clip` (None: not clipped). Stats are float64
+    buffers; the forward casts them to float32 first, so a policy holder that received them as
+    float32 in the weights message normalises bit-identically to the learner."""
 
-    def __init__(self, obs_shape: tuple):
+    def __init__(self, obs_shape: tuple, clip: float | None = OBS_NORM_CLIP):
         super().__init__()
+        self.clip = clip
         # count starts at 0, not SB3's 1e-4: the first merge then gives the batch's exact moments
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
         self.register_buffer("mean", torch.zeros(obs_shape, dtype=torch.float64))
@@ -93,7 +95,11 @@ class ObsNormalizer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mean, var = self.mean.float(), self.var.float()
-        return ((x - mean) / torch.sqrt(var + OBS_NORM_EPS)).clamp(-OBS_NORM_CLIP, OBS_NORM_CLIP)
+        y = (x - mean) / torch.sqrt(var + OBS_NORM_EPS)
+        return y if self.clip is None else y.clamp(-self.clip, self.clip)
+
+    def denormalize(self, y: torch.Tensor) -> torch.Tensor:
+        return y * torch.sqrt(self.var.float() + OBS_NORM_EPS) + self.mean.float()
 
     @torch.no_grad()
     def moments(self, x: torch.Tensor) -> np.ndarray:
@@ -131,7 +137,7 @@ class ObservationInput(nn.Module):
     def __init__(self, spaces: EnvSpaces, cfg: ModelConfig):
         super().__init__()
         self.obs_scale = 1.0 / 255.0 if spaces.obs_dtype == "uint8" else None
-        self.obs_norm = ObsNormalizer(tuple(spaces.obs_shape)) if cfg.obs_norm else None
+        self.obs_norm = RunningNorm(tuple(spaces.obs_shape)) if cfg.obs_norm else None
 
     def _scaled(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float()
@@ -153,13 +159,25 @@ class ObservationInput(nn.Module):
 
 
 class ActorCritic(ObservationInput):
-    """An encoder, a policy head (categorical or diagonal Gaussian) and a state-value head."""
+    """An encoder, a policy head (categorical or diagonal Gaussian) and a state-value head.
 
-    def __init__(self, spaces: EnvSpaces, cfg: ModelConfig):
+    Multi-agent (PettingZoo envs, rows of A agents per env, hpcrl/envs/multiagent.py): with
+    `central_critic` the critic of agent i reads every agent's observation of its env and a one-hot
+    of i (MAPPO's agent-specific global state), so a batch must hold whole envs in row order, as
+    requests and fragments do and as the PPO update's minibatches keep them. With `value_norm` the
+    critic learns normalised returns (algo.value_norm) and `value`/`sample` give return units."""
+
+    def __init__(self, spaces: EnvSpaces, cfg: ModelConfig, central_critic: bool = False, value_norm: bool = False):
         super().__init__(spaces, cfg)
         self.continuous = spaces.continuous
         self.action_shape = tuple(spaces.action_shape)
+        self.num_agents = int(getattr(spaces, "num_agents", 1))
+        self.central_critic = central_critic
+        self.value_norm = RunningNorm((), clip=None) if value_norm else None
         out = int(np.prod(self.action_shape)) if self.continuous else spaces.num_actions
+        if central_critic and encoder_for(spaces, cfg) == "cnn":
+            raise ConfigError("algo.name: mappo's centralised critic reads flat observations (model.encoder: mlp); "
+                              f"these are images of shape {tuple(spaces.obs_shape)}: use algo.name: ippo")
         if encoder_for(spaces, cfg) == "cnn":
             # One trunk for both heads, as in Atari PPO: the features are learned once.
             self.trunk = _nature_cnn(tuple(spaces.obs_shape))
@@ -169,13 +187,43 @@ class ActorCritic(ObservationInput):
             self.trunk = nn.Flatten()
             act, hidden, obs_dim = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes), int(np.prod(spaces.obs_shape))
             self.actor = _mlp([obs_dim, *hidden, out], act, out_gain=0.01)
-            self.critic = _mlp([obs_dim, *hidden, 1], act, out_gain=1.0)
+            critic_dim = (obs_dim + 1) * self.num_agents if central_critic else obs_dim
+            self.critic = _mlp([critic_dim, *hidden, 1], act, out_gain=1.0)
         if self.continuous:  # state-independent log-std, init 0 (std 1), as CleanRL ppo_continuous_action
             self.log_std = nn.Parameter(torch.zeros(out))
 
     # --- the policy --------------------------------------------------------------------------------
+    def critic_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The critic's view of encoded rows `x`: the rows themselves, or (central critic) for each
+        row its env's A rows side by side and the row's agent index, one-hot."""
+        if not self.central_critic:
+            return x
+        a = self.num_agents
+        if x.shape[0] % a:
+            raise ValueError(f"a centralised critic needs whole envs: {x.shape[0]} rows for {a} agents per env")
+        envs = x.reshape(-1, a * x.shape[-1]).repeat_interleave(a, dim=0)
+        agent = torch.eye(a, dtype=x.dtype, device=x.device).repeat(x.shape[0] // a, 1)
+        return torch.cat([envs, agent], dim=-1)
+
+    def _critic(self, x: torch.Tensor) -> torch.Tensor:
+        """The critic's raw output: normalised returns under algo.value_norm."""
+        return self.critic(self.critic_input(x)).squeeze(-1)
+
+    def returns_of(self, raw: torch.Tensor) -> torch.Tensor:
+        """Raw critic output -> values in return units."""
+        return raw if self.value_norm is None else self.value_norm.denormalize(raw)
+
+    def raw_of(self, returns: torch.Tensor) -> torch.Tensor:
+        """Returns (or values) -> the units the critic learns in."""
+        return returns if self.value_norm is None else self.value_norm(returns)
+
+    def update_value_norm(self, returns: torch.Tensor, reduce: Callable[[np.ndarray], np.ndarray] = lambda m: m):
+        """algo.value_norm: fold a batch of return targets in (summed over learners by `reduce`)."""
+        if self.value_norm is not None:
+            self.value_norm.merge(reduce(self.value_norm.moments(returns.reshape(-1, 1))))
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.features(obs)).squeeze(-1)
+        return self.returns_of(self._critic(self.features(obs)))
 
     def log_probs(self, obs: torch.Tensor) -> torch.Tensor:
         """Categorical only: log-probabilities of every action, [B, num_actions]. Written out rather
@@ -184,17 +232,18 @@ class ActorCritic(ObservationInput):
         return F.log_softmax(self.actor(self.features(obs)), dim=-1)
 
     def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Policy output (log-probs, or the Gaussian mean flattened to [B, d]) and values."""
+        """Policy output (log-probs, or the Gaussian mean flattened to [B, d]) and the critic's raw output."""
         x = self.features(obs)
         out = self.actor(x)
-        return (out if self.continuous else F.log_softmax(out, dim=-1)), self.critic(x).squeeze(-1)
+        return (out if self.continuous else F.log_softmax(out, dim=-1)), self._critic(x)
 
     def _gaussian_logp(self, mean: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         z = (actions - mean) * torch.exp(-self.log_std)
         return (-0.5 * z * z - self.log_std - HALF_LOG_2PI).sum(-1)
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
-        """log-prob of `actions`, entropy and value: what the PPO loss needs."""
+        """log-prob of `actions`, entropy and the critic's raw output (`returns_of` gives values):
+        what the PPO loss needs."""
         out, values = self._heads(obs)
         if self.continuous:
             logp = self._gaussian_logp(out, actions.reshape(out.shape).to(out.dtype))
@@ -207,7 +256,8 @@ class ActorCritic(ObservationInput):
         """Sampled actions, their log-probs, and state values. Gaussian samples are not clipped to
         the action bounds: env ranks clip what they step with, the fragment keeps the sample, so its
         log-prob stays right."""
-        out, values = self._heads(obs)
+        out, raw = self._heads(obs)
+        values = self.returns_of(raw)
         if self.continuous:
             noise = torch.randn(out.shape, generator=generator, device=out.device, dtype=out.dtype)
             actions = out + torch.exp(self.log_std) * noise
@@ -226,12 +276,17 @@ def build_model(spaces: EnvSpaces, cfg: ModelConfig) -> ActorCritic:
 
 
 def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
-    """The network of cfg's algorithm (its declaration's `policy`): an actor-critic, or a Q-network."""
+    """The network of cfg's algorithm (its declaration's `policy`): an actor-critic (with a central
+    critic for MAPPO), or a Q-network."""
     from hpcrl.core.dataflow import ALGORITHMS
-    if ALGORITHMS[cfg.algo.name].policy == "q":
+    policy = ALGORITHMS[cfg.algo.name].policy
+    if policy == "q":
         from hpcrl.models.q import QNetwork
         return QNetwork(spaces, cfg.model, dueling=cfg.algo.dqn.dueling, env_id=cfg.env.id)
-    return build_model(spaces, cfg.model)
+    if cfg.algo.name in ("mappo", "ippo") and spaces.num_agents == 1:
+        raise ConfigError(f"algo.name: {cfg.algo.name} trains PettingZoo envs (env.id such as "
+                          f"mpe2:simple_spread_v3), and {cfg.env.id} has one agent; use algo.name: ppo")
+    return ActorCritic(spaces, cfg.model, central_critic=policy == "central_critic", value_norm=bool(cfg.algo.value_norm))
 
 
 def make_runner(model: ObservationInput, device: str, seed: int) -> "Runner":

@@ -64,15 +64,22 @@ class EnvGroup:
         self.stopped = False  # has had its STOP reply
         self.ep_return = np.zeros(n, dtype=np.float64)
         self.ep_length = np.zeros(n, dtype=np.int64)
-        self.truncated_envs = np.zeros(0, dtype=np.int64)  # envs whose final obs rides on the next request
+        # rows whose final obs rides on the next request, and which of them were truncated (the
+        # others complete a PettingZoo env for the centralised critic)
+        self.final_rows = np.zeros(0, dtype=np.int64)
+        self.final_truncated = np.zeros(0, dtype=bool)
+        # PettingZoo envs (a row per agent): the rows whose agent acts on the current observations
+        self.active = getattr(envs.unwrapped, "active", None)
 
     def submit(self, version: int) -> None:
-        self.policy.submit(version, len(self.truncated_envs))
+        self.policy.submit(version, len(self.final_rows))
         self.waiting = True
 
 
 class EnvRole:
-    """Collects fragments of T steps x N envs and ships each to its learner.
+    """Collects fragments of T steps x N envs and ships each to its learner. With PettingZoo envs
+    each agent is a row of the vector (envs/multiagent.py), so N counts agent rows; the fragment
+    also records which rows were active, and a frame is still one env step.
 
     The N envs are split into `groups` that step independently, each writing its columns of the
     fragment. A group makes T+1 policy calls per fragment: the last only asks for the values of
@@ -95,16 +102,18 @@ class EnvRole:
         alone)."""
         self.rank = rank
         self.control = control
-        self.T, self.N = cfg.algo.rollout_length, cfg.env.num_envs
+        self.T, self.num_envs = cfg.algo.rollout_length, cfg.env.num_envs
         self.sync = cfg.algo.mode == "sync"
         self.normalize_reward = cfg.env.normalize_reward
         self.sender = sender
-        per_group = self.N // len(policies)
+        per_group = self.num_envs // len(policies)
+        rows = policies[0].request["obs"].shape[0]  # a group's rows: its envs, or envs x agents (PettingZoo)
+        self.N = rows * len(policies)  # the record's columns
         self.groups = []
         for g, policy in enumerate(policies):
             envs, first_obs = make_vector_env(cfg.env, seed=env_seeds(cfg.run.seed, index, g, per_group),
                                               gamma=cfg.algo.gamma, num_envs=per_group)
-            self.groups.append(EnvGroup(envs, first_obs, policy, slice(g * per_group, (g + 1) * per_group)))
+            self.groups.append(EnvGroup(envs, first_obs, policy, slice(g * rows, (g + 1) * rows)))
         # sync: the version this rollout must be collected with; async: the oldest version accepted
         self.version = start_version
         self.fragments_per_version = fragments_per_version  # sync (hpcrl.core.layout.fragments_per_env_rank)
@@ -215,9 +224,10 @@ class EnvRole:
             raise RuntimeError(f"env rank {self.rank}: sync mode got actions from policy version "
                                f"{reply.get('version')} while collecting with version {self.version}")
         frag, cols = self.fragment, group.columns
-        if len(group.truncated_envs):
+        if len(group.final_rows):
             trunc = frag["trunc_values"][group.t - 1, cols]
-            trunc[group.truncated_envs] = reply["final_values"][:len(group.truncated_envs)]
+            values = reply["final_values"][:len(group.final_rows)]
+            trunc[group.final_rows[group.final_truncated]] = values[group.final_truncated]
         if group.t == self.T:
             frag["last_values"][cols] = reply["values"]
             frag["last_obs"][cols] = group.request["obs"]
@@ -233,20 +243,36 @@ class EnvRole:
         frag["actions"][t, cols] = reply["actions"]
         frag["logp"][t, cols] = reply["logp"]
         frag["values"][t, cols] = reply["values"]
+        if group.active is not None:
+            frag["active"][t, cols] = group.active
         self.status = f"stepping envs (step {t})"
         obs, rewards, terminated, truncated, info = group.envs.step(reply["actions"])
+        if group.active is not None:
+            group.active = info["active"]
         done = terminated | truncated
         frag["rewards"][t, cols] = rewards
         frag["dones"][t, cols] = done
         frag["trunc_values"][t, cols] = 0.0
         group.request["obs"][...] = obs
         # Truncated (not terminated) episodes still have a future: send their final obs for a value.
-        group.truncated_envs = np.flatnonzero(truncated & ~terminated)
-        if len(group.truncated_envs):
-            group.request["final_obs"][:len(group.truncated_envs)] = np.stack(info["final_obs"][group.truncated_envs])
+        self._final_rows(group, truncated & ~terminated, obs, info)
         self._tally(group, rewards, done, info)
         group.t += 1
         group.submit(self.version)  # at once: its round trip overlaps the other groups' steps
+
+    def _final_rows(self, group: EnvGroup, truncated: np.ndarray, obs: np.ndarray, info: dict) -> None:
+        """The rows whose final observations the next request carries. PettingZoo envs (a row per
+        agent) send every agent of an env with a truncated agent, so a centralised critic sees the
+        whole env: an agent's final observation if it ended in this step, else its current one."""
+        rows = np.flatnonzero(truncated)
+        if group.active is not None and len(rows):
+            agents = len(obs) // (self.num_envs // len(self.groups))
+            rows = (np.unique(rows // agents)[:, None] * agents + np.arange(agents)).reshape(-1)
+        group.final_rows, group.final_truncated = rows, truncated[rows]
+        if len(rows):
+            ended = info.get("_final_obs", np.zeros(len(obs), dtype=bool))
+            group.request["final_obs"][:len(rows)] = np.stack([info["final_obs"][r] if ended[r] else obs[r]
+                                                              for r in rows])
 
     def _tally(self, group: EnvGroup, rewards: np.ndarray, done: np.ndarray, info: dict) -> None:
         """Metrics: raw rewards over whole episodes (an Atari game of several lives), when training
@@ -273,7 +299,7 @@ class EnvRole:
         credit_wait = now - self.credit_wait_since if self.credit_wait_since is not None else 0.0
         self.credit_wait_since = None
         self.fragment.set(env_rank=self.rank, version=min(g.first_version for g in self.groups),
-                          index=self.fragments_sent, frames=self.T * self.N, flags=0,
+                          index=self.fragments_sent, frames=self.T * self.num_envs, flags=0,
                           rollout_us=int(1e6 * (now - self.rollout_start)), wait_us=int(1e6 * self.waited),
                           credit_wait_us=int(1e6 * credit_wait))
         if self.normalize_reward:  # the trainers scale rewards by the std of every env rank's returns
@@ -288,7 +314,7 @@ class EnvRole:
         self._reset_stats()
         for group in self.groups:
             group.t, group.at_end = 0, False
-            group.truncated_envs = np.zeros(0, dtype=np.int64)
+            group.final_rows = np.zeros(0, dtype=np.int64)
             if not self.sync:  # async: the end-of-fragment reply's actions begin the next fragment
                 self._step(group, group.reply)
 
@@ -336,7 +362,8 @@ class EnvRole:
         if any(g.t != 0 for g in self.groups):
             raise RuntimeError("env snapshots are taken between rollouts")
         return pickle.dumps({"groups": [{"envs": g.envs, "obs": g.request["obs"].copy(), "ep_return": g.ep_return,
-                                         "ep_length": g.ep_length, "sampling": g.policy.sampling_state()}
+                                         "ep_length": g.ep_length, "sampling": g.policy.sampling_state(),
+                                         "active": g.active}
                                         for g in self.groups],
                              "version": self.version, "version_fragments": self.version_fragments,
                              "fragments_sent": self.fragments_sent})
@@ -350,6 +377,7 @@ class EnvRole:
             group.envs = saved["envs"]
             group.request["obs"][...] = saved["obs"]
             group.ep_return, group.ep_length = saved["ep_return"], saved["ep_length"]
+            group.active = saved.get("active")
             group.policy.restore_sampling_state(saved["sampling"])
         self.version, self.fragments_sent = state["version"], state["fragments_sent"]
         self.version_fragments = state.get("version_fragments", 0)  # snapshots from before batch_frames: 0

@@ -1,0 +1,57 @@
+"""A small PettingZoo parallel env for tests ('tests.ma_envs:Relay'): agents that leave early,
+shared and individual rewards, and a report of the heavy modules each process imported."""
+import os
+import sys
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+
+class Relay(ParallelEnv):
+    """`num_agents` agents for `length` steps. Agent i is rewarded 1 when its action equals i % 2.
+    Agent `leaver` terminates after `leave_at` steps and the others play on; the episode then ends
+    by truncation at `length`. Observations: [step, agent index, 1]."""
+
+    metadata = {"name": "relay_v0", "is_parallelizable": True}
+
+    def __init__(self, num_agents: int = 3, length: int = 6, leaver: int = 2, leave_at: int = 2,
+                 report_dir: str | None = None, wide_agent: int | None = None):
+        """`wide_agent`: that agent observes 4 numbers instead of 3 (agents that share no space)."""
+        self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
+        self.length, self.leaver, self.leave_at, self.report_dir = length, leaver, leave_at, report_dir
+        self.wide_agent = wide_agent
+        self.t = 0
+        self.agents = []
+
+    def observation_space(self, agent):
+        wide = self.wide_agent is not None and agent == f"agent_{self.wide_agent}"
+        return spaces.Box(0.0, 100.0, (4 if wide else 3,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def _obs(self, agent):
+        return np.array([self.t, self.possible_agents.index(agent), 1.0], np.float32)
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        self.agents = list(self.possible_agents)
+        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.t += 1
+        rewards = {a: float(actions[a] == self.possible_agents.index(a) % 2) for a in actions}
+        leaving = f"agent_{self.leaver}"
+        terminated = {a: a == leaving and self.t >= self.leave_at for a in actions}
+        truncated = {a: self.t >= self.length for a in actions}
+        observations = {a: self._obs(a) for a in actions}
+        self.agents = [a for a in self.agents if not (terminated[a] or truncated[a])]
+        return observations, rewards, terminated, truncated, {a: {} for a in actions}
+
+    def close(self):
+        if self.report_dir is not None:
+            rank = os.environ.get("OMPI_COMM_WORLD_RANK", "serial")
+            loaded = sorted(m for m in ("torch", "horovod") if m in sys.modules)
+            with open(os.path.join(self.report_dir, f"rank{rank}-{os.getpid()}.txt"), "w") as fh:
+                fh.write(",".join(loaded))
