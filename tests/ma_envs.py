@@ -55,3 +55,45 @@ class Relay(ParallelEnv):
             loaded = sorted(m for m in ("torch", "horovod") if m in sys.modules)
             with open(os.path.join(self.report_dir, f"rank{rank}-{os.getpid()}.txt"), "w") as fh:
                 fh.write(",".join(loaded))
+
+
+class MaskedRelay(Relay):
+    """Relay whose agents observe PettingZoo's {"observation", "action_mask"} dict (or, with
+    `mask_in_info`, get the mask in their infos). Each step a random one of the 3 actions is
+    invalid; taking it raises, so a run that finishes never let one through."""
+
+    def __init__(self, mask_in_info: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.mask_in_info = mask_in_info
+        self.rng = np.random.default_rng(0)
+        self.masks = {}
+
+    def observation_space(self, agent):
+        box = super().observation_space(agent)
+        if self.mask_in_info:
+            return box
+        return spaces.Dict({"observation": box, "action_mask": spaces.Box(0, 1, (3,), np.int8)})
+
+    def action_space(self, agent):
+        return spaces.Discrete(3)
+
+    def _obs(self, agent):
+        mask = np.ones(3, np.int8)
+        mask[self.rng.integers(3)] = 0
+        self.masks[agent] = mask
+        box = super()._obs(agent)
+        return box if self.mask_in_info else {"observation": box, "action_mask": mask}
+
+    def _infos(self, agents):
+        return {a: ({"action_mask": self.masks[a]} if self.mask_in_info else {}) for a in agents}
+
+    def reset(self, seed=None, options=None):
+        observations, _ = super().reset(seed=seed, options=options)
+        return observations, self._infos(observations)
+
+    def step(self, actions):
+        for agent, action in actions.items():
+            if not self.masks[agent][action]:
+                raise ValueError(f"{agent} took action {action}, invalid under its mask {self.masks[agent]}")
+        observations, rewards, terminated, truncated, _ = super().step(actions)
+        return observations, rewards, terminated, truncated, self._infos(observations)

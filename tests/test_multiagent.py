@@ -121,3 +121,43 @@ def test_mappo_learns_simple_spread_serially(tmp_path):
     ippo = mpirun(1, "run", str(write_config(tmp_path, cfg)), "--set", "algo.name=ippo", "--set", "run.name=ippo",
                   "--set", "run.total_frames=1000")
     assert ippo.returncode == 0, ippo.stdout + ippo.stderr
+
+
+def test_masks_never_let_an_invalid_action_through():
+    """A property over random masks (any number of valid actions, some rows with none): sampling
+    draws only valid actions, their probabilities sum to 1 over the valid ones, the argmax is valid,
+    and rows with no valid action keep every action rather than producing NaN."""
+    torch.manual_seed(0)
+    model = ActorCritic(EnvSpaces((3,), "float32", 7), ModelConfig(hidden_sizes=[16]))
+    rng = np.random.default_rng(1)
+    generator = torch.Generator().manual_seed(2)
+    for _ in range(200):
+        obs = torch.from_numpy(rng.normal(0, 3, (32, 3)).astype(np.float32))
+        mask = torch.from_numpy(rng.random((32, 7)) < rng.uniform(0.05, 0.9))
+        with torch.no_grad():
+            actions, logp, _ = model.sample(obs, generator, mask)
+            probs = model.log_probs(obs, mask).exp()
+            _, entropy, _ = model.evaluate(obs, actions, mask)
+        some = mask.any(-1)
+        assert mask[some][torch.arange(int(some.sum())), actions[some]].all()
+        assert torch.all(probs[some][~mask[some]] == 0)
+        assert torch.allclose(probs.sum(-1), torch.ones(32)) and torch.isfinite(logp).all()
+        assert torch.isfinite(entropy).all()
+        assert mask[some][torch.arange(int(some.sum())), model.mode(obs, mask)[some]].all()
+
+
+@pytest.mark.parametrize("mask_in_info", [False, True], ids=["observation_dict", "infos"])
+def test_masked_agents_on_4_ranks_never_take_an_invalid_action(tmp_path, mask_in_info):
+    """MaskedRelay raises on an invalid action: the run finishing proves none got through, from
+    the policy server (sync MAPPO here) to the env; async IPPO masks on the inline path too."""
+    envs, _ = make_vector_env(parse_config(f"env: {{id: 'tests.ma_envs:MaskedRelay', num_envs: 2, kwargs: "
+                                           f"{{mask_in_info: {str(mask_in_info).lower()}}}}}").env, seed=0)
+    assert envs.unwrapped.action_mask.shape == (6, 3)
+    envs.close()
+    cfg = small_config(tmp_path, env={"id": "tests.ma_envs:MaskedRelay", "kwargs": {"mask_in_info": mask_in_info}},
+                       algo={"name": "mappo", "rollout_length": 6}, run={"total_frames": 240})
+    result = mpirun(4, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    inline = mpirun(3, "run", str(write_config(tmp_path, cfg)), "--set", "algo.name=ippo", "--set", "algo.mode=async",
+                    "--set", "roles.inference.ranks=0", "--set", "run.name=inline")
+    assert inline.returncode == 0, inline.stdout + inline.stderr

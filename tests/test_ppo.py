@@ -120,7 +120,7 @@ def test_inactive_rows_are_left_out_of_the_loss_and_its_gradient():
                   returns=torch.tensor([1.5, junk, 0.5, junk]), active=torch.tensor(active))
         loss, stats = ppo_loss(model, b, cfg)
         loss.backward()
-        return float(loss), model.logp.grad.clone(), model.v.grad.clone()
+        return float(loss.detach()), model.logp.grad.clone(), model.v.grad.clone()
 
     loss_a, logp_grad_a, v_grad_a = run(0.0)
     loss_b, logp_grad_b, v_grad_b = run(50.0)
@@ -132,7 +132,7 @@ def test_inactive_rows_are_left_out_of_the_loss_and_its_gradient():
     plain = Batch(obs=torch.zeros(2, 1), actions=torch.zeros(2, dtype=torch.int64), logp=torch.zeros(2),
                   values=torch.tensor([0.5, 1.5]), advantages=torch.tensor([1.0, -2.0]), returns=torch.tensor([1.5, 0.5]),
                   active=torch.ones(2))
-    assert float(ppo_loss(model, plain, cfg)[0]) == pytest.approx(loss_a, abs=1e-6)
+    assert float(ppo_loss(model, plain, cfg)[0].detach()) == pytest.approx(loss_a, abs=1e-6)
 
 
 def test_minibatches_keep_each_envs_agent_rows_together():

@@ -31,6 +31,7 @@ class Batch:
     advantages: torch.Tensor
     returns: torch.Tensor
     active: torch.Tensor | None = None
+    action_mask: torch.Tensor | None = None  # bool [B, actions]: the valid actions each row was sampled under
     rows_together: int = 1
 
     def __len__(self) -> int:
@@ -58,7 +59,8 @@ def ppo_loss(model: nn.Module, mb: Batch, cfg: AlgoConfig) -> tuple[torch.Tensor
     """Clipped surrogate + value loss - entropy bonus, over the active rows; returns the loss and
     detached statistics. Values and returns enter the value loss in the critic's own units
     (normalised under algo.value_norm)."""
-    new_logp, entropy, new_values = model.evaluate(mb.obs, mb.actions)
+    new_logp, entropy, new_values = (model.evaluate(mb.obs, mb.actions) if mb.action_mask is None
+                                     else model.evaluate(mb.obs, mb.actions, mb.action_mask))
     w = mb.active
     log_ratio = new_logp - mb.logp
     ratio = log_ratio.exp()
@@ -144,7 +146,7 @@ class PPOStep:
         self.rewards = ReturnScaler() if cfg.env.normalize_reward else None
         # actions as the env takes them (int64 or float32); uint8 frames stay bytes (the model scales them)
         self.dtypes = {"actions": getattr(torch, action_dtype),
-                       "obs": torch.uint8 if obs_dtype == "uint8" else torch.float32}
+                       "obs": torch.uint8 if obs_dtype == "uint8" else torch.float32, "action_mask": torch.bool}
         # PettingZoo envs: a fragment's columns are whole envs of this many agent rows
         self.model_agents = getattr(model, "num_agents", 1)
 
@@ -174,6 +176,7 @@ class PPOStep:
             return np.concatenate([f[key] for f in fragments], axis=axis)
 
         obs, actions, behaviour_logp = cat("obs"), cat("actions"), cat("logp")
+        mask = cat("action_mask").astype(bool) if "action_mask" in fragments[0].arrays else None
         rewards, dones = cat("rewards"), cat("dones")
         if self.rewards is not None:  # env.normalize_reward: statistics of every env rank's returns
             self.rewards.fold([f["return_moments"] for f in fragments], reduce_moments)
@@ -185,7 +188,7 @@ class PPOStep:
         else:
             # Truncated episodes bootstrap from the behaviour policy's V(final obs), the only
             # value the env rank could ask for then; everything else uses the current critic.
-            values, last_values, logp_now = self._evaluate_now(obs, actions, cat("last_obs", 0))
+            values, last_values, logp_now = self._evaluate_now(obs, actions, cat("last_obs", 0), mask)
             nxt = successor_values(values, last_values, dones, cat("trunc_values"))
             returns, advantages = vtrace(logp_now - behaviour_logp, rewards, values, nxt, dones, a.gamma,
                                          a.vtrace_rho_bar, a.vtrace_c_bar, a.gae_lambda)
@@ -193,17 +196,20 @@ class PPOStep:
                  "advantages": advantages, "returns": returns}
         if "active" in fragments[0].arrays:  # PettingZoo envs: inactive agents' rows are masked out
             parts["active"] = cat("active")
+        if mask is not None:
+            parts["action_mask"] = mask
         return Batch(**{k: torch.as_tensor(v.reshape(-1, *v.shape[2:]), device=self.device,
                                            dtype=self.dtypes.get(k, torch.float32))
                         for k, v in parts.items()}, rows_together=self.model_agents)
 
     @torch.no_grad()
-    def _evaluate_now(self, obs: np.ndarray, actions: np.ndarray, last_obs: np.ndarray):
+    def _evaluate_now(self, obs: np.ndarray, actions: np.ndarray, last_obs: np.ndarray, mask: np.ndarray | None):
         """Async: V(s_t), V(s_T) and log pi(a_t|s_t) under the weights about to be trained."""
         T, B = obs.shape[:2]
         logp, _, raw = self.model.evaluate(
             torch.as_tensor(obs.reshape(T * B, *obs.shape[2:]), dtype=self.dtypes["obs"], device=self.device),
-            torch.as_tensor(actions.reshape(T * B, *actions.shape[2:]), device=self.device))
+            torch.as_tensor(actions.reshape(T * B, *actions.shape[2:]), device=self.device),
+            None if mask is None else torch.as_tensor(mask.reshape(T * B, -1), device=self.device))
         values = self.model.returns_of(raw)
         last = self.model.value(torch.as_tensor(last_obs, dtype=self.dtypes["obs"], device=self.device))
         return values.cpu().numpy().reshape(T, B), last.cpu().numpy(), logp.cpu().numpy().reshape(T, B)

@@ -80,14 +80,21 @@ def inference_messages(cfg, spaces, groups: int) -> tuple[MessageSpec, MessageSp
     """The inference stream's request and reply layouts: one channel per env group, so each
     carries num_envs / groups envs (core/messages.py), a row per agent; the reply is the algorithm's."""
     n = env_rows(cfg, spaces, cfg.env.num_envs // groups)
-    return request_spec(n, spaces.obs_shape, spaces.obs_dtype), ALGORITHMS[cfg.algo.name].reply(cfg, spaces, n)
+    return (request_spec(n, spaces.obs_shape, spaces.obs_dtype, mask_actions(spaces)),
+            ALGORITHMS[cfg.algo.name].reply(cfg, spaces, n))
+
+
+def mask_actions(spaces) -> int:
+    """The width of the action masks messages carry: the action count for envs that give masks, else 0."""
+    return spaces.num_actions if getattr(spaces, "action_mask", False) else 0
 
 
 def fragment_record(cfg, spaces) -> MessageSpec:
     """PPO/APPO's (and MAPPO's) record: a fragment of T steps x N env rows (core/messages.py), with
     the agents' active mask for PettingZoo envs."""
     return fragment_spec(cfg.algo.rollout_length, env_rows(cfg, spaces), spaces.obs_shape, spaces.obs_dtype,
-                         spaces.action_shape, spaces.action_dtype, active=spaces.num_agents > 1)
+                         spaces.action_shape, spaces.action_dtype, active=spaces.num_agents > 1,
+                         mask_actions=mask_actions(spaces))
 
 
 def policy_reply(cfg, spaces, n: int) -> MessageSpec:

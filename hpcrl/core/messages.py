@@ -93,13 +93,14 @@ OUTPUT_FAILED = 4  # flags bit, with STOP: the learner root could not write its 
 EPISODE_STATS = ("episodes", "return_sum", "return_sqsum", "return_min", "return_max", "length_sum")
 
 
-def request_spec(num_envs: int, obs_shape: tuple, obs_dtype) -> MessageSpec:
-    """env -> inference: observations for one step, then final observations of episodes that were
-    truncated (their values bootstrap the return). final_obs is last so a send can stop after
-    `n_final` rows."""
+def request_spec(num_envs: int, obs_shape: tuple, obs_dtype, mask_actions: int = 0) -> MessageSpec:
+    """env -> inference: observations for one step (with `mask_actions`, each row's valid actions
+    out of that many), then final observations of episodes that were truncated (their values
+    bootstrap the return). final_obs is last so a send can stop after `n_final` rows."""
+    mask = [("action_mask", np.uint8, (num_envs, mask_actions))] if mask_actions else []
     return MessageSpec(
         header=("policy_id", "version", "n_final", "flags"),
-        fields=[("obs", obs_dtype, (num_envs, *obs_shape)),
+        fields=[("obs", obs_dtype, (num_envs, *obs_shape)), *mask,
                 ("final_obs", obs_dtype, (num_envs, *obs_shape))])
 
 
@@ -147,10 +148,11 @@ def transition_spec(rows: int, obs_shape: tuple, obs_dtype, action_shape: tuple,
 
 
 def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
-                  action_shape: tuple, action_dtype, active: bool = False) -> MessageSpec:
+                  action_shape: tuple, action_dtype, active: bool = False, mask_actions: int = 0) -> MessageSpec:
     """env -> learner: T steps x N envs (rows: with PettingZoo envs, one per agent) of experience
     plus what GAE needs to bootstrap. With `active`, a [T, N] mask of the rows whose agent acted
-    (multi-agent: inactive rows are left out of the loss).
+    (multi-agent: inactive rows are left out of the loss); with `mask_actions`, the valid actions
+    each step's row had (the learner's log-probabilities use the same mask).
     `version` is the policy version of the fragment's first step (async: the oldest in it);
     `last_obs` are the observations after step T-1, for V-trace's bootstrap with the learner's
     own critic. A message with the STOP flag is an env rank's last (no data). `rollout_us` is the
@@ -172,7 +174,8 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                 ("last_values", np.float32, (n,)),
                 ("last_obs", obs_dtype, (n, *obs_shape)),
                 ("episode_stats", np.float64, (len(EPISODE_STATS),)),
-                ("return_moments", np.float64, (3,))] + ([("active", np.uint8, (t, n))] if active else []))
+                ("return_moments", np.float64, (3,))] + ([("active", np.uint8, (t, n))] if active else [])
+        + ([("action_mask", np.uint8, (t, n, mask_actions))] if mask_actions else []))
 
 
 def weights_spec(num_params: int) -> MessageSpec:

@@ -35,6 +35,7 @@ class EnvSpaces:
     action_dtype: str = "int64"   # Discrete: 'int64'; Box: 'float32'
     action_low: tuple = ()    # Box only: per-dimension bounds (floats), for clipping on env ranks
     action_high: tuple = ()
+    action_mask: bool = False  # the env says which Discrete actions are valid (PettingZoo's action_mask)
     num_agents: int = 1       # PettingZoo: agents per env, each a row of the vector (envs/multiagent.py)
     agents: tuple = ()        # PettingZoo: the agent names, in row order
 
@@ -165,12 +166,13 @@ def probe_spaces(cfg: EnvConfig) -> EnvSpaces:
     try:
         obs, act = envs.single_observation_space, envs.single_action_space
         agents = tuple(getattr(envs.unwrapped, "agents", ()))
+        masked = bool(getattr(envs.unwrapped, "masked", False))
     finally:
         envs.close()
     if not isinstance(obs, gym.spaces.Box):
         raise ConfigError(f"env.id: {cfg.id!r} has observation space {obs}; hpcrl supports Box observations")
     spaces = EnvSpaces(obs_shape=tuple(obs.shape), obs_dtype=np.dtype(obs.dtype).name, num_actions=0,
-                       num_agents=max(len(agents), 1), agents=agents)
+                       num_agents=max(len(agents), 1), agents=agents, action_mask=masked)
     if isinstance(act, gym.spaces.Discrete) and int(act.start) == 0:
         return dataclasses.replace(spaces, num_actions=int(act.n))
     if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:

@@ -12,6 +12,10 @@ keeps each env's agents side by side (the centralised critic reads them there, h
   hpcrl/envs/vector.py): its rows' final observations are in info["final_obs"].
 - info["active"] (bool [rows]) says which rows act on the observations the call returns; reset's
   info has it too.
+- Action masks: agents observing PettingZoo's {"observation": ..., "action_mask": ...} dict (the
+  classic envs' convention), or given infos[agent]["action_mask"], get the observation leaf as
+  their row and the mask in info["action_mask"] (bool [rows, actions]); rows without a mask (or
+  inactive, or with no valid action) allow every action.
 
 No MPI and no torch here.
 """
@@ -25,6 +29,7 @@ import numpy as np
 from hpcrl.core.config import ConfigError
 
 ACTIVE = "active"  # info key: the rows whose agent acts on the returned observations
+ACTION_MASK = "action_mask"  # info key (and observation-dict key): the valid actions of each row
 
 
 def parallel_env_factory(env_id: str):
@@ -64,8 +69,17 @@ def make_parallel_env(env_id: str, kwargs: dict):
         raise ConfigError(f"env.kwargs: {env_id!r} rejected the keyword arguments {kwargs}: {exc}") from None
 
 
+def _observation_leaf(space: gym.Space) -> tuple[gym.Space, bool]:
+    """An agent's observation space, and whether it carries an action mask: the Box inside
+    PettingZoo's {"observation", "action_mask"} dict, or the space itself."""
+    if isinstance(space, gym.spaces.Dict) and set(space.spaces) == {"observation", ACTION_MASK}:
+        return space["observation"], True
+    return space, False
+
+
 def common_spaces(env, env_id: str) -> tuple[gym.Space, gym.Space]:
-    """The observation and action space every agent shares; a ConfigError names the agents that differ."""
+    """The observation and action space every agent shares (the observation leaf of a masked
+    observation dict); a ConfigError names the agents that differ."""
     agents = list(env.possible_agents)
     first = agents[0]
     obs, act = env.observation_space(first), env.action_space(first)
@@ -84,7 +98,12 @@ class ParallelVector(gym.vector.VectorEnv):
         self.envs = [make_parallel_env(env_id, kwargs) for _ in range(num_envs)]
         self.agents = list(self.envs[0].possible_agents)
         self.num_agents = len(self.agents)
-        self.single_observation_space, self.single_action_space = common_spaces(self.envs[0], env_id)
+        space, self.single_action_space = common_spaces(self.envs[0], env_id)
+        self.single_observation_space, self._mask_in_obs = _observation_leaf(space)
+        self.masked = self._mask_in_obs
+        if not self.masked:  # masks in the infos instead? a first reset tells (the actors reset again, seeded)
+            _, infos = self.envs[0].reset(seed=0)
+            self.masked = any(ACTION_MASK in (info or {}) for info in infos.values())
         self.num_envs = num_envs * self.num_agents
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
@@ -92,31 +111,44 @@ class ParallelVector(gym.vector.VectorEnv):
         self._obs = np.zeros((self.num_envs, *self.single_observation_space.shape),
                              dtype=self.single_observation_space.dtype)
         self._active = np.zeros(self.num_envs, dtype=bool)
+        n_actions = int(getattr(self.single_action_space, "n", 0))
+        self._mask = np.ones((self.num_envs, n_actions), dtype=bool)
         self._seeds: list[int | None] = [None] * num_envs
 
     def _rows(self, e: int) -> slice:
         return slice(e * self.num_agents, (e + 1) * self.num_agents)
 
-    def _fill(self, e: int, observations: dict) -> None:
+    def _fill(self, e: int, observations: dict, infos: dict) -> None:
         """Env e's rows from its agents' observations: agents absent from the dict are inactive."""
         rows = self._rows(e)
         self._obs[rows] = 0
         self._active[rows] = False
+        self._mask[rows] = True
         for i, agent in enumerate(self.agents):
-            if agent in observations:
-                self._obs[rows.start + i] = observations[agent]
-                self._active[rows.start + i] = agent in self.envs[e].agents
+            if agent not in observations:
+                continue
+            r, seen = rows.start + i, observations[agent]
+            mask = (infos.get(agent) or {}).get(ACTION_MASK)
+            if self._mask_in_obs:
+                seen, mask = seen["observation"], seen[ACTION_MASK]
+            self._obs[r] = seen
+            self._active[r] = agent in self.envs[e].agents
+            if mask is not None and self._active[r] and np.any(mask):
+                self._mask[r] = np.asarray(mask, dtype=bool)
 
     def _reset_env(self, e: int, seed: int | None = None) -> None:
-        observations, _ = self.envs[e].reset(seed=seed)
-        self._fill(e, observations)
+        observations, infos = self.envs[e].reset(seed=seed)
+        self._fill(e, observations, infos)
 
     def reset(self, *, seed=None, options=None):
         seeds = seed if isinstance(seed, (list, tuple)) else [None if seed is None else seed + e
                                                               for e in range(len(self.envs))]
         for e, s in enumerate(seeds):
             self._reset_env(e, s)
-        return self._obs.copy(), {ACTIVE: self._active.copy()}
+        return self._obs.copy(), self._info()
+
+    def _info(self) -> dict:
+        return {ACTIVE: self._active.copy(), ACTION_MASK: self._mask.copy()}
 
     def step(self, actions):
         actions = np.asarray(actions)
@@ -130,21 +162,21 @@ class ParallelVector(gym.vector.VectorEnv):
             rows = self._rows(e)
             acting = {agent: actions[rows.start + i] for i, agent in enumerate(self.agents)
                       if self._active[rows.start + i]}
-            observations, reward, term, trunc, _ = env.step(acting)
+            observations, reward, term, trunc, infos = env.step(acting)
             for i, agent in enumerate(self.agents):
                 if agent not in acting:
                     continue
                 r = rows.start + i
                 rewards[r] = reward.get(agent, 0.0)
                 terminated[r], truncated[r] = bool(term.get(agent, False)), bool(trunc.get(agent, False))
-            self._fill(e, observations)  # agents done in this step are inactive from now on
+            self._fill(e, observations, infos)  # agents done in this step are inactive from now on
             done = np.flatnonzero(terminated[rows] | truncated[rows]) + rows.start
             for r in done:  # their last observations, for the value of a truncated episode
                 final_obs[r] = self._obs[r].copy()
             ended[done] = True
             if not env.agents:  # everyone has gone: a new episode at once (SAME_STEP)
                 self._reset_env(e)
-        info = {ACTIVE: self._active.copy()}
+        info = self._info()
         if ended.any():
             info["final_obs"], info["_final_obs"] = final_obs, ended
         return self._obs.copy(), rewards, terminated, truncated, info
@@ -153,6 +185,11 @@ class ParallelVector(gym.vector.VectorEnv):
     def active(self) -> np.ndarray:
         """The rows whose agent acts on the last returned observations."""
         return self._active.copy()
+
+    @property
+    def action_mask(self) -> np.ndarray | None:
+        """The valid actions of each row for the last returned observations (None: no masks)."""
+        return self._mask.copy() if self.masked else None
 
     def close_extras(self, **kwargs):
         for env in self.envs:

@@ -29,6 +29,7 @@ NATURE_CNN = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels, kernel, stride):
 NATURE_CNN_FEATURES = 512
 CNN_MIN_SIZE = 36  # the smallest height/width the three Nature CNN convolutions reduce to 1x1
 OBS_NORM_CLIP, OBS_NORM_EPS = 10.0, 1e-8  # as SB3 VecNormalize and gymnasium NormalizeObservation
+MASKED_LOGIT = -1e9  # the logit of an invalid action (action masks)
 MOMENT_ROWS = 1024  # observations per float64 slice when summing a batch's moments
 
 
@@ -158,6 +159,16 @@ class ObservationInput(nn.Module):
             self.obs_norm.merge(reduce(self.obs_norm.moments(self._scaled(obs))))
 
 
+def _masked_log_softmax(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Log-probabilities over the valid actions only: invalid ones get probability exactly 0 (a
+    logit of -1e9: exp underflows to 0 while the log-probability stays finite, so 0 * logp is 0 in
+    the entropy, not NaN). A row with no valid action (an inactive agent) keeps every action."""
+    if mask is None:
+        return F.log_softmax(logits, dim=-1)
+    mask = mask | ~mask.any(-1, keepdim=True)
+    return F.log_softmax(logits.masked_fill(~mask, MASKED_LOGIT), dim=-1)
+
+
 class ActorCritic(ObservationInput):
     """An encoder, a policy head (categorical or diagonal Gaussian) and a state-value head.
 
@@ -225,26 +236,26 @@ class ActorCritic(ObservationInput):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.returns_of(self._critic(self.features(obs)))
 
-    def log_probs(self, obs: torch.Tensor) -> torch.Tensor:
+    def log_probs(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Categorical only: log-probabilities of every action, [B, num_actions]. Written out rather
         than through torch.distributions.Categorical, whose argument checks double the cost of small
         batches."""
-        return F.log_softmax(self.actor(self.features(obs)), dim=-1)
+        return _masked_log_softmax(self.actor(self.features(obs)), mask)
 
-    def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _heads(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Policy output (log-probs, or the Gaussian mean flattened to [B, d]) and the critic's raw output."""
         x = self.features(obs)
         out = self.actor(x)
-        return (out if self.continuous else F.log_softmax(out, dim=-1)), self._critic(x)
+        return (out if self.continuous else _masked_log_softmax(out, mask)), self._critic(x)
 
     def _gaussian_logp(self, mean: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         z = (actions - mean) * torch.exp(-self.log_std)
         return (-0.5 * z * z - self.log_std - HALF_LOG_2PI).sum(-1)
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None = None):
         """log-prob of `actions`, entropy and the critic's raw output (`returns_of` gives values):
-        what the PPO loss needs."""
-        out, values = self._heads(obs)
+        what the PPO loss needs. `mask`: the valid actions the rows were sampled under."""
+        out, values = self._heads(obs, mask)
         if self.continuous:
             logp = self._gaussian_logp(out, actions.reshape(out.shape).to(out.dtype))
             entropy = (0.5 + HALF_LOG_2PI + self.log_std).sum().expand(out.shape[0])
@@ -252,11 +263,11 @@ class ActorCritic(ObservationInput):
         entropy = -(out.exp() * out).sum(-1)
         return out.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy, values
 
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None):
+    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None, mask: torch.Tensor | None = None):
         """Sampled actions, their log-probs, and state values. Gaussian samples are not clipped to
         the action bounds: env ranks clip what they step with, the fragment keeps the sample, so its
-        log-prob stays right."""
-        out, raw = self._heads(obs)
+        log-prob stays right. `mask` (categorical): only valid actions are ever drawn."""
+        out, raw = self._heads(obs, mask)
         values = self.returns_of(raw)
         if self.continuous:
             noise = torch.randn(out.shape, generator=generator, device=out.device, dtype=out.dtype)
@@ -265,10 +276,10 @@ class ActorCritic(ObservationInput):
         actions = torch.multinomial(out.exp(), 1, generator=generator)
         return actions.squeeze(-1), out.gather(-1, actions).squeeze(-1), values
 
-    def mode(self, obs: torch.Tensor) -> torch.Tensor:
-        """The most likely action: the argmax for categorical, the mean for Gaussian."""
+    def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The most likely action: the (valid) argmax for categorical, the mean for Gaussian."""
         out = self.actor(self.features(obs))
-        return out.reshape(-1, *self.action_shape) if self.continuous else out.argmax(-1)
+        return out.reshape(-1, *self.action_shape) if self.continuous else _masked_log_softmax(out, mask).argmax(-1)
 
 
 def build_model(spaces: EnvSpaces, cfg: ModelConfig) -> ActorCritic:
@@ -364,8 +375,10 @@ class PolicyRunner(Runner):
     outputs = ("actions", "logp", "values")
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, out: dict[str, np.ndarray]) -> None:
-        a, lp, v = self.model.sample(self._tensor(obs), self.generator)
+    def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None = None) -> None:
+        """`mask`: each row's valid actions (envs that give action masks)."""
+        a, lp, v = self.model.sample(self._tensor(obs), self.generator,
+                                     None if mask is None else torch.as_tensor(mask, device=self.device).bool())
         out["actions"][...] = a.cpu().numpy()
         out["logp"][...] = lp.cpu().numpy()
         out["values"][...] = v.cpu().numpy()

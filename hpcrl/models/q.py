@@ -60,7 +60,8 @@ class QRunner(Runner):
     outputs = ("q",)
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, out: dict[str, np.ndarray]) -> None:
+    def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None = None) -> None:
+        """`mask`: DQN trains no env that gives action masks (its actors choose from every Q-value)."""
         out["q"][...] = self.model.q_values(self._tensor(obs)).cpu().numpy()
 
     @torch.no_grad()

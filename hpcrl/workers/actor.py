@@ -70,6 +70,9 @@ class EnvGroup:
         self.final_truncated = np.zeros(0, dtype=bool)
         # PettingZoo envs (a row per agent): the rows whose agent acts on the current observations
         self.active = getattr(envs.unwrapped, "active", None)
+        self.masked = "action_mask" in self.request.arrays  # the env gives each row's valid actions
+        if self.masked:
+            self.request["action_mask"][...] = envs.unwrapped.action_mask
 
     def submit(self, version: int) -> None:
         self.policy.submit(version, len(self.final_rows))
@@ -245,10 +248,14 @@ class EnvRole:
         frag["values"][t, cols] = reply["values"]
         if group.active is not None:
             frag["active"][t, cols] = group.active
+        if group.masked:
+            frag["action_mask"][t, cols] = group.request["action_mask"]
         self.status = f"stepping envs (step {t})"
         obs, rewards, terminated, truncated, info = group.envs.step(reply["actions"])
         if group.active is not None:
             group.active = info["active"]
+        if group.masked:
+            group.request["action_mask"][...] = info["action_mask"]
         done = terminated | truncated
         frag["rewards"][t, cols] = rewards
         frag["dones"][t, cols] = done
@@ -363,7 +370,8 @@ class EnvRole:
             raise RuntimeError("env snapshots are taken between rollouts")
         return pickle.dumps({"groups": [{"envs": g.envs, "obs": g.request["obs"].copy(), "ep_return": g.ep_return,
                                          "ep_length": g.ep_length, "sampling": g.policy.sampling_state(),
-                                         "active": g.active}
+                                         "active": g.active,
+                                         "mask": g.request["action_mask"].copy() if g.masked else None}
                                         for g in self.groups],
                              "version": self.version, "version_fragments": self.version_fragments,
                              "fragments_sent": self.fragments_sent})
@@ -378,6 +386,8 @@ class EnvRole:
             group.request["obs"][...] = saved["obs"]
             group.ep_return, group.ep_length = saved["ep_return"], saved["ep_length"]
             group.active = saved.get("active")
+            if group.masked:
+                group.request["action_mask"][...] = saved["mask"]
             group.policy.restore_sampling_state(saved["sampling"])
         self.version, self.fragments_sent = state["version"], state["fragments_sent"]
         self.version_fragments = state.get("version_fragments", 0)  # snapshots from before batch_frames: 0

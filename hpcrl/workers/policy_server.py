@@ -109,7 +109,7 @@ def can_answer(have: int, wanted: int, sync: bool) -> bool:
 
 def answer(runner: Runner, request: Message, reply: Message) -> None:
     """Fill one reply for one request (no batching across env ranks)."""
-    runner.act(request["obs"], {name: reply[name] for name in runner.outputs})
+    runner.act(request["obs"], {name: reply[name] for name in runner.outputs}, request.arrays.get("action_mask"))
     finish_reply(runner, request, reply)
 
 
@@ -138,6 +138,8 @@ class InferenceRole:
         first = server.requests[0]
         rows = len(server.requests) * first["obs"].shape[0]
         self.batch_obs = np.zeros((rows, *first["obs"].shape[1:]), dtype=first["obs"].dtype)
+        self.batch_mask = (np.zeros((rows, *first["action_mask"].shape[1:]), dtype=np.uint8)
+                           if "action_mask" in first.arrays else None)  # envs that give action masks
         reply = server.replies[0]  # the runner's outputs for every request at once, then split per reply
         self.batch_out = {name: np.zeros((rows, *reply[name].shape[1:]), dtype=reply[name].dtype)
                           for name in runner.outputs}
@@ -194,9 +196,12 @@ class InferenceRole:
         for i in serve:
             obs = requests[i]["obs"]
             self.batch_obs[start:start + len(obs)] = obs
+            if self.batch_mask is not None:
+                self.batch_mask[start:start + len(obs)] = requests[i]["action_mask"]
             spans.append((i, start, start + len(obs)))
             start += len(obs)
-        self.runner.act(self.batch_obs[:start], {name: out[:start] for name, out in self.batch_out.items()})
+        self.runner.act(self.batch_obs[:start], {name: out[:start] for name, out in self.batch_out.items()},
+                        None if self.batch_mask is None else self.batch_mask[:start])
         for i, a, b in spans:
             reply = self.server.reply_buffer(i)
             for name, out in self.batch_out.items():
