@@ -347,7 +347,10 @@ def load_params_from(model: nn.Module, flat: np.ndarray) -> None:
 
 class Runner:
     """Runs a policy network forward on numpy batches for a policy holder: `act` fills the reply
-    fields named in `outputs` (views into a reply buffer, or a policy server's batch arrays)."""
+    fields named in `outputs` (views into a reply buffer, or a policy server's batch arrays).
+    Forwards run under torch.inference_mode, not no_grad: it skips autograd's version counting,
+    about a tenth of a small policy's forward on a CPU policy server, and nothing a runner
+    computes is ever differentiated."""
 
     outputs: tuple[str, ...] = ()
 
@@ -374,7 +377,7 @@ class PolicyRunner(Runner):
 
     outputs = ("actions", "logp", "values")
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None = None) -> None:
         """`mask`: each row's valid actions (envs that give action masks)."""
         a, lp, v = self.model.sample(self._tensor(obs), self.generator,
@@ -383,7 +386,7 @@ class PolicyRunner(Runner):
         out["logp"][...] = lp.cpu().numpy()
         out["values"][...] = v.cpu().numpy()
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def value(self, obs: np.ndarray, out: np.ndarray) -> None:
         if len(obs):
             out[...] = self.model.value(self._tensor(obs)).cpu().numpy()

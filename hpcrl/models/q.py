@@ -59,12 +59,12 @@ class QRunner(Runner):
 
     outputs = ("q",)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None = None) -> None:
         """`mask`: DQN trains no env that gives action masks (its actors choose from every Q-value)."""
         out["q"][...] = self.model.q_values(self._tensor(obs)).cpu().numpy()
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def value(self, obs: np.ndarray, out: np.ndarray) -> None:
         """max_a Q(s, a) (the value of final observations, for requests that carry some)."""
         if len(obs):
