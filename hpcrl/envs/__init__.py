@@ -1,4 +1,5 @@
-"""Gymnasium environments: the vector an env rank steps, and the spaces every role sizes buffers by.
+"""Gymnasium (and PettingZoo, a row per agent: envs/multiagent.py) environments: the vector an env
+rank steps, and the spaces every role sizes buffers by.
 
 No MPI and no torch here: env ranks that use remote inference import only this and numpy.
 The vector's step contract (SAME_STEP autoreset, raw episode rewards) is described in
