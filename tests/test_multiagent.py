@@ -181,3 +181,16 @@ def test_serial_mappo_resume_continues_exactly_with_masks_and_value_norm(tmp_pat
     assert len(a["frames"]) == 10
     for key in ("frames", "episodes", "return_mean", "loss_policy", "loss_value", "entropy"):
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)  # bit-identical, row for row
+
+
+def test_eval_plays_a_multiagent_run_under_its_masks(tmp_path):
+    """hpcrl eval on a MAPPO run of MaskedRelay (which raises on an invalid action): games end when
+    the env does, and a game's return is the mean over its agents (6 steps; the leaver plays 2)."""
+    cfg = small_config(tmp_path, env={"id": "tests.ma_envs:MaskedRelay", "num_envs": 2},
+                       algo={"name": "mappo", "rollout_length": 6}, roles={"inference": {"ranks": 0}},
+                       run={"total_frames": 48})
+    assert mpirun(1, "run", str(write_config(tmp_path, cfg))).returncode == 0
+    from hpcrl.tools.evaluate import evaluate
+    result = evaluate(str(run_dir(cfg)), episodes=3)
+    assert result.lengths == [6, 6, 6]
+    assert all(0 <= r <= 14 / 3 + 1e-9 for r in result.returns)

@@ -11,7 +11,7 @@ keeps each env's agents side by side (the centralised critic reads them there, h
 - An env whose agents have all gone is reset in the same step (the vector contract of
   hpcrl/envs/vector.py): its rows' final observations are in info["final_obs"].
 - info["active"] (bool [rows]) says which rows act on the observations the call returns; reset's
-  info has it too.
+  info has it too. info["env_done"] (bool [envs]) says which envs ended (and restarted) in the step.
 - Action masks: agents observing PettingZoo's {"observation": ..., "action_mask": ...} dict (the
   classic envs' convention), or given infos[agent]["action_mask"], get the observation leaf as
   their row and the mask in info["action_mask"] (bool [rows, actions]); rows without a mask (or
@@ -30,6 +30,7 @@ from hpcrl.core.config import ConfigError
 
 ACTIVE = "active"  # info key: the rows whose agent acts on the returned observations
 ACTION_MASK = "action_mask"  # info key (and observation-dict key): the valid actions of each row
+ENV_DONE = "env_done"  # info key: the envs (not rows) whose episode ended in this step (bool [envs])
 
 
 def parallel_env_factory(env_id: str):
@@ -158,6 +159,7 @@ class ParallelVector(gym.vector.VectorEnv):
         truncated = np.zeros(n, dtype=bool)
         final_obs = np.empty(n, dtype=object)
         ended = np.zeros(n, dtype=bool)
+        env_done = np.zeros(len(self.envs), dtype=bool)
         for e, env in enumerate(self.envs):
             rows = self._rows(e)
             acting = {agent: actions[rows.start + i] for i, agent in enumerate(self.agents)
@@ -175,8 +177,9 @@ class ParallelVector(gym.vector.VectorEnv):
                 final_obs[r] = self._obs[r].copy()
             ended[done] = True
             if not env.agents:  # everyone has gone: a new episode at once (SAME_STEP)
+                env_done[e] = True
                 self._reset_env(e)
-        info = self._info()
+        info = {**self._info(), ENV_DONE: env_done}
         if ended.any():
             info["final_obs"], info["_final_obs"] = final_obs, ended
         return self._obs.copy(), rewards, terminated, truncated, info

@@ -44,11 +44,12 @@ class QNetwork(ObservationInput):
             return a
         return self.value(x) + a - a.mean(-1, keepdim=True)
 
-    def mode(self, obs: torch.Tensor) -> torch.Tensor:
-        """The greedy action (hpcrl eval --deterministic, and what the actors exploit)."""
+    def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The greedy action (hpcrl eval --deterministic, and what the actors exploit). `mask`:
+        always None, as DQN trains no env that gives action masks (the actor-critic's signature)."""
         return self.q_values(obs).argmax(-1)
 
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None):
+    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None, mask: torch.Tensor | None = None):
         """hpcrl eval without --deterministic: a Q-network's policy is greedy (exploration is the
         actors'), so the sample is the greedy action."""
         return (self.mode(obs),)

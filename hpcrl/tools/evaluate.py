@@ -81,19 +81,23 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
         ret, length = 0.0, 0
         if writer:
             result.video_frames += _append_frame(writer, envs)
+        # PettingZoo envs: one env of several agent rows; a return is the mean over the agents
+        mask = getattr(envs.unwrapped, "action_mask", None)
         while len(result.returns) < episodes:
             with torch.no_grad():
                 obs_t = torch.as_tensor(obs, dtype=torch.float32)
-                actions = model.mode(obs_t) if deterministic else model.sample(obs_t, generator)[0]
+                mask_t = None if mask is None else torch.as_tensor(mask)
+                actions = model.mode(obs_t, mask_t) if deterministic else model.sample(obs_t, generator, mask_t)[0]
             actions = actions.numpy()
             if isinstance(space, gym.spaces.Box):  # Gaussian policies: keep actions inside the bounds
                 actions = np.clip(actions, space.low, space.high)
             obs, reward, terminated, truncated, info = envs.step(actions)
+            mask = info.get("action_mask", mask)
             # as the metrics count them: raw rewards of whole games (Atari: all lives, unclipped)
-            ret, length = ret + float(info.get(RAW_REWARD, reward)[0]), length + 1
+            ret, length = ret + float(np.mean(info.get(RAW_REWARD, reward))), length + 1
             if writer:
                 result.video_frames += _append_frame(writer, envs)
-            if info.get(GAME_OVER, terminated | truncated)[0]:
+            if info.get("env_done", info.get(GAME_OVER, terminated | truncated))[0]:
                 result.returns.append(ret)
                 result.lengths.append(length)
                 ret, length = 0.0, 0
