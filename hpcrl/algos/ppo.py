@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcrl.algos.gae import successor_values
+from hpcrl.algos.gae import OwnSteps, successor_values
 from hpcrl.algos.kernels import gae, vtrace
 from hpcrl.algos.moments import ReturnScaler
 from hpcrl.core.config import AlgoConfig, Config
@@ -181,26 +181,42 @@ class PPOStep:
         if self.rewards is not None:  # env.normalize_reward: statistics of every env rank's returns
             self.rewards.fold([f["return_moments"] for f in fragments], reduce_moments)
             rewards = self.rewards.scale(rewards)
+        active = cat("active").astype(bool) if "active" in fragments[0].arrays else None
+        # PettingZoo envs whose agents sit out steps: advantages over each agent's own steps
+        own = OwnSteps(active) if active is not None and not active.all() else None
         if self.sync:
-            values = cat("values")
-            nxt = successor_values(values, cat("last_values", 0), dones, cat("trunc_values"))
-            advantages, returns = gae(rewards, values, nxt, dones, a.gamma, a.gae_lambda)
+            values, last_values, log_rhos = cat("values"), cat("last_values", 0), None
         else:
             # Truncated episodes bootstrap from the behaviour policy's V(final obs), the only
             # value the env rank could ask for then; everything else uses the current critic.
             values, last_values, logp_now = self._evaluate_now(obs, actions, cat("last_obs", 0), mask)
-            nxt = successor_values(values, last_values, dones, cat("trunc_values"))
-            returns, advantages = vtrace(logp_now - behaviour_logp, rewards, values, nxt, dones, a.gamma,
-                                         a.vtrace_rho_bar, a.vtrace_c_bar, a.gae_lambda)
+            log_rhos = logp_now - behaviour_logp
+        trunc_values = cat("trunc_values")
+        if own is None:
+            advantages, returns = self._estimate(rewards, values, successor_values(values, last_values, dones,
+                                                                                   trunc_values), dones, log_rhos)
+        else:
+            rc, vc, nxt, dc = own.compact(rewards, values, last_values, dones, trunc_values)
+            adv_c, ret_c = self._estimate(rc, vc, nxt, dc, None if log_rhos is None else own.gather(log_rhos))
+            advantages, returns = own.scatter(adv_c, np.zeros_like(values)), own.scatter(ret_c, values)
         parts = {"obs": obs, "actions": actions, "logp": behaviour_logp, "values": values,
                  "advantages": advantages, "returns": returns}
-        if "active" in fragments[0].arrays:  # PettingZoo envs: inactive agents' rows are masked out
-            parts["active"] = cat("active")
+        if active is not None:  # PettingZoo envs: inactive agents' rows are masked out
+            parts["active"] = active.astype(np.uint8)
         if mask is not None:
             parts["action_mask"] = mask
         return Batch(**{k: torch.as_tensor(v.reshape(-1, *v.shape[2:]), device=self.device,
                                            dtype=self.dtypes.get(k, torch.float32))
                         for k, v in parts.items()}, rows_together=self.model_agents)
+
+    def _estimate(self, rewards, values, next_values, dones, log_rhos) -> tuple[np.ndarray, np.ndarray]:
+        """Advantages and value targets: GAE (sync), or V-trace with these log-ratios (async)."""
+        a = self.cfg.algo
+        if log_rhos is None:
+            return gae(rewards, values, next_values, dones, a.gamma, a.gae_lambda)
+        returns, advantages = vtrace(log_rhos, rewards, values, next_values, dones, a.gamma, a.vtrace_rho_bar,
+                                     a.vtrace_c_bar, a.gae_lambda)
+        return advantages, returns
 
     @torch.no_grad()
     def _evaluate_now(self, obs: np.ndarray, actions: np.ndarray, last_obs: np.ndarray, mask: np.ndarray | None):
