@@ -194,3 +194,45 @@ def test_eval_plays_a_multiagent_run_under_its_masks(tmp_path):
     result = evaluate(str(run_dir(cfg)), episodes=3)
     assert result.lengths == [6, 6, 6]
     assert all(0 <= r <= 14 / 3 + 1e-9 for r in result.returns)
+
+
+def test_turn_based_games_are_rows_that_take_turns_and_share_each_outcome():
+    """PettingZoo's classic connect_four_v3 (an AEC env): one move per vector step by the player
+    whose turn it is, the other row sitting out with its own view of the board; the last move's
+    outcome reaches both players' rows (+1 and -1, never an illegal-move -1 alone), and every env
+    restarts at once."""
+    vector = make_vector_env(parse_config("env: {id: 'pettingzoo:classic/connect_four-v3', num_envs: 3}").env,
+                             seed=[4, 5, 6])[0].unwrapped
+    rng = np.random.default_rng(0)
+    assert vector.active.tolist() == [True, False] * 3
+    games, moves = 0, np.zeros(3, int)
+    for _ in range(300):
+        mask, before = vector.action_mask, vector.active
+        actions = np.array([rng.choice(np.flatnonzero(m)) for m in mask])
+        obs, rewards, terminated, truncated, info = vector.step(actions)
+        moves += 1
+        for e in range(3):
+            rows = slice(2 * e, 2 * e + 2)
+            if info["env_done"][e]:
+                assert rewards[rows].sum() == 0 and terminated[rows].all()  # +1/-1 or a draw: all moves legal
+                assert info["active"][rows].tolist() == [True, False] and moves[e] >= 7
+                games, moves[e] = games + 1, 0
+            else:
+                assert rewards[rows].tolist() == [0, 0] and info["active"][rows].tolist() == before[rows][::-1].tolist()
+    assert games >= 10
+    assert obs.shape == (6, 6, 7, 2)  # both players see the board, each from its own side
+
+
+def test_self_play_on_connect_four_runs_on_4_ranks_under_masks(tmp_path):
+    """A shared policy playing both sides of connect four through a policy server: every move legal
+    (PettingZoo ends a game with an illegal move as a -1 for its maker alone, which the zero-sum
+    returns would show), and each game counted once per player."""
+    cfg = small_config(tmp_path, env={"id": "pettingzoo:classic/connect_four-v3", "num_envs": 4},
+                       algo={"name": "ippo", "rollout_length": 16}, model={"encoder": "mlp"},
+                       run={"total_frames": 640})
+    result = mpirun(4, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    m = read_metrics(str(run_dir(cfg) / "metrics.h5"))
+    games = m["episodes"].sum() / 2
+    assert games >= 10 and m["episodes"].sum() % 2 == 0
+    assert np.nansum(m["return_mean"] * m["episodes"]) == 0  # zero-sum: every win is a loss for the other side

@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 from hpcrl.core.config import ConfigError, EnvConfig
-from hpcrl.envs.multiagent import ParallelVector, parallel_env_factory
+from hpcrl.envs.multiagent import pettingzoo_vector
 from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, DiscountedReturns,
                                envpool_vector, numpy_vector)
 
@@ -115,11 +115,12 @@ def make_env(cfg: EnvConfig) -> gym.Env:
 # --- the vector an env rank steps ----------------------------------------------------------------
 
 def _vector(cfg: EnvConfig, num_envs: int, seed: int, gamma: float) -> gym.vector.VectorEnv:
-    if parallel_env_factory(cfg.id) is not None:  # PettingZoo: one row per agent
+    agent_rows = pettingzoo_vector(cfg.id)
+    if agent_rows is not None:  # PettingZoo: one row per agent
         if cfg.backend != "sync" or cfg.preset is not None:
             raise ConfigError(f"env.id: {cfg.id!r} is a PettingZoo env, stepped by env.backend: sync with no "
                               f"env.preset (got backend {cfg.backend!r}, preset {cfg.preset!r})")
-        envs = ParallelVector(cfg.id, cfg.kwargs, num_envs)
+        envs = agent_rows(cfg.id, cfg.kwargs, num_envs)
     elif cfg.backend == "sync":
         # partial, not a lambda: the vector stays picklable, so serial-mode checkpoints can hold it
         envs = gym.vector.SyncVectorEnv([functools.partial(make_env, cfg) for _ in range(num_envs)],

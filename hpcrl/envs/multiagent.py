@@ -1,5 +1,6 @@
-"""PettingZoo parallel environments as a vector of agent rows, so actors, policy servers and
-trainers move them with the single-agent code (SRL and MAPPO's implementations do the same).
+"""PettingZoo environments as a vector of agent rows, so actors, policy servers and trainers move
+them with the single-agent code (SRL and MAPPO's implementations do the same): parallel envs
+(`ParallelVector`) and turn-based ones (`TurnVector`: one agent moves per step, the others sit out).
 
 `num_envs` PettingZoo envs of A possible agents become a vector of num_envs x A rows, env-major
 (row e*A + i is agent i of env e, agents in `possible_agents` order), so any batch of whole envs
@@ -21,6 +22,7 @@ No MPI and no torch here.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 
 import gymnasium as gym
@@ -33,10 +35,13 @@ ACTION_MASK = "action_mask"  # info key (and observation-dict key): the valid ac
 ENV_DONE = "env_done"  # info key: the envs (not rows) whose episode ended in this step (bool [envs])
 
 
-def parallel_env_factory(env_id: str):
-    """The factory of a PettingZoo id 'module:name': the `parallel_env` of a PettingZoo env module (for
-    example mpe2:simple_spread_v3, pettingzoo.butterfly:pistonball_v6) or a pettingzoo.ParallelEnv
-    subclass; None when env_id names no PettingZoo env."""
+def parallel_env_factory(env_id: str, kind: str = "parallel"):
+    """The factory of a PettingZoo env id 'module:name': an id of PettingZoo's registry
+    (pettingzoo:classic/connect_four-v3, pettingzoo:butterfly/pistonball-v6), the `parallel_env` of a
+    PettingZoo env module (mpe2:simple_spread_v3) or a pettingzoo.ParallelEnv subclass; with kind
+    'aec', a turn-based env of the registry, the `env` of a turn-based env module
+    (pettingzoo.classic:connect_four_v3) or a pettingzoo.AECEnv subclass. None when env_id names
+    no such env (an env with a parallel form is always stepped as one)."""
     if ":" not in env_id:
         return None
     module_name, name = env_id.split(":", 1)
@@ -44,26 +49,40 @@ def parallel_env_factory(env_id: str):
         module = importlib.import_module(module_name)
     except ImportError:
         return None  # not ours to explain: the gymnasium path says what cannot be imported
+    registry = getattr(module, f"{kind}_registry", None)  # PettingZoo's own: pettingzoo:classic/connect_four-v3
+    if registry is not None and name in registry:
+        other = getattr(module, "parallel_registry", {})
+        return None if kind == "aec" and name in other else functools.partial(module.make, kind, name)
     target = getattr(module, name, None) if name.isidentifier() else None
     if target is None:
         try:
             target = importlib.import_module(f"{module_name}.{name}")
         except ImportError:
             return None
-    factory = getattr(target, "parallel_env", None)
-    if callable(factory):
-        return factory
     if isinstance(target, type):
         try:
-            from pettingzoo import ParallelEnv
+            import pettingzoo
         except ImportError:
             return None
-        return target if issubclass(target, ParallelEnv) else None
+        return target if issubclass(target, pettingzoo.ParallelEnv if kind == "parallel" else pettingzoo.AECEnv) \
+            else None
+    if kind == "aec" and callable(getattr(target, "parallel_env", None)):
+        return None  # a parallel env: ParallelVector steps it
+    factory = getattr(target, "parallel_env" if kind == "parallel" else "env", None)
+    return factory if callable(factory) and not isinstance(target, type) else None
+
+
+def pettingzoo_vector(env_id: str):
+    """The vector class for a PettingZoo env id (ParallelVector or TurnVector), or None."""
+    if parallel_env_factory(env_id) is not None:
+        return ParallelVector
+    if parallel_env_factory(env_id, "aec") is not None:
+        return TurnVector
     return None
 
 
-def make_parallel_env(env_id: str, kwargs: dict):
-    factory = parallel_env_factory(env_id)
+def make_parallel_env(env_id: str, kwargs: dict, kind: str = "parallel"):
+    factory = parallel_env_factory(env_id, kind)
     try:
         return factory(**kwargs)
     except TypeError as exc:
@@ -95,16 +114,15 @@ def common_spaces(env, env_id: str) -> tuple[gym.Space, gym.Space]:
 class ParallelVector(gym.vector.VectorEnv):
     """`num_envs` PettingZoo parallel envs as num_envs x A rows (see the module's docstring)."""
 
+    kind = "parallel"
+
     def __init__(self, env_id: str, kwargs: dict, num_envs: int):
-        self.envs = [make_parallel_env(env_id, kwargs) for _ in range(num_envs)]
+        self.envs = [make_parallel_env(env_id, kwargs, self.kind) for _ in range(num_envs)]
         self.agents = list(self.envs[0].possible_agents)
         self.num_agents = len(self.agents)
         space, self.single_action_space = common_spaces(self.envs[0], env_id)
         self.single_observation_space, self._mask_in_obs = _observation_leaf(space)
         self.masked = self._mask_in_obs
-        if not self.masked:  # masks in the infos instead? a first reset tells (the actors reset again, seeded)
-            _, infos = self.envs[0].reset(seed=0)
-            self.masked = any(ACTION_MASK in (info or {}) for info in infos.values())
         self.num_envs = num_envs * self.num_agents
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
@@ -114,13 +132,18 @@ class ParallelVector(gym.vector.VectorEnv):
         self._active = np.zeros(self.num_envs, dtype=bool)
         n_actions = int(getattr(self.single_action_space, "n", 0))
         self._mask = np.ones((self.num_envs, n_actions), dtype=bool)
-        self._seeds: list[int | None] = [None] * num_envs
+        if not self.masked:  # masks in the infos instead? a first reset tells (the actors reset again, seeded)
+            self._reset_env(0, seed=0)
+            self.masked = any(ACTION_MASK in (info or {}) for info in self._last_infos.values())
 
     def _rows(self, e: int) -> slice:
         return slice(e * self.num_agents, (e + 1) * self.num_agents)
 
-    def _fill(self, e: int, observations: dict, infos: dict) -> None:
-        """Env e's rows from its agents' observations: agents absent from the dict are inactive."""
+    def _fill(self, e: int, observations: dict, infos: dict, acting=None) -> None:
+        """Env e's rows from its agents' observations: agents absent from the dict are inactive, and
+        so are those not in `acting` (default: the env's live agents)."""
+        self._last_infos = infos
+        acting = self.envs[e].agents if acting is None else acting
         rows = self._rows(e)
         self._obs[rows] = 0
         self._active[rows] = False
@@ -133,7 +156,7 @@ class ParallelVector(gym.vector.VectorEnv):
             if self._mask_in_obs:
                 seen, mask = seen["observation"], seen[ACTION_MASK]
             self._obs[r] = seen
-            self._active[r] = agent in self.envs[e].agents
+            self._active[r] = agent in acting
             if mask is not None and self._active[r] and np.any(mask):
                 self._mask[r] = np.asarray(mask, dtype=bool)
 
@@ -197,3 +220,57 @@ class ParallelVector(gym.vector.VectorEnv):
     def close_extras(self, **kwargs):
         for env in self.envs:
             env.close()
+
+
+class TurnVector(ParallelVector):
+    """Turn-based PettingZoo (AEC) envs, such as board games, as rows: a vector step is one move in
+    every env, made by the agent whose turn it is; the other agents' rows sit the step out
+    (inactive) but still hold their current observation (what their critic bootstraps from) and
+    get the rewards and ends the move brings them (an opponent's winning move). The trainers
+    credit those to each agent's previous own move (algos/gae.py:OwnSteps). Agents whose game has
+    ended are stepped out (PettingZoo's dead steps) at once; an env whose agents have all gone
+    restarts in the same step."""
+
+    kind = "aec"
+
+    def _observe(self, e: int) -> None:
+        env = self.envs[e]
+        self._fill(e, {a: env.observe(a) for a in env.agents}, env.infos, acting={env.agent_selection})
+
+    def _reset_env(self, e: int, seed: int | None = None) -> None:
+        self.envs[e].reset(seed=seed)
+        self._observe(e)
+
+    def step(self, actions):
+        actions = np.asarray(actions)
+        n = self.num_envs
+        rewards = np.zeros(n, dtype=np.float64)
+        terminated, truncated, ended = (np.zeros(n, dtype=bool) for _ in range(3))
+        final_obs = np.empty(n, dtype=object)
+        env_done = np.zeros(len(self.envs), dtype=bool)
+        for e, env in enumerate(self.envs):
+            start = e * self.num_agents
+            mover = self.agents.index(env.agent_selection)
+            env.step(actions[start + mover])
+            while True:  # the move's rewards and ends, then the dead steps of agents it finished
+                for i, agent in enumerate(self.agents):
+                    r = start + i
+                    rewards[r] += env.rewards.get(agent, 0.0)
+                    if agent in env.agents and not ended[r] and (env.terminations[agent] or env.truncations[agent]):
+                        terminated[r], truncated[r] = bool(env.terminations[agent]), bool(env.truncations[agent])
+                        ended[r] = True
+                        observed = env.observe(agent)
+                        final_obs[r] = observed["observation"] if self._mask_in_obs else observed
+                if not env.agents or not (env.terminations[env.agent_selection]
+                                          or env.truncations[env.agent_selection]):
+                    break
+                env.step(None)
+            if env.agents:
+                self._observe(e)
+            else:
+                env_done[e] = True
+                self._reset_env(e)
+        info = {**self._info(), ENV_DONE: env_done}
+        if ended.any():
+            info["final_obs"], info["_final_obs"] = final_obs, ended
+        return self._obs.copy(), rewards, terminated, truncated, info
