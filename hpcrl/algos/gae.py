@@ -45,8 +45,8 @@ class OwnSteps:
       previous own step, and so does an episode end among them (with that step's trunc_values);
     - the compacted tail past a column's own steps is padding: done, zero reward and value, so
       neither estimator reads it, and its results are dropped.
-    Rewards and ends that come before a column's first own step in the fragment are dropped (they
-    belong to a step of the previous fragment)."""
+    Rewards and ends that come before a column's first own step in the fragment are dropped: they
+    follow the previous fragment's last own step, which bootstrapped from its value instead."""
 
     def __init__(self, active: np.ndarray):
         self.active = active.astype(bool)
