@@ -1,11 +1,14 @@
 """PettingZoo envs as agent rows (envs/multiagent.py), MAPPO's centralised critic and value
 normalisation (models), and MAPPO/IPPO runs: remote inference on 4 ranks with torch-free actors,
 and a short serial run that learns MPE simple_spread."""
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import mpirun, run_dir, small_config, write_config
+from hpcrl.tools.inspect import RunDirError
+from tests.conftest import REPO, mpirun, run_dir, small_config, write_config
 from hpcrl.core.config import ConfigError, ModelConfig, parse_config
 from hpcrl.envs import EnvSpaces, make_vector_env, probe_spaces
 from hpcrl.envs.multiagent import ParallelVector
@@ -236,3 +239,25 @@ def test_self_play_on_connect_four_runs_on_4_ranks_under_masks(tmp_path):
     games = m["episodes"].sum() / 2
     assert games >= 10 and m["episodes"].sum() % 2 == 0
     assert np.nansum(m["return_mean"] * m["episodes"]) == 0  # zero-sum: every win is a loss for the other side
+
+
+def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_path):
+    """The shipped connect four job, serially: its policy after 2k moves of self-play (a frozen early
+    snapshot) and after 60k, each played by hpcrl eval in both seats for 100 games."""
+    path = str(REPO / "jobs/connect_four_selfplay.yaml")
+    common = ("--set", f"run.output_dir={tmp_path}", "--set", "roles.inference.ranks=0")
+    first = mpirun(1, "run", path, *common, "--set", "run.total_frames=2048")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "checkpoints hold no env state" in first.stdout  # PettingZoo's EzPickle envs: no false exactness
+    shutil.copytree(tmp_path / "connect_four_selfplay", tmp_path / "early")
+    assert mpirun(1, "run", path, *common, "--set", "run.total_frames=60000").returncode == 0
+    from hpcrl.tools.evaluate import evaluate
+    early = evaluate(str(tmp_path / "early"), 100, opponent="random").summary()["win_rate"]
+    late = evaluate(str(tmp_path / "connect_four_selfplay"), 100, opponent="random").summary()["win_rate"]
+    versus_early = evaluate(str(tmp_path / "connect_four_selfplay"), 100, opponent=str(tmp_path / "early"))
+    assert late >= early + 0.15 and late >= 0.7, (early, late)
+    assert versus_early.summary()["win_rate"] >= 0.6
+    solo = small_config(tmp_path, name="solo", roles={"inference": {"ranks": 0}}, run={"total_frames": 128})
+    assert mpirun(1, "run", str(write_config(tmp_path, solo, "solo.yaml"))).returncode == 0
+    with pytest.raises(RunDirError, match="has one agent; an opponent needs a multi-agent game"):
+        evaluate(str(run_dir(solo)), 1, opponent="random")

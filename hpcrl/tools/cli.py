@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="seed of the env and of action sampling (default 0)")
     ev.add_argument("--video", metavar="OUT.mp4", help="render every step of every episode into this video")
     ev.add_argument("--json", action="store_true", help="print the result as JSON (every episode's return too)")
+    ev.add_argument("--opponent", metavar="random|RUN_DIR",
+                    help="multi-agent games: play one seat (each in turn) against a uniform player of valid "
+                         "actions, or against another run's latest checkpoint; counts wins, draws and losses")
     ref = sub.add_parser("config-reference", help="write the config reference (every key, its type, default "
                          "and meaning) as Markdown")
     ref.add_argument("-o", "--output", help="write it here, e.g. docs/config.md (default: print it)")
@@ -96,7 +99,7 @@ def _eval(args) -> int:
     from hpcrl.tools.evaluate import evaluate, format_result
     from hpcrl.tools.inspect import RunDirError
     try:
-        result = evaluate(args.run_dir, args.episodes, args.deterministic, args.seed, args.video)
+        result = evaluate(args.run_dir, args.episodes, args.deterministic, args.seed, args.video, args.opponent)
     except (RunDirError, ConfigError) as exc:
         return _user_error(f"hpcrl: eval: {exc}")
     print(json.dumps(result.summary(), indent=2) if args.json else format_result(result, args.run_dir))

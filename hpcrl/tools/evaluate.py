@@ -2,6 +2,10 @@
 
 The env is built as env ranks build theirs (a vector of one env) and the model as learners build
 theirs, from the config saved in the checkpoint; `--video` renders every step into an MP4.
+Multi-agent games can be played against an opponent (`--opponent random`, a uniform player of
+valid actions, or another run's latest checkpoint, such as an early snapshot): the run's policy
+takes one seat, in turn every seat from game to game, the opponent all the others, and the result
+counts the run's wins, draws and losses.
 """
 from __future__ import annotations
 
@@ -33,12 +37,17 @@ class EvalResult:
     video: str | None = None
     video_frames: int = 0
     warnings: list[str] = field(default_factory=list)
+    opponent: str | None = None  # against an opponent: the returns are the run's seat's
 
     def summary(self) -> dict:
         r = np.asarray(self.returns)
-        return {"episodes": len(r), "return_mean": float(r.mean()), "return_std": float(r.std()),
-                "return_min": float(r.min()), "return_max": float(r.max()),
-                "length_mean": float(np.mean(self.lengths)), **dataclasses.asdict(self)}
+        out = {"episodes": len(r), "return_mean": float(r.mean()), "return_std": float(r.std()),
+               "return_min": float(r.min()), "return_max": float(r.max()),
+               "length_mean": float(np.mean(self.lengths))}
+        if self.opponent is not None:  # a game is won by a positive return (zero-sum games: +1 / -1)
+            out.update(wins=int((r > 0).sum()), draws=int((r == 0).sum()), losses=int((r < 0).sum()),
+                       win_rate=float((r > 0).mean()))
+        return {**out, **dataclasses.asdict(self)}
 
 
 def load_run(run_dir: str) -> tuple[Config, dict, str, list[str]]:
@@ -55,20 +64,38 @@ def load_run(run_dir: str) -> tuple[Config, dict, str, list[str]]:
     return cfg, checkpoint, found, problems
 
 
+def _policy(cfg: Config, checkpoint: dict, spaces):
+    model = build_policy(spaces, cfg)  # the run's network: an actor-critic, or a Q-network
+    model.load_state_dict(checkpoint["model"])
+    return model.eval()
+
+
+def _opponent(opponent: str | None, cfg: Config, spaces):
+    """None, 'random', or the policy of another run (its latest checkpoint) for the same env."""
+    if opponent is None or opponent == "random":
+        return opponent
+    other, checkpoint, _, _ = load_run(opponent)
+    if other.env.id != cfg.env.id:
+        raise RunDirError(f"--opponent {opponent}: its env is {other.env.id}, this run's is {cfg.env.id}")
+    return _policy(other, checkpoint, spaces)
+
+
 def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int = 0,
-             video: str | None = None) -> EvalResult:
+             video: str | None = None, opponent: str | None = None) -> EvalResult:
     if video and not os.path.isdir(os.path.dirname(os.path.abspath(video))):
         raise RunDirError(f"--video {video}: directory {os.path.dirname(video)!r} does not exist")
     cfg, checkpoint, found, problems = load_run(run_dir)
     env_cfg = dataclasses.replace(cfg.env, num_envs=1,
                                   kwargs={**cfg.env.kwargs, **({"render_mode": "rgb_array"} if video else {})})
     spaces = probe_spaces(cfg.env)
-    model = build_policy(spaces, cfg)  # the run's network: an actor-critic, or a Q-network
-    model.load_state_dict(checkpoint["model"])
-    model.eval()
+    if opponent is not None and spaces.num_agents < 2:
+        raise RunDirError(f"--opponent: {cfg.env.id} has one agent; an opponent needs a multi-agent game")
+    model = _policy(cfg, checkpoint, spaces)
+    rival = _opponent(opponent, cfg, spaces)
     counters = checkpoint["counters"]
     result = EvalResult([], [], found, int(counters.get("policy_version", 0)), int(counters.get("frames", 0)),
-                        deterministic, seed, video, warnings=problems)
+                        deterministic, seed, video, warnings=problems, opponent=opponent)
+    rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
     # One env, episodes one after another: taking the first N to finish of several parallel envs
     # would favour short episodes. SAME_STEP autoreset: a finished env comes back reset at once.
@@ -81,20 +108,27 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
         ret, length = 0.0, 0
         if writer:
             result.video_frames += _append_frame(writer, envs)
-        # PettingZoo envs: one env of several agent rows; a return is the mean over the agents
+        # PettingZoo envs: one env of several agent rows; a return is the mean over the agents, or
+        # against an opponent the return of the run's seat
         mask = getattr(envs.unwrapped, "action_mask", None)
         while len(result.returns) < episodes:
             with torch.no_grad():
                 obs_t = torch.as_tensor(obs, dtype=torch.float32)
                 mask_t = None if mask is None else torch.as_tensor(mask)
                 actions = model.mode(obs_t, mask_t) if deterministic else model.sample(obs_t, generator, mask_t)[0]
-            actions = actions.numpy()
+                actions = actions.numpy()
+                seat = len(result.returns) % spaces.num_agents
+                if rival is not None:
+                    others = np.arange(len(actions)) != seat
+                    actions[others] = (_random_actions(mask, rng) if rival == "random"
+                                       else rival.sample(obs_t, generator, mask_t)[0].numpy())[others]
             if isinstance(space, gym.spaces.Box):  # Gaussian policies: keep actions inside the bounds
                 actions = np.clip(actions, space.low, space.high)
             obs, reward, terminated, truncated, info = envs.step(actions)
             mask = info.get("action_mask", mask)
             # as the metrics count them: raw rewards of whole games (Atari: all lives, unclipped)
-            ret, length = ret + float(np.mean(info.get(RAW_REWARD, reward))), length + 1
+            reward = info.get(RAW_REWARD, reward)
+            ret, length = ret + float(reward[seat] if rival is not None else np.mean(reward)), length + 1
             if writer:
                 result.video_frames += _append_frame(writer, envs)
             if info.get("env_done", info.get(GAME_OVER, terminated | truncated))[0]:
@@ -106,6 +140,13 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
         if writer:
             writer.close()
     return result
+
+
+def _random_actions(mask: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
+    """A uniform choice among each row's valid actions."""
+    if mask is None:
+        raise RunDirError("--opponent random: this env gives no action masks, so valid actions are unknown")
+    return np.array([rng.choice(np.flatnonzero(row)) if row.any() else 0 for row in mask], dtype=np.int64)
 
 
 def _video_writer(path: str, envs):
@@ -134,6 +175,9 @@ def format_result(result: EvalResult, run_dir: str) -> str:
              f"{result.frames:,} frames; {s['episodes']} episodes, {mode}, seed {result.seed}",
              f"return {s['return_mean']:.2f} +- {s['return_std']:.2f} (min {s['return_min']:.1f}, "
              f"max {s['return_max']:.1f}), length {s['length_mean']:.1f}"]
+    if result.opponent is not None:
+        lines.append(f"against {result.opponent}: {s['wins']} wins, {s['draws']} draws, {s['losses']} losses "
+                     f"(win rate {s['win_rate']:.2f}; the run's policy took every seat in turn)")
     if result.video:
         lines.append(f"[hpcrl] wrote {result.video}: {result.video_frames} frames")
     return "\n".join(lines)
