@@ -187,13 +187,7 @@ class ParallelVector(gym.vector.VectorEnv):
 
     def step(self, actions):
         actions = np.asarray(actions)
-        n = self.num_envs
-        rewards = np.zeros(n, dtype=np.float64)
-        terminated = np.zeros(n, dtype=bool)
-        truncated = np.zeros(n, dtype=bool)
-        final_obs = np.empty(n, dtype=object)
-        ended = np.zeros(n, dtype=bool)
-        env_done = np.zeros(len(self.envs), dtype=bool)
+        rewards, terminated, truncated, final_obs, ended, env_done = self._step_arrays()
         for e, env in enumerate(self.envs):
             rows = self._rows(e)
             acting = {agent: actions[rows.start + i] for i, agent in enumerate(self.agents)
@@ -213,6 +207,16 @@ class ParallelVector(gym.vector.VectorEnv):
             if not env.agents:  # everyone has gone: a new episode at once (SAME_STEP)
                 env_done[e] = True
                 self._reset_env(e)
+        return self._step_result(rewards, terminated, truncated, final_obs, ended, env_done)
+
+    def _step_arrays(self):
+        """A step's per-row rewards, terminated, truncated, final observations and ends, and its
+        per-env restarts, all empty."""
+        n = self.num_envs
+        return (np.zeros(n, dtype=np.float64), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool),
+                np.empty(n, dtype=object), np.zeros(n, dtype=bool), np.zeros(len(self.envs), dtype=bool))
+
+    def _step_result(self, rewards, terminated, truncated, final_obs, ended, env_done):
         info = {**self._info(), ENV_DONE: env_done}
         if ended.any():
             info["final_obs"], info["_final_obs"] = final_obs, ended
@@ -254,11 +258,7 @@ class TurnVector(ParallelVector):
 
     def step(self, actions):
         actions = np.asarray(actions)
-        n = self.num_envs
-        rewards = np.zeros(n, dtype=np.float64)
-        terminated, truncated, ended = (np.zeros(n, dtype=bool) for _ in range(3))
-        final_obs = np.empty(n, dtype=object)
-        env_done = np.zeros(len(self.envs), dtype=bool)
+        rewards, terminated, truncated, final_obs, ended, env_done = self._step_arrays()
         for e, env in enumerate(self.envs):
             start = e * self.num_agents
             mover = self.agents.index(env.agent_selection)
@@ -281,7 +281,4 @@ class TurnVector(ParallelVector):
             else:
                 env_done[e] = True
                 self._reset_env(e)
-        info = {**self._info(), ENV_DONE: env_done}
-        if ended.any():
-            info["final_obs"], info["_final_obs"] = final_obs, ended
-        return self._obs.copy(), rewards, terminated, truncated, info
+        return self._step_result(rewards, terminated, truncated, final_obs, ended, env_done)
