@@ -11,7 +11,7 @@ from hpcrl.tools.inspect import RunDirError
 from tests.conftest import REPO, mpirun, run_dir, small_config, write_config
 from hpcrl.core.config import ConfigError, ModelConfig, parse_config
 from hpcrl.envs import EnvSpaces, make_vector_env, probe_spaces
-from hpcrl.envs.multiagent import ParallelVector
+from hpcrl.envs.multiagent import ParallelVector, pettingzoo_vector
 from hpcrl.io.metrics import read_metrics
 from hpcrl.models import ActorCritic, build_policy
 
@@ -20,7 +20,8 @@ SPREAD = {"id": "mpe2:simple_spread_v3", "kwargs": {"N": 3, "max_cycles": 25, "c
 
 
 def test_agents_are_env_major_rows_with_active_masks_and_same_step_resets():
-    vector = ParallelVector(RELAY, {}, 2)  # 2 envs x 3 agents; agent_2 leaves after 2 steps, all end at 6
+    vector = pettingzoo_vector(RELAY)({}, 2)  # 2 envs x 3 agents; agent_2 leaves after 2 steps, all end at 6
+    assert type(vector) is ParallelVector
     obs, info = vector.reset(seed=[0, 1])
     assert obs.shape == (6, 3) and obs[:, 1].tolist() == [0, 1, 2, 0, 1, 2] and info["active"].all()
     actions = np.array([0, 1, 0, 0, 1, 0])

@@ -20,7 +20,7 @@ class Fixed(torch.nn.Module):
         self.ent = torch.tensor(entropy)
         self.v = torch.nn.Parameter(torch.tensor(values))
 
-    def evaluate(self, obs, actions):
+    def evaluate(self, obs, actions, mask=None):
         return self.logp, self.ent, self.v
 
     def raw_of(self, returns):  # the critic learns in return units (no algo.value_norm)

@@ -74,12 +74,12 @@ class OwnSteps:
         end = np.take_along_axis(first_end, start, 0)
         ended = self.valid & (end < self.following)
         vc = self.gather(values)
-        last = np.append(self.valid[1:], np.zeros((1, N), dtype=bool), axis=0) != self.valid  # last own step
+        last = self.valid & ~np.append(self.valid[1:], np.zeros((1, N), dtype=bool), axis=0)  # last own step
         nxt = np.zeros_like(vc)
         nxt[:-1] = vc[1:]
         nxt = np.where(last, last_values, nxt)
         trunc = np.take_along_axis(np.concatenate([trunc_values, np.zeros((1, N), trunc_values.dtype)]),
-                                   np.minimum(end, T), 0)
+                                   end, 0)
         nxt = np.where(ended, trunc, nxt)
         # a column's last own step is cut like a truncation: its successor is given, not the padding
         dc = ended | last | ~self.valid

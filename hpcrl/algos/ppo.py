@@ -59,8 +59,7 @@ def ppo_loss(model: nn.Module, mb: Batch, cfg: AlgoConfig) -> tuple[torch.Tensor
     """Clipped surrogate + value loss - entropy bonus, over the active rows; returns the loss and
     detached statistics. Values and returns enter the value loss in the critic's own units
     (normalised under algo.value_norm)."""
-    new_logp, entropy, new_values = (model.evaluate(mb.obs, mb.actions) if mb.action_mask is None
-                                     else model.evaluate(mb.obs, mb.actions, mb.action_mask))
+    new_logp, entropy, new_values = model.evaluate(mb.obs, mb.actions, mb.action_mask)
     w = mb.active
     log_ratio = new_logp - mb.logp
     ratio = log_ratio.exp()
@@ -147,8 +146,7 @@ class PPOStep:
         # actions as the env takes them (int64 or float32); uint8 frames stay bytes (the model scales them)
         self.dtypes = {"actions": getattr(torch, action_dtype),
                        "obs": torch.uint8 if obs_dtype == "uint8" else torch.float32, "action_mask": torch.bool}
-        # PettingZoo envs: a fragment's columns are whole envs of this many agent rows
-        self.model_agents = getattr(model, "num_agents", 1)
+
 
     def __call__(self, fragments: list, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m,
                  **update_kwargs) -> dict[str, float]:
@@ -207,7 +205,7 @@ class PPOStep:
             parts["action_mask"] = mask
         return Batch(**{k: torch.as_tensor(v.reshape(-1, *v.shape[2:]), device=self.device,
                                            dtype=self.dtypes.get(k, torch.float32))
-                        for k, v in parts.items()}, rows_together=self.model_agents)
+                        for k, v in parts.items()}, rows_together=self.model.num_agents)  # whole envs of agent rows
 
     def _estimate(self, rewards, values, next_values, dones, log_rhos) -> tuple[np.ndarray, np.ndarray]:
         """Advantages and value targets: GAE (sync), or V-trace with these log-ratios (async)."""

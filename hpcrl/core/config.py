@@ -325,7 +325,7 @@ def validate(cfg: Config) -> None:
     _check(a.mode in modes, f"algo.mode: expected {' or '.join(map(repr, modes))} (the modes of algo.name "
                             f"{a.name}), got {a.mode!r}")
     if a.value_norm is None:
-        a.value_norm = a.name in ("mappo", "ippo")  # resolved, so the run directory's config.yaml says it
+        a.value_norm = ALGORITHMS[a.name].multiagent  # resolved, so the run directory's config.yaml says it
     if a.name == "dqn":
         _check(not a.value_norm, "algo.value_norm: a PPO option, not used by algo.name dqn; use false or null")
         validate_dqn(a.dqn, a.replay)

@@ -57,6 +57,7 @@ class Algorithm:
     batch_source: str
     step: str
     doc: str
+    multiagent: bool = False  # trains PettingZoo envs only (and normalises values by default)
 
     def stream(self, kind: str) -> Stream | None:
         return next((s for s in self.streams if s.kind == kind), None)
@@ -86,7 +87,7 @@ def inference_messages(cfg, spaces, groups: int) -> tuple[MessageSpec, MessageSp
 
 def mask_actions(spaces) -> int:
     """The width of the action masks messages carry: the action count for envs that give masks, else 0."""
-    return spaces.num_actions if getattr(spaces, "action_mask", False) else 0
+    return spaces.num_actions if spaces.action_mask else 0
 
 
 def fragment_record(cfg, spaces) -> MessageSpec:
@@ -146,13 +147,13 @@ PPO = Algorithm(
 # The two differ only in what the critic reads (Yu et al. 2022; de Witt et al. 2020 for IPPO).
 MAPPO = Algorithm(
     name="mappo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
-    reply=policy_reply, policy="central_critic", batch_source=PPO.batch_source, step=PPO.step,
+    reply=policy_reply, policy="central_critic", batch_source=PPO.batch_source, step=PPO.step, multiagent=True,
     doc="MAPPO: PPO whose critic reads the observations of every agent of the env (and the agent's index), "
         "with value normalisation; one policy shared by all agents")
 
 IPPO = Algorithm(
     name="ippo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
-    reply=policy_reply, policy="actor_critic", batch_source=PPO.batch_source, step=PPO.step,
+    reply=policy_reply, policy="actor_critic", batch_source=PPO.batch_source, step=PPO.step, multiagent=True,
     doc="IPPO: PPO on every agent's own observations (decentralised critic), with value normalisation; one "
         "policy shared by all agents")
 

@@ -120,7 +120,7 @@ def _vector(cfg: EnvConfig, num_envs: int, seed: int, gamma: float) -> gym.vecto
         if cfg.backend != "sync" or cfg.preset is not None:
             raise ConfigError(f"env.id: {cfg.id!r} is a PettingZoo env, stepped by env.backend: sync with no "
                               f"env.preset (got backend {cfg.backend!r}, preset {cfg.preset!r})")
-        envs = agent_rows(cfg.id, cfg.kwargs, num_envs)
+        envs = agent_rows(cfg.kwargs, num_envs)
     elif cfg.backend == "sync":
         # partial, not a lambda: the vector stays picklable, so serial-mode checkpoints can hold it
         envs = gym.vector.SyncVectorEnv([functools.partial(make_env, cfg) for _ in range(num_envs)],

@@ -36,7 +36,7 @@ ACTION_MASK = "action_mask"  # info key (and observation-dict key): the valid ac
 ENV_DONE = "env_done"  # info key: the envs (not rows) whose episode ended in this step (bool [envs])
 
 
-def parallel_env_factory(env_id: str, kind: str = "parallel"):
+def pettingzoo_factory(env_id: str, kind: str = "parallel"):
     """The factory of a PettingZoo env id 'module:name': an id of PettingZoo's registry
     (pettingzoo:classic/connect_four-v3, pettingzoo:butterfly/pistonball-v6), the `parallel_env` of a
     PettingZoo env module (mpe2:simple_spread_v3) or a pettingzoo.ParallelEnv subclass; with kind
@@ -70,20 +70,20 @@ def parallel_env_factory(env_id: str, kind: str = "parallel"):
     if kind == "aec" and callable(getattr(target, "parallel_env", None)):
         return None  # a parallel env: ParallelVector steps it
     factory = getattr(target, "parallel_env" if kind == "parallel" else "env", None)
-    return factory if callable(factory) and not isinstance(target, type) else None
+    return factory if callable(factory) else None
 
 
 def pettingzoo_vector(env_id: str):
-    """The vector class for a PettingZoo env id (ParallelVector or TurnVector), or None."""
-    if parallel_env_factory(env_id) is not None:
-        return ParallelVector
-    if parallel_env_factory(env_id, "aec") is not None:
-        return TurnVector
+    """What makes the vector of rows for a PettingZoo env id, called with (kwargs, num_envs): a
+    ParallelVector, or a TurnVector for a turn-based env. None when env_id names no PettingZoo env."""
+    for cls in (ParallelVector, TurnVector):
+        factory = pettingzoo_factory(env_id, cls.kind)
+        if factory is not None:
+            return functools.partial(cls, env_id, factory)
     return None
 
 
-def make_parallel_env(env_id: str, kwargs: dict, kind: str = "parallel"):
-    factory = parallel_env_factory(env_id, kind)
+def _make(factory, env_id: str, kwargs: dict):
     try:
         return factory(**kwargs)
     except TypeError as exc:
@@ -113,12 +113,13 @@ def common_spaces(env, env_id: str) -> tuple[gym.Space, gym.Space]:
 
 
 class ParallelVector(gym.vector.VectorEnv):
-    """`num_envs` PettingZoo parallel envs as num_envs x A rows (see the module's docstring)."""
+    """`num_envs` PettingZoo parallel envs as num_envs x A rows (see the module's docstring), each
+    made by `factory(**kwargs)` (pettingzoo_factory)."""
 
     kind = "parallel"
 
-    def __init__(self, env_id: str, kwargs: dict, num_envs: int):
-        self.envs = [make_parallel_env(env_id, kwargs, self.kind) for _ in range(num_envs)]
+    def __init__(self, env_id: str, factory, kwargs: dict, num_envs: int):
+        self.envs = [_make(factory, env_id, kwargs) for _ in range(num_envs)]
         self.agents = list(self.envs[0].possible_agents)
         self.num_agents = len(self.agents)
         space, self.single_action_space = common_spaces(self.envs[0], env_id)
@@ -134,8 +135,7 @@ class ParallelVector(gym.vector.VectorEnv):
         n_actions = int(getattr(self.single_action_space, "n", 0))
         self._mask = np.ones((self.num_envs, n_actions), dtype=bool)
         if not self.masked:  # masks in the infos instead? a first reset tells (the actors reset again, seeded)
-            self._reset_env(0, seed=0)
-            self.masked = any(ACTION_MASK in (info or {}) for info in self._last_infos.values())
+            self.masked = any(ACTION_MASK in (info or {}) for info in self._reset_env(0, seed=0).values())
 
     def __getstate__(self):
         """Serial checkpoints pickle the env vector for an exact resume. Most PettingZoo envs are
@@ -153,7 +153,6 @@ class ParallelVector(gym.vector.VectorEnv):
     def _fill(self, e: int, observations: dict, infos: dict, acting=None) -> None:
         """Env e's rows from its agents' observations: agents absent from the dict are inactive, and
         so are those not in `acting` (default: the env's live agents)."""
-        self._last_infos = infos
         acting = self.envs[e].agents if acting is None else acting
         rows = self._rows(e)
         self._obs[rows] = 0
@@ -163,17 +162,21 @@ class ParallelVector(gym.vector.VectorEnv):
             if agent not in observations:
                 continue
             r, seen = rows.start + i, observations[agent]
-            mask = (infos.get(agent) or {}).get(ACTION_MASK)
-            if self._mask_in_obs:
-                seen, mask = seen["observation"], seen[ACTION_MASK]
-            self._obs[r] = seen
+            mask = seen[ACTION_MASK] if self._mask_in_obs else (infos.get(agent) or {}).get(ACTION_MASK)
+            self._obs[r] = self._leaf(seen)
             self._active[r] = agent in acting
             if mask is not None and self._active[r] and np.any(mask):
                 self._mask[r] = np.asarray(mask, dtype=bool)
 
-    def _reset_env(self, e: int, seed: int | None = None) -> None:
+    def _leaf(self, seen):
+        """An agent's observation without the action mask that may come with it."""
+        return seen["observation"] if self._mask_in_obs else seen
+
+    def _reset_env(self, e: int, seed: int | None = None) -> dict:
+        """Env e anew; returns its agents' infos."""
         observations, infos = self.envs[e].reset(seed=seed)
         self._fill(e, observations, infos)
+        return infos
 
     def reset(self, *, seed=None, options=None):
         seeds = seed if isinstance(seed, (list, tuple)) else [None if seed is None else seed + e
@@ -252,9 +255,10 @@ class TurnVector(ParallelVector):
         env = self.envs[e]
         self._fill(e, {a: env.observe(a) for a in env.agents}, env.infos, acting={env.agent_selection})
 
-    def _reset_env(self, e: int, seed: int | None = None) -> None:
+    def _reset_env(self, e: int, seed: int | None = None) -> dict:
         self.envs[e].reset(seed=seed)
         self._observe(e)
+        return self.envs[e].infos
 
     def step(self, actions):
         actions = np.asarray(actions)
@@ -270,8 +274,7 @@ class TurnVector(ParallelVector):
                     if agent in env.agents and not ended[r] and (env.terminations[agent] or env.truncations[agent]):
                         terminated[r], truncated[r] = bool(env.terminations[agent]), bool(env.truncations[agent])
                         ended[r] = True
-                        observed = env.observe(agent)
-                        final_obs[r] = observed["observation"] if self._mask_in_obs else observed
+                        final_obs[r] = self._leaf(env.observe(agent))
                 if not env.agents or not (env.terminations[env.agent_selection]
                                           or env.truncations[env.agent_selection]):
                     break

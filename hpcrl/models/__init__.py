@@ -182,7 +182,7 @@ class ActorCritic(ObservationInput):
         super().__init__(spaces, cfg)
         self.continuous = spaces.continuous
         self.action_shape = tuple(spaces.action_shape)
-        self.num_agents = int(getattr(spaces, "num_agents", 1))
+        self.num_agents = spaces.num_agents
         self.central_critic = central_critic
         self.value_norm = RunningNorm((), clip=None) if value_norm else None
         out = int(np.prod(self.action_shape)) if self.continuous else spaces.num_actions
@@ -290,14 +290,15 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
     """The network of cfg's algorithm (its declaration's `policy`): an actor-critic (with a central
     critic for MAPPO), or a Q-network."""
     from hpcrl.core.dataflow import ALGORITHMS
-    policy = ALGORITHMS[cfg.algo.name].policy
-    if policy == "q":
+    algorithm = ALGORITHMS[cfg.algo.name]
+    if algorithm.policy == "q":
         from hpcrl.models.q import QNetwork
         return QNetwork(spaces, cfg.model, dueling=cfg.algo.dqn.dueling, env_id=cfg.env.id)
-    if cfg.algo.name in ("mappo", "ippo") and spaces.num_agents == 1:
+    if algorithm.multiagent and spaces.num_agents == 1:
         raise ConfigError(f"algo.name: {cfg.algo.name} trains PettingZoo envs (env.id such as "
                           f"mpe2:simple_spread_v3), and {cfg.env.id} has one agent; use algo.name: ppo")
-    return ActorCritic(spaces, cfg.model, central_critic=policy == "central_critic", value_norm=bool(cfg.algo.value_norm))
+    return ActorCritic(spaces, cfg.model, central_critic=algorithm.policy == "central_critic",
+                       value_norm=bool(cfg.algo.value_norm))
 
 
 def make_runner(model: ObservationInput, device: str, seed: int) -> "Runner":

@@ -20,6 +20,7 @@ import torch
 from hpcrl.io.checkpoint import load_latest
 from hpcrl.core.config import Config, ConfigError, parse_config
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env, probe_spaces
+from hpcrl.envs.multiagent import ENV_DONE
 from hpcrl.io.rundir import CHECKPOINT_FILE
 from hpcrl.models import build_policy
 from hpcrl.tools.inspect import RunDirError, open_run_dir
@@ -131,7 +132,7 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
             ret, length = ret + float(reward[seat] if rival is not None else np.mean(reward)), length + 1
             if writer:
                 result.video_frames += _append_frame(writer, envs)
-            if info.get("env_done", info.get(GAME_OVER, terminated | truncated))[0]:
+            if info.get(ENV_DONE, info.get(GAME_OVER, terminated | truncated))[0]:
                 result.returns.append(ret)
                 result.lengths.append(length)
                 ret, length = 0.0, 0

@@ -273,7 +273,7 @@ class EnvRole:
         whole env: an agent's final observation if it ended in this step, else its current one."""
         rows = np.flatnonzero(truncated)
         if group.active is not None and len(rows):
-            agents = len(obs) // (self.num_envs // len(self.groups))
+            agents = group.envs.unwrapped.num_agents
             rows = (np.unique(rows // agents)[:, None] * agents + np.arange(agents)).reshape(-1)
         group.final_rows, group.final_truncated = rows, truncated[rows]
         if len(rows):
