@@ -215,6 +215,7 @@ def _ranges(ranks, limit: int = 8) -> str:
 
 
 SPIN_PASSES = 50  # idle poll passes before a rank with latency-bound work starts to sleep
+IDLE_SLEEP_MAX_S = 1e-3  # the longest idle sleep: the latency a sleeping rank adds to a message
 
 
 def poll_until_done(roles: list, control: ControlStream, watchdog: Watchdog | None = None) -> None:
@@ -222,11 +223,12 @@ def poll_until_done(roles: list, control: ControlStream, watchdog: Watchdog | No
     its subtree of the control stream. Idle ranks back off to sleeping, so oversubscribed nodes
     (more ranks than cores) give their cores to ranks that have work instead of spinning. Actors
     and policy servers spin SPIN_PASSES idle passes first (a reply or request is due within
-    microseconds); a rank that only trains sleeps from its first idle pass: its work comes in
+    microseconds); a rank that only trains sleeps the longest sleep from its first idle pass: its work comes in
     whole batches, a wake-up a millisecond late costs it nothing, and its spinning would take a
     share of the cores from the actors (in bench/sampling.py's 4 ranks on 2 cores, about 9% of
     the frames)."""
-    spin = 1 if all(r.name == "learner" for r in roles) else SPIN_PASSES
+    learner_only = all(r.name == "learner" for r in roles)
+    spin = 1 if learner_only else SPIN_PASSES
     idle = passes = 0
     while True:
         active = [r for r in roles if not r.done]
@@ -246,4 +248,4 @@ def poll_until_done(roles: list, control: ControlStream, watchdog: Watchdog | No
         else:
             idle += 1
             if idle > spin:
-                time.sleep(min(1e-3, 2e-6 * idle))
+                time.sleep(IDLE_SLEEP_MAX_S if learner_only else min(IDLE_SLEEP_MAX_S, 2e-6 * idle))

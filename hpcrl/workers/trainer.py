@@ -33,6 +33,7 @@ from hpcrl.runtime.control import ControlStream
 from hpcrl.runtime.params import END, ParameterPublisher
 from hpcrl.workers.trainer_stats import TrainerStats
 
+LONE_TRAINER_CYCLE_MS = "20"  # Horovod's cycle when there is one trainer: nothing to allreduce
 STOP_REASONS = {0: "", FRAMES_CODE: "total_frames", TARGET_CODE: "target_return", PREEMPTED_CODE: "preempted",
                 OUTPUT_FAILED_CODE: "output_failed"}
 STOP_FLAGS = {0: 0, FRAMES_CODE: STOP, TARGET_CODE: STOP, PREEMPTED_CODE: STOP | PREEMPTED,
@@ -86,8 +87,11 @@ class LearnerRole:
         self.root = trainer_comm.Get_rank() == 0
         # Horovod: each minibatch's allreduce waits for the background thread's next cycle; with
         # 0.1 ms instead of 1 ms a 2-learner CartPole job took 14.0/17.4 s instead of 17.2/21.7 s
-        # (seeds 1/3, same frames). A user's HOROVOD_CYCLE_TIME wins.
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1")
+        # (seeds 1/3, same frames). A lone trainer allreduces nothing (Horovod's optimizer skips
+        # size 1; only the start-up broadcast goes through the thread), and a 0.1 ms cycle would
+        # cost it 14% of a core for nothing, taken from the actors on a shared node. A user's
+        # HOROVOD_CYCLE_TIME wins.
+        os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1" if trainer_comm.Get_size() > 1 else LONE_TRAINER_CYCLE_MS)
         hvd.init(comm=trainer_comm)  # Horovod: only the trainers, never the whole world
         device = cfg.roles.learner.device
         if device == "cuda":
