@@ -13,7 +13,7 @@ from hpcrl.envs import probe_spaces
 from hpcrl.core.messages import EPISODE_STATS, fragment_spec, reply_spec, request_spec, weights_spec
 from hpcrl.models import PolicyRunner, build_model, copy_params_to, num_params
 from hpcrl.workers.actor import EnvRole
-from hpcrl.workers.policy_server import InlinePolicy
+from hpcrl.workers.policy_server import InlinePolicy, PolicySet
 from hpcrl.core.seeds import env_seeds
 
 T, N, LIMIT = 16, 3, 8  # episodes are cut at 8 steps, so truncation falls on t=7 and t=T-1=15
@@ -29,13 +29,13 @@ def collect_fragment(env: str = f"{{id: CartPole-v1, num_envs: {N}, kwargs: {{ma
     runner = PolicyRunner(build_model(spaces, cfg.model), "cpu", seed=0)
     req = request_spec(N, spaces.obs_shape, spaces.obs_dtype)
     rep = reply_spec(N, spaces.action_shape, spaces.action_dtype)
-    policy = InlinePolicy(runner, comm.LocalWeightSubscriber(publisher), req.allocate(), rep.allocate())
+    policy = InlinePolicy(PolicySet([runner], [comm.LocalWeightSubscriber(publisher)]), req.allocate(), rep.allocate())
     frag = fragment_spec(T, N, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype)
     me = comm.world_rank()
     stream = comm.stream_communicator()
     receiver = SampleReceiver(stream, [me], [frag.allocate()])
     role = EnvRole(cfg, rank=me, index=0, policies=[policy],
-                   sender=SampleSender(stream, me, [frag.allocate(), frag.allocate()]))
+                   senders=[SampleSender(stream, me, [frag.allocate(), frag.allocate()])])
     for _ in range(10 * T):
         role.poll()
         if (ready := receiver.ready()):

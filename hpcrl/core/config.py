@@ -16,6 +16,7 @@ import yaml
 from hpcrl.core.config_base import ConfigError, check, doc
 from hpcrl.core.config_dqn import DQNConfig, ReplayConfig, validate_dqn
 from hpcrl.core.dataflow import ALGORITHMS
+from hpcrl.core.policies import check_table
 
 REST = "rest"
 ROLE_NAMES = ("learner", "inference", "env")
@@ -220,6 +221,11 @@ class Config:
     env: EnvConfig = doc("environments", default_factory=EnvConfig)
     algo: AlgoConfig = doc("algorithm", default_factory=AlgoConfig)
     model: ModelConfig = doc("policy network", default_factory=ModelConfig)
+    policies: dict = doc(
+        "multi-agent: policy name -> regular expression on agent names, in order; an agent is acted for and "
+        "trained by the first policy whose expression matches its whole name, each policy by its own block of "
+        "roles.learner ranks (their count a multiple of the policies'). Empty: one policy for every agent",
+        default_factory=dict)
 
 
 # --- building dataclasses from plain YAML data, with errors that name the key --------------------
@@ -326,6 +332,11 @@ def validate(cfg: Config) -> None:
                             f"{a.name}), got {a.mode!r}")
     if a.value_norm is None:
         a.value_norm = ALGORITHMS[a.name].multiagent  # resolved, so the run directory's config.yaml says it
+    check_table(cfg.policies)
+    multiagent = [n for n, alg in ALGORITHMS.items() if alg.multiagent]
+    _check(not cfg.policies or ALGORITHMS[a.name].multiagent,
+           f"policies: maps the agents of PettingZoo envs to policies, for the multi-agent algorithms "
+           f"({', '.join(multiagent)}); algo.name {a.name} trains one policy, so remove the policies table")
     if a.name == "dqn":
         _check(not a.value_norm, "algo.value_norm: a PPO option, not used by algo.name dqn; use false or null")
         validate_dqn(a.dqn, a.replay)

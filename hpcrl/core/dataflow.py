@@ -77,11 +77,12 @@ def env_rows(cfg, spaces, envs: int | None = None) -> int:
     return (cfg.env.num_envs if envs is None else envs) * spaces.num_agents
 
 
-def inference_messages(cfg, spaces, groups: int) -> tuple[MessageSpec, MessageSpec]:
+def inference_messages(cfg, spaces, groups: int, policies: int = 1) -> tuple[MessageSpec, MessageSpec]:
     """The inference stream's request and reply layouts: one channel per env group, so each
-    carries num_envs / groups envs (core/messages.py), a row per agent; the reply is the algorithm's."""
+    carries num_envs / groups envs (core/messages.py), a row per agent (with several policies,
+    each row's policy id); the reply is the algorithm's."""
     n = env_rows(cfg, spaces, cfg.env.num_envs // groups)
-    return (request_spec(n, spaces.obs_shape, spaces.obs_dtype, mask_actions(spaces)),
+    return (request_spec(n, spaces.obs_shape, spaces.obs_dtype, mask_actions(spaces), policies=policies > 1),
             ALGORITHMS[cfg.algo.name].reply(cfg, spaces, n))
 
 
@@ -94,7 +95,7 @@ def fragment_record(cfg, spaces) -> MessageSpec:
     """PPO/APPO's (and MAPPO's) record: a fragment of T steps x N env rows (core/messages.py), with
     the agents' active mask for PettingZoo envs."""
     return fragment_spec(cfg.algo.rollout_length, env_rows(cfg, spaces), spaces.obs_shape, spaces.obs_dtype,
-                         spaces.action_shape, spaces.action_dtype, active=spaces.num_agents > 1,
+                         spaces.action_shape, spaces.action_dtype, active=spaces.multiagent,
                          mask_actions=mask_actions(spaces))
 
 

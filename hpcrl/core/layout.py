@@ -69,7 +69,32 @@ class Layout:
     inference: np.ndarray
     envs: np.ndarray
     env_inference: np.ndarray  # per env index: world rank of its inference rank, or INLINE
-    env_learner: np.ndarray  # per env index: world rank of the learner that trains on its fragments
+    # [policy, env index]: world rank of the learner that trains that policy on the env rank's
+    # records. The learners are split into one block per policy (core/policies.py), in order.
+    env_learners: np.ndarray
+
+    @property
+    def env_learner(self) -> np.ndarray:
+        """Per env index: its learner, in a run of one policy (the first policy's otherwise)."""
+        return self.env_learners[0]
+
+    @property
+    def policies(self) -> int:
+        return self.env_learners.shape[0]
+
+    def policy_of_learner(self, rank: int) -> int:
+        """The policy a learner rank trains: learners come in equal blocks, one per policy."""
+        return self.index_in("learner", rank) // self.learners_per_policy
+
+    @property
+    def learners_per_policy(self) -> int:
+        """The learners that train one policy (all of them in a run of one policy): a batch
+        (algo.batch_frames) is shared by these."""
+        return len(self.learners) // self.policies
+
+    def learners_of_policy(self, policy: int) -> np.ndarray:
+        block = self.learners_per_policy
+        return self.learners[policy * block:(policy + 1) * block]
 
     @property
     def serial(self) -> bool:
@@ -96,11 +121,11 @@ class Layout:
         return [int(r) for r in self.envs[self.env_inference == rank]]
 
     def envs_of_learner(self, rank: int) -> list[int]:
-        return [int(r) for r in self.envs[self.env_learner == rank]]
+        return [int(r) for r in self.envs[self.env_learners[self.policy_of_learner(rank)] == rank]]
 
     def fan_in(self, role: str) -> np.ndarray:
         """Env ranks per learner (or per inference rank), in role-index order."""
-        servers, routes = ((self.learners, self.env_learner) if role == "learner"
+        servers, routes = ((self.learners, self.env_learners.reshape(-1)) if role == "learner"
                            else (self.inference, self.env_inference))
         if len(servers) == 0:
             return np.zeros(0, dtype=np.int64)
@@ -183,12 +208,16 @@ def _route(envs: np.ndarray, servers: np.ndarray, node_of_rank: np.ndarray) -> n
 
 
 def plan_layout(roles: RolesConfig, world_size: int, node_of_rank: np.ndarray | None = None,
-                gpus_of_rank: np.ndarray | None = None) -> Layout:
+                gpus_of_rank: np.ndarray | None = None, policies: int = 1) -> Layout:
     """The plan for `world_size` ranks; `node_of_rank[r]` is rank r's node id (default: all on one);
     `gpus_of_rank[r]` the GPUs rank r's node has (default: unknown, no constraint). Roles with
-    `device: cuda` are placed only on ranks whose node has a GPU."""
+    `device: cuda` are placed only on ranks whose node has a GPU. `policies`: the learners split
+    into that many equal blocks, each routed to every env rank."""
     if world_size < 1:
         raise ConfigError(f"world size must be >= 1, got {world_size}")
+    if policies > 1 and world_size == 1:
+        raise ConfigError(f"policies: {policies} policies train on {policies} blocks of learner ranks, which world "
+                          f"size 1 (serial mode) cannot give; run with mpirun -n 4 or more")
     if node_of_rank is None:
         node_of_rank = np.zeros(world_size, dtype=np.int64)
     node_of_rank = np.asarray(node_of_rank, dtype=np.int64)
@@ -197,13 +226,19 @@ def plan_layout(roles: RolesConfig, world_size: int, node_of_rank: np.ndarray | 
     if world_size == 1:
         zero = np.zeros(1, dtype=np.int64)
         return Layout(1, node_of_rank, zero, np.zeros(0, dtype=np.int64), zero, np.full(1, INLINE, dtype=np.int64),
-                      zero)
+                      zero[None])
     num_nodes = len(np.unique(node_of_rank))
     counts = resolve_role_counts(roles, world_size, num_nodes)
     n_learn, n_inf, n_env = counts["learner"], counts["inference"], counts["env"]
-    if n_env < max(n_learn, n_inf):
-        raise ConfigError(f"roles: {n_env} env ranks cannot feed {n_learn} learner and {n_inf} inference ranks "
-                          f"(each needs at least one env rank); use at least {max(n_learn, n_inf)} env ranks")
+    if n_learn % policies:
+        raise ConfigError(f"roles.learner: {n_learn} learner ranks cannot be split evenly over {policies} policies "
+                          f"(each trains on a block of its own); use a multiple of {policies}, such as "
+                          f"{policies * max(1, n_learn // policies)} or {policies * (n_learn // policies + 1)}")
+    per_policy = n_learn // policies  # every env rank feeds one learner of each policy
+    if n_env < max(per_policy, n_inf):
+        learners = f"{n_learn} learner" + (f" ({per_policy} per policy)" if policies > 1 else "")
+        raise ConfigError(f"roles: {n_env} env ranks cannot feed {learners} and {n_inf} inference ranks "
+                          f"(each needs at least one env rank); use at least {max(per_policy, n_inf)} env ranks")
     free = np.arange(world_size, dtype=np.int64)
     placed: dict[str, np.ndarray] = {}
     rest_role = None
@@ -238,7 +273,8 @@ def plan_layout(roles: RolesConfig, world_size: int, node_of_rank: np.ndarray | 
     learners, inference, envs = placed["learner"], placed["inference"], placed["env"]
     return Layout(world_size, node_of_rank, learners, inference, envs,
                   env_inference=_route(envs, inference, node_of_rank),
-                  env_learner=_route(envs, learners, node_of_rank))
+                  env_learners=np.stack([_route(envs, block, node_of_rank)
+                                         for block in np.split(learners, policies)]))
 
 
 def simulated_nodes(world_size: int, ranks_per_node: int) -> np.ndarray:
@@ -292,7 +328,7 @@ def fragments_per_env_rank(cfg: Config, layout: Layout) -> int:
     if a.batch_frames is None:
         return 1
     if a.mode == "async":
-        L = len(layout.learners)
+        L = layout.learners_per_policy
         if a.batch_frames % (L * F):
             raise ConfigError(
                 f"algo.batch_frames: {a.batch_frames:,} frames are not a whole number of fragments per learner: in "
@@ -311,7 +347,8 @@ def fragments_per_env_rank(cfg: Config, layout: Layout) -> int:
 
 
 def update_frames(cfg: Config, layout: Layout) -> int:
-    """Frames per update, all learners together: algo.batch_frames, or a fragment per env rank."""
+    """Frames per update, all learners of a policy together: algo.batch_frames, or a fragment per
+    env rank (every policy gets one from each env rank: a frame is an env step)."""
     fragments_per_env_rank(cfg, layout)  # a ConfigError if batch_frames does not fit the layout
     F = cfg.algo.rollout_length * cfg.env.num_envs
     return cfg.algo.batch_frames if cfg.algo.batch_frames is not None else len(layout.envs) * F
@@ -325,7 +362,7 @@ def batch_fragments(cfg: Config, layout: Layout, fan_in: int) -> int:
     k = fragments_per_env_rank(cfg, layout)
     if cfg.algo.batch_frames is not None and cfg.algo.mode == "async":
         F = cfg.algo.rollout_length * cfg.env.num_envs
-        return cfg.algo.batch_frames // (len(layout.learners) * F)
+        return cfg.algo.batch_frames // (layout.learners_per_policy * F)
     return k * fan_in
 
 
@@ -334,7 +371,7 @@ def batch_share(cfg: Config, layout: Layout, fan_in: int) -> float:
     in the average, so that the average is the mean over all samples (1.0 when every learner's
     batch is as large as the others', as in async mode with batch_frames)."""
     total = update_frames(cfg, layout) // (cfg.algo.rollout_length * cfg.env.num_envs)
-    return batch_fragments(cfg, layout, fan_in) * len(layout.learners) / total
+    return batch_fragments(cfg, layout, fan_in) * layout.learners_per_policy / total
 
 
 def sample_slots(cfg: Config, layout: Layout, fan_in: int) -> int:
@@ -364,7 +401,7 @@ def sample_slots(cfg: Config, layout: Layout, fan_in: int) -> int:
                           f"each of the {fan_in} env ranks a learner trains on; use at least {fan_in} (or more "
                           f"learners)")
     why = (f"a batch of {batch} fragments (algo.batch_frames {cfg.algo.batch_frames:,} over "
-           + (f"{_count(len(layout.learners), 'learner')})" if cfg.algo.mode == "async" else
+           + (f"{_count(layout.learners_per_policy, 'learner')})" if cfg.algo.mode == "async" else
               f"{_count(len(layout.envs), 'env rank')}: {k} from each env rank a learner trains on, {fan_in} here)"))
     if minimum > batch:
         why += (f" plus the {FRAGMENT_BUFFERS} credits each of the other {fan_in - 1} env ranks may still hold once "

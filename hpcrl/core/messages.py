@@ -84,8 +84,9 @@ class Message:
 
 # --- the message kinds of the hot path ------------------------------------------------------------
 
-# Every header starts with the policy it belongs to. One policy (id 0) trains today; several
-# policies (multi-agent, self-play pools) will share the streams and tell their messages apart by it.
+# Every header starts with the policy it belongs to: a record's and a weights message's policy
+# (several policies train at once in multi-agent runs, core/policies.py). A request mixes rows of
+# several policies; its rows say theirs.
 DEFAULT_POLICY = 0
 STOP = 1  # flags bit: the run is over; the receiver finishes and exits
 PREEMPTED = 2  # flags bit, with STOP: the run was stopped by a signal and will resume from its checkpoint
@@ -93,14 +94,18 @@ OUTPUT_FAILED = 4  # flags bit, with STOP: the learner root could not write its 
 EPISODE_STATS = ("episodes", "return_sum", "return_sqsum", "return_min", "return_max", "length_sum")
 
 
-def request_spec(num_envs: int, obs_shape: tuple, obs_dtype, mask_actions: int = 0) -> MessageSpec:
+def request_spec(num_envs: int, obs_shape: tuple, obs_dtype, mask_actions: int = 0,
+                 policies: bool = False) -> MessageSpec:
     """env -> inference: observations for one step (with `mask_actions`, each row's valid actions
     out of that many), then final observations of episodes that were truncated (their values
-    bootstrap the return). final_obs is last so a send can stop after `n_final` rows."""
+    bootstrap the return). final_obs is last so a send can stop after `n_final` rows. With
+    `policies` (a run of several), the policy id of each row and of each final row: the server
+    batches rows by it."""
     mask = [("action_mask", np.uint8, (num_envs, mask_actions))] if mask_actions else []
+    ids = [("policy", np.int16, (num_envs,)), ("final_policy", np.int16, (num_envs,))] if policies else []
     return MessageSpec(
         header=("policy_id", "version", "n_final", "flags"),
-        fields=[("obs", obs_dtype, (num_envs, *obs_shape)), *mask,
+        fields=[("obs", obs_dtype, (num_envs, *obs_shape)), *mask, *ids,
                 ("final_obs", obs_dtype, (num_envs, *obs_shape))])
 
 
@@ -181,3 +186,21 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
 def weights_spec(num_params: int) -> MessageSpec:
     """learner root -> policy holders: the flat parameter vector of one policy version."""
     return MessageSpec(header=("policy_id", "version", "flags"), fields=[("params", np.float32, (num_params,))])
+
+
+# Fragment fields whose second axis (or, for these two, first) runs over the rows: a policy's
+# record takes its agents' columns of them (core/policies.py). The rest are per record.
+ROW_FIELDS = ("last_values", "last_obs")
+PER_RECORD_FIELDS = ("episode_stats", "return_moments")
+
+
+def take_rows(whole: Message, part: Message, rows: np.ndarray) -> None:
+    """Copy `rows` of a fragment of every row into `part`, a fragment of those rows only (the
+    record of one policy); per-record fields are copied whole, the header is left to the caller."""
+    for f in part.spec.fields:
+        if f.name in ROW_FIELDS:
+            part[f.name][...] = whole[f.name][rows]
+        elif f.name in PER_RECORD_FIELDS:
+            part[f.name][...] = whole[f.name]
+        else:
+            part[f.name][...] = whole[f.name][:, rows]

@@ -44,6 +44,11 @@ class EnvSpaces:
     def continuous(self) -> bool:
         return self.num_actions == 0
 
+    @property
+    def multiagent(self) -> bool:
+        """A PettingZoo env (rows are agents, which may be inactive), even as a policy of one agent sees it."""
+        return bool(self.agents)
+
 
 # --- one env -------------------------------------------------------------------------------------
 

@@ -129,8 +129,11 @@ def previous_path(path: str) -> str:
 
 def save_checkpoint(path: str, model, optimizer,
                     counters: dict[str, int | float], np_rng: np.random.Generator, config_text: str,
-                    extra: dict[str, np.ndarray] | None = None) -> None:
-    """Write a checkpoint with a content checksum; the one it replaces becomes `*.prev.h5`."""
+                    extra: dict[str, np.ndarray] | None = None, policies: dict[str, dict] | None = None) -> None:
+    """Write a checkpoint with a content checksum; the one it replaces becomes `*.prev.h5`.
+    `policies` (runs of several, core/policies.py): the other policies, each a group of its own
+    under /policies/NAME with its 'model', 'optimizer' and 'step' state; `model` and `optimizer`
+    are the first policy's."""
     def fill(f: h5py.File) -> None:
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["config"] = config_text
@@ -140,6 +143,8 @@ def save_checkpoint(path: str, model, optimizer,
         _write_tree(f.create_group("counters"), dict(counters))
         _write_tree(f.create_group("rng"), rng_states(np_rng))
         _write_tree(f.create_group("extra"), dict(extra or {}))
+        if policies:
+            _write_tree(f.create_group("policies"), policies)
 
     _write_whole(path, fill, install=_install)
 
@@ -234,12 +239,13 @@ def _newest_usable(path: str, read: Callable[[str], Any]) -> tuple[str | None, A
 
 
 def load_checkpoint(path: str) -> dict:
-    """{'model', 'optimizer', 'counters', 'rng', 'extra', 'config'}; tensors as torch tensors.
+    """{'model', 'optimizer', 'counters', 'rng', 'extra', 'config', 'policies'}; tensors as torch tensors.
     Raises CheckpointError if the file is unreadable or its content does not match its checksum."""
     return _read_verified(path, lambda f: {
         "model": _read_tree(f["model"], as_torch=True), "optimizer": _read_tree(f["optimizer"], as_torch=True),
         "counters": _read_tree(f["counters"], as_torch=False), "rng": _read_tree(f["rng"], as_torch=False),
-        "extra": _read_tree(f["extra"], as_torch=False), "config": str(f.attrs["config"])})
+        "extra": _read_tree(f["extra"], as_torch=False), "config": str(f.attrs["config"]),
+        "policies": _read_tree(f["policies"], as_torch=True) if "policies" in f else {}})
 
 
 def read_summary(path: str) -> tuple[str, dict]:

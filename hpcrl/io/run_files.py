@@ -39,11 +39,15 @@ class RunFiles:
         self._last_log = self._last_ckpt = time.perf_counter()
         self._last_log_frames = start_frames
 
-    def report(self, row: dict, code: int, save: Callable[[str], None]) -> int:
+    def checkpoint_due(self, code: int) -> bool:
+        """A checkpoint is written with this update: the run stops, or the interval has passed."""
+        return bool(code) or time.perf_counter() - self._last_ckpt >= self.checkpoint_interval_s
+
+    def report(self, row: dict, code: int, save: Callable[[str], None], checkpoint: bool | None = None) -> int:
         """Add the metrics row (written within METRICS_FLUSH_S), write a checkpoint via `save(path)`
-        when one is due or the run stops, and print the progress line; returns `code`, or
-        OUTPUT_FAILED_CODE when an output could not be written: the run then stops on every rank
-        with one message."""
+        when one is due (`checkpoint`, when the caller decided already) or the run stops, and print
+        the progress line; returns `code`, or OUTPUT_FAILED_CODE when an output could not be
+        written: the run then stops on every rank with one message."""
         if row.get("replica_digest") is not None:
             row["replica_digest"] = row["replica_digest"].reshape(-1)
         try:
@@ -57,7 +61,7 @@ class RunFiles:
                   f" | version {row['policy_version']:5d} | {self.progress.format(**row)}", flush=True)
             self._last_log, self._last_log_frames = now, row["frames"]
         self.saved = False
-        if code or now - self._last_ckpt >= self.checkpoint_interval_s:
+        if self.checkpoint_due(code) if checkpoint is None else checkpoint:
             try:  # the checkpoint's rows first: a resume keeps the rows up to its checkpoint
                 self.metrics.flush()
             except OSError as exc:

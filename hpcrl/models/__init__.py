@@ -294,9 +294,9 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
     if algorithm.policy == "q":
         from hpcrl.models.q import QNetwork
         return QNetwork(spaces, cfg.model, dueling=cfg.algo.dqn.dueling, env_id=cfg.env.id)
-    if algorithm.multiagent and spaces.num_agents == 1:
+    if algorithm.multiagent and not spaces.multiagent:
         raise ConfigError(f"algo.name: {cfg.algo.name} trains PettingZoo envs (env.id such as "
-                          f"mpe2:simple_spread_v3), and {cfg.env.id} has one agent; use algo.name: ppo")
+                          f"mpe2:simple_spread_v3), and {cfg.env.id} is a single-agent env; use algo.name: ppo")
     return ActorCritic(spaces, cfg.model, central_critic=algorithm.policy == "central_critic",
                        value_norm=bool(cfg.algo.value_norm))
 

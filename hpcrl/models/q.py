@@ -20,7 +20,7 @@ class QNetwork(ObservationInput):
         if spaces.continuous:
             raise ConfigError(f"algo.name: dqn needs a Discrete action space, and {env_id} has Box actions of "
                               f"shape {tuple(spaces.action_shape)}; use algo.name: ppo for continuous control")
-        if spaces.num_agents > 1:
+        if spaces.multiagent:
             raise ConfigError(f"algo.name: dqn trains single-agent envs, and {env_id} is a PettingZoo env with "
                               f"{spaces.num_agents} agents; use algo.name: mappo or ippo")
         self.num_actions = spaces.num_actions

@@ -270,3 +270,8 @@ def gather_to_root(comm, values: np.ndarray) -> np.ndarray | None:
     out = np.empty((comm.Get_size(), *values.shape), dtype=values.dtype) if comm.Get_rank() == 0 else None
     comm.Gather(values, out, root=0)
     return out
+
+
+def gather_objects_to_root(comm, obj) -> list | None:
+    """Pickled objects of every rank of `comm` at its rank 0 (a checkpoint's policies: rare, small)."""
+    return comm.gather(obj, root=0)

@@ -20,6 +20,7 @@ from hpcrl.io import rundir
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.core.layout import Layout, env_groups, fragments_per_env_rank, plan_layout, sample_slots
+from hpcrl.core.policies import num_policies, policy_spaces
 from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED
 from hpcrl.io.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
 from hpcrl.runtime.control import ControlStream, build_control_stream
@@ -34,12 +35,13 @@ def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size
     try:
         cfg, _ = load_config(config_path, overrides)
         # role counts must fit this world size, and algo.batch_frames the role counts
-        fragments_per_env_rank(cfg, plan_layout(cfg.roles, size))
+        fragments_per_env_rank(cfg, plan_layout(cfg.roles, size, policies=num_policies(cfg.policies)))
         spaces = probe_spaces(cfg.env)
         from hpcrl.models import build_policy, num_params  # torch, on rank 0 only
-        # the policy's size, once: it sizes the weights messages on every rank, and a model that
-        # cannot take the observations is a ConfigError now, not on every rank later
-        n_params = num_params(build_policy(spaces, cfg))
+        # each policy's size, once: it sizes the weights messages on every rank, and a model that
+        # cannot take the observations (or a policies table that does not fit the env's agents) is
+        # a ConfigError now, not on every rank later
+        n_params = [num_params(build_policy(s, cfg)) for s in policy_spaces(spaces, cfg.policies)]
         return {"cfg": cfg, "spaces": spaces, "num_params": n_params, "start": rundir.prepare(cfg, overwrite)}
     except ConfigError as exc:
         return {"error": str(exc)}
@@ -92,7 +94,7 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
         return 0
     nodes = comm.node_of_rank()
     try:
-        layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes))
+        layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes), num_policies(cfg.policies))
         sample_slots(cfg, layout, int(layout.fan_in("learner").max()))  # algo.batch_frames fits; slots hold a batch
     except ConfigError as exc:  # every rank computed the same layout from the same gathered facts
         return _refuse(rank, str(exc))
@@ -172,7 +174,7 @@ def _rank_problem(cfg: Config, layout: Layout, rank: int) -> str | None:
     return None
 
 
-def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSpaces, n_params: int) -> None:
+def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSpaces, n_params: list[int]) -> None:
     if layout.serial:
         print("[hpcrl] world size 1: serial mode (learner, env and inline inference in one process)", flush=True)
     else:
@@ -192,7 +194,11 @@ def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSp
         print(f"[hpcrl] resuming from {start.resume_file}: policy version {start.start_version}, "
               f"{start.start_frames:,} frames", flush=True)
     from hpcrl.tools.plan import memory, warnings
-    for warning in warnings(cfg, layout, memory(cfg, layout, spaces, n_params)):
+    if layout.policies > 1:
+        print("[hpcrl] policies: " + "; ".join(
+            f"{name} acts for {', '.join(s.agents)} (learner ranks {_ranges(layout.learners_of_policy(p))})"
+            for p, (name, s) in enumerate(zip(cfg.policies, policy_spaces(spaces, cfg.policies)))), flush=True)
+    for warning in warnings(cfg, layout, memory(cfg, layout, spaces, max(n_params))):
         print(f"[hpcrl] warning: {warning}", flush=True)
 
 

@@ -16,6 +16,7 @@ from hpcrl.core.config import Config
 from hpcrl.core.dataflow import ALGORITHMS, INFERENCE, PARAMETER, SAMPLE, Algorithm, inference_messages
 from hpcrl.core.layout import FRAGMENT_BUFFERS, Layout, env_groups
 from hpcrl.core.messages import MessageSpec, weights_spec
+from hpcrl.core.policies import policy_spaces
 from hpcrl.io.rundir import RunStart
 from hpcrl.runtime import comm
 from hpcrl.runtime.control import ControlStream
@@ -56,7 +57,8 @@ class SampleStream:
 
 @dataclass
 class Wiring:
-    """What a worker's `build` may use: the config, the layout, this rank, its stream endpoints."""
+    """What a worker's `build` may use: the config, the layout, this rank, its stream endpoints.
+    Lists run over the policies (core/policies.py; one entry in a run of one policy)."""
 
     cfg: Config
     spaces: object  # hpcrl.envs.EnvSpaces (not imported: the runtime needs no gymnasium here)
@@ -65,12 +67,15 @@ class Wiring:
     start: RunStart
     algorithm: Algorithm
     control: ControlStream
-    weights: MessageSpec
-    trainer_comm: object = None  # the trainers' own communicator (Horovod's), on trainer ranks
+    weights: list[MessageSpec]  # per policy: its weights message
+    policy_spaces: list = None  # per policy: the env as that policy sees it (its agents)
+    trainer_comm: object = None  # every trainer, on trainer ranks (statistics and the stop decision)
+    policy_comm: object = None  # the trainers of this trainer's policy (all of them in a run of one)
     inference: InferenceStream | None = None
-    sample: SampleStream | None = None
-    params: object = None  # this rank's parameter-stream end: publisher (root; in serial mode read in place),
-    #                        subscriber (policy holders), or None
+    sample: list[SampleStream] | None = None  # per policy: actors -> the trainers of that policy
+    params: list | None = None  # per policy, this rank's parameter-stream end: publisher (the root of the
+    #                             policy's trainers; in serial mode read in place), subscriber (policy holders)
+    #                             or None
     preempt_requested: Callable[[], bool] = lambda: False
     heartbeat: Callable[[], None] = lambda: None
 
@@ -79,24 +84,31 @@ class Wiring:
         return env_groups(self.cfg, self.layout)
 
 
-def build_workers(cfg: Config, spaces, n_params: int, layout: Layout, rank: int, start: RunStart,
+def build_workers(cfg: Config, spaces, n_params: list[int], layout: Layout, rank: int, start: RunStart,
                   control: ControlStream, preempt_requested: Callable[[], bool] = lambda: False,
                   heartbeat: Callable[[], None] = lambda: None) -> list:
-    """This rank's workers, connected by the streams the algorithm declares. Collective over WORLD."""
+    """This rank's workers, connected by the streams the algorithm declares (a sample and a
+    parameter stream per policy). Collective over WORLD. `n_params`: each policy's size."""
     algorithm = ALGORITHMS[cfg.algo.name]
-    w = Wiring(cfg, spaces, layout, rank, start, algorithm, control, weights_spec(n_params),
-               preempt_requested=preempt_requested, heartbeat=heartbeat)
+    w = Wiring(cfg, spaces, layout, rank, start, algorithm, control, [weights_spec(n) for n in n_params],
+               policy_spaces=policy_spaces(spaces, cfg.policies), preempt_requested=preempt_requested,
+               heartbeat=heartbeat)
     # MPI: the trainers' communicator (Horovod among them), then each declared stream's own communicator
-    w.trainer_comm = comm.sub_communicator(rank in set(layout.learners.tolist()))
+    learner = rank in set(layout.learners.tolist())
+    w.trainer_comm = comm.sub_communicator(learner)
+    # the trainers of this rank's policy: its normalisers' moments are summed over them
+    w.policy_comm = w.trainer_comm.Split(layout.policy_of_learner(rank), rank) if learner else None
     if algorithm.stream(INFERENCE) is not None:
-        w.inference = InferenceStream(comm.stream_communicator(), *inference_messages(cfg, spaces, w.groups))
+        w.inference = InferenceStream(comm.stream_communicator(),
+                                      *inference_messages(cfg, spaces, w.groups, layout.policies))
     if algorithm.stream(SAMPLE) is not None:
-        w.sample = SampleStream(comm.stream_communicator(), algorithm.record(cfg, spaces))
+        w.sample = [SampleStream(comm.stream_communicator(), algorithm.record(cfg, s)) for s in w.policy_spaces]
     if algorithm.stream(PARAMETER) is not None:
         # serial mode: the inline policy reads the publisher's newest version in place
-        w.params = (ParameterPublisher(None, w.weights) if layout.serial else
-                    build_parameter_stream(comm.WORLD, rank, layout.learner_root, layout.weight_subscribers(),
-                                           layout.node_of_rank, w.weights))
+        w.params = ([ParameterPublisher(None, w.weights[0])] if layout.serial else
+                    [build_parameter_stream(comm.WORLD, rank, int(layout.learners_of_policy(p)[0]),
+                                            layout.weight_subscribers(), layout.node_of_rank, w.weights[p])
+                     for p in range(layout.policies)])
     if any(role != "env" or layout.inline_inference for role in layout.roles_of(rank)):
         import torch  # only ranks that hold a policy; remote-inference actors never import torch
         torch.set_num_threads(cfg.run.torch_threads)

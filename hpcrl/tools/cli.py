@@ -161,12 +161,13 @@ def _plan(args) -> int:
     from hpcrl.core.config import ConfigError, load_config
     from hpcrl.envs import probe_spaces
     from hpcrl.core.layout import plan_layout, simulated_nodes
+    from hpcrl.core.policies import num_policies
     from hpcrl.tools.plan import format_plan, memory, traffic
     try:
         cfg, _ = load_config(args.config, tuple(args.overrides))
         nodes = simulated_nodes(args.world_size, args.ranks_per_node or max(args.world_size, 1))
         gpus = None if args.gpus_per_node is None else np.full(args.world_size, args.gpus_per_node)
-        layout = plan_layout(cfg.roles, args.world_size, nodes, gpus)
+        layout = plan_layout(cfg.roles, args.world_size, nodes, gpus, num_policies(cfg.policies))
         spaces = probe_spaces(cfg.env)
         from hpcrl.models import build_policy, num_params  # torch: only to count the policy's parameters
         n_params = num_params(build_policy(spaces, cfg))  # ConfigError: model.encoder unfit for the obs

@@ -32,11 +32,12 @@ def _sections(obj, prefix: str, what: str, out: list[str]) -> None:
     plain = [f for f in fields if not dataclasses.is_dataclass(getattr(obj, f.name))]
     nested = [f for f in fields if dataclasses.is_dataclass(getattr(obj, f.name))]
     if plain:
-        out += [f"## `{prefix}`", "", f"{what[:1].upper()}{what[1:]}. {type(obj).__doc__.strip()}", "",
-                "| key | type | default | meaning |", "|---|---|---|---|"]
+        title, about = ((f"`{prefix}`", f"{what[:1].upper()}{what[1:]}. {type(obj).__doc__.strip()}") if prefix else
+                        ("Top-level keys", "Keys of the config itself, beside its sections."))
+        out += [f"## {title}", "", about, "", "| key | type | default | meaning |", "|---|---|---|---|"]
         types = get_type_hints(type(obj))
         for f in plain:
-            out.append(f"| `{prefix}.{f.name}` | {_cell(_type_name(types[f.name]))} | "
+            out.append(f"| `{prefix + '.' if prefix else ''}{f.name}` | {_cell(_type_name(types[f.name]))} | "
                        f"{_cell(_default(getattr(obj, f.name)))} | {_cell(f.metadata['doc'])} |")
         out.append("")
     for f in nested:

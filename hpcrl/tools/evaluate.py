@@ -22,6 +22,7 @@ from hpcrl.core.config import Config, ConfigError, parse_config
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env, probe_spaces
 from hpcrl.envs.multiagent import ENV_DONE
 from hpcrl.io.rundir import CHECKPOINT_FILE
+from hpcrl.core.policies import policy_spaces, row_policies
 from hpcrl.models import build_policy
 from hpcrl.tools.inspect import RunDirError, open_run_dir
 
@@ -66,9 +67,43 @@ def load_run(run_dir: str) -> tuple[Config, dict, str, list[str]]:
 
 
 def _policy(cfg: Config, checkpoint: dict, spaces):
-    model = build_policy(spaces, cfg)  # the run's network: an actor-critic, or a Q-network
+    """The run's network (an actor-critic, or a Q-network); with several policies, all of them,
+    each acting for its own agents."""
+    if len(cfg.policies) > 1:
+        return _Policies(cfg, checkpoint, spaces)
+    model = build_policy(spaces, cfg)
     model.load_state_dict(checkpoint["model"])
     return model.eval()
+
+
+class _Policies:
+    """A run of several policies (core/policies.py) in one env: each policy's network acts for
+    the rows of its agents; the checkpoint holds the first policy's weights and a group per other."""
+
+    def __init__(self, cfg: Config, checkpoint: dict, spaces):
+        ids = row_policies(cfg.policies, spaces.agents, 1)
+        self.rows = len(ids)
+        self.parts = []
+        for p, (name, own) in enumerate(zip(cfg.policies, policy_spaces(spaces, cfg.policies))):
+            model = build_policy(own, cfg)
+            model.load_state_dict(checkpoint["model"] if p == 0 else checkpoint["policies"][name]["model"])
+            self.parts.append((model.eval(), np.flatnonzero(ids == p)))
+
+    def _combine(self, act) -> torch.Tensor:
+        out = None
+        for model, rows in self.parts:
+            actions = act(model, rows)
+            if out is None:
+                out = torch.zeros((self.rows, *actions.shape[1:]), dtype=actions.dtype)
+            out[rows] = actions
+        return out
+
+    def sample(self, obs, generator, mask):
+        return (self._combine(lambda m, rows: m.sample(obs[rows], generator,
+                                                        None if mask is None else mask[rows])[0]),)
+
+    def mode(self, obs, mask):
+        return self._combine(lambda m, rows: m.mode(obs[rows], None if mask is None else mask[rows]))
 
 
 def _opponent(opponent: str | None, cfg: Config, spaces):
@@ -89,7 +124,7 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
     env_cfg = dataclasses.replace(cfg.env, num_envs=1,
                                   kwargs={**cfg.env.kwargs, **({"render_mode": "rgb_array"} if video else {})})
     spaces = probe_spaces(cfg.env)
-    if opponent is not None and spaces.num_agents < 2:
+    if opponent is not None and not spaces.multiagent:
         raise RunDirError(f"--opponent: {cfg.env.id} has one agent; an opponent needs a multi-agent game")
     model = _policy(cfg, checkpoint, spaces)
     rival = _opponent(opponent, cfg, spaces)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from hpcrl.core.config import Config, ConfigError
 from hpcrl.core.layout import Layout, plan_layout, simulated_nodes
+from hpcrl.core.policies import num_policies
 
 LAUNCHERS = ("mpirun", "srun")
 TIME_FORMAT = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
@@ -40,7 +41,8 @@ def check(request: JobRequest, cfg: Config) -> Layout:
     if not TIME_FORMAT.match(request.time):
         raise ConfigError(f"--time: expected SLURM's [D-]HH:MM:SS (e.g. 02:00:00), got {request.time!r}")
     world = request.nodes * request.ntasks_per_node
-    return plan_layout(cfg.roles, world, simulated_nodes(world, request.ntasks_per_node))
+    return plan_layout(cfg.roles, world, simulated_nodes(world, request.ntasks_per_node),
+                       policies=num_policies(cfg.policies))
 
 
 def render(request: JobRequest, cfg: Config, layout: Layout) -> str:

@@ -17,7 +17,8 @@ from hpcrl.core.config import Config
 from hpcrl.core.layout import INLINE, fragments_per_env_rank
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
 from hpcrl.core.seeds import env_seeds
-from hpcrl.core.messages import EPISODE_STATS, STOP, Message
+from hpcrl.core.messages import EPISODE_STATS, STOP, Message, MessageSpec, take_rows
+from hpcrl.core.policies import row_policies
 
 
 class RemotePolicy:
@@ -52,10 +53,13 @@ class EnvGroup:
     group waits for its actions another steps (double buffering, as SRL's env ring): the env rank
     hides the inference round trip behind env work."""
 
-    def __init__(self, envs, first_obs: np.ndarray, policy, columns: slice):
+    def __init__(self, envs, first_obs: np.ndarray, policy, columns: slice, row_policy: np.ndarray):
         self.envs, self.policy, self.columns = envs, policy, columns
         self.request, self.reply = policy.request, policy.reply
         self.request["obs"][...] = first_obs
+        self.row_policy = row_policy  # the policy id of each row (they ride on requests in runs of several)
+        if "policy" in self.request.arrays:
+            self.request["policy"][...] = row_policy
         n = first_obs.shape[0]
         self.t = 0
         self.waiting = False
@@ -85,7 +89,8 @@ class EnvRole:
     also records which rows were active, and a frame is still one env step.
 
     The N envs are split into `groups` that step independently, each writing its columns of the
-    fragment. A group makes T+1 policy calls per fragment: the last only asks for the values of
+    fragment. With several policies (core/policies.py) the rank fills one fragment of every row
+    and ships each policy the columns of its agents, as a record of its own to its own trainer. A group makes T+1 policy calls per fragment: the last only asks for the values of
     the observations after step T-1 (and of episodes truncated there), which GAE needs to
     bootstrap. The fragment ships once every group has had that reply.
     Sync mode: the rank collects `fragments_per_version` fragments (1 unless algo.batch_frames
@@ -97,26 +102,34 @@ class EnvRole:
 
     name = "env"
 
-    def __init__(self, cfg: Config, rank: int, index: int, policies: list, sender: SampleSender,
-                 start_version: int = 0, fragments_per_version: int = 1, control=None):
-        """`fragments_per_version`: sync mode, fragments collected with each policy version
+    def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list[SampleSender],
+                 start_version: int = 0, fragments_per_version: int = 1, control=None,
+                 whole_record: MessageSpec | None = None, agents: tuple = ()):
+        """`policies`: a policy channel per env group. `senders`: one per policy, to the trainer of
+        that policy. `fragments_per_version`: sync mode, fragments collected with each policy version
         (hpcrl.core.layout.fragments_per_env_rank). `control`: the rank's control stream, whose
         stop word ends the rollout (None: only a STOP reply does, as in tests that drive an actor
-        alone)."""
+        alone). With several senders, `whole_record` is the layout of a fragment of every row and
+        `agents` the env's agent names, which cfg.policies maps to policies."""
         self.rank = rank
         self.control = control
         self.T, self.num_envs = cfg.algo.rollout_length, cfg.env.num_envs
         self.sync = cfg.algo.mode == "sync"
         self.normalize_reward = cfg.env.normalize_reward
-        self.sender = sender
+        self.senders = senders
+        self.sender = senders[0]
         per_group = self.num_envs // len(policies)
         rows = policies[0].request["obs"].shape[0]  # a group's rows: its envs, or envs x agents (PettingZoo)
         self.N = rows * len(policies)  # the record's columns
+        row_policy = row_policies(cfg.policies, agents, self.num_envs)
+        self.policy_columns = [np.flatnonzero(row_policy == p) for p in range(len(senders))]
+        self.episode_stats = np.zeros((len(senders), len(EPISODE_STATS)))  # per policy, of its agents' episodes
         self.groups = []
         for g, policy in enumerate(policies):
             envs, first_obs = make_vector_env(cfg.env, seed=env_seeds(cfg.run.seed, index, g, per_group),
                                               gamma=cfg.algo.gamma, num_envs=per_group)
-            self.groups.append(EnvGroup(envs, first_obs, policy, slice(g * rows, (g + 1) * rows)))
+            columns = slice(g * rows, (g + 1) * rows)
+            self.groups.append(EnvGroup(envs, first_obs, policy, columns, row_policy[columns]))
         # sync: the version this rollout must be collected with; async: the oldest version accepted
         self.version = start_version
         self.fragments_per_version = fragments_per_version  # sync (hpcrl.core.layout.fragments_per_env_rank)
@@ -124,7 +137,8 @@ class EnvRole:
         self.done = False
         self.stopping = False  # the stop word is in: every group collects its STOP reply, then finish
         self.fragments_sent = 0
-        self.fragment = sender.current()
+        # one policy: the record is filled in place; several: a fragment of every row, split at shipping
+        self.fragment = senders[0].current() if len(senders) == 1 else whole_record.allocate()
         self.said_goodbye = False
         self.credit_wait_since: float | None = None  # a finished fragment waits for a credit
         self.rollout_start = time.perf_counter()
@@ -138,9 +152,10 @@ class EnvRole:
         """From the wiring (hpcrl.runtime.wiring.Wiring): its policy (a policy server's channels, one
         per env group, or an inline policy) and its sender to the trainer."""
         index = w.layout.index_in("env", w.rank)
-        return cls(w.cfg, w.rank, index, cls.policies(w, index), cls.sender(w, index),
+        return cls(w.cfg, w.rank, index, cls.policies(w, index), cls.senders(w, index),
                    start_version=w.start.start_version,
-                   fragments_per_version=fragments_per_env_rank(w.cfg, w.layout), control=w.control)
+                   fragments_per_version=fragments_per_env_rank(w.cfg, w.layout), control=w.control,
+                   whole_record=w.algorithm.record(w.cfg, w.spaces), agents=w.spaces.agents)
 
     @staticmethod
     def policies(w, index: int) -> list:
@@ -153,15 +168,15 @@ class EnvRole:
         return [RemotePolicy(w.inference.client(server, group=g)) for g in range(w.groups)]
 
     @staticmethod
-    def sender(w, index: int) -> SampleSender:
-        """Env rank number `index`'s end of the sample stream, to its trainer."""
-        return w.sample.sender(int(w.layout.env_learner[index]))
+    def senders(w, index: int) -> list[SampleSender]:
+        """Env rank number `index`'s ends of the sample streams: one per policy, to its trainer."""
+        return [stream.sender(int(w.layout.env_learners[p, index])) for p, stream in enumerate(w.sample)]
 
     def _reset_stats(self) -> None:
-        stats = self.fragment["episode_stats"]
+        stats = self.episode_stats
         stats[:] = 0
-        stats[EPISODE_STATS.index("return_min")] = np.inf
-        stats[EPISODE_STATS.index("return_max")] = -np.inf
+        stats[:, EPISODE_STATS.index("return_min")] = np.inf
+        stats[:, EPISODE_STATS.index("return_max")] = -np.inf
 
     def poll(self) -> int:
         if not self.stopping and self.control is not None and self.control.stopped:
@@ -176,13 +191,14 @@ class EnvRole:
             if self.stopping:
                 return work + self._stop_groups()
         if self._record_full():
-            if self.sender.can_send():
+            blocked = next((s for s in self.senders if not s.can_send()), None)
+            if blocked is None:
                 self._ship()
                 work += 1
-            else:  # flow control: its trainer has no free slot yet (a wait on a peer)
+            else:  # flow control: a trainer has no free slot yet (a wait on a peer)
                 if self.credit_wait_since is None:
                     self.credit_wait_since = time.perf_counter()
-                    self.status = (f"waiting for a credit from its trainer (rank {self.sender.peer}) to send "
+                    self.status = (f"waiting for a credit from its trainer (rank {blocked.peer}) to send "
                                    f"{self.record_name}")
                 return work
         self._account_wait(work)
@@ -276,6 +292,8 @@ class EnvRole:
             agents = group.envs.unwrapped.num_agents
             rows = (np.unique(rows // agents)[:, None] * agents + np.arange(agents)).reshape(-1)
         group.final_rows, group.final_truncated = rows, truncated[rows]
+        if len(rows) and "final_policy" in group.request.arrays:
+            group.request["final_policy"][:len(rows)] = group.row_policy[rows]
         if len(rows):
             ended = info.get("_final_obs", np.zeros(len(obs), dtype=bool))
             group.request["final_obs"][:len(rows)] = np.stack([info["final_obs"][r] if ended[r] else obs[r]
@@ -291,13 +309,17 @@ class EnvRole:
             self._count_episodes(group, np.flatnonzero(ended))
 
     def _count_episodes(self, group: EnvGroup, ended: np.ndarray) -> None:
-        stats, returns = self.fragment["episode_stats"], group.ep_return[ended]
-        stats[0] += len(ended)
-        stats[1] += returns.sum()
-        stats[2] += (returns ** 2).sum()
-        stats[3] = min(stats[3], returns.min())
-        stats[4] = max(stats[4], returns.max())
-        stats[5] += group.ep_length[ended].sum()
+        for p, stats in enumerate(self.episode_stats):
+            mine = ended if len(self.episode_stats) == 1 else ended[group.row_policy[ended] == p]
+            if not len(mine):
+                continue
+            returns = group.ep_return[mine]
+            stats[0] += len(mine)
+            stats[1] += returns.sum()
+            stats[2] += (returns ** 2).sum()
+            stats[3] = min(stats[3], returns.min())
+            stats[4] = max(stats[4], returns.max())
+            stats[5] += group.ep_length[mine].sum()
         group.ep_return[ended] = 0.0
         group.ep_length[ended] = 0
 
@@ -305,13 +327,20 @@ class EnvRole:
         now = time.perf_counter()
         credit_wait = now - self.credit_wait_since if self.credit_wait_since is not None else 0.0
         self.credit_wait_since = None
-        self.fragment.set(env_rank=self.rank, version=min(g.first_version for g in self.groups),
-                          index=self.fragments_sent, frames=self.T * self.num_envs, flags=0,
-                          rollout_us=int(1e6 * (now - self.rollout_start)), wait_us=int(1e6 * self.waited),
-                          credit_wait_us=int(1e6 * credit_wait))
         if self.normalize_reward:  # the trainers scale rewards by the std of every env rank's returns
             self.fragment["return_moments"][:] = combine_moments([g.envs.take_moments() for g in self.groups])
-        self.fragment = self.sender.send()
+        for p, sender in enumerate(self.senders):
+            record = self.fragment if len(self.senders) == 1 else sender.current()
+            if record is not self.fragment:  # several policies: this policy's agents' columns
+                take_rows(self.fragment, record, self.policy_columns[p])
+            record["episode_stats"][:] = self.episode_stats[p]
+            record.set(policy_id=p, env_rank=self.rank, version=min(g.first_version for g in self.groups),
+                       index=self.fragments_sent, frames=self.T * self.num_envs, flags=0,
+                       rollout_us=int(1e6 * (now - self.rollout_start)), wait_us=int(1e6 * self.waited),
+                       credit_wait_us=int(1e6 * credit_wait))
+            current = sender.send()
+        if len(self.senders) == 1:
+            self.fragment = current
         self.fragments_sent += 1
         if self.sync:  # the next version only once this one's share of the batch is sent
             self.version_fragments += 1
@@ -348,14 +377,15 @@ class EnvRole:
         """The last record to the trainer (it needs a credit like any other), then wait for the
         trainer's farewell, after which no message to this rank is in flight."""
         if not self.said_goodbye:
-            if not self.sender.can_send():
+            if not all(s.can_send() for s in self.senders):
                 self.status = "stopping: waiting for a credit to say goodbye to the trainer"
                 return 0
-            self.sender.say_goodbye(self.rank)
+            for sender in self.senders:
+                sender.say_goodbye(self.rank)
             self.said_goodbye = True
             self.status = "stopping: waiting for the trainer's farewell"
             return 1
-        if not self.sender.closed():
+        if not all(s.closed() for s in self.senders):
             return 0
         if not all(group.policy.finished() for group in self.groups):  # inline: the weights' END
             self.status = "stopping: waiting for the parameter stream's last version"
@@ -393,7 +423,8 @@ class EnvRole:
         self.version_fragments = state.get("version_fragments", 0)  # snapshots from before batch_frames: 0
 
     def _finish(self) -> None:
-        self.sender.close()
+        for sender in self.senders:
+            sender.close()
         for group in self.groups:
             group.policy.close()
             group.envs.close()

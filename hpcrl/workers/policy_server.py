@@ -19,17 +19,93 @@ from hpcrl.core.messages import STOP, Message
 from hpcrl.runtime.params import END
 from hpcrl.core.seeds import seed_for
 from hpcrl.models import Runner
+from hpcrl.runtime.comm import LocalWeightSubscriber
+
+
+class PolicySet:
+    """The policies a holder runs: a runner per policy id, each fed by that policy's parameter
+    stream (one of each in a run of one policy). With several, a batch's rows are split by the
+    policy id each row carries (the request's `policy` field), each runner takes its own rows in
+    one forward pass, and the results go back in row order. A central critic reads whole envs of
+    its own agents: rows keep their order, so a request's rows of one policy are still whole envs."""
+
+    def __init__(self, runners: list[Runner], weights: list):
+        self.runners, self.weights = runners, weights
+        self.outputs = runners[0].outputs
+        self.ended = False  # a parameter stream has closed: the trainers have stopped
+
+    @property
+    def version(self) -> int:
+        """The oldest version held (the trainers of all policies update in step, so versions agree
+        once every policy's has arrived)."""
+        return min(r.version for r in self.runners)
+
+    def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None,
+            policy: np.ndarray | None = None) -> None:
+        if policy is None:
+            self.runners[0].act(obs, out, mask)
+            return
+        for p, rows in self._rows(policy):
+            part = {name: values[rows] for name, values in out.items()}
+            self.runners[p].act(obs[rows], part, None if mask is None else mask[rows])
+            for name, values in part.items():
+                out[name][rows] = values
+
+    def value(self, obs: np.ndarray, out: np.ndarray, policy: np.ndarray | None = None) -> None:
+        if policy is None:
+            self.runners[0].value(obs, out)
+            return
+        for p, rows in self._rows(policy):
+            part = out[rows]
+            self.runners[p].value(obs[rows], part)
+            out[rows] = part
+
+    def _rows(self, policy: np.ndarray):
+        for p in range(len(self.runners)):
+            rows = np.flatnonzero(policy == p)
+            if len(rows):
+                yield p, rows
+
+    def poll_weights(self) -> int:
+        """Load each policy's newest version that has arrived; the versions taken (END counts)."""
+        taken = 0
+        for runner, weights in zip(self.runners, self.weights):
+            message = weights.poll()
+            if message is None:
+                continue
+            taken += 1
+            if message.get("flags") & END:  # the stream closes; why the run stops is on the control stream
+                self.ended = True
+            else:
+                runner.load(message["params"], message.get("version"))
+                weights.rearm()
+        return taken
+
+    def finished(self) -> bool:
+        """Every parameter stream has closed here (a node's leader has passed END on)."""
+        return all(w.finished() for w in self.weights)
+
+    def close(self) -> None:
+        for w in self.weights:
+            w.close()
+
+
+def build_policies(w, device: str, purpose: str, index: int) -> PolicySet:
+    """A policy holder's runners (one per policy, each from its own spaces) and its parameter-stream
+    ends: inference rank number `index`, or the inline policy of env rank `index`."""
+    weights = [LocalWeightSubscriber(w.params[0])] if w.layout.serial else w.params
+    return PolicySet([build_runner(w.cfg, spaces, device, purpose, index, policy=p)
+                      for p, spaces in enumerate(w.policy_spaces)], weights)
 
 
 class InlinePolicy:
     """The policy inside an env rank (`inference: {ranks: 0}`, and serial mode): same calls as
     RemotePolicy, answered in-process once this rank holds the requested version."""
 
-    def __init__(self, runner: Runner, weights, request: Message, reply: Message, sync: bool = True,
-                 control=None):
+    def __init__(self, policies: PolicySet, request: Message, reply: Message, sync: bool = True, control=None):
         """`control`: the rank's control stream (None: only the weights' END stops it, as in tests
         that drive an actor alone)."""
-        self.runner, self.weights = runner, weights
+        self.policies = policies
         self.sync = sync
         self.control = control
         self.request, self.reply = request, reply
@@ -43,63 +119,57 @@ class InlinePolicy:
     @classmethod
     def build(cls, w, index: int) -> "InlinePolicy":
         """The policy of env rank number `index` (inference: {ranks: 0}, and serial mode)."""
-        from hpcrl.runtime.comm import LocalWeightSubscriber
-        weights = LocalWeightSubscriber(w.params) if w.layout.serial else w.params
         spec = w.inference
-        return cls(build_runner(w.cfg, w.spaces, w.cfg.roles.env.device, "inline_policy", index), weights,
-                   spec.request.allocate(), spec.reply.allocate(), sync=w.cfg.algo.mode == "sync", control=w.control)
+        return cls(build_policies(w, w.cfg.roles.env.device, "inline_policy", index), spec.request.allocate(),
+                   spec.reply.allocate(), sync=w.cfg.algo.mode == "sync", control=w.control)
 
     def finished(self) -> bool:
-        """The parameter stream has closed here (a node's leader has passed END on)."""
-        if not self.weights.finished():
+        """Every parameter stream has closed here (a node's leader has passed END on)."""
+        if not self.policies.finished():
             self._take_weights()
             return False
         return True
 
     def close(self) -> None:
-        self.weights.close()
+        self.policies.close()
 
     def sampling_state(self):
-        return self.runner.generator.get_state()
+        return self.policies.runners[0].generator.get_state()  # serial mode: one policy
 
     def restore_sampling_state(self, state) -> None:
-        self.runner.generator.set_state(state)
+        self.policies.runners[0].generator.set_state(state)
 
     def poll(self) -> Message | None:
         if self._wanted is None:
             return None
-        if not self.stopped and (not self.sync or self.runner.version < self._wanted):
+        if not self.stopped and (not self.sync or self.policies.version < self._wanted):
             self._take_weights()
         if self.control is not None and self.control.stopped:
             self.stopped = True
         if self.stopped:
             self.reply.set(flags=STOP)
             return self.reply
-        if not can_answer(self.runner.version, self._wanted, self.sync):
+        if not can_answer(self.policies.version, self._wanted, self.sync):
             return None
-        answer(self.runner, self.request, self.reply)
+        answer(self.policies, self.request, self.reply)
         self._wanted = None
         return self.reply
 
     def _take_weights(self) -> None:
-        message = self.weights.poll()
-        if message is None:
-            return
-        if message.get("flags") & END:
-            self.stopped = True  # the last version: the trainer has stopped
-        else:
-            self.runner.load(message["params"], message.get("version"))
-            self.weights.rearm()
+        self.policies.poll_weights()
+        if self.policies.ended:
+            self.stopped = True  # the last version: the trainers have stopped
 
 
-def build_runner(cfg, spaces, device: str, purpose: str, index: int) -> Runner:
-    """The policy of an inference rank (or an env rank's inline one); `index`: the rank's index in its role."""
+def build_runner(cfg, spaces, device: str, purpose: str, index: int, policy: int = 0) -> Runner:
+    """Policy number `policy` of an inference rank (or an env rank's inline one); `index`: the
+    rank's index in its role."""
     import torch
 
     from hpcrl.models import build_policy, make_runner
     torch.manual_seed(cfg.run.seed)  # initial weights; the learner root's first version replaces them
     # action sampling: its own stream per rank, repeatable per run seed
-    return make_runner(build_policy(spaces, cfg), device, seed=seed_for(cfg.run.seed, purpose, index))
+    return make_runner(build_policy(spaces, cfg), device, seed=seed_for(cfg.run.seed, purpose, index, group=policy))
 
 
 def can_answer(have: int, wanted: int, sync: bool) -> bool:
@@ -107,17 +177,20 @@ def can_answer(have: int, wanted: int, sync: bool) -> bool:
     return have == wanted or (not sync and have > wanted)
 
 
-def answer(runner: Runner, request: Message, reply: Message) -> None:
+def answer(policies: PolicySet, request: Message, reply: Message) -> None:
     """Fill one reply for one request (no batching across env ranks)."""
-    runner.act(request["obs"], {name: reply[name] for name in runner.outputs}, request.arrays.get("action_mask"))
-    finish_reply(runner, request, reply)
+    policies.act(request["obs"], {name: reply[name] for name in policies.outputs}, request.arrays.get("action_mask"),
+                 request.arrays.get("policy"))
+    finish_reply(policies, request, reply)
 
 
-def finish_reply(runner: Runner, request: Message, reply: Message) -> None:
+def finish_reply(policies: PolicySet, request: Message, reply: Message) -> None:
     """After the actions: values of the request's final observations, and the policy version."""
     n_final = request.get("n_final")
-    runner.value(request["final_obs"][:n_final], reply["final_values"][:n_final])
-    reply.set(version=runner.version, flags=0)
+    final_policy = request.arrays.get("final_policy")
+    policies.value(request["final_obs"][:n_final], reply["final_values"][:n_final],
+                   None if final_policy is None else final_policy[:n_final])
+    reply.set(version=policies.version, flags=0)
 
 
 class InferenceRole:
@@ -125,10 +198,10 @@ class InferenceRole:
 
     name = "inference"
 
-    def __init__(self, rank: int, runner: Runner, weights, server: RequestServer, control, sync: bool = True):
+    def __init__(self, rank: int, policies: PolicySet, server: RequestServer, control, sync: bool = True):
         self.rank = rank
         self.sync = sync
-        self.runner, self.weights, self.server = runner, weights, server
+        self.policies, self.server = policies, server
         self.control = control
         self.pending: list[int] = []
         self.stopping = False
@@ -140,18 +213,19 @@ class InferenceRole:
         self.batch_obs = np.zeros((rows, *first["obs"].shape[1:]), dtype=first["obs"].dtype)
         self.batch_mask = (np.zeros((rows, *first["action_mask"].shape[1:]), dtype=np.uint8)
                            if "action_mask" in first.arrays else None)  # envs that give action masks
+        self.batch_policy = (np.zeros(rows, dtype=np.int16)
+                             if "policy" in first.arrays else None)  # the policy of each row (several policies)
         reply = server.replies[0]  # the runner's outputs for every request at once, then split per reply
         self.batch_out = {name: np.zeros((rows, *reply[name].shape[1:]), dtype=reply[name].dtype)
-                          for name in runner.outputs}
+                          for name in policies.outputs}
 
     @classmethod
     def build(cls, w) -> "InferenceRole":
         """From the wiring (hpcrl.runtime.wiring.Wiring): a request channel per (actor, env group)
         it serves, its parameter-stream subscription and its policy."""
         clients = [(env, g) for env in w.layout.envs_of_inference(w.rank) for g in range(w.groups)]
-        runner = build_runner(w.cfg, w.spaces, w.cfg.roles.inference.device, "inference",
-                              w.layout.index_in("inference", w.rank))
-        return cls(w.rank, runner, w.params, w.inference.server(clients), w.control, sync=w.cfg.algo.mode == "sync")
+        policies = build_policies(w, w.cfg.roles.inference.device, "inference", w.layout.index_in("inference", w.rank))
+        return cls(w.rank, policies, w.inference.server(clients), w.control, sync=w.cfg.algo.mode == "sync")
 
     def poll(self) -> int:
         work = self._poll_weights()
@@ -166,10 +240,10 @@ class InferenceRole:
         serve = []
         for i in self.pending:
             wanted = self.server.requests[i].get("version")
-            if self.sync and wanted < self.runner.version:
+            if self.sync and wanted < self.policies.version:
                 raise RuntimeError(f"inference rank {self.rank}: env rank {self.server.env_ranks[i]} asked for "
-                                   f"policy version {wanted}, older than the current {self.runner.version} (sync mode)")
-            if can_answer(self.runner.version, wanted, self.sync):
+                                   f"policy version {wanted}, older than the current {self.policies.version} (sync mode)")
+            if can_answer(self.policies.version, wanted, self.sync):
                 serve.append(i)
         if serve:
             self._serve(serve)
@@ -182,13 +256,10 @@ class InferenceRole:
         return work
 
     def _poll_weights(self) -> int:
-        message = self.weights.poll()
-        if message is None or message.get("flags") & END:  # END: the stream closes; the stop word is on control
-            return 0 if message is None else 1
-        self.runner.load(message["params"], message.get("version"))
-        self.weights.rearm()
-        self.status = f"serving policy version {self.runner.version}"
-        return 1
+        taken = self.policies.poll_weights()
+        if taken:
+            self.status = f"serving policy version {self.policies.version}"
+        return taken
 
     def _serve(self, serve: list[int]) -> None:
         requests = self.server.requests
@@ -198,15 +269,18 @@ class InferenceRole:
             self.batch_obs[start:start + len(obs)] = obs
             if self.batch_mask is not None:
                 self.batch_mask[start:start + len(obs)] = requests[i]["action_mask"]
+            if self.batch_policy is not None:
+                self.batch_policy[start:start + len(obs)] = requests[i]["policy"]
             spans.append((i, start, start + len(obs)))
             start += len(obs)
-        self.runner.act(self.batch_obs[:start], {name: out[:start] for name, out in self.batch_out.items()},
-                        None if self.batch_mask is None else self.batch_mask[:start])
+        self.policies.act(self.batch_obs[:start], {name: out[:start] for name, out in self.batch_out.items()},
+                          None if self.batch_mask is None else self.batch_mask[:start],
+                          None if self.batch_policy is None else self.batch_policy[:start])
         for i, a, b in spans:
             reply = self.server.reply_buffer(i)
             for name, out in self.batch_out.items():
                 reply[name][...] = out[a:b]
-            finish_reply(self.runner, requests[i], reply)
+            finish_reply(self.policies, requests[i], reply)
             self.server.reply(i)
             self.server.rearm(i)
 
@@ -222,11 +296,11 @@ class InferenceRole:
         self.pending = []
         if len(self.stopped_envs) < len(self.server.env_ranks):
             return work
-        if not self.weights.finished():
-            self.status = "stopping: waiting for the parameter stream's last version"
+        if not self.policies.finished():
+            self.status = "stopping: waiting for the parameter streams' last versions"
             return work
         self.server.close(armed=[])
-        self.weights.close()
+        self.policies.close()
         self.done = True
         self.status = "finished"
         return work + 1

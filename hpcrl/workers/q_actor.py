@@ -108,9 +108,9 @@ class TransitionActor(EnvRole):
 
     name = "env"
 
-    def __init__(self, cfg: Config, rank: int, index: int, policies: list, sender, env_ranks: int,
+    def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list, env_ranks: int,
                  start_version: int = 0, control=None):
-        super().__init__(cfg, rank, index, policies, sender, start_version=start_version, control=control)
+        super().__init__(cfg, rank, index, policies, senders, start_version=start_version, control=control)
         d = self.dqn = cfg.algo.dqn
         self.per_group = self.N // len(self.groups)
         # the most rows one group step writes: an env emits one ripe transition, then its whole
@@ -133,7 +133,7 @@ class TransitionActor(EnvRole):
         """From the wiring (hpcrl.runtime.wiring.Wiring), as the PPO actor: its policy (a policy
         server's channels, one per env group, or an inline policy) and its sender to the trainer."""
         index = w.layout.index_in("env", w.rank)
-        return cls(w.cfg, w.rank, index, cls.policies(w, index), cls.sender(w, index), env_ranks=len(w.layout.envs),
+        return cls(w.cfg, w.rank, index, cls.policies(w, index), cls.senders(w, index), env_ranks=len(w.layout.envs),
                    start_version=w.start.start_version, control=w.control)
 
     def epsilon(self, g: int) -> np.ndarray:
@@ -181,6 +181,7 @@ class TransitionActor(EnvRole):
                           frames=self.record_frames, flags=0, count=self.writer.rows,
                           rollout_us=int(1e6 * (now - self.rollout_start)), wait_us=int(1e6 * self.waited),
                           credit_wait_us=int(1e6 * credit_wait))
+        self.fragment["episode_stats"][:] = self.episode_stats[0]
         self.fragment = self.sender.send()
         self.writer = TransitionWriter(self.fragment)
         self.fragments_sent += 1

@@ -24,6 +24,7 @@ import torch
 from hpcrl.core.config import Config
 from hpcrl.core.layout import batch_share, sample_slots
 from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED, STOP
+from hpcrl.core.policies import policy_names
 from hpcrl.core.seeds import seed_for
 from hpcrl.io.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from hpcrl.io.run_files import FRAMES_CODE, OUTPUT_FAILED_CODE, PREEMPTED_CODE, TARGET_CODE, RunFiles
@@ -48,32 +49,40 @@ class LearnerRole:
         """From the wiring (hpcrl.runtime.wiring.Wiring): its sample-stream receiver and the
         algorithm's batch source over it; on the root, the parameter publisher and the run files."""
         cfg, layout = w.cfg, w.layout
+        policy = layout.policy_of_learner(w.rank)
         actors = layout.envs_of_learner(w.rank)
-        stream = w.sample.receiver(actors, sample_slots(cfg, layout, len(actors)))
+        stream = w.sample[policy].receiver(actors, sample_slots(cfg, layout, len(actors)))
         source = w.algorithm.load("batch_source").from_config(cfg, layout, stream, actors)
         root = w.rank == layout.learner_root
+        publishes = w.rank == int(layout.learners_of_policy(policy)[0])  # its policy's first learner
         files = (RunFiles(w.start.run_dir, w.start.config_text, cfg.run.log_interval_s, cfg.run.checkpoint_interval_s,
                           start_frames=w.start.start_frames, resume=w.start.resume_file is not None,
                           tensorboard=cfg.run.tensorboard, progress=w.algorithm.load("step").progress)
                  if root else None)
         source.resume(w.start.run_dir, w.start.start_version if w.start.resume_file else None)
-        return cls(cfg, w.spaces, w.trainer_comm, source, w.params if root else None, files, w.control,
-                   step=w.algorithm.load("step"), batch_share=batch_share(cfg, layout, len(actors)),
+        return cls(cfg, w.policy_spaces[policy], w.trainer_comm, source, w.params[policy] if publishes else None,
+                   files, w.control, step=w.algorithm.load("step"), batch_share=batch_share(cfg, layout, len(actors)),
                    run_dir=w.start.run_dir, resume_path=w.start.resume_file,
-                   preempt_requested=w.preempt_requested, heartbeat=w.heartbeat)
+                   preempt_requested=w.preempt_requested, heartbeat=w.heartbeat, policy=policy,
+                   policy_comm=w.policy_comm)
 
     def __init__(self, cfg: Config, spaces, trainer_comm, source, publisher: ParameterPublisher | None,
                  files: RunFiles | None, control: ControlStream, step: type, batch_share: float = 1.0,
                  run_dir: str = ".", resume_path: str | None = None,
-                 preempt_requested: Callable[[], bool] = lambda: False, heartbeat: Callable[[], None] = lambda: None):
+                 preempt_requested: Callable[[], bool] = lambda: False, heartbeat: Callable[[], None] = lambda: None,
+                 policy: int = 0, policy_comm=None):
         """`step`: the algorithm's trainer step class. `batch_share`: this trainer's fraction of
         the global batch times the number of trainers (1.0 when every trainer's batch is as large
         as the others'; hpcrl.core.layout.batch_share), so unequal batches average to the mean
         over all samples. `resume_path`: the checkpoint to continue from (every trainer is told; the
         root reads it). `preempt_requested`: polled by the root after every update; True stops
-        the run with a checkpoint, marked preempted."""
+        the run with a checkpoint, marked preempted. `policy`: the policy this trainer trains, with
+        the others of `policy_comm` (core/policies.py; a run of one policy: every trainer)."""
         self.cfg = cfg
         self.comm = trainer_comm
+        self.policy = policy
+        self.policy_names = policy_names(cfg.policies)
+        self.policy_comm = policy_comm if policy_comm is not None else trainer_comm
         self.control = control  # the root (the controller) sends the stop word on it
         self.source = source
         self.publisher = publisher
@@ -84,6 +93,7 @@ class LearnerRole:
         self.heartbeat = heartbeat  # called per minibatch: a long update is work, not a hang
         self.local_env = None  # serial mode: the actor in this process, saved with the checkpoint
         self._warned_env_state = False
+        self._other_policies = None  # several policies: the others' states for the next checkpoint (root)
         self.root = trainer_comm.Get_rank() == 0
         # Horovod: each minibatch's allreduce waits for the background thread's next cycle; with
         # 0.1 ms instead of 1 ms a 2-learner CartPole job took 14.0/17.4 s instead of 17.2/21.7 s
@@ -92,12 +102,18 @@ class LearnerRole:
         # cost it 14% of a core for nothing, taken from the actors on a shared node. A user's
         # HOROVOD_CYCLE_TIME wins.
         os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1" if trainer_comm.Get_size() > 1 else LONE_TRAINER_CYCLE_MS)
-        hvd.init(comm=trainer_comm)  # Horovod: only the trainers, never the whole world
+        # Horovod: only the trainers, never the whole world; with several policies, a process set
+        # per policy (its block of trainers, in trainer-rank order) averages that policy's gradients
+        P, block = len(self.policy_names), self.policy_comm.Get_size()
+        sets = [hvd.ProcessSet(list(range(p * block, (p + 1) * block))) for p in range(P)] if P > 1 else None
+        hvd.init(comm=trainer_comm, process_sets=sets)
+        process_set = sets[policy] if sets else hvd.global_process_set
         device = cfg.roles.learner.device
         if device == "cuda":
             torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())  # Horovod: pin by local rank
         self.device = torch.device(device)
-        torch.manual_seed(cfg.run.seed)  # the root's initial weights (Horovod copies them) repeat per seed
+        # initial weights repeat per seed (the root's; Horovod copies them); each policy its own
+        torch.manual_seed(cfg.run.seed if policy == 0 else seed_for(cfg.run.seed, "policy_init", policy))
         self.model = build_policy(spaces, cfg).to(self.device)
         # fused: one kernel for all parameters; 7x faster than the per-tensor loop on small MLPs here
         optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algo.lr, eps=1e-5, fused=True)
@@ -106,15 +122,19 @@ class LearnerRole:
         # allreduce once backward has produced all of it, instead of one per tensor as each becomes
         # ready (bench/allreduce.py). The wrapper is a new optimizer over the same parameter
         # groups, so saved state is loaded into it, after wrapping.
+        # (Several policies: no group. Horovod 0.28 forms groups by broadcasting the parameter order
+        # from global rank 0, which only the first policy's process set holds; the others fail.)
         self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters(),
-                                                  groups=[list(self.model.parameters())])
+                                                  groups=[list(self.model.parameters())] if sets is None else None,
+                                                  process_set=process_set)
         self.step = step(cfg, self.model, self.optimizer, self.device, self.rng, spaces.obs_dtype,
                          spaces.action_dtype)
         counters = self._start_from(resume_path)
         self.version = int(counters.get("policy_version", 0))
         self.updates = int(counters.get("updates", 0))
         self.stats = TrainerStats(trainer_comm, frames=int(counters.get("frames", 0)),
-                                  fragments_dropped=int(counters.get("fragments_dropped", 0)))
+                                  fragments_dropped=int(counters.get("fragments_dropped", 0)),
+                                  policy=policy, policy_names=self.policy_names)
         self.start = time.perf_counter() - float(counters.get("wall_time", 0.0))  # wall time continues
         self.stop_flags = 0  # the stop word's flags once the run stops
         self.stopped_by = ""
@@ -131,18 +151,31 @@ class LearnerRole:
         """Same weights (and, resuming, optimizer state and counters) on every trainer; returns the
         counters. The root reads the checkpoint; the others receive it."""
         checkpoint = load_checkpoint(resume_path) if resume_path and self.root else None
-        if checkpoint is not None:
-            self.model.load_state_dict(checkpoint["model"])
-        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod: same start everywhere
+        if len(self.policy_names) == 1:
+            if checkpoint is not None:
+                self.model.load_state_dict(checkpoint["model"])
+            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod: same start everywhere
+        # (several policies: each block's trainers seeded alike start alike; a resume's weights
+        # come with the optimizer state below)
         self.env_state = checkpoint["extra"].get("env_state") if checkpoint else None
         if not resume_path:
             # A fresh optimizer is identical everywhere already; hvd.broadcast_optimizer_state would
             # take a zero-gradient step to create Adam's state, putting bias correction one step off.
             return {}
-        # MPI: the root's optimizer state, counters and step state, pickled once at start, loaded as saved
-        state, counters, step_state = comm.broadcast_object_on(
-            self.comm, (checkpoint["optimizer"], checkpoint["counters"], checkpoint["extra"].get("step", {}))
+        # MPI: the root's optimizer state, counters and step state (with several policies, every
+        # policy's weights too), pickled once at start, loaded as saved
+        policies = None
+        if checkpoint is not None:
+            policies = {self.policy_names[0]: {"model": checkpoint["model"], "optimizer": checkpoint["optimizer"],
+                                               "step": checkpoint["extra"].get("step", {})},
+                        **checkpoint["policies"]} if len(self.policy_names) > 1 else None
+        state, counters, step_state, policies = comm.broadcast_object_on(
+            self.comm, (checkpoint["optimizer"], checkpoint["counters"], checkpoint["extra"].get("step", {}), policies)
             if self.root else None)
+        if policies is not None:
+            mine = policies[self.policy_names[self.policy]]
+            self.model.load_state_dict(mine["model"])
+            state, step_state = mine["optimizer"], mine["step"]
         self.optimizer.load_state_dict(state)
         self.step.restore(step_state)
         if checkpoint is not None:
@@ -179,7 +212,7 @@ class LearnerRole:
                                        self.source.stream.held_max)
         # MPI: after the update, every trainer folds the moments of all trainers' batches into its
         # observation normaliser (a no-op without model.obs_norm), so all hold identical stats
-        self._losses = self.step(batch, reduce_moments=lambda moments: comm.allreduce_sum(self.comm, moments),
+        self._losses = self.step(batch, reduce_moments=lambda moments: comm.allreduce_sum(self.policy_comm, moments),
                                  average_gradients=self.optimizer.synchronize, apply_step=self._apply_step,
                                  loss_scale=self.batch_share)
         self.version += 1
@@ -206,7 +239,12 @@ class LearnerRole:
             elif self.stats.target_reached(self.cfg.run.target_return):
                 code = TARGET_CODE
             self.stopped_by = STOP_REASONS[code]
-            code = self.files.report(row, code, self.save)
+        due = None  # several policies: whether this update checkpoints, decided before the others' states travel
+        if len(self.policy_names) > 1:  # MPI: the other policies' states reach the root for its checkpoint
+            code, due = comm.broadcast_ints(self.comm, [code, int(self.root and self.files.checkpoint_due(code))])
+            self._other_policies = self._gather_policies() if due else None
+        if self.root:
+            code = self.files.report(row, code, self.save, checkpoint=None if due is None else bool(due))
         # MPI: all trainers stop after the same update, the same way, and save with the root's checkpoint
         code, saved = comm.broadcast_ints(self.comm, [code, self.files.saved if self.root else 0])
         if saved:
@@ -256,7 +294,16 @@ class LearnerRole:
                     print(f"[hpcrl] warning: {self.cfg.env.id} cannot be pickled ({exc}); checkpoints hold no "
                           f"env state, so a resumed serial run starts new episodes", flush=True)
                     self._warned_env_state = True
-        save_checkpoint(path, self.model, self.optimizer, counters, self.rng, self.files.config_text, extra=extra)
+        save_checkpoint(path, self.model, self.optimizer, counters, self.rng, self.files.config_text, extra=extra,
+                        policies=self._other_policies)
+
+    def _gather_policies(self) -> dict | None:
+        """MPI over the trainers: each other policy's state (its first trainer's), at the root."""
+        mine = (self.policy_names[self.policy], {"model": self.model.state_dict(),
+                                                 "optimizer": self.optimizer.state_dict(), "step": self.step.state()})
+        first = self.policy > 0 and self.policy_comm.Get_rank() == 0
+        states = comm.gather_objects_to_root(self.comm, mine if first else None)
+        return dict(s for s in states if s is not None) if states is not None else None
 
     def _finish(self) -> None:
         self.source.stream.close()

@@ -1,6 +1,12 @@
 """A trainer's statistics of one update: read from the headers of its records, summed over all
 trainers (MPI), folded into the metrics row, and the window of recent episodes that
-`run.target_return` is judged on."""
+`run.target_return` is judged on.
+
+With several policies (core/policies.py) each sum is kept per policy: the row's columns pool
+every agent's episodes and average every trainer's losses, as in a run of one policy, and
+columns named `POLICY.return_mean`, `POLICY.episodes` and `POLICY.LOSS` give each policy's own.
+A frame is an env step, which every policy's trainers count once each: the row counts the first
+policy's."""
 from __future__ import annotations
 
 import resource
@@ -15,8 +21,10 @@ RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least t
 
 
 class TrainerStats:
-    def __init__(self, trainer_comm, frames: int = 0, fragments_dropped: int = 0):
+    def __init__(self, trainer_comm, frames: int = 0, fragments_dropped: int = 0, policy: int = 0,
+                 policy_names: list[str] | tuple = ("shared",)):
         self.comm = trainer_comm
+        self.policy, self.policy_names = policy, list(policy_names)
         self.frames = frames
         self.fragments_dropped = fragments_dropped
         self.windows: deque = deque()  # (episodes, return_sum) of recent updates, all trainers
@@ -47,7 +55,12 @@ class TrainerStats:
         """MPI: the metrics row of this update, the same on every trainer (`losses` averaged)."""
         sums, lows, highs = local
         keys = list(losses)
-        sums = comm.allreduce_sum(self.comm, np.concatenate([sums, [losses[k] for k in keys]]))
+        P = len(self.policy_names)
+        mine = np.zeros((P, len(sums) + len(keys)))
+        mine[self.policy] = np.concatenate([sums, [losses[k] for k in keys]])
+        per_policy = comm.allreduce_sum(self.comm, mine.reshape(-1)).reshape(P, -1)
+        sums = per_policy.sum(0)
+        sums[0] = per_policy[0, 0]  # frames: env steps, which every policy counts
         lo, hi = comm.allreduce_min_max(self.comm, lows, highs)
         frames_now, episodes, ret_sum, ret_sq, len_sum, dropped, rollout_us, wait_us, credit_us = sums[:9]
         self.frames += int(frames_now)
@@ -74,6 +87,11 @@ class TrainerStats:
                "sample_slots_max": int(hi[2]), "learner_rss_mib": float(hi[3])}
         n = self.comm.Get_size()
         row.update({k: float(v) / n for k, v in zip(keys, sums[9:])})
+        if P > 1:
+            for name, own in zip(self.policy_names, per_policy):
+                row[f"{name}.episodes"] = int(own[1])
+                row[f"{name}.return_mean"] = own[2] / own[1] if own[1] else np.nan
+                row.update({f"{name}.{k}": float(v) / (n // P) for k, v in zip(keys, own[9:])})
         return row
 
     def window_mean(self) -> float:

@@ -1,0 +1,143 @@
+"""Several policies at once (core/policies.py): the agent-to-policy table, the learner blocks of
+the layout, a policy server batching rows by policy, and two policies trained side by side on 4
+ranks with their own weights, metrics columns and checkpoint groups, resumed from a checkpoint."""
+import numpy as np
+import pytest
+import torch
+
+from hpcrl.core.config import ConfigError, parse_config
+from hpcrl.core.layout import plan_layout
+from hpcrl.core.messages import fragment_spec, take_rows
+from hpcrl.core.policies import agent_policies, policy_spaces, row_policies
+from hpcrl.envs import probe_spaces
+from hpcrl.io.checkpoint import load_latest
+from hpcrl.io.metrics import read_metrics
+from hpcrl.models import PolicyRunner, build_policy
+from hpcrl.workers.policy_server import PolicySet
+from tests.conftest import mpirun, run_dir, small_config, write_config
+
+RELAY = "tests.ma_envs:Relay"  # agent i is rewarded for action i % 2
+AGENTS = ("red_0", "red_1", "blue_0", "blue_1", "referee")
+
+
+def test_an_agent_goes_to_the_first_policy_that_matches_its_whole_name():
+    teams = {"red": "red_.*", "blue": "blue_.*", "rest": ".*"}
+    assert agent_policies(teams, AGENTS).tolist() == [0, 0, 1, 1, 2]
+    assert agent_policies({"one": "red_0", "all": ".*"}, AGENTS).tolist() == [0, 1, 1, 1, 1]  # order decides
+    assert agent_policies({}, AGENTS).tolist() == [0] * 5  # no table: one shared policy
+    # rows are env-major: every env's agents side by side
+    assert row_policies(teams, AGENTS, 2).tolist() == [0, 0, 1, 1, 2] * 2
+    with pytest.raises(ConfigError, match="no policy matches agent.*referee.*rest: '.\\*'"):
+        agent_policies({"red": "red_.*", "blue": "blue"}, AGENTS)  # 'blue' is not a whole name
+    with pytest.raises(ConfigError, match="green match.* no agent"):
+        agent_policies({"green": "green_.*", "all": ".*"}, AGENTS)
+    with pytest.raises(ConfigError, match="single-agent"):
+        agent_policies({"all": ".*"}, ())
+
+
+def test_the_config_checks_policy_names_expressions_and_the_algorithm():
+    ok = parse_config("algo: {name: ippo}\npolicies: {even: 'agent_[02]', odd: agent_1}")
+    assert list(ok.policies) == ["even", "odd"]
+    for table, message in [("{1st: a}", "must start with a letter"), ("{a.b: x}", "must start with a letter"),
+                           ("{red: '[0-'}", "policies.red: '\\[0-' is not a regular expression"),
+                           ("{red: 3}", "expected a regular expression")]:
+        with pytest.raises(ConfigError, match=message):
+            parse_config(f"algo: {{name: ippo}}\npolicies: {table}")
+    with pytest.raises(ConfigError, match="algo.name ppo trains one policy"):
+        parse_config("policies: {red: 'red_.*'}")
+
+
+def test_each_policy_sees_its_own_agents():
+    cfg = parse_config(f"env: {{id: '{RELAY}'}}\nalgo: {{name: mappo}}\npolicies: {{even: 'agent_[02]', odd: '.*'}}")
+    spaces = probe_spaces(cfg.env)
+    even, odd = policy_spaces(spaces, cfg.policies)
+    assert (even.agents, even.num_agents, odd.agents, odd.num_agents) == (("agent_0", "agent_2"), 2, ("agent_1",), 1)
+    # MAPPO's critic reads its own team: (obs + one-hot) x the policy's agents
+    assert build_policy(even, cfg).critic[0].in_features == (3 + 1) * 2
+    assert build_policy(odd, cfg).critic[0].in_features == (3 + 1) * 1
+
+
+def test_learners_split_into_one_block_per_policy_and_every_env_rank_feeds_each():
+    roles = parse_config("roles: {learner: {ranks: 4}, inference: {ranks: 1}, env: {ranks: rest}}").roles
+    layout = plan_layout(roles, 11, np.repeat([0, 1], [6, 5]), policies=2)
+    assert layout.learners_of_policy(0).tolist() == [0, 1] and layout.learners_of_policy(1).tolist() == [2, 3]
+    assert [layout.policy_of_learner(r) for r in range(4)] == [0, 0, 1, 1]
+    for p in range(2):  # each env rank has one learner of each policy, the blocks' fan-in balanced
+        assert set(layout.env_learners[p].tolist()) == set(layout.learners_of_policy(p).tolist())
+        assert sum(len(layout.envs_of_learner(int(r))) for r in layout.learners_of_policy(p)) == len(layout.envs)
+    assert sorted(layout.fan_in("learner").tolist()) == [3, 3, 3, 3]
+    with pytest.raises(ConfigError, match="4 learner ranks cannot be split evenly over 3 policies.*3 or 6"):
+        plan_layout(roles, 11, policies=3)
+    with pytest.raises(ConfigError, match="serial mode"):
+        plan_layout(roles, 1, policies=2)
+
+
+def test_a_policy_record_takes_its_agents_columns_of_the_whole_fragment():
+    whole = fragment_spec(3, 6, (2,), np.float32, (), np.int64, active=True).allocate()
+    for f in whole.spec.fields:
+        whole[f.name][...] = np.arange(whole[f.name].size).reshape(whole[f.name].shape)
+    part = fragment_spec(3, 2, (2,), np.float32, (), np.int64, active=True).allocate()
+    rows = np.array([1, 4])
+    take_rows(whole, part, rows)
+    assert np.array_equal(part["obs"], whole["obs"][:, rows]) and np.array_equal(part["active"], whole["active"][:, rows])
+    assert np.array_equal(part["last_obs"], whole["last_obs"][rows])
+    assert np.array_equal(part["episode_stats"], whole["episode_stats"])
+
+
+def test_a_policy_server_runs_each_row_with_its_own_policy():
+    cfg = parse_config(f"env: {{id: '{RELAY}'}}\nalgo: {{name: ippo}}\npolicies: {{even: 'agent_[02]', odd: '.*'}}")
+    spaces = probe_spaces(cfg.env)
+    runners = []
+    for p, own in enumerate(policy_spaces(spaces, cfg.policies)):
+        torch.manual_seed(p)
+        runners.append(PolicyRunner(build_policy(own, cfg), "cpu", seed=0))
+    both = PolicySet(runners, weights=[None, None])
+    policy = np.array([0, 1, 0] * 4, dtype=np.int16)
+    obs = np.random.default_rng(0).random((12, 3)).astype(np.float32)
+    out = {"actions": np.zeros(12, np.int64), "logp": np.zeros(12, np.float32), "values": np.zeros(12, np.float32)}
+    both.act(obs, out, None, policy)
+    for p, runner in enumerate(runners):
+        rows = policy == p
+        alone = {"values": np.zeros(rows.sum(), np.float32)}
+        runner.value(obs[rows], alone["values"])
+        assert np.allclose(out["values"][rows], alone["values"])  # each row's value is its policy's
+    values = np.zeros(12, np.float32)
+    both.value(obs, values, policy)
+    assert np.allclose(values, out["values"])
+
+
+def test_two_policies_train_side_by_side_and_resume(tmp_path):
+    """Agents 0 and 2 (policy even) earn a reward for action 0, agent 1 (policy odd) for action 1:
+    each policy learns its own constant action, which one shared network could only learn from the
+    agent index in the observations."""
+    cfg = small_config(tmp_path, env={"id": RELAY, "num_envs": 4},
+                       roles={"learner": {"ranks": 2}, "inference": {"ranks": 1}, "env": {"ranks": "rest"}},
+                       algo={"name": "ippo", "mode": "sync", "rollout_length": 16, "epochs": 4, "lr": 0.003},
+                       model={"hidden_sizes": [16]}, run={"total_frames": 3000},
+                       policies={"even": "agent_[02]", "odd": "agent_1"})
+    path = write_config(tmp_path, cfg)
+    result = mpirun(4, "run", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "even acts for agent_0, agent_2 (learner ranks 0); odd acts for agent_1 (learner ranks 1)" in result.stdout
+    m = read_metrics(str(run_dir(cfg) / "metrics.h5"))
+    # own columns: policy odd's one agent plays 6 steps, even's agent 2 leaves after 2 (returns <= 6 and <= 4)
+    assert m["odd.return_mean"][-1] >= 5.5 and 3.5 <= m["even.return_mean"][-1] <= 4.0 + 1e-9
+    assert np.all(m["even.episodes"] + m["odd.episodes"] == m["episodes"])  # the row pools every agent
+    assert m["frames"].tolist() == [64 * k for k in range(1, len(m["frames"]) + 1)]  # env steps, counted once
+    checkpoint, _, _ = load_latest(str(run_dir(cfg) / "checkpoint.h5"))
+    spaces = policy_spaces(probe_spaces(parse_config(checkpoint["config"]).env), cfg["policies"])
+    even, odd = (build_policy(s, parse_config(checkpoint["config"])) for s in spaces)
+    even.load_state_dict(checkpoint["model"])  # the first policy at the top, the others in /policies
+    odd.load_state_dict(checkpoint["policies"]["odd"]["model"])
+    observed = torch.tensor([[3.0, 0.0, 1.0], [3.0, 1.0, 1.0]])  # agent_0's and agent_1's view at step 3
+    assert even.mode(observed).tolist() == [0, 0] and odd.mode(observed).tolist() == [1, 1]
+    version = int(checkpoint["counters"]["policy_version"])
+
+    result = mpirun(4, "run", str(path), "--set", "run.total_frames=4000")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"resuming from {run_dir(cfg) / 'checkpoint.h5'}: policy version {version}" in result.stdout
+    resumed = read_metrics(str(run_dir(cfg) / "metrics.h5"))
+    after = resumed["policy_version"] > version
+    assert resumed["policy_version"][after][0] == version + 1
+    # the first update after the resume plays with both policies' restored weights
+    assert resumed["odd.return_mean"][after][0] >= 5.5 and resumed["even.return_mean"][after][0] >= 3.5
