@@ -141,3 +141,70 @@ def test_two_policies_train_side_by_side_and_resume(tmp_path):
     assert resumed["policy_version"][after][0] == version + 1
     # the first update after the resume plays with both policies' restored weights
     assert resumed["odd.return_mean"][after][0] >= 5.5 and resumed["even.return_mean"][after][0] >= 3.5
+
+
+def test_seats_give_one_learning_seat_per_game_against_the_pool_and_judge_it():
+    from hpcrl.workers.selfplay import Seats
+    cfg = parse_config("algo: {name: ippo, selfplay: {pool: 3, latest: 0.0}}")
+    seats = Seats(cfg, envs=4, agents=2, rng=np.random.default_rng(0), first_pool_id=1)
+    by_env = seats.learning.reshape(4, 2)
+    assert by_env.sum(1).tolist() == [1, 1, 1, 1]  # every game against the pool: one learning seat
+    policy = seats.row_policy.reshape(4, 2)
+    assert np.all(policy[by_env] == 0) and np.all(policy[~by_env] == 1 + seats.opponent)  # ids after policy 0
+    learner = seats.seat.copy()
+    rewards = np.zeros(8)
+    rewards[np.arange(4) * 2 + learner] = [1, -1, 0, 1]  # the learning seat wins, loses, draws, wins
+    rewards[np.arange(4) * 2 + 1 - learner] = [-1, 1, 0, -1]
+    ages = seats.opponent.copy()
+    seats.stepped(rewards, np.array([True, True, True, False]))  # env 3's game goes on
+    results = seats.take_results()
+    expected = np.zeros((3, 3))
+    for age, outcome in zip(ages[:3], (0, 2, 1)):
+        expected[age, outcome] += 1
+    assert np.array_equal(results, expected) and not seats.take_results().any()
+    assert seats.game_return[6:].tolist() == [rewards[6], rewards[7]] and not seats.game_return[:6].any()
+    mixed = Seats(parse_config("algo: {name: ippo, selfplay: {pool: 2, latest: 0.5}}"), 400, 2,
+                  np.random.default_rng(1))
+    assert 150 < (mixed.opponent < 0).sum() < 250  # about half the games against itself, both seats learning
+    assert np.all(mixed.learning.reshape(400, 2)[mixed.opponent < 0])
+
+
+def test_a_holder_snapshots_its_policy_into_the_pool_every_few_versions():
+    from hpcrl.workers.selfplay import Pool
+    cfg = parse_config(f"env: {{id: '{RELAY}'}}\nalgo: {{name: ippo}}")
+    spaces = probe_spaces(cfg.env)
+
+    def runner():
+        return PolicyRunner(build_policy(spaces, cfg), "cpu", seed=0)
+    live, pool = runner(), Pool([runner() for _ in range(3)], snapshot_every=10)
+    for version in range(0, 47, 3):  # a holder that sees every third version (newest-only weights)
+        with torch.no_grad():
+            live.model.actor[0].bias.fill_(version)
+        live.version = version
+        pool.offer(live, version)
+    # snapshots at the first version held at or past 0, 10, 20, 30, 40: 0, 12, 21, 30, 42
+    assert [pool.runner(age).version for age in range(3)] == [42, 30, 21]
+    assert pool.runner(0).model.actor[0].bias[0].item() == 42
+    young = Pool([runner() for _ in range(3)], snapshot_every=10)
+    young.offer(live, 5)
+    assert [young.runner(age).version for age in range(3)] == [5, 5, 5]  # filling: the first snapshot
+
+
+def test_self_play_against_a_pool_on_4_ranks_counts_only_the_learning_seat(tmp_path):
+    """Every game against a frozen past version (latest: 0): the trainer's episodes are the learning
+    seat's alone, and the win rates per pool age agree with those episodes' returns (+1 a win)."""
+    cfg = small_config(tmp_path, env={"id": "pettingzoo:classic/connect_four-v3", "num_envs": 4},
+                       algo={"name": "ippo", "rollout_length": 16,
+                             "selfplay": {"pool": 2, "snapshot_every": 2, "latest": 0.0}},
+                       model={"encoder": "mlp"}, run={"total_frames": 1280})
+    result = mpirun(4, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    m = read_metrics(str(run_dir(cfg) / "metrics.h5"))
+    games = m["selfplay.games"]
+    assert games.sum() >= 10 and np.array_equal(games, m["episodes"])  # one learning seat per game
+    wins, draws = m["selfplay.wins"], m["selfplay.draws"]
+    assert np.allclose(m["selfplay.win_rate"], wins / games, equal_nan=True)
+    assert np.array_equal(m["selfplay.age0.games"] + m["selfplay.age1.games"], games)
+    # connect four pays +1 / 0 / -1: the learning seats' summed return is wins - losses
+    returns = np.nan_to_num(m["return_mean"]) * m["episodes"]
+    assert np.allclose(returns, wins - (games - wins - draws))

@@ -15,6 +15,7 @@ import yaml
 
 from hpcrl.core.config_base import ConfigError, check, doc
 from hpcrl.core.config_dqn import DQNConfig, ReplayConfig, validate_dqn
+from hpcrl.core.config_selfplay import SelfPlayConfig, validate_selfplay
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.policies import check_table
 
@@ -195,6 +196,8 @@ class AlgoConfig:
                       "change); measures a layout's sampling throughput (bench/sampling.py)", default=True)
     dqn: DQNConfig = doc("DQN only: the Q-learning step and exploration", default_factory=DQNConfig)
     replay: ReplayConfig = doc("DQN only: the prioritized replay shards", default_factory=ReplayConfig)
+    selfplay: SelfPlayConfig = doc("multi-agent games: self-play against a pool of frozen past versions",
+                                   default_factory=SelfPlayConfig)
 
 
 @dataclass
@@ -333,6 +336,7 @@ def validate(cfg: Config) -> None:
     if a.value_norm is None:
         a.value_norm = ALGORITHMS[a.name].multiagent  # resolved, so the run directory's config.yaml says it
     check_table(cfg.policies)
+    validate_selfplay(a.selfplay, ALGORITHMS[a.name].multiagent, len(cfg.policies))
     multiagent = [n for n, alg in ALGORITHMS.items() if alg.multiagent]
     _check(not cfg.policies or ALGORITHMS[a.name].multiagent,
            f"policies: maps the agents of PettingZoo envs to policies, for the multi-agent algorithms "

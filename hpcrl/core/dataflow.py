@@ -16,6 +16,7 @@ from typing import Callable
 
 from hpcrl.core.messages import (MessageSpec, fragment_spec, q_reply_spec, reply_spec, request_spec,
                                  transition_spec)
+from hpcrl.core.policies import rows_carry_policy
 
 # The four stream kinds (runtime/): each has its own duplicated communicator.
 INFERENCE = "inference"  # request/reply slots between actors and a batching policy server
@@ -77,12 +78,12 @@ def env_rows(cfg, spaces, envs: int | None = None) -> int:
     return (cfg.env.num_envs if envs is None else envs) * spaces.num_agents
 
 
-def inference_messages(cfg, spaces, groups: int, policies: int = 1) -> tuple[MessageSpec, MessageSpec]:
+def inference_messages(cfg, spaces, groups: int) -> tuple[MessageSpec, MessageSpec]:
     """The inference stream's request and reply layouts: one channel per env group, so each
-    carries num_envs / groups envs (core/messages.py), a row per agent (with several policies,
-    each row's policy id); the reply is the algorithm's."""
+    carries num_envs / groups envs (core/messages.py), a row per agent (with several policies or
+    a self-play pool, each row's policy id); the reply is the algorithm's."""
     n = env_rows(cfg, spaces, cfg.env.num_envs // groups)
-    return (request_spec(n, spaces.obs_shape, spaces.obs_dtype, mask_actions(spaces), policies=policies > 1),
+    return (request_spec(n, spaces.obs_shape, spaces.obs_dtype, mask_actions(spaces), policies=rows_carry_policy(cfg)),
             ALGORITHMS[cfg.algo.name].reply(cfg, spaces, n))
 
 
@@ -96,7 +97,7 @@ def fragment_record(cfg, spaces) -> MessageSpec:
     the agents' active mask for PettingZoo envs."""
     return fragment_spec(cfg.algo.rollout_length, env_rows(cfg, spaces), spaces.obs_shape, spaces.obs_dtype,
                          spaces.action_shape, spaces.action_dtype, active=spaces.multiagent,
-                         mask_actions=mask_actions(spaces))
+                         mask_actions=mask_actions(spaces), selfplay_ages=cfg.algo.selfplay.pool)
 
 
 def policy_reply(cfg, spaces, n: int) -> MessageSpec:

@@ -153,7 +153,8 @@ def transition_spec(rows: int, obs_shape: tuple, obs_dtype, action_shape: tuple,
 
 
 def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
-                  action_shape: tuple, action_dtype, active: bool = False, mask_actions: int = 0) -> MessageSpec:
+                  action_shape: tuple, action_dtype, active: bool = False, mask_actions: int = 0,
+                  selfplay_ages: int = 0) -> MessageSpec:
     """env -> learner: T steps x N envs (rows: with PettingZoo envs, one per agent) of experience
     plus what GAE needs to bootstrap. With `active`, a [T, N] mask of the rows whose agent acted
     (multi-agent: inactive rows are left out of the loss); with `mask_actions`, the valid actions
@@ -164,7 +165,8 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
     wall time the fragment took, `wait_us` the part of it in which no env group could step, and
     `credit_wait_us` the part in which the finished fragment waited for a credit (flow control).
     `return_moments` (count, mean, M2) of the discounted returns its envs saw, for the trainers'
-    reward scale (env.normalize_reward; zeros without it)."""
+    reward scale (env.normalize_reward; zeros without it). With `selfplay_ages` (algo.selfplay.pool),
+    the games the learning seat finished against each pool age: wins, draws, losses."""
     t, n = length, num_envs
     return MessageSpec(
         header=("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
@@ -180,7 +182,8 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                 ("last_obs", obs_dtype, (n, *obs_shape)),
                 ("episode_stats", np.float64, (len(EPISODE_STATS),)),
                 ("return_moments", np.float64, (3,))] + ([("active", np.uint8, (t, n))] if active else [])
-        + ([("action_mask", np.uint8, (t, n, mask_actions))] if mask_actions else []))
+        + ([("action_mask", np.uint8, (t, n, mask_actions))] if mask_actions else [])
+        + ([("selfplay", np.float64, (selfplay_ages, 3))] if selfplay_ages else []))
 
 
 def weights_spec(num_params: int) -> MessageSpec:
@@ -191,7 +194,7 @@ def weights_spec(num_params: int) -> MessageSpec:
 # Fragment fields whose second axis (or, for these two, first) runs over the rows: a policy's
 # record takes its agents' columns of them (core/policies.py). The rest are per record.
 ROW_FIELDS = ("last_values", "last_obs")
-PER_RECORD_FIELDS = ("episode_stats", "return_moments")
+PER_RECORD_FIELDS = ("episode_stats", "return_moments", "selfplay")
 
 
 def take_rows(whole: Message, part: Message, rows: np.ndarray) -> None:

@@ -86,3 +86,9 @@ def row_policies(policies: dict, agents: tuple | list, envs: int) -> np.ndarray:
 
 def num_policies(policies: dict) -> int:
     return max(1, len(policies))
+
+
+def rows_carry_policy(cfg) -> bool:
+    """Requests say each row's policy: several policies train, or a self-play pool plays some seats
+    (its members are policy ids after the training ones; workers/selfplay.py)."""
+    return len(cfg.policies) > 1 or cfg.algo.selfplay.pool > 0

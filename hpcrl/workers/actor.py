@@ -16,9 +16,11 @@ from hpcrl.runtime.streams import SampleSender
 from hpcrl.core.config import Config
 from hpcrl.core.layout import INLINE, fragments_per_env_rank
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
-from hpcrl.core.seeds import env_seeds
+from hpcrl.core.seeds import env_seeds, seed_for
 from hpcrl.core.messages import EPISODE_STATS, STOP, Message, MessageSpec, take_rows
 from hpcrl.core.policies import row_policies
+from hpcrl.envs.multiagent import ENV_DONE
+from hpcrl.workers.selfplay import Seats
 
 
 class RemotePolicy:
@@ -60,6 +62,7 @@ class EnvGroup:
         self.row_policy = row_policy  # the policy id of each row (they ride on requests in runs of several)
         if "policy" in self.request.arrays:
             self.request["policy"][...] = row_policy
+        self.seats: Seats | None = None  # self-play against a pool: who plays which seat (workers/selfplay.py)
         n = first_obs.shape[0]
         self.t = 0
         self.waiting = False
@@ -129,7 +132,13 @@ class EnvRole:
             envs, first_obs = make_vector_env(cfg.env, seed=env_seeds(cfg.run.seed, index, g, per_group),
                                               gamma=cfg.algo.gamma, num_envs=per_group)
             columns = slice(g * rows, (g + 1) * rows)
-            self.groups.append(EnvGroup(envs, first_obs, policy, columns, row_policy[columns]))
+            group = EnvGroup(envs, first_obs, policy, columns, row_policy[columns])
+            if cfg.algo.selfplay.pool:
+                group.seats = Seats(cfg, per_group, rows // per_group,
+                                    np.random.default_rng(seed_for(cfg.run.seed, "selfplay", index, g)),
+                                    first_pool_id=len(senders))
+                group.request["policy"][...] = group.seats.row_policy
+            self.groups.append(group)
         # sync: the version this rollout must be collected with; async: the oldest version accepted
         self.version = start_version
         self.fragments_per_version = fragments_per_version  # sync (hpcrl.core.layout.fragments_per_env_rank)
@@ -262,8 +271,8 @@ class EnvRole:
         frag["actions"][t, cols] = reply["actions"]
         frag["logp"][t, cols] = reply["logp"]
         frag["values"][t, cols] = reply["values"]
-        if group.active is not None:
-            frag["active"][t, cols] = group.active
+        if group.active is not None:  # a frozen pool member's seats are no one's training data
+            frag["active"][t, cols] = group.active if group.seats is None else group.active & group.seats.learning
         if group.masked:
             frag["action_mask"][t, cols] = group.request["action_mask"]
         self.status = f"stepping envs (step {t})"
@@ -280,6 +289,9 @@ class EnvRole:
         # Truncated (not terminated) episodes still have a future: send their final obs for a value.
         self._final_rows(group, truncated & ~terminated, obs, info)
         self._tally(group, rewards, done, info)
+        if group.seats is not None:  # games that ended are judged; the next ones get their seats
+            group.seats.stepped(info.get(RAW_REWARD, rewards), info[ENV_DONE])
+            group.request["policy"][...] = group.seats.row_policy
         group.t += 1
         group.submit(self.version)  # at once: its round trip overlaps the other groups' steps
 
@@ -306,7 +318,12 @@ class EnvRole:
         group.ep_length += 1
         ended = info.get(GAME_OVER, done)
         if ended.any():
-            self._count_episodes(group, np.flatnonzero(ended))
+            rows = np.flatnonzero(ended)
+            if group.seats is not None:  # the pool's seats: their episodes are not the policy's
+                frozen = rows[~group.seats.learning[rows]]
+                group.ep_return[frozen], group.ep_length[frozen] = 0.0, 0
+                rows = rows[group.seats.learning[rows]]
+            self._count_episodes(group, rows)
 
     def _count_episodes(self, group: EnvGroup, ended: np.ndarray) -> None:
         for p, stats in enumerate(self.episode_stats):
@@ -329,6 +346,8 @@ class EnvRole:
         self.credit_wait_since = None
         if self.normalize_reward:  # the trainers scale rewards by the std of every env rank's returns
             self.fragment["return_moments"][:] = combine_moments([g.envs.take_moments() for g in self.groups])
+        if "selfplay" in self.fragment.arrays:  # games against the pool, by age
+            self.fragment["selfplay"][...] = sum(g.seats.take_results() for g in self.groups)
         for p, sender in enumerate(self.senders):
             record = self.fragment if len(self.senders) == 1 else sender.current()
             if record is not self.fragment:  # several policies: this policy's agents' columns

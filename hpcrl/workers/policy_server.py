@@ -20,6 +20,7 @@ from hpcrl.runtime.params import END
 from hpcrl.core.seeds import seed_for
 from hpcrl.models import Runner
 from hpcrl.runtime.comm import LocalWeightSubscriber
+from hpcrl.workers.selfplay import Pool
 
 
 class PolicySet:
@@ -27,10 +28,11 @@ class PolicySet:
     stream (one of each in a run of one policy). With several, a batch's rows are split by the
     policy id each row carries (the request's `policy` field), each runner takes its own rows in
     one forward pass, and the results go back in row order. A central critic reads whole envs of
-    its own agents: rows keep their order, so a request's rows of one policy are still whole envs."""
+    its own agents: rows keep their order, so a request's rows of one policy are still whole envs.
+    With a self-play pool (workers/selfplay.py), ids after the training policies' are its ages."""
 
-    def __init__(self, runners: list[Runner], weights: list):
-        self.runners, self.weights = runners, weights
+    def __init__(self, runners: list[Runner], weights: list, pool: Pool | None = None):
+        self.runners, self.weights, self.pool = runners, weights, pool
         self.outputs = runners[0].outputs
         self.ended = False  # a parameter stream has closed: the trainers have stopped
 
@@ -47,7 +49,7 @@ class PolicySet:
             return
         for p, rows in self._rows(policy):
             part = {name: values[rows] for name, values in out.items()}
-            self.runners[p].act(obs[rows], part, None if mask is None else mask[rows])
+            self._runner(p).act(obs[rows], part, None if mask is None else mask[rows])
             for name, values in part.items():
                 out[name][rows] = values
 
@@ -57,14 +59,15 @@ class PolicySet:
             return
         for p, rows in self._rows(policy):
             part = out[rows]
-            self.runners[p].value(obs[rows], part)
+            self._runner(p).value(obs[rows], part)
             out[rows] = part
 
     def _rows(self, policy: np.ndarray):
-        for p in range(len(self.runners)):
-            rows = np.flatnonzero(policy == p)
-            if len(rows):
-                yield p, rows
+        for p in np.unique(policy):
+            yield int(p), np.flatnonzero(policy == p)
+
+    def _runner(self, p: int) -> Runner:
+        return self.runners[p] if p < len(self.runners) else self.pool.runner(p - len(self.runners))
 
     def poll_weights(self) -> int:
         """Load each policy's newest version that has arrived; the versions taken (END counts)."""
@@ -79,6 +82,8 @@ class PolicySet:
             else:
                 runner.load(message["params"], message.get("version"))
                 weights.rearm()
+                if self.pool is not None:
+                    self.pool.offer(runner, runner.version)
         return taken
 
     def finished(self) -> bool:
@@ -94,8 +99,11 @@ def build_policies(w, device: str, purpose: str, index: int) -> PolicySet:
     """A policy holder's runners (one per policy, each from its own spaces) and its parameter-stream
     ends: inference rank number `index`, or the inline policy of env rank `index`."""
     weights = [LocalWeightSubscriber(w.params[0])] if w.layout.serial else w.params
-    return PolicySet([build_runner(w.cfg, spaces, device, purpose, index, policy=p)
-                      for p, spaces in enumerate(w.policy_spaces)], weights)
+    runners = [build_runner(w.cfg, spaces, device, purpose, index, policy=p) for p, spaces in enumerate(w.policy_spaces)]
+    s = w.cfg.algo.selfplay
+    pool = (Pool([build_runner(w.cfg, w.policy_spaces[0], device, purpose, index, policy=len(runners) + k)
+                  for k in range(s.pool)], s.snapshot_every) if s.pool else None)
+    return PolicySet(runners, weights, pool)
 
 
 class InlinePolicy:

@@ -134,7 +134,8 @@ class LearnerRole:
         self.updates = int(counters.get("updates", 0))
         self.stats = TrainerStats(trainer_comm, frames=int(counters.get("frames", 0)),
                                   fragments_dropped=int(counters.get("fragments_dropped", 0)),
-                                  policy=policy, policy_names=self.policy_names)
+                                  policy=policy, policy_names=self.policy_names,
+                                  selfplay_ages=cfg.algo.selfplay.pool)
         self.start = time.perf_counter() - float(counters.get("wall_time", 0.0))  # wall time continues
         self.stop_flags = 0  # the stop word's flags once the run stops
         self.stopped_by = ""

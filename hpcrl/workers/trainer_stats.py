@@ -15,6 +15,7 @@ from collections import deque
 import numpy as np
 
 from hpcrl.core.messages import EPISODE_STATS
+from hpcrl.workers.selfplay import OUTCOMES
 from hpcrl.runtime import comm
 
 RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least this many episodes
@@ -22,20 +23,22 @@ RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least t
 
 class TrainerStats:
     def __init__(self, trainer_comm, frames: int = 0, fragments_dropped: int = 0, policy: int = 0,
-                 policy_names: list[str] | tuple = ("shared",)):
+                 policy_names: list[str] | tuple = ("shared",), selfplay_ages: int = 0):
+        """`selfplay_ages`: algo.selfplay.pool; records then carry games against each pool age."""
         self.comm = trainer_comm
+        self.selfplay_ages = selfplay_ages
         self.policy, self.policy_names = policy, list(policy_names)
         self.frames = frames
         self.fragments_dropped = fragments_dropped
         self.windows: deque = deque()  # (episodes, return_sum) of recent updates, all trainers
 
-    @staticmethod
-    def local(fragments: list, dropped: list, slots_held_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def local(self, fragments: list, dropped: list, slots_held_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """From this trainer's fragment headers (trained, and `dropped` since the last update, as
         (frames, episode stats)): sums (frames, episodes, return sum, return sum of squares,
         length sum, fragments dropped, env rollout, wait and credit-wait microseconds of the
         trained fragments), lows (return min, version min) and highs (return max, version max,
-        the sample-slot peak and this process's resident-memory peak in MiB). Read before the
+        the sample-slot peak and this process's resident-memory peak in MiB); with a self-play
+        pool the sums end with the games against each age (wins, draws, losses). Read before the
         slots are released."""
         counted = [(f.get("frames"), f["episode_stats"]) for f in fragments] + dropped
         ep = {name: np.array([st[i] for _, st in counted]) for i, name in enumerate(EPISODE_STATS)}
@@ -44,6 +47,9 @@ class TrainerStats:
                          ep["return_sqsum"].sum(), ep["length_sum"].sum(), len(dropped),
                          sum(f.get("rollout_us") for f in fragments), sum(f.get("wait_us") for f in fragments),
                          sum(f.get("credit_wait_us") for f in fragments)], dtype=np.float64)
+        if self.selfplay_ages:
+            games = sum((f["selfplay"] for f in fragments), np.zeros((self.selfplay_ages, len(OUTCOMES))))
+            sums = np.concatenate([sums, games.reshape(-1)])
         # no records (a replay trainer may update before new ones arrive): neutral for min and max
         lows = np.array([ep["return_min"].min(initial=np.inf), min(versions, default=np.inf)], dtype=np.float64)
         highs = np.array([ep["return_max"].max(initial=-np.inf), max(versions, default=-1), slots_held_max,
@@ -63,6 +69,8 @@ class TrainerStats:
         sums[0] = per_policy[0, 0]  # frames: env steps, which every policy counts
         lo, hi = comm.allreduce_min_max(self.comm, lows, highs)
         frames_now, episodes, ret_sum, ret_sq, len_sum, dropped, rollout_us, wait_us, credit_us = sums[:9]
+        games = sums[9:9 + 3 * self.selfplay_ages].reshape(self.selfplay_ages, len(OUTCOMES))
+        first_loss = 9 + games.size
         self.frames += int(frames_now)
         self.fragments_dropped += int(dropped)
         self.windows.append((episodes, ret_sum))
@@ -86,12 +94,14 @@ class TrainerStats:
                # the sample stream's bound in use: slots in flight or held, at most roles.learner.sample_slots
                "sample_slots_max": int(hi[2]), "learner_rss_mib": float(hi[3])}
         n = self.comm.Get_size()
-        row.update({k: float(v) / n for k, v in zip(keys, sums[9:])})
+        row.update({k: float(v) / n for k, v in zip(keys, sums[first_loss:])})
         if P > 1:
             for name, own in zip(self.policy_names, per_policy):
                 row[f"{name}.episodes"] = int(own[1])
                 row[f"{name}.return_mean"] = own[2] / own[1] if own[1] else np.nan
-                row.update({f"{name}.{k}": float(v) / (n // P) for k, v in zip(keys, own[9:])})
+                row.update({f"{name}.{k}": float(v) / (n // P) for k, v in zip(keys, own[first_loss:])})
+        if self.selfplay_ages:
+            row.update(selfplay_columns(games))
         return row
 
     def window_mean(self) -> float:
@@ -101,3 +111,16 @@ class TrainerStats:
     def target_reached(self, target: float | None) -> bool:
         episodes = sum(e for e, _ in self.windows)
         return target is not None and episodes >= RETURN_WINDOW_EPISODES and self.window_mean() >= target
+
+
+def selfplay_columns(games: np.ndarray) -> dict:
+    """Metrics of one update's games against the pool: per age a (0: the newest snapshot) the
+    games and the learning seat's win rate (NaN without games), and over every age together."""
+    total = games.sum(0)
+    columns = {"selfplay.games": int(total.sum()), "selfplay.wins": int(total[0]), "selfplay.draws": int(total[1])}
+    columns["selfplay.win_rate"] = total[0] / total.sum() if total.sum() else np.nan
+    for age, (wins, draws, losses) in enumerate(games):
+        played = wins + draws + losses
+        columns[f"selfplay.age{age}.games"] = int(played)
+        columns[f"selfplay.age{age}.win_rate"] = wins / played if played else np.nan
+    return columns

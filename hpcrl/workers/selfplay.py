@@ -1,0 +1,95 @@
+"""Self-play against a pool of frozen past versions (algo.selfplay, core/config_selfplay.py).
+
+Two halves, joined by nothing but policy ids on the inference stream:
+- `Seats`, on an actor: for each env and each game, whether the policy plays itself (every seat
+  learns) or one seat, drawn at random, learns against pool age a in every other seat. The rows of
+  those other seats ask for policy id P + a (P: the training policies) and are left out of the
+  fragment's active rows, so the trainer never learns from the frozen side. When a game against
+  the pool ends, it is judged from the learning seat's return: a win, a draw or a loss against age a.
+- `Pool`, on a policy holder: K frozen copies of the policy. Every `snapshot_every` versions the
+  newest weights overwrite the oldest copy, so age 0 is the newest snapshot and age K-1 the oldest;
+  until the pool has K snapshots the young ages share the first one. Holders snapshot on their
+  own, at the first version they hold past each multiple of snapshot_every, so no weights travel
+  for the pool and a holder that skipped versions (newest-only weights) snapshots the next one.
+Pure numpy on the actor side (actors with remote inference never import torch).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+OUTCOMES = ("wins", "draws", "losses")
+
+
+class Seats:
+    """Who plays which seat of each env of an env group (rows env-major, `agents` per env)."""
+
+    def __init__(self, cfg, envs: int, agents: int, rng: np.random.Generator, first_pool_id: int = 1):
+        s = cfg.algo.selfplay
+        self.ages, self.latest, self.agents = s.pool, s.latest, agents
+        self.first_pool_id = first_pool_id
+        self.rng = rng
+        self.opponent = np.full(envs, -1, dtype=np.int64)  # per env: the pool age it plays, -1: itself
+        self.seat = np.zeros(envs, dtype=np.int64)  # per env: the learning seat in a game against the pool
+        self.row_policy = np.zeros(envs * agents, dtype=np.int16)  # what each row asks for
+        self.learning = np.ones(envs * agents, dtype=bool)  # rows the trainer learns from
+        self.game_return = np.zeros(envs * agents)  # each row's return in the current game
+        self.results = np.zeros((self.ages, len(OUTCOMES)))  # games judged since the last record
+        for env in range(envs):
+            self._draw(env)
+
+    def _draw(self, env: int) -> None:
+        rows = slice(env * self.agents, (env + 1) * self.agents)
+        self.opponent[env] = -1 if self.rng.random() < self.latest else self.rng.integers(self.ages)
+        self.seat[env] = self.rng.integers(self.agents)
+        if self.opponent[env] < 0:
+            self.row_policy[rows], self.learning[rows] = 0, True
+        else:
+            self.row_policy[rows] = self.first_pool_id + self.opponent[env]
+            self.learning[rows] = False
+            self.row_policy[env * self.agents + self.seat[env]] = 0
+            self.learning[env * self.agents + self.seat[env]] = True
+
+    def stepped(self, rewards: np.ndarray, env_done: np.ndarray) -> None:
+        """After a step: add its rewards; judge the games that ended against the pool, and draw the
+        next game's opponent and seat for every env whose game ended."""
+        self.game_return += rewards
+        for env in np.flatnonzero(env_done):
+            rows = slice(env * self.agents, (env + 1) * self.agents)
+            age = self.opponent[env]
+            if age >= 0:
+                returns = self.game_return[rows]
+                mine = returns[self.seat[env]]
+                best_other = np.delete(returns, self.seat[env]).max()
+                self.results[age, 0 if mine > best_other else 1 if mine == best_other else 2] += 1
+            self.game_return[rows] = 0.0
+            self._draw(env)
+
+    def take_results(self) -> np.ndarray:
+        out, self.results = self.results, np.zeros_like(self.results)
+        return out
+
+
+class Pool:
+    """A policy holder's frozen copies of policy 0 (runners of the same network), by age."""
+
+    def __init__(self, runners: list, snapshot_every: int):
+        self.runners = runners
+        self.snapshot_every = snapshot_every
+        self.newest = -1  # the slot of age 0 (-1: no snapshot yet)
+        self.next_version = 0  # the version at or past which the next snapshot is taken
+        self.taken = 0  # snapshots taken
+
+    def runner(self, age: int):
+        """The copy of pool age `age` (the first snapshot while the pool is still filling)."""
+        age = min(age, self.taken - 1)
+        return self.runners[(self.newest - age) % len(self.runners)]
+
+    def offer(self, source, version: int) -> None:
+        """The learning runner now holds `version`: snapshot it if one is due."""
+        if version < self.next_version:
+            return
+        self.newest = (self.newest + 1) % len(self.runners)
+        self.runners[self.newest].model.load_state_dict(source.model.state_dict())
+        self.runners[self.newest].version = version
+        self.taken += 1
+        self.next_version = (version // self.snapshot_every + 1) * self.snapshot_every
