@@ -84,3 +84,34 @@ class ThreeLives(gym.Env):
         game_over = self.lives == 0
         info = {"raw_reward": float(self.k), "game_over": game_over}
         return np.array([self.k], np.float32), 1.0, life_lost, False, info
+
+
+class MaskedKeys(gym.Env):
+    """A single-agent env that gives its valid actions in info['action_mask'] (the gymnasium
+    convention): each step a random half of 6 keys is valid, an invalid key raises, and the highest
+    valid key pays 1. The observation is the mask itself, so the best key can be learned."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (6,), np.float32)
+    action_space = gym.spaces.Discrete(6)
+
+    def __init__(self, length: int = 8, width: int = 6):
+        """`width`: the entries of the mask the env gives (not 6: a mistake hpcrl must name)."""
+        self.length, self.t, self.mask, self.width = length, 0, np.ones(6, np.int8), width
+
+    def _draw(self):
+        self.mask = np.zeros(6, np.int8)
+        self.mask[self.np_random.choice(6, 3, replace=False)] = 1
+        return self.mask.astype(np.float32), {"action_mask": self.mask[:self.width].copy()}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._draw()
+
+    def step(self, action):
+        if not self.mask[int(action)]:
+            raise ValueError(f"key {int(action)} is not valid now (mask {self.mask.tolist()})")
+        reward = float(int(action) == np.flatnonzero(self.mask).max())
+        self.t += 1
+        obs, info = self._draw()
+        return obs, reward, False, self.t >= self.length, info

@@ -18,7 +18,7 @@ import numpy as np
 
 from hpcrl.core.config import ConfigError, EnvConfig
 from hpcrl.envs.multiagent import pettingzoo_vector
-from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, DiscountedReturns,
+from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, DiscountedReturns, SyncVector,
                                envpool_vector, numpy_vector)
 
 __all__ = ["EnvSpaces", "make_env", "probe_spaces", "make_vector_env", "random_actions", "RAW_REWARD",
@@ -128,8 +128,8 @@ def _vector(cfg: EnvConfig, num_envs: int, seed: int, gamma: float) -> gym.vecto
         envs = agent_rows(cfg.kwargs, num_envs)
     elif cfg.backend == "sync":
         # partial, not a lambda: the vector stays picklable, so serial-mode checkpoints can hold it
-        envs = gym.vector.SyncVectorEnv([functools.partial(make_env, cfg) for _ in range(num_envs)],
-                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        envs = SyncVector([functools.partial(make_env, cfg) for _ in range(num_envs)],
+                          autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         envs = LiftEpisodeInfo(envs)
     elif cfg.backend == "numpy":
         if cfg.preset is not None:
@@ -171,15 +171,20 @@ def probe_spaces(cfg: EnvConfig) -> EnvSpaces:
     spaces are unsupported."""
     envs = _vector(dataclasses.replace(cfg, num_envs=1), 1, seed=0, gamma=0.99)
     try:
+        envs.reset(seed=0)  # a single-agent env says whether it gives action masks in its reset info
         obs, act = envs.single_observation_space, envs.single_action_space
         agents = tuple(getattr(envs.unwrapped, "agents", ()))
         masked = bool(getattr(envs.unwrapped, "masked", False))
+        mask_width = envs.unwrapped.action_mask.shape[-1] if masked else 0
     finally:
         envs.close()
     if not isinstance(obs, gym.spaces.Box):
         raise ConfigError(f"env.id: {cfg.id!r} has observation space {obs}; hpcrl supports Box observations")
     spaces = EnvSpaces(obs_shape=tuple(obs.shape), obs_dtype=np.dtype(obs.dtype).name, num_actions=0,
                        num_agents=max(len(agents), 1), agents=agents, action_mask=masked)
+    if masked and not agents and (not isinstance(act, gym.spaces.Discrete) or mask_width != int(act.n)):
+        raise ConfigError(f"env.id: {cfg.id!r} gives info['action_mask'] of {mask_width} entries for action space "
+                          f"{act}; masks are for Discrete actions, one entry per action")
     if isinstance(act, gym.spaces.Discrete) and int(act.start) == 0:
         return dataclasses.replace(spaces, num_actions=int(act.n))
     if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:

@@ -47,6 +47,32 @@ class SameStepAutoreset(gym.vector.VectorWrapper):
         return obs, rewards, terminated, truncated, info
 
 
+class SyncVector(gym.vector.SyncVectorEnv):
+    """gymnasium's SyncVectorEnv that also keeps the valid actions of envs that give them in
+    info["action_mask"] (a Discrete env's mask of its actions, the convention of gymnasium's toy
+    text envs), the same way a PettingZoo vector keeps its agents' (envs/multiagent.py):
+    `masked`, and `action_mask` for the current observations. SAME_STEP autoreset puts a reset
+    env's new mask in the step's info."""
+
+    masked = False
+    action_mask: np.ndarray | None = None
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self._take_mask(info)
+        return obs, info
+
+    def step(self, actions):
+        result = super().step(actions)
+        self._take_mask(result[4])
+        return result
+
+    def _take_mask(self, info: dict) -> None:
+        if "action_mask" in info:
+            self.masked = True
+            self.action_mask = np.asarray(info["action_mask"], dtype=np.uint8)
+
+
 class LiftEpisodeInfo(gym.vector.VectorWrapper):
     """SyncVectorEnv (SAME_STEP) files a finished env's step info under info["final_info"] and puts
     its reset info at the top level; bring the episode keys of the step back to the top level."""
