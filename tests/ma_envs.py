@@ -97,3 +97,13 @@ class MaskedRelay(Relay):
                 raise ValueError(f"{agent} took action {action}, invalid under its mask {self.masks[agent]}")
         observations, rewards, terminated, truncated, _ = super().step(actions)
         return observations, rewards, terminated, truncated, self._infos(observations)
+
+
+class StatefulRelay(Relay):
+    """Relay with a global state (PettingZoo's state() and state_space): the step and how many
+    agents are still in the episode, which no single agent observes."""
+
+    state_space = spaces.Box(0.0, 100.0, (2,), np.float32)
+
+    def state(self):
+        return np.array([self.t, len(self.agents)], np.float32)

@@ -54,7 +54,7 @@ def test_algorithms_refuse_envs_of_the_wrong_kind():
     with pytest.raises(ConfigError, match="mappo trains PettingZoo envs.*use algo.name: ppo"):
         build_policy(EnvSpaces((4,), "float32", 2), parse_config("algo: {name: mappo}"))
     with pytest.raises(ConfigError, match="dqn trains single-agent envs.*mappo or ippo"):
-        build_policy(EnvSpaces((3,), "float32", 2, num_agents=3), parse_config("algo: {name: dqn}"))
+        build_policy(EnvSpaces((3,), "float32", 2, num_agents=3, agents=("a", "b", "c")), parse_config("algo: {name: dqn}"))
 
 
 def test_the_central_critic_reads_the_agents_of_its_own_env_and_its_index():
@@ -281,3 +281,27 @@ def test_single_agent_envs_that_give_masks_in_info_act_and_learn_under_them(tmp_
     assert result.returncode == 0, result.stdout + result.stderr
     m = read_metrics(str(run_dir(cfg) / "metrics.h5"))
     assert m["return_mean"][0] < 5 and m["return_mean"][-1] >= 7
+
+
+def test_a_centralised_critic_reads_the_env_state_that_ends_each_row_and_the_policy_never_does():
+    cfg = parse_config("env: {id: 'tests.ma_envs:StatefulRelay', num_envs: 2}\nalgo: {name: mappo}")
+    assert cfg.env.global_state  # resolved: mappo reads the state where the env has one
+    spaces = probe_spaces(cfg.env)
+    assert spaces.obs_shape == (3 + 2,) and spaces.state_dim == 2
+    envs, obs = make_vector_env(cfg.env, seed=0)
+    assert obs[:, 3:].tolist() == [[0, 3]] * 6  # every row of every env: step 0, 3 agents in
+    obs = envs.step(np.zeros(6, dtype=np.int64))[0]
+    obs = envs.step(np.zeros(6, dtype=np.int64))[0]
+    assert obs[:, 3:].tolist() == [[2, 2]] * 6  # agent 2 left at step 2
+    model = build_policy(spaces, cfg)
+    assert model.actor[0].in_features == 3 and model.critic[0].in_features == 2 + 3
+    x = torch.as_tensor(obs)
+    other = x.clone()
+    other[:, 3:] = 50.0
+    assert torch.equal(model.log_probs(x), model.log_probs(other))  # the policy never reads the state
+    assert not torch.allclose(model.value(x), model.value(other))
+    assert torch.equal(model.critic_input(x)[:, :2], x[:, 3:])
+    plain = probe_spaces(parse_config("env: {id: 'tests.ma_envs:Relay'}\nalgo: {name: mappo}").env)
+    assert plain.state_dim == 0 and plain.obs_shape == (3,)  # no state(): the agents' observations
+    with pytest.raises(ConfigError, match="env.global_state: the env's state is read by a centralised critic"):
+        parse_config("env: {id: 'tests.ma_envs:StatefulRelay', global_state: true}\nalgo: {name: ippo}")

@@ -203,7 +203,8 @@ def test_self_play_against_a_pool_on_4_ranks_counts_only_the_learning_seat(tmp_p
     games = m["selfplay.games"]
     assert games.sum() >= 10 and np.array_equal(games, m["episodes"])  # one learning seat per game
     wins, draws = m["selfplay.wins"], m["selfplay.draws"]
-    assert np.allclose(m["selfplay.win_rate"], wins / games, equal_nan=True)
+    rate = np.divide(wins, games, out=np.full(len(games), np.nan), where=games > 0)
+    assert np.allclose(m["selfplay.win_rate"], rate, equal_nan=True)
     assert np.array_equal(m["selfplay.age0.games"] + m["selfplay.age1.games"], games)
     # connect four pays +1 / 0 / -1: the learning seats' summed return is wins - losses
     returns = np.nan_to_num(m["return_mean"]) * m["episodes"]

@@ -145,6 +145,11 @@ class EnvConfig:
                                  "their returns' moments with each fragment, the learners merge them over every "
                                  "env rank and keep them in the checkpoint (metrics: reward_return_std); metrics "
                                  "report raw returns", default=False)
+    global_state: Union[bool, None] = doc(
+        "PettingZoo envs with a global state (the env's state()): append it to every agent's row for MAPPO's "
+        "centralised critic, which then reads it (and the agent's index) instead of every agent's observations; "
+        "the policy never sees it. Envs without state() keep the observations. Default: true for mappo",
+        default=None)
 
 
 @dataclass
@@ -335,6 +340,12 @@ def validate(cfg: Config) -> None:
                             f"{a.name}), got {a.mode!r}")
     if a.value_norm is None:
         a.value_norm = ALGORITHMS[a.name].multiagent  # resolved, so the run directory's config.yaml says it
+    central = ALGORITHMS[a.name].policy == "central_critic"
+    if e.global_state is None:
+        e.global_state = central  # resolved, so the run directory's config.yaml says it
+    _check(central or not e.global_state,
+           f"env.global_state: the env's state is read by a centralised critic (algo.name mappo); algo.name "
+           f"{a.name} has none, so use false or null")
     check_table(cfg.policies)
     validate_selfplay(a.selfplay, ALGORITHMS[a.name].multiagent, len(cfg.policies))
     multiagent = [n for n, alg in ALGORITHMS.items() if alg.multiagent]

@@ -37,6 +37,7 @@ class EnvSpaces:
     action_low: tuple = ()    # Box only: per-dimension bounds (floats), for clipping on env ranks
     action_high: tuple = ()
     action_mask: bool = False  # the env says which Discrete actions are valid (PettingZoo's action_mask)
+    state_dim: int = 0        # PettingZoo with env.global_state: the last state_dim numbers of a row are the env's state
     num_agents: int = 1       # PettingZoo: agents per env, each a row of the vector (envs/multiagent.py)
     agents: tuple = ()        # PettingZoo: the agent names, in row order
 
@@ -125,7 +126,7 @@ def _vector(cfg: EnvConfig, num_envs: int, seed: int, gamma: float) -> gym.vecto
         if cfg.backend != "sync" or cfg.preset is not None:
             raise ConfigError(f"env.id: {cfg.id!r} is a PettingZoo env, stepped by env.backend: sync with no "
                               f"env.preset (got backend {cfg.backend!r}, preset {cfg.preset!r})")
-        envs = agent_rows(cfg.kwargs, num_envs)
+        envs = agent_rows(cfg.kwargs, num_envs, global_state=bool(cfg.global_state))
     elif cfg.backend == "sync":
         # partial, not a lambda: the vector stays picklable, so serial-mode checkpoints can hold it
         envs = SyncVector([functools.partial(make_env, cfg) for _ in range(num_envs)],
@@ -176,12 +177,13 @@ def probe_spaces(cfg: EnvConfig) -> EnvSpaces:
         agents = tuple(getattr(envs.unwrapped, "agents", ()))
         masked = bool(getattr(envs.unwrapped, "masked", False))
         mask_width = envs.unwrapped.action_mask.shape[-1] if masked else 0
+        state_dim = int(getattr(envs.unwrapped, "state_dim", 0))
     finally:
         envs.close()
     if not isinstance(obs, gym.spaces.Box):
         raise ConfigError(f"env.id: {cfg.id!r} has observation space {obs}; hpcrl supports Box observations")
     spaces = EnvSpaces(obs_shape=tuple(obs.shape), obs_dtype=np.dtype(obs.dtype).name, num_actions=0,
-                       num_agents=max(len(agents), 1), agents=agents, action_mask=masked)
+                       num_agents=max(len(agents), 1), agents=agents, action_mask=masked, state_dim=state_dim)
     if masked and not agents and (not isinstance(act, gym.spaces.Discrete) or mask_width != int(act.n)):
         raise ConfigError(f"env.id: {cfg.id!r} gives info['action_mask'] of {mask_width} entries for action space "
                           f"{act}; masks are for Discrete actions, one entry per action")

@@ -98,6 +98,22 @@ def _observation_leaf(space: gym.Space) -> tuple[gym.Space, bool]:
     return space, False
 
 
+def _state_dim(env, leaf: gym.Space) -> int:
+    """The size of the env's global state (PettingZoo's state() and state_space), or 0 when it has
+    none, or when rows are not flat (a state is appended to flat observations only)."""
+    space = getattr(env, "state_space", None)
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1 or len(leaf.shape) != 1:
+        return 0
+    return int(space.shape[0])
+
+
+def _with_state(leaf: gym.spaces.Box, env) -> gym.spaces.Box:
+    """A row's space when the env's state follows the agent's observation."""
+    state = env.state_space
+    return gym.spaces.Box(np.concatenate([leaf.low, state.low]), np.concatenate([leaf.high, state.high]),
+                          dtype=np.result_type(leaf.dtype, state.dtype))
+
+
 def common_spaces(env, env_id: str) -> tuple[gym.Space, gym.Space]:
     """The observation and action space every agent shares (the observation leaf of a masked
     observation dict); a ConfigError names the agents that differ."""
@@ -118,12 +134,16 @@ class ParallelVector(gym.vector.VectorEnv):
 
     kind = "parallel"
 
-    def __init__(self, env_id: str, factory, kwargs: dict, num_envs: int):
+    def __init__(self, env_id: str, factory, kwargs: dict, num_envs: int, global_state: bool = False):
+        """`global_state` (env.global_state): each row ends with the env's state(), where it has one."""
         self.envs = [_make(factory, env_id, kwargs) for _ in range(num_envs)]
         self.agents = list(self.envs[0].possible_agents)
         self.num_agents = len(self.agents)
         space, self.single_action_space = common_spaces(self.envs[0], env_id)
-        self.single_observation_space, self._mask_in_obs = _observation_leaf(space)
+        leaf, self._mask_in_obs = _observation_leaf(space)
+        self.state_dim = _state_dim(self.envs[0], leaf) if global_state else 0
+        self.single_observation_space = _with_state(leaf, self.envs[0]) if self.state_dim else leaf
+        self._obs_dim = int(np.prod(leaf.shape))
         self.masked = self._mask_in_obs
         self.num_envs = num_envs * self.num_agents
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
@@ -163,10 +183,12 @@ class ParallelVector(gym.vector.VectorEnv):
                 continue
             r, seen = rows.start + i, observations[agent]
             mask = seen[ACTION_MASK] if self._mask_in_obs else (infos.get(agent) or {}).get(ACTION_MASK)
-            self._obs[r] = self._leaf(seen)
+            self._obs[r, :self._obs_dim] = self._leaf(seen)
             self._active[r] = agent in acting
             if mask is not None and self._active[r] and np.any(mask):
                 self._mask[r] = np.asarray(mask, dtype=bool)
+        if self.state_dim:  # the env's state after this step, on every row (the critic's input)
+            self._obs[rows, self._obs_dim:] = self.envs[e].state()
 
     def _leaf(self, seen):
         """An agent's observation without the action mask that may come with it."""

@@ -175,7 +175,9 @@ class ActorCritic(ObservationInput):
     Multi-agent (PettingZoo envs, rows of A agents per env, hpcrl/envs/multiagent.py): with
     `central_critic` the critic of agent i reads every agent's observation of its env and a one-hot
     of i (MAPPO's agent-specific global state), so a batch must hold whole envs in row order, as
-    requests and fragments do and as the PPO update's minibatches keep them. With `value_norm` the
+    requests and fragments do and as the PPO update's minibatches keep them. When the rows end with
+    the env's own state (env.global_state, `spaces.state_dim`), the critic reads that state and the
+    one-hot instead, and the policy only ever reads the agent's observation before it. With `value_norm` the
     critic learns normalised returns (algo.value_norm) and `value`/`sample` give return units."""
 
     def __init__(self, spaces: EnvSpaces, cfg: ModelConfig, central_critic: bool = False, value_norm: bool = False):
@@ -184,6 +186,7 @@ class ActorCritic(ObservationInput):
         self.action_shape = tuple(spaces.action_shape)
         self.num_agents = spaces.num_agents
         self.central_critic = central_critic
+        self.state_dim = spaces.state_dim
         self.value_norm = RunningNorm((), clip=None) if value_norm else None
         out = int(np.prod(self.action_shape)) if self.continuous else spaces.num_actions
         if central_critic and encoder_for(spaces, cfg) == "cnn":
@@ -196,9 +199,11 @@ class ActorCritic(ObservationInput):
             self.critic = _linear(NATURE_CNN_FEATURES, 1, 1.0)
         else:
             self.trunk = nn.Flatten()
-            act, hidden, obs_dim = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes), int(np.prod(spaces.obs_shape))
+            act, hidden = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
+            obs_dim = int(np.prod(spaces.obs_shape)) - self.state_dim  # the agent's own view
             self.actor = _mlp([obs_dim, *hidden, out], act, out_gain=0.01)
-            critic_dim = (obs_dim + 1) * self.num_agents if central_critic else obs_dim
+            critic_dim = (obs_dim if not central_critic else self.state_dim + self.num_agents if self.state_dim
+                          else (obs_dim + 1) * self.num_agents)
             self.critic = _mlp([critic_dim, *hidden, 1], act, out_gain=1.0)
         if self.continuous:  # state-independent log-std, init 0 (std 1), as CleanRL ppo_continuous_action
             self.log_std = nn.Parameter(torch.zeros(out))
@@ -206,15 +211,22 @@ class ActorCritic(ObservationInput):
     # --- the policy --------------------------------------------------------------------------------
     def critic_input(self, x: torch.Tensor) -> torch.Tensor:
         """The critic's view of encoded rows `x`: the rows themselves, or (central critic) for each
-        row its env's A rows side by side and the row's agent index, one-hot."""
+        row its env's A rows side by side, or the env's state that ends the row, and the row's
+        agent index, one-hot."""
         if not self.central_critic:
-            return x
+            return self._own(x)
         a = self.num_agents
         if x.shape[0] % a:
             raise ValueError(f"a centralised critic needs whole envs: {x.shape[0]} rows for {a} agents per env")
-        envs = x.reshape(-1, a * x.shape[-1]).repeat_interleave(a, dim=0)
         agent = torch.eye(a, dtype=x.dtype, device=x.device).repeat(x.shape[0] // a, 1)
+        if self.state_dim:
+            return torch.cat([x[:, -self.state_dim:], agent], dim=-1)
+        envs = x.reshape(-1, a * x.shape[-1]).repeat_interleave(a, dim=0)
         return torch.cat([envs, agent], dim=-1)
+
+    def _own(self, x: torch.Tensor) -> torch.Tensor:
+        """What the policy reads of encoded rows: the agent's own observation, without the env state."""
+        return x[:, :-self.state_dim] if self.state_dim else x
 
     def _critic(self, x: torch.Tensor) -> torch.Tensor:
         """The critic's raw output: normalised returns under algo.value_norm."""
@@ -240,12 +252,12 @@ class ActorCritic(ObservationInput):
         """Categorical only: log-probabilities of every action, [B, num_actions]. Written out rather
         than through torch.distributions.Categorical, whose argument checks double the cost of small
         batches."""
-        return _masked_log_softmax(self.actor(self.features(obs)), mask)
+        return _masked_log_softmax(self.actor(self._own(self.features(obs))), mask)
 
     def _heads(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Policy output (log-probs, or the Gaussian mean flattened to [B, d]) and the critic's raw output."""
         x = self.features(obs)
-        out = self.actor(x)
+        out = self.actor(self._own(x))
         return (out if self.continuous else _masked_log_softmax(out, mask)), self._critic(x)
 
     def _gaussian_logp(self, mean: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -278,7 +290,7 @@ class ActorCritic(ObservationInput):
 
     def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The most likely action: the (valid) argmax for categorical, the mean for Gaussian."""
-        out = self.actor(self.features(obs))
+        out = self.actor(self._own(self.features(obs)))
         return out.reshape(-1, *self.action_shape) if self.continuous else _masked_log_softmax(out, mask).argmax(-1)
 
 
