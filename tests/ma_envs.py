@@ -16,11 +16,14 @@ class Relay(ParallelEnv):
     metadata = {"name": "relay_v0", "is_parallelizable": True}
 
     def __init__(self, num_agents: int = 3, length: int = 6, leaver: int = 2, leave_at: int = 2,
-                 report_dir: str | None = None, wide_agent: int | None = None):
-        """`wide_agent`: that agent observes 4 numbers instead of 3 (agents that share no space)."""
+                 report_dir: str | None = None, wide_agent: int | None = None, rich_agent: int | None = None,
+                 box_agent: int | None = None):
+        """`wide_agent`: that agent observes 4 numbers instead of 3; `rich_agent`: that agent has 3
+        actions instead of 2 (and is rewarded for action 2); `box_agent`: continuous actions for that
+        agent (agents whose spaces differ)."""
         self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
         self.length, self.leaver, self.leave_at, self.report_dir = length, leaver, leave_at, report_dir
-        self.wide_agent = wide_agent
+        self.wide_agent, self.rich_agent, self.box_agent = wide_agent, rich_agent, box_agent
         self.t = 0
         self.agents = []
 
@@ -29,10 +32,17 @@ class Relay(ParallelEnv):
         return spaces.Box(0.0, 100.0, (4 if wide else 3,), np.float32)
 
     def action_space(self, agent):
-        return spaces.Discrete(2)
+        if self.box_agent is not None and agent == f"agent_{self.box_agent}":
+            return spaces.Box(-1.0, 1.0, (1,), np.float32)
+        return spaces.Discrete(3 if self.rich_agent is not None and agent == f"agent_{self.rich_agent}" else 2)
 
     def _obs(self, agent):
-        return np.array([self.t, self.possible_agents.index(agent), 1.0], np.float32)
+        extra = [7.0] if self.wide_agent is not None and agent == f"agent_{self.wide_agent}" else []
+        return np.array([self.t, self.possible_agents.index(agent), 1.0, *extra], np.float32)
+
+    def _goal(self, agent) -> int:
+        index = self.possible_agents.index(agent)
+        return 2 if self.rich_agent == index else index % 2
 
     def reset(self, seed=None, options=None):
         self.t = 0
@@ -41,7 +51,10 @@ class Relay(ParallelEnv):
 
     def step(self, actions):
         self.t += 1
-        rewards = {a: float(actions[a] == self.possible_agents.index(a) % 2) for a in actions}
+        for agent, action in actions.items():
+            if not self.action_space(agent).contains(np.asarray(action, dtype=self.action_space(agent).dtype)):
+                raise ValueError(f"{agent} took action {action}, outside its space {self.action_space(agent)}")
+        rewards = {a: float(actions[a] == self._goal(a)) for a in actions}
         leaving = f"agent_{self.leaver}"
         terminated = {a: a == leaving and self.t >= self.leave_at for a in actions}
         truncated = {a: self.t >= self.length for a in actions}

@@ -39,15 +39,25 @@ def test_agents_are_env_major_rows_with_active_masks_and_same_step_resets():
             assert (obs[:, 0] == 0).all()
 
 
-def test_probed_spaces_count_agents_and_agents_that_differ_are_refused():
+def test_probed_spaces_count_agents_and_agents_that_differ_are_padded_or_refused():
     spaces = probe_spaces(parse_config(f"env: {SPREAD}".replace("'", '"')).env)
     assert spaces.num_agents == 3 and spaces.agents == ("agent_0", "agent_1", "agent_2")
     assert spaces.obs_shape == (18,) and spaces.num_actions == 5
     envs, obs = make_vector_env(parse_config(f"env: {{id: '{RELAY}', num_envs: 4}}").env, seed=0)
-    assert obs.shape == (12, 3)
+    assert obs.shape == (12, 3) and envs.action_mask is None
     envs.close()
-    with pytest.raises(ConfigError, match="agent_0: Box.*agent_1: Box.*one shared policy"):
-        probe_spaces(parse_config(f"env: {{id: '{RELAY}', kwargs: {{wide_agent: 1}}}}").env)
+    # agent 1 observes 4 numbers and has 3 actions: the others' rows are padded with a zero and
+    # their third action is masked out
+    cfg = parse_config(f"env: {{id: '{RELAY}', num_envs: 2, kwargs: {{wide_agent: 1, rich_agent: 1}}}}")
+    spaces = probe_spaces(cfg.env)
+    assert spaces.obs_shape == (4,) and spaces.num_actions == 3 and spaces.action_mask
+    envs, obs = make_vector_env(cfg.env, seed=0)
+    assert obs[:, 3].tolist() == [0, 7, 0] * 2
+    assert envs.action_mask.tolist() == [[True, True, False], [True, True, True], [True, True, False]] * 2
+    envs.step(np.array([1, 2, 1] * 2))  # within each agent's own space, or Relay raises
+    envs.close()
+    with pytest.raises(ConfigError, match="agent_0: Box.*Discrete.*agent_1: Box.*Box.*Discrete actions"):
+        probe_spaces(parse_config(f"env: {{id: '{RELAY}', kwargs: {{box_agent: 1}}}}").env)
 
 
 def test_algorithms_refuse_envs_of_the_wrong_kind():

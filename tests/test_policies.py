@@ -107,10 +107,10 @@ def test_a_policy_server_runs_each_row_with_its_own_policy():
 
 
 def test_two_policies_train_side_by_side_and_resume(tmp_path):
-    """Agents 0 and 2 (policy even) earn a reward for action 0, agent 1 (policy odd) for action 1:
-    each policy learns its own constant action, which one shared network could only learn from the
-    agent index in the observations."""
-    cfg = small_config(tmp_path, env={"id": RELAY, "num_envs": 4},
+    """Agents 0 and 2 (policy even) earn a reward for action 0; agent 1 (policy odd) observes a
+    fourth number and has a third action, which alone pays it (its space differs: the others' rows
+    are padded and their third action masked). Each policy learns its own constant action."""
+    cfg = small_config(tmp_path, env={"id": RELAY, "num_envs": 4, "kwargs": {"wide_agent": 1, "rich_agent": 1}},
                        roles={"learner": {"ranks": 2}, "inference": {"ranks": 1}, "env": {"ranks": "rest"}},
                        algo={"name": "ippo", "mode": "sync", "rollout_length": 16, "epochs": 4, "lr": 0.003},
                        model={"hidden_sizes": [16]}, run={"total_frames": 3000},
@@ -129,8 +129,9 @@ def test_two_policies_train_side_by_side_and_resume(tmp_path):
     even, odd = (build_policy(s, parse_config(checkpoint["config"])) for s in spaces)
     even.load_state_dict(checkpoint["model"])  # the first policy at the top, the others in /policies
     odd.load_state_dict(checkpoint["policies"]["odd"]["model"])
-    observed = torch.tensor([[3.0, 0.0, 1.0], [3.0, 1.0, 1.0]])  # agent_0's and agent_1's view at step 3
-    assert even.mode(observed).tolist() == [0, 0] and odd.mode(observed).tolist() == [1, 1]
+    observed = torch.tensor([[3.0, 0.0, 1.0, 0.0], [3.0, 1.0, 1.0, 7.0]])  # agent_0's and agent_1's view at step 3
+    assert odd.mode(observed).tolist() == [2, 2]
+    assert even.mode(observed, torch.tensor([[True, True, False]] * 2)).tolist() == [0, 0]
     version = int(checkpoint["counters"]["policy_version"])
 
     result = mpirun(4, "run", str(path), "--set", "run.total_frames=4000")

@@ -17,6 +17,10 @@ keeps each env's agents side by side (the centralised critic reads them there, h
   classic envs' convention), or given infos[agent]["action_mask"], get the observation leaf as
   their row and the mask in info["action_mask"] (bool [rows, actions]); rows without a mask (or
   inactive, or with no valid action) allow every action.
+- Agents whose spaces differ (a team of another kind, as in MPE's simple_tag) share padded
+  spaces, as SuperSuit's pad_observations and pad_action_space do for parameter sharing: flat
+  observations are zero-padded to the longest, Discrete actions padded to the most, and an
+  agent's actions beyond its own are masked out, so it never takes one.
 
 No MPI and no torch here.
 """
@@ -114,18 +118,35 @@ def _with_state(leaf: gym.spaces.Box, env) -> gym.spaces.Box:
                           dtype=np.result_type(leaf.dtype, state.dtype))
 
 
-def common_spaces(env, env_id: str) -> tuple[gym.Space, gym.Space]:
-    """The observation and action space every agent shares (the observation leaf of a masked
-    observation dict); a ConfigError names the agents that differ."""
+def common_spaces(env, env_id: str) -> tuple[gym.Space, gym.Space, bool, np.ndarray]:
+    """The observation space of every row (the observation leaf of a masked observation dict)
+    and the action space, each agent's when they agree, else padded (see the module's docstring);
+    whether the observation dicts carry masks; and each agent's own action count (0: Box
+    actions). A ConfigError names agents whose spaces cannot share a row."""
     agents = list(env.possible_agents)
-    first = agents[0]
-    obs, act = env.observation_space(first), env.action_space(first)
-    differ = [a for a in agents[1:] if env.observation_space(a) != obs or env.action_space(a) != act]
-    if differ:
+    leaves = [_observation_leaf(env.observation_space(a)) for a in agents]
+    actions = [env.action_space(a) for a in agents]
+    obs, act = leaves[0][0], actions[0]
+    counts = np.array([int(getattr(a, "n", 0)) for a in actions], dtype=np.int64)
+    if len({m for _, m in leaves}) > 1:
+        raise ConfigError(f"env.id: some agents of {env_id!r} observe an action-mask dict and some do not")
+    if all(leaf == obs for leaf, _ in leaves) and all(a == act for a in actions):
+        return obs, act, leaves[0][1], counts
+    other = next(i for i in range(1, len(agents)) if leaves[i][0] != obs or actions[i] != act)
+    if not all(isinstance(leaf, gym.spaces.Box) and len(leaf.shape) == 1 for leaf, _ in leaves) or not all(
+            isinstance(a, gym.spaces.Discrete) and int(a.start) == 0 for a in actions):
         raise ConfigError(f"env.id: the agents of {env_id!r} do not share one observation and action space "
-                          f"({first}: {obs}, {act}; {differ[0]}: {env.observation_space(differ[0])}, "
-                          f"{env.action_space(differ[0])}); one shared policy needs them alike")
-    return obs, act
+                          f"({agents[0]}: {obs}, {act}; {agents[other]}: {leaves[other][0]}, {actions[other]}); "
+                          f"agents that differ are padded to one row only with flat Box observations and "
+                          f"Discrete actions")
+    width = max(leaf.shape[0] for leaf, _ in leaves)
+    low, high = np.full(width, np.inf), np.full(width, -np.inf)
+    for leaf, _ in leaves:  # the padding itself is 0
+        n = leaf.shape[0]
+        low, high = np.minimum(low, np.r_[leaf.low, np.zeros(width - n)]), np.maximum(high, np.r_[leaf.high, np.zeros(width - n)])
+    dtype = np.result_type(*[leaf.dtype for leaf, _ in leaves])
+    return gym.spaces.Box(low.astype(dtype), high.astype(dtype), dtype=dtype), gym.spaces.Discrete(int(counts.max())), \
+        leaves[0][1], counts
 
 
 class ParallelVector(gym.vector.VectorEnv):
@@ -139,12 +160,14 @@ class ParallelVector(gym.vector.VectorEnv):
         self.envs = [_make(factory, env_id, kwargs) for _ in range(num_envs)]
         self.agents = list(self.envs[0].possible_agents)
         self.num_agents = len(self.agents)
-        space, self.single_action_space = common_spaces(self.envs[0], env_id)
-        leaf, self._mask_in_obs = _observation_leaf(space)
+        leaf, self.single_action_space, self._mask_in_obs, counts = common_spaces(self.envs[0], env_id)
         self.state_dim = _state_dim(self.envs[0], leaf) if global_state else 0
         self.single_observation_space = _with_state(leaf, self.envs[0]) if self.state_dim else leaf
         self._obs_dim = int(np.prod(leaf.shape))
-        self.masked = self._mask_in_obs
+        n_actions = int(getattr(self.single_action_space, "n", 0))
+        # each agent's own actions (padded action spaces: the rest are masked out for it)
+        self._own_actions = np.arange(n_actions)[None, :] < counts[:, None]
+        self.masked = self._mask_in_obs or not self._own_actions.all()
         self.num_envs = num_envs * self.num_agents
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
@@ -152,7 +175,6 @@ class ParallelVector(gym.vector.VectorEnv):
         self._obs = np.zeros((self.num_envs, *self.single_observation_space.shape),
                              dtype=self.single_observation_space.dtype)
         self._active = np.zeros(self.num_envs, dtype=bool)
-        n_actions = int(getattr(self.single_action_space, "n", 0))
         self._mask = np.ones((self.num_envs, n_actions), dtype=bool)
         if not self.masked:  # masks in the infos instead? a first reset tells (the actors reset again, seeded)
             self.masked = any(ACTION_MASK in (info or {}) for info in self._reset_env(0, seed=0).values())
@@ -177,16 +199,21 @@ class ParallelVector(gym.vector.VectorEnv):
         rows = self._rows(e)
         self._obs[rows] = 0
         self._active[rows] = False
-        self._mask[rows] = True
+        self._mask[rows] = self._own_actions
         for i, agent in enumerate(self.agents):
             if agent not in observations:
                 continue
             r, seen = rows.start + i, observations[agent]
             mask = seen[ACTION_MASK] if self._mask_in_obs else (infos.get(agent) or {}).get(ACTION_MASK)
-            self._obs[r, :self._obs_dim] = self._leaf(seen)
+            leaf = np.asarray(self._leaf(seen))
+            if leaf.ndim == 1:  # flat: shorter (padded) agents leave zeros, the env state may follow
+                self._obs[r, :len(leaf)] = leaf
+            else:
+                self._obs[r] = leaf
             self._active[r] = agent in acting
             if mask is not None and self._active[r] and np.any(mask):
-                self._mask[r] = np.asarray(mask, dtype=bool)
+                self._mask[r, :len(mask)] = np.asarray(mask, dtype=bool)
+                self._mask[r, len(mask):] = False
         if self.state_dim:  # the env's state after this step, on every row (the critic's input)
             self._obs[rows, self._obs_dim:] = self.envs[e].state()
 
