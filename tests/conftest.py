@@ -44,6 +44,13 @@ def mpirun(n: int, *args: str, timeout: float = 240, cwd: Path | None = None,
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=env)
 
 
+def run_hpcrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m hpcrl ARGS` in one process, without mpirun (plan, sbatch, inspect, eval, tune)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, cwd=REPO,
+                          env=env, timeout=timeout)
+
+
 def mpirun_probe(n: int, script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """`mpirun -n N python tests/SCRIPT ARGS`: a probe that drives one piece of the runtime under real MPI."""
     env = dict(os.environ, PYTHONPATH=str(REPO))

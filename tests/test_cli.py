@@ -3,11 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO
-
-
-def hpcrl(*args):
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, cwd=REPO)
+from tests.conftest import REPO, run_hpcrl as hpcrl
 
 
 def test_plan_prints_every_rank_and_its_peers():

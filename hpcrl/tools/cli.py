@@ -63,6 +63,17 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--opponent", metavar="random|RUN_DIR",
                     help="multi-agent games: play one seat (each in turn) against a uniform player of valid "
                          "actions, or against another run's latest checkpoint; counts wins, draws and losses")
+    tu = sub.add_parser("tune", help="measure this machine for a config and write the layout the throughput "
+                        "model predicts fastest for the target nodes (one process; MPI as a singleton)")
+    tu.add_argument("config", help="rank-role YAML config")
+    tu.add_argument("--ranks-per-node", type=int, required=True, help="MPI ranks per node of the target job")
+    tu.add_argument("--nodes", type=int, default=1, help="nodes of the target job (default 1)")
+    tu.add_argument("--cores-per-node", type=float, help="cores per node (default: one per rank; on this machine "
+                    "set its own core count to tune an oversubscribed local job)")
+    tu.add_argument("--budget-s", type=float, default=60.0, help="seconds of measuring (default 60)")
+    tu.add_argument("-o", "--output", help="write the tuned config here (default: print it)")
+    tu.add_argument("--top", type=int, default=5, help="how many of the best layouts to list (default 5)")
+    tu.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ref = sub.add_parser("config-reference", help="write the config reference (every key, its type, default "
                          "and meaning) as Markdown")
     ref.add_argument("-o", "--output", help="write it here, e.g. docs/config.md (default: print it)")
@@ -180,6 +191,32 @@ def _plan(args) -> int:
     return 0
 
 
+def _tune(args) -> int:
+    from hpcrl.core.config import ConfigError
+    from hpcrl.tools.tune import tune
+    for name in ("ranks_per_node", "nodes", "budget_s"):
+        if getattr(args, name) <= 0:
+            return _user_error(f"hpcrl tune: --{name.replace('_', '-')} must be above 0, got {getattr(args, name)}")
+    try:
+        text, best, ranked, _ = tune(args.config, args.ranks_per_node, args.nodes, args.cores_per_node,
+                                     args.budget_s, tuple(args.overrides))
+    except ConfigError as exc:
+        return _user_error(f"hpcrl: config error: {exc}")
+    print("".join(line[2:] + "\n" for line in text.splitlines()
+                  if line.startswith("# ")), end="")
+    print(f"the {min(args.top, len(ranked))} best of {len(ranked)} layouts (learner, inference, env ranks; envs per "
+          f"env rank, groups): predicted frames/s, bound")
+    for ch in ranked[:args.top]:
+        L, I, E = ch.counts
+        print(f"  {L:>4} {I:>4} {E:>6}   {ch.cfg.env.num_envs:>4} x {ch.cfg.env.groups}   "
+              f"{ch.prediction.frames_per_s:>12,.0f}   {ch.prediction.bound}")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(f"[hpcrl] wrote {args.output}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "plan":
@@ -194,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         return _eval(args)
     if args.command == "config-reference":
         return _config_reference(args)
+    if args.command == "tune":
+        return _tune(args)
     from hpcrl.runtime.launch import run  # imports mpi4py, which initialises MPI
     return run(args.config, tuple(args.overrides), args.overwrite)
 
