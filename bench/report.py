@@ -4,10 +4,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def machine() -> dict:
@@ -42,7 +46,29 @@ def under_mpi(ranks: int, script: str, out: str | None) -> None:
     with its status; inside MPI, return."""
     if "OMPI_COMM_WORLD_SIZE" in os.environ:
         return
-    import sys
-    repo = Path(__file__).resolve().parents[1]
-    cmd = ["bash", str(repo / "scripts/mpirun.sh"), "-n", str(ranks), sys.executable, script]
-    sys.exit(subprocess.run(cmd + (["--out", out] if out else []), cwd=repo).returncode)
+    cmd = ["bash", str(REPO / "scripts/mpirun.sh"), "-n", str(ranks), sys.executable, script]
+    sys.exit(subprocess.run(cmd + (["--out", out] if out else []), cwd=REPO).returncode)
+
+
+def run_rate(config: str, ranks: int, seconds: float, out_dir: str, name: str, overrides: list[str]) -> dict:
+    """Frames/s of a real run of `config` on `ranks` ranks (with `overrides`, KEY=VALUE), from its
+    metrics.h5 after `seconds` of running, leaving out the first quarter of its updates (start-up).
+    The run is stopped with SIGUSR1: it checkpoints and exits 3 (preempted)."""
+    from hpcrl.io.metrics import read_metrics
+    sets = [arg for kv in ["run.target_return=null", f"run.output_dir={out_dir}", f"run.name={name}",
+                           "run.total_frames=100000000", "run.log_interval_s=1000", *overrides]
+            for arg in ("--set", kv)]
+    cmd = ["bash", str(REPO / "scripts/mpirun.sh"), "-n", str(ranks), sys.executable, "-m", "hpcrl", "run", config,
+           "--overwrite", *sets]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(seconds + 6)  # start-up, then the measured window
+    proc.send_signal(signal.SIGUSR1)  # mpirun forwards it
+    output = proc.communicate(timeout=180)[0]
+    m = read_metrics(os.path.join(out_dir, name, "metrics.h5"))
+    frames, wall = m["frames"], m["wall_time"]
+    if len(frames) < 8:
+        raise RuntimeError(f"too few updates to measure ({len(frames)}):\n{output}")
+    k = len(frames) // 4
+    return {"frames_per_s": float((frames[-1] - frames[k]) / (wall[-1] - wall[k])), "updates": int(len(frames)),
+            "exit_status": proc.returncode}

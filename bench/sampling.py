@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from report import emit  # noqa: E402
+from report import emit, run_rate  # noqa: E402
 
 # name, world size, roles, sampling processes (env + inference ranks)
 LAYOUTS = [
@@ -66,25 +63,9 @@ def tight_loop(config: str, seconds: float) -> float:
 
 
 def hpcrl_rate(config: str, ranks: int, roles: str, seconds: float, out_dir: str) -> dict:
-    """Frames/s of a real run, from its metrics.h5, leaving out the first quarter (start-up)."""
-    from hpcrl.io.metrics import read_metrics
-    name = f"sampling{ranks}"
-    cmd = ["bash", str(REPO / "scripts/mpirun.sh"), "-n", str(ranks), sys.executable, "-m", "hpcrl", "run", config,
-           "--overwrite", "--set", "algo.mode=async", "--set", "algo.train=false", "--set", f"roles={roles}",
-           "--set", "run.target_return=null", "--set", f"run.output_dir={out_dir}", "--set", f"run.name={name}",
-           "--set", "run.total_frames=100000000", "--set", "run.log_interval_s=1000"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(seconds + 6)  # start-up, then the measured window
-    proc.send_signal(signal.SIGUSR1)  # mpirun forwards it: the run checkpoints and exits 3 (preempted)
-    output = proc.communicate(timeout=120)[0]
-    m = read_metrics(os.path.join(out_dir, name, "metrics.h5"))
-    frames, wall = m["frames"], m["wall_time"]
-    if len(frames) < 8:
-        raise RuntimeError(f"too few updates to measure ({len(frames)}):\n{output}")
-    k = len(frames) // 4
-    return {"frames_per_s": float((frames[-1] - frames[k]) / (wall[-1] - wall[k])), "updates": int(len(frames)),
-            "exit_status": proc.returncode}
+    """Frames/s of a real run with algo.train false (async, so nobody waits for weights)."""
+    return run_rate(config, ranks, seconds, out_dir, f"sampling{ranks}",
+                    ["algo.mode=async", "algo.train=false", f"roles={roles}"])
 
 
 def main() -> None:

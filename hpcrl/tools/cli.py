@@ -198,8 +198,9 @@ def _tune(args) -> int:
         if getattr(args, name) <= 0:
             return _user_error(f"hpcrl tune: --{name.replace('_', '-')} must be above 0, got {getattr(args, name)}")
     try:
-        text, best, ranked, _ = tune(args.config, args.ranks_per_node, args.nodes, args.cores_per_node,
-                                     args.budget_s, tuple(args.overrides))
+        tuned = tune(args.config, args.ranks_per_node, args.nodes, args.cores_per_node, args.budget_s,
+                     tuple(args.overrides))
+        text, ranked = tuned.text, tuned.ranked
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")
     print("".join(line[2:] + "\n" for line in text.splitlines()

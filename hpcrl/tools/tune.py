@@ -240,10 +240,18 @@ def header(config_path: str, points: dict, best: Choice, shipped: Prediction | N
     return "".join(f"# {line}\n" for line in lines)
 
 
+@dataclass
+class Tuned:
+    text: str  # the tuned config: its header and YAML
+    best: Choice
+    ranked: list[Choice]  # every candidate, fastest first
+    own: Choice | None  # the config's own layout, predicted alike (None: it does not fit)
+    points: dict  # the measurements: name -> (sizes, CPU seconds)
+
+
 def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: float | None = None,
-         budget_s: float = 60.0, overrides: tuple[str, ...] = ()) -> tuple[str, Choice, list[Choice], dict]:
-    """Measure, choose, and return the tuned config's text (header and YAML), the choice, every
-    candidate and the measured points."""
+         budget_s: float = 60.0, overrides: tuple[str, ...] = ()) -> Tuned:
+    """Measure, choose, and return the tuned config with what led to it."""
     import yaml
     cfg, _ = load_config(config_path, overrides)
     spaces = probe_spaces(cfg.env)
@@ -252,4 +260,4 @@ def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: 
     ranked, own = candidates(cfg, spaces, measured, ranks_per_node, nodes, cores)
     best = ranked[0]
     text = header(config_path, points, best, own.prediction if own else None, nodes, ranks_per_node, cores)
-    return text + yaml.safe_dump(to_dict(best.cfg), sort_keys=False), best, ranked, points
+    return Tuned(text + yaml.safe_dump(to_dict(best.cfg), sort_keys=False), best, ranked, own, points)

@@ -1,0 +1,72 @@
+"""hpcrl tune against measured runs, as JSON: for each config, `hpcrl tune`'s measurements and its
+ranked layouts for this machine (--ranks-per-node ranks on its own cores), then real runs (training
+on) of the config's own layout, the tuned one and the next best few, each measured for the same
+time. Reported per layout: predicted and measured frames/s and their ratio; per config: tuned /
+shipped measured frames/s (target: >= 1.2, or the shipped layout is already the model's best).
+
+    .venv/bin/python bench/tune.py [--configs jobs/cartpole_ppo.yaml ...] [--ranks 4] [--seconds 25] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from report import emit, run_rate  # noqa: E402
+
+
+def layout_name(choice) -> str:
+    L, I, E = choice.counts
+    return f"{L} learner + {I} inference + {E} env x {choice.cfg.env.num_envs} envs, {choice.cfg.env.groups} group(s)"
+
+
+def main() -> None:
+    from hpcrl.core.config import to_dict
+    from hpcrl.tools.tune import tune
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", nargs="+", default=["jobs/cartpole_ppo.yaml", "jobs/cartpole_appo.yaml"])
+    parser.add_argument("--ranks", type=int, default=4, help="ranks of every run (on this machine's cores)")
+    parser.add_argument("--seconds", type=float, default=25.0, help="measured seconds per run")
+    parser.add_argument("--layouts", type=int, default=3, help="runs per config besides the shipped layout")
+    parser.add_argument("--budget-s", type=float, default=30.0, help="hpcrl tune's measuring budget")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    reports = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for config in args.configs:
+            tuned = tune(str(REPO / config), args.ranks, 1, cores, args.budget_s)
+            chosen = [("shipped", tuned.own)] if tuned.own is not None else []
+            chosen += [(f"rank {i + 1}", c) for i, c in enumerate(tuned.ranked[:args.layouts])
+                       if tuned.own is None or c.cfg != tuned.own.cfg]
+            runs = []
+            for label, choice in chosen:
+                path = Path(tmp) / f"{len(runs)}.yaml"
+                path.write_text(yaml.safe_dump(to_dict(choice.cfg), sort_keys=False))
+                measured = run_rate(str(path), args.ranks, args.seconds, tmp, f"tune{len(runs)}", [])
+                runs.append({"label": label, "layout": layout_name(choice),
+                             "predicted_frames_per_s": round(choice.prediction.frames_per_s, 1),
+                             "bound": choice.prediction.bound, **measured,
+                             "measured_over_predicted": round(measured["frames_per_s"] /
+                                                              choice.prediction.frames_per_s, 3)})
+            shipped_run = next((r for r in runs if r["label"] == "shipped"), None)
+            tuned_run = next(r for r in runs if r["label"] != "shipped")
+            reports.append({"config": config, "measured_costs_us": {k: [list(map(int, xs)), [round(y * 1e6, 1) for y in ys]]
+                                                                    for k, (xs, ys) in tuned.points.items()},
+                            "runs": runs,
+                            "tuned_over_shipped": (round(tuned_run["frames_per_s"] / shipped_run["frames_per_s"], 3)
+                                                   if shipped_run else None),
+                            "shipped_is_model_best": tuned.own is not None and tuned.ranked[0].cfg == tuned.own.cfg})
+    emit({"benchmark": "tune", "ranks": args.ranks, "cores": cores, "seconds_per_run": args.seconds,
+          "configs": reports, "targets": {"tuned_over_shipped": 1.2, "within": 0.25}}, args.out)
+
+
+if __name__ == "__main__":
+    main()
