@@ -52,8 +52,9 @@ def under_mpi(ranks: int, script: str, out: str | None) -> None:
 
 def run_rate(config: str, ranks: int, seconds: float, out_dir: str, name: str, overrides: list[str]) -> dict:
     """Frames/s of a real run of `config` on `ranks` ranks (with `overrides`, KEY=VALUE), from its
-    metrics.h5 after `seconds` of running, leaving out the first quarter of its updates (start-up).
-    The run is stopped with SIGUSR1: it checkpoints and exits 3 (preempted)."""
+    metrics.h5 after `seconds` of running, leaving out the first quarter of its updates (start-up);
+    its updates per second and the fragments it dropped (async: older than algo.max_policy_lag)
+    over the same window. The run is stopped with SIGUSR1: it checkpoints and exits 3 (preempted)."""
     from hpcrl.io.metrics import read_metrics
     sets = [arg for kv in ["run.target_return=null", f"run.output_dir={out_dir}", f"run.name={name}",
                            "run.total_frames=100000000", "run.log_interval_s=1000", *overrides]
@@ -70,5 +71,8 @@ def run_rate(config: str, ranks: int, seconds: float, out_dir: str, name: str, o
     if len(frames) < 8:
         raise RuntimeError(f"too few updates to measure ({len(frames)}):\n{output}")
     k = len(frames) // 4
-    return {"frames_per_s": float((frames[-1] - frames[k]) / (wall[-1] - wall[k])), "updates": int(len(frames)),
-            "exit_status": proc.returncode}
+    window = wall[-1] - wall[k]
+    dropped = m["fragments_dropped"]
+    return {"frames_per_s": float((frames[-1] - frames[k]) / window), "updates": int(len(frames)),
+            "updates_per_s": float((len(frames) - 1 - k) / window),
+            "fragments_dropped": int(dropped[-1] - dropped[k]), "exit_status": proc.returncode}

@@ -1,8 +1,9 @@
 """hpcrl tune against measured runs, as JSON: for each config, `hpcrl tune`'s measurements and its
 ranked layouts for this machine (--ranks-per-node ranks on its own cores), then real runs (training
 on) of the config's own layout, the tuned one and the next best few, each measured for the same
-time. Reported per layout: predicted and measured frames/s and their ratio; per config: tuned /
-shipped measured frames/s (target: >= 1.2, or the shipped layout is already the model's best).
+time. Reported per layout: predicted and measured frames/s (trained frames: an async run's dropped
+fragments are sampled but not trained) and their ratio; per config: tuned / shipped trained
+frames/s (target: >= 1.2, or the shipped layout is already the model's best).
 
     .venv/bin/python bench/tune.py [--configs jobs/cartpole_ppo.yaml ...] [--ranks 4] [--seconds 25] [--out FILE]
 """
@@ -51,17 +52,19 @@ def main() -> None:
                 path = Path(tmp) / f"{len(runs)}.yaml"
                 path.write_text(yaml.safe_dump(to_dict(choice.cfg), sort_keys=False))
                 measured = run_rate(str(path), args.ranks, args.seconds, tmp, f"tune{len(runs)}", [])
+                # what the model predicts: frames trained (async runs also count the fragments they drop)
+                trained = measured["updates_per_s"] * choice.cfg.algo.batch_frames
                 runs.append({"label": label, "layout": layout_name(choice),
                              "predicted_frames_per_s": round(choice.prediction.frames_per_s, 1),
-                             "bound": choice.prediction.bound, **measured,
-                             "measured_over_predicted": round(measured["frames_per_s"] /
-                                                              choice.prediction.frames_per_s, 3)})
+                             "bound": choice.prediction.bound, **measured, "trained_frames_per_s": round(trained, 1),
+                             "measured_over_predicted": round(trained / choice.prediction.frames_per_s, 3)})
             shipped_run = next((r for r in runs if r["label"] == "shipped"), None)
             tuned_run = next(r for r in runs if r["label"] != "shipped")
             reports.append({"config": config, "measured_costs_us": {k: [list(map(int, xs)), [round(y * 1e6, 1) for y in ys]]
                                                                     for k, (xs, ys) in tuned.points.items()},
                             "runs": runs,
-                            "tuned_over_shipped": (round(tuned_run["frames_per_s"] / shipped_run["frames_per_s"], 3)
+                            "tuned_over_shipped": (round(tuned_run["trained_frames_per_s"] /
+                                                         shipped_run["trained_frames_per_s"], 3)
                                                    if shipped_run else None),
                             "shipped_is_model_best": tuned.own is not None and tuned.ranked[0].cfg == tuned.own.cfg})
     emit({"benchmark": "tune", "ranks": args.ranks, "cores": cores, "seconds_per_run": args.seconds,

@@ -40,7 +40,7 @@ class PolicySet:
     def version(self) -> int:
         """The oldest version held (the trainers of all policies update in step, so versions agree
         once every policy's has arrived)."""
-        return min(r.version for r in self.runners)
+        return self.runners[0].version if len(self.runners) == 1 else min(r.version for r in self.runners)
 
     def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None,
             policy: np.ndarray | None = None) -> None:
@@ -195,9 +195,10 @@ def answer(policies: PolicySet, request: Message, reply: Message) -> None:
 def finish_reply(policies: PolicySet, request: Message, reply: Message) -> None:
     """After the actions: values of the request's final observations, and the policy version."""
     n_final = request.get("n_final")
-    final_policy = request.arrays.get("final_policy")
-    policies.value(request["final_obs"][:n_final], reply["final_values"][:n_final],
-                   None if final_policy is None else final_policy[:n_final])
+    if n_final:  # most requests carry none: skip the forward call and its inference-mode switch
+        final_policy = request.arrays.get("final_policy")
+        policies.value(request["final_obs"][:n_final], reply["final_values"][:n_final],
+                       None if final_policy is None else final_policy[:n_final])
     reply.set(version=policies.version, flags=0)
 
 
