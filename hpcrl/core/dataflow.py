@@ -151,13 +151,13 @@ MAPPO = Algorithm(
     name="mappo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
     reply=policy_reply, policy="central_critic", batch_source=PPO.batch_source, step=PPO.step, multiagent=True,
     doc="MAPPO: PPO whose critic reads the observations of every agent of the env (and the agent's index), "
-        "with value normalisation; one policy shared by all agents")
+        "with value normalisation; one policy shared by all agents, or one per entry of the policies table")
 
 IPPO = Algorithm(
     name="ippo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
     reply=policy_reply, policy="actor_critic", batch_source=PPO.batch_source, step=PPO.step, multiagent=True,
     doc="IPPO: PPO on every agent's own observations (decentralised critic), with value normalisation; one "
-        "policy shared by all agents")
+        "policy shared by all agents, or one per entry of the policies table")
 
 DQN = Algorithm(
     name="dqn",

@@ -80,8 +80,8 @@ def policy_spaces(spaces, policies: dict) -> list:
 
 def row_policies(policies: dict, agents: tuple | list, envs: int) -> np.ndarray:
     """The policy id of every row of `envs` envs (env-major: an env's agents side by side)."""
-    return np.tile(agent_policies(policies, agents), envs) if policies else np.zeros(envs * max(len(agents), 1),
-                                                                                      dtype=np.int64)
+    one_env = agent_policies(policies, agents) if agents or policies else np.zeros(1, dtype=np.int64)
+    return np.tile(one_env, envs)
 
 
 def num_policies(policies: dict) -> int:

@@ -177,8 +177,9 @@ class ActorCritic(ObservationInput):
     of i (MAPPO's agent-specific global state), so a batch must hold whole envs in row order, as
     requests and fragments do and as the PPO update's minibatches keep them. When the rows end with
     the env's own state (env.global_state, `spaces.state_dim`), the critic reads that state and the
-    one-hot instead, and the policy only ever reads the agent's observation before it. With `value_norm` the
-    critic learns normalised returns (algo.value_norm) and `value`/`sample` give return units."""
+    one-hot instead, and the policy only ever reads the agent's observation before it. With
+    `value_norm` the critic learns normalised returns (algo.value_norm) and `value`/`sample` give
+    return units."""
 
     def __init__(self, spaces: EnvSpaces, cfg: ModelConfig, central_critic: bool = False, value_norm: bool = False):
         super().__init__(spaces, cfg)
@@ -202,8 +203,12 @@ class ActorCritic(ObservationInput):
             act, hidden = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
             obs_dim = int(np.prod(spaces.obs_shape)) - self.state_dim  # the agent's own view
             self.actor = _mlp([obs_dim, *hidden, out], act, out_gain=0.01)
-            critic_dim = (obs_dim if not central_critic else self.state_dim + self.num_agents if self.state_dim
-                          else (obs_dim + 1) * self.num_agents)
+            if not central_critic:
+                critic_dim = obs_dim
+            elif self.state_dim:  # the env's state and the agent's one-hot
+                critic_dim = self.state_dim + self.num_agents
+            else:  # every agent's observation of the env and the agent's one-hot
+                critic_dim = (obs_dim + 1) * self.num_agents
             self.critic = _mlp([critic_dim, *hidden, 1], act, out_gain=1.0)
         if self.continuous:  # state-independent log-std, init 0 (std 1), as CleanRL ppo_continuous_action
             self.log_std = nn.Parameter(torch.zeros(out))

@@ -229,10 +229,10 @@ def poll_until_done(roles: list, control: ControlStream, watchdog: Watchdog | No
     its subtree of the control stream. Idle ranks back off to sleeping, so oversubscribed nodes
     (more ranks than cores) give their cores to ranks that have work instead of spinning. Actors
     and policy servers spin SPIN_PASSES idle passes first (a reply or request is due within
-    microseconds); a rank that only trains sleeps the longest sleep from its first idle pass: its work comes in
-    whole batches, a wake-up a millisecond late costs it nothing, and its spinning would take a
-    share of the cores from the actors (in bench/sampling.py's 4 ranks on 2 cores, about 9% of
-    the frames)."""
+    microseconds); a rank that only trains sleeps IDLE_SLEEP_MAX_S from its first idle pass: its
+    work comes in whole batches, a wake-up a millisecond late costs it nothing, and its polling
+    would take a share of the cores from the actors (in bench/sampling.py's 4 ranks on 2 cores,
+    about 9% of the frames)."""
     learner_only = all(r.name == "learner" for r in roles)
     spin = 1 if learner_only else SPIN_PASSES
     idle = passes = 0

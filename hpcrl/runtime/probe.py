@@ -49,23 +49,26 @@ def record_seconds(record: MessageSpec, seconds: float) -> float:
     count, start, wall = 0, time.process_time(), time.perf_counter()
     while time.perf_counter() - wall < seconds or count < 10:
         while not sender.can_send():
-            receiver.ready()
+            _take_arrivals(receiver)
         sender.send()
-        arrived = []
-        while not arrived:
-            arrived = receiver.ready()
-        for slot in arrived:
-            receiver.release(slot)
+        while not _take_arrivals(receiver):
+            pass
         count += 1
     spent = time.process_time() - start
     while not sender.can_send():  # the goodbye takes a credit like any record; then the farewell
-        for slot in receiver.ready():
-            receiver.release(slot)
+        _take_arrivals(receiver)
     sender.say_goodbye(me)
     while not (receiver.all_closed() and sender.closed()):
-        for slot in receiver.ready():
-            receiver.release(slot)
+        _take_arrivals(receiver)
     sender.close()
     receiver.close()
     comm.Free()
     return spent / count
+
+
+def _take_arrivals(receiver: SampleReceiver) -> int:
+    """Release every record that has arrived (its slot becomes a credit again); how many."""
+    arrived = receiver.ready()
+    for slot in arrived:
+        receiver.release(slot)
+    return len(arrived)

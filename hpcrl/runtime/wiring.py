@@ -99,8 +99,7 @@ def build_workers(cfg: Config, spaces, n_params: list[int], layout: Layout, rank
     # the trainers of this rank's policy: its normalisers' moments are summed over them
     w.policy_comm = w.trainer_comm.Split(layout.policy_of_learner(rank), rank) if learner else None
     if algorithm.stream(INFERENCE) is not None:
-        w.inference = InferenceStream(comm.stream_communicator(),
-                                      *inference_messages(cfg, spaces, w.groups))
+        w.inference = InferenceStream(comm.stream_communicator(), *inference_messages(cfg, spaces, w.groups))
     if algorithm.stream(SAMPLE) is not None:
         w.sample = [SampleStream(comm.stream_communicator(), algorithm.record(cfg, s)) for s in w.policy_spaces]
     if algorithm.stream(PARAMETER) is not None:

@@ -203,8 +203,7 @@ def _tune(args) -> int:
         text, ranked = tuned.text, tuned.ranked
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")
-    print("".join(line[2:] + "\n" for line in text.splitlines()
-                  if line.startswith("# ")), end="")
+    print("".join(line[2:] + "\n" for line in text.splitlines() if line.startswith("# ")), end="")  # the header
     print(f"the {min(args.top, len(ranked))} best of {len(ranked)} layouts (learner, inference, env ranks; envs per "
           f"env rank, groups): predicted frames/s, bound")
     for ch in ranked[:args.top]:

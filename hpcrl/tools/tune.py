@@ -107,8 +107,8 @@ def measure_update(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list
 
 
 def measure_messages(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
-    """Seconds per message by bytes: a request and reply pair (charged by the request's size), and
-    a fragment with its credit."""
+    """Seconds per message by bytes: a request and its reply together (by their bytes together),
+    and a fragment with its credit."""
     from hpcrl.runtime.probe import record_seconds, request_seconds
     request, reply = inference_messages(cfg, spaces, 1)
     record = ALGORITHMS[cfg.algo.name].record(cfg, spaces)

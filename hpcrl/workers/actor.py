@@ -93,8 +93,9 @@ class EnvRole:
 
     The N envs are split into `groups` that step independently, each writing its columns of the
     fragment. With several policies (core/policies.py) the rank fills one fragment of every row
-    and ships each policy the columns of its agents, as a record of its own to its own trainer. A group makes T+1 policy calls per fragment: the last only asks for the values of
-    the observations after step T-1 (and of episodes truncated there), which GAE needs to
+    and ships each policy the columns of its agents, as a record of its own to its own trainer.
+    A group makes T+1 policy calls per fragment: the last only asks for the values of the
+    observations after step T-1 (and of episodes truncated there), which GAE needs to
     bootstrap. The fragment ships once every group has had that reply.
     Sync mode: the rank collects `fragments_per_version` fragments (1 unless algo.batch_frames
     says more) with policy version v, then waits for v+1.
@@ -348,9 +349,10 @@ class EnvRole:
             self.fragment["return_moments"][:] = combine_moments([g.envs.take_moments() for g in self.groups])
         if "selfplay" in self.fragment.arrays:  # games against the pool, by age
             self.fragment["selfplay"][...] = sum(g.seats.take_results() for g in self.groups)
+        several = len(self.senders) > 1
         for p, sender in enumerate(self.senders):
-            record = self.fragment if len(self.senders) == 1 else sender.current()
-            if record is not self.fragment:  # several policies: this policy's agents' columns
+            record = sender.current()  # one policy: the fragment itself
+            if several:  # this policy's agents' columns of the fragment of every row
                 take_rows(self.fragment, record, self.policy_columns[p])
             record["episode_stats"][:] = self.episode_stats[p]
             record.set(policy_id=p, env_rank=self.rank, version=min(g.first_version for g in self.groups),
@@ -358,7 +360,7 @@ class EnvRole:
                        rollout_us=int(1e6 * (now - self.rollout_start)), wait_us=int(1e6 * self.waited),
                        credit_wait_us=int(1e6 * credit_wait))
             current = sender.send()
-        if len(self.senders) == 1:
+        if not several:
             self.fragment = current
         self.fragments_sent += 1
         if self.sync:  # the next version only once this one's share of the batch is sent
