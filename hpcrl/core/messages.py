@@ -36,6 +36,9 @@ class MessageSpec:
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate names in message spec: {names}")
         self.offsets: dict[str, int] = {}
+        self._by_name = {f.name: f for f in self.fields}
+        # bytes per row of each field (its first axis): a partial send is worked out per step
+        self._row_bytes = {f.name: f.nbytes // max(f.shape[0], 1) if f.shape else f.nbytes for f in self.fields}
         offset = 8 * len(self.header)
         for f in self.fields:
             self.offsets[f.name] = offset
@@ -43,16 +46,11 @@ class MessageSpec:
         self.nbytes = offset
 
     def field(self, name: str) -> Field:
-        for f in self.fields:
-            if f.name == name:
-                return f
-        raise KeyError(name)
+        return self._by_name[name]
 
     def prefix_nbytes(self, name: str, rows: int) -> int:
         """Bytes up to and including the first `rows` rows of field `name` (sends a partial tail)."""
-        f = self.field(name)
-        row_bytes = f.nbytes // max(f.shape[0], 1)
-        return self.offsets[name] + rows * row_bytes
+        return self.offsets[name] + rows * self._row_bytes[name]
 
     def allocate(self) -> "Message":
         return Message(self)

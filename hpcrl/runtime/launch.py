@@ -28,6 +28,7 @@ from hpcrl.runtime.watchdog import Watchdog
 from hpcrl.runtime.wiring import build_workers
 
 CONTROL_POLL_EVERY = 64  # passes of the poll loop between control-stream polls on a busy rank
+CONTROL_POLL_IDLE_EVERY = 16  # idle passes between control-stream polls on a waiting rank
 
 
 def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size: int) -> dict:
@@ -244,8 +245,10 @@ def poll_until_done(roles: list, control: ControlStream, watchdog: Watchdog | No
         passes += 1
         # The stop word comes once per run and may wait a few passes, while every MPI test that
         # finds nothing costs a progress call (under oversubscription Open MPI yields the core in
-        # it): ask for it on idle passes, and every CONTROL_POLL_EVERY passes on a rank never idle.
-        if not work or passes % CONTROL_POLL_EVERY == 0:
+        # it, and a waiting actor's tests of the control stream took a third of its samples): ask
+        # for it every CONTROL_POLL_IDLE_EVERY idle passes (the first included), and every
+        # CONTROL_POLL_EVERY passes on a rank never idle.
+        if (not work and idle % CONTROL_POLL_IDLE_EVERY == 0) or passes % CONTROL_POLL_EVERY == 0:
             work += control.poll()
         if watchdog is not None:
             watchdog.tick(work > 0)

@@ -23,6 +23,10 @@ from hpcrl.envs.multiagent import ENV_DONE
 from hpcrl.workers.selfplay import Seats
 
 
+NO_ROWS, NO_TRUNCATED = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)  # no final observations to send
+NO_ROWS.flags.writeable = NO_TRUNCATED.flags.writeable = False  # shared by every group
+
+
 class RemotePolicy:
     """Actions from an inference rank: the request goes out as one message, the reply is polled."""
 
@@ -73,8 +77,7 @@ class EnvGroup:
         self.ep_length = np.zeros(n, dtype=np.int64)
         # rows whose final obs rides on the next request, and which of them were truncated (the
         # others complete a PettingZoo env for the centralised critic)
-        self.final_rows = np.zeros(0, dtype=np.int64)
-        self.final_truncated = np.zeros(0, dtype=bool)
+        self.final_rows, self.final_truncated = NO_ROWS, NO_TRUNCATED
         # PettingZoo envs (a row per agent): the rows whose agent acts on the current observations
         self.active = getattr(envs.unwrapped, "active", None)
         self.masked = "action_mask" in self.request.arrays  # the env gives each row's valid actions
@@ -300,17 +303,18 @@ class EnvRole:
         """The rows whose final observations the next request carries. PettingZoo envs (a row per
         agent) send every agent of an env with a truncated agent, so a centralised critic sees the
         whole env: an agent's final observation if it ended in this step, else its current one."""
+        if not truncated.any():  # nearly every step: nothing rides on the next request
+            group.final_rows, group.final_truncated = NO_ROWS, NO_TRUNCATED
+            return
         rows = np.flatnonzero(truncated)
-        if group.active is not None and len(rows):
+        if group.active is not None:
             agents = group.envs.unwrapped.num_agents
             rows = (np.unique(rows // agents)[:, None] * agents + np.arange(agents)).reshape(-1)
         group.final_rows, group.final_truncated = rows, truncated[rows]
-        if len(rows) and "final_policy" in group.request.arrays:
+        if "final_policy" in group.request.arrays:
             group.request["final_policy"][:len(rows)] = group.row_policy[rows]
-        if len(rows):
-            ended = info.get("_final_obs", np.zeros(len(obs), dtype=bool))
-            group.request["final_obs"][:len(rows)] = np.stack([info["final_obs"][r] if ended[r] else obs[r]
-                                                              for r in rows])
+        ended = info.get("_final_obs", np.zeros(len(obs), dtype=bool))
+        group.request["final_obs"][:len(rows)] = np.stack([info["final_obs"][r] if ended[r] else obs[r] for r in rows])
 
     def _tally(self, group: EnvGroup, rewards: np.ndarray, done: np.ndarray, info: dict) -> None:
         """Metrics: raw rewards over whole episodes (an Atari game of several lives), when training
@@ -371,7 +375,7 @@ class EnvRole:
         self._reset_stats()
         for group in self.groups:
             group.t, group.at_end = 0, False
-            group.final_rows = np.zeros(0, dtype=np.int64)
+            group.final_rows = NO_ROWS
             if not self.sync:  # async: the end-of-fragment reply's actions begin the next fragment
                 self._step(group, group.reply)
 

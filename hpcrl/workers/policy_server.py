@@ -202,6 +202,13 @@ def finish_reply(policies: PolicySet, request: Message, reply: Message) -> None:
     reply.set(version=policies.version, flags=0)
 
 
+# Async mode: poll passes between looks for new weights. A version comes every few milliseconds and a
+# pass takes microseconds, while each look is an MPI test, and under oversubscription Open MPI
+# yields the core in every test that finds nothing (in bench/sampling.py's remote layout a third
+# of the server's samples sat in that test). Sync mode looks on every pass: requests wait for it.
+WEIGHTS_POLL_EVERY = 8
+
+
 class InferenceRole:
     """Serves several env ranks; every forward pass covers all requests that are ready."""
 
@@ -213,6 +220,7 @@ class InferenceRole:
         self.policies, self.server = policies, server
         self.control = control
         self.pending: list[int] = []
+        self.passes = 0
         self.stopping = False
         self.stopped_envs: set[int] = set()
         self.done = False
@@ -237,7 +245,8 @@ class InferenceRole:
         return cls(w.rank, policies, w.inference.server(clients), w.control, sync=w.cfg.algo.mode == "sync")
 
     def poll(self) -> int:
-        work = self._poll_weights()
+        self.passes += 1
+        work = self._poll_weights() if self.sync or self.passes % WEIGHTS_POLL_EVERY == 0 else 0
         ready = self.server.ready()
         self.pending.extend(ready)
         work += len(ready)
