@@ -17,14 +17,16 @@ from tests.conftest import MPIRUN, REPO, mpirun, run_dir, small_config, write_co
 EXIT_PREEMPTED = 3
 
 
-@pytest.mark.parametrize("normalize_reward", [False, True])
-def test_serial_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, normalize_reward):
+@pytest.mark.parametrize("normalize_reward, core", [(False, "none"), (True, "none"), (False, "lstm")])
+def test_serial_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, normalize_reward, core):
     """With env.normalize_reward the trainer's reward scale (every env rank's return statistics)
-    travels in the checkpoint: without it the resumed losses would differ."""
+    travels in the checkpoint: without it the resumed losses would differ. With a recurrent core,
+    the env rows' hidden states travel in it too (episodes go on across the resume)."""
     algo, env = {"lr_schedule": "constant"}, {"normalize_reward": normalize_reward}
-    whole = small_config(tmp_path, name="whole", run={"total_frames": 1280}, algo=algo, env=env)
+    model = {"core": core, "core_size": 16}
+    whole = small_config(tmp_path, name="whole", run={"total_frames": 1280}, algo=algo, env=env, model=model)
     assert mpirun(1, "run", str(write_config(tmp_path, whole, "whole.yaml"))).returncode == 0
-    halves = small_config(tmp_path, name="halves", run={"total_frames": 640}, algo=algo, env=env)
+    halves = small_config(tmp_path, name="halves", run={"total_frames": 640}, algo=algo, env=env, model=model)
     path = str(write_config(tmp_path, halves, "halves.yaml"))
     assert mpirun(1, "run", path).returncode == 0
     second = mpirun(1, "run", path, "--set", "run.total_frames=1280")

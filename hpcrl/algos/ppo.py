@@ -33,21 +33,41 @@ class Batch:
     active: torch.Tensor | None = None
     action_mask: torch.Tensor | None = None  # bool [B, actions]: the valid actions each row was sampled under
     rows_together: int = 1
+    # A recurrent policy: rows are [seq_len, columns] in time-major order (row t*C + c is step t of
+    # column c, one env's fragment), `state0` [C, S] each column's state before step 0, `starts`
+    # [B] 1 where the state is zeroed before the row's step (an episode began after step t-1).
+    state0: torch.Tensor | None = None
+    starts: torch.Tensor | None = None
+    seq_len: int = 1
 
     def __len__(self) -> int:
         return self.obs.shape[0]
 
     def take(self, idx: torch.Tensor) -> "Batch":
+        """The rows `idx` (for sequences: `minibatches`' whole columns, whose first block of
+        indices, step 0's, are the column numbers)."""
         def part(name: str):
             value = getattr(self, name)
+            if name == "state0" and value is not None:
+                return value[idx[:len(idx) // self.seq_len]]
             return value[idx] if isinstance(value, torch.Tensor) else value
         return Batch(*(part(f) for f in self.__dataclass_fields__))
 
     def minibatches(self, rng: np.random.Generator, count: int) -> list[torch.Tensor]:
-        """`count` random index sets covering the batch once, whole envs at a time."""
+        """`count` random index sets covering the batch once, whole envs at a time (sequences:
+        whole columns, every step of each in time-major order)."""
+        if self.state0 is not None:
+            columns = len(self) // self.seq_len
+            cols = torch.from_numpy(rng.permutation(columns))
+            return [(torch.arange(self.seq_len)[:, None] * columns + part[None]).reshape(-1)
+                    for part in torch.tensor_split(cols, count)]
         k = self.rows_together
         envs = torch.from_numpy(rng.permutation(len(self) // k))
         return [(part[:, None] * k + torch.arange(k)).reshape(-1) for part in torch.tensor_split(envs, count)]
+
+    def sequences(self) -> dict:
+        """What a recurrent policy's `evaluate` needs besides the rows (nothing for a feed-forward one)."""
+        return {} if self.state0 is None else {"state0": self.state0, "starts": self.starts}
 
 
 def _mean(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
@@ -59,7 +79,7 @@ def ppo_loss(model: nn.Module, mb: Batch, cfg: AlgoConfig) -> tuple[torch.Tensor
     """Clipped surrogate + value loss - entropy bonus, over the active rows; returns the loss and
     detached statistics. Values and returns enter the value loss in the critic's own units
     (normalised under algo.value_norm)."""
-    new_logp, entropy, new_values = model.evaluate(mb.obs, mb.actions, mb.action_mask)
+    new_logp, entropy, new_values = model.evaluate(mb.obs, mb.actions, mb.action_mask, **mb.sequences())
     w = mb.active
     log_ratio = new_logp - mb.logp
     ratio = log_ratio.exp()
@@ -180,6 +200,9 @@ class PPOStep:
             self.rewards.fold([f["return_moments"] for f in fragments], reduce_moments)
             rewards = self.rewards.scale(rewards)
         active = cat("active").astype(bool) if "active" in fragments[0].arrays else None
+        # a recurrent policy replays each column from the state it started in, zeroed after each done
+        state0 = cat("init_state", 0) if "init_state" in fragments[0].arrays else None
+        starts = np.concatenate([np.zeros_like(dones[:1]), dones[:-1]]) if state0 is not None else None
         # PettingZoo envs whose agents sit out steps: advantages over each agent's own steps
         own = OwnSteps(active) if active is not None and not active.all() else None
         if self.sync:
@@ -187,7 +210,8 @@ class PPOStep:
         else:
             # Truncated episodes bootstrap from the behaviour policy's V(final obs), the only
             # value the env rank could ask for then; everything else uses the current critic.
-            values, last_values, logp_now = self._evaluate_now(obs, actions, cat("last_obs", 0), mask)
+            values, last_values, logp_now = self._evaluate_now(obs, actions, cat("last_obs", 0), mask,
+                                                               state0, starts, dones)
             log_rhos = logp_now - behaviour_logp
         trunc_values = cat("trunc_values")
         if own is None:
@@ -203,9 +227,14 @@ class PPOStep:
             parts["active"] = active.astype(np.uint8)
         if mask is not None:
             parts["action_mask"] = mask
+        if starts is not None:
+            parts["starts"] = starts
+        sequences = {} if state0 is None else {"state0": torch.as_tensor(state0, device=self.device),
+                                               "seq_len": obs.shape[0]}
         return Batch(**{k: torch.as_tensor(v.reshape(-1, *v.shape[2:]), device=self.device,
                                            dtype=self.dtypes.get(k, torch.float32))
-                        for k, v in parts.items()}, rows_together=self.model.num_agents)  # whole envs of agent rows
+                        for k, v in parts.items()}, rows_together=self.model.num_agents,  # whole envs of agent rows
+                     **sequences)
 
     def _estimate(self, rewards, values, next_values, dones, log_rhos) -> tuple[np.ndarray, np.ndarray]:
         """Advantages and value targets: GAE (sync), or V-trace with these log-ratios (async)."""
@@ -217,13 +246,23 @@ class PPOStep:
         return advantages, returns
 
     @torch.no_grad()
-    def _evaluate_now(self, obs: np.ndarray, actions: np.ndarray, last_obs: np.ndarray, mask: np.ndarray | None):
-        """Async: V(s_t), V(s_T) and log pi(a_t|s_t) under the weights about to be trained."""
+    def _evaluate_now(self, obs: np.ndarray, actions: np.ndarray, last_obs: np.ndarray, mask: np.ndarray | None,
+                      state0: np.ndarray | None = None, starts: np.ndarray | None = None,
+                      dones: np.ndarray | None = None):
+        """Async: V(s_t), V(s_T) and log pi(a_t|s_t) under the weights about to be trained (a
+        recurrent policy's over each column as a sequence from `state0`, and V(s_T) from the state
+        after step T-1, zeroed where that step ended an episode)."""
         T, B = obs.shape[:2]
-        logp, _, raw = self.model.evaluate(
-            torch.as_tensor(obs.reshape(T * B, *obs.shape[2:]), dtype=self.dtypes["obs"], device=self.device),
-            torch.as_tensor(actions.reshape(T * B, *actions.shape[2:]), device=self.device),
-            None if mask is None else torch.as_tensor(mask.reshape(T * B, -1), device=self.device))
+        as_tensor = lambda x, **kw: torch.as_tensor(x, device=self.device, **kw)  # noqa: E731
+        rows = (as_tensor(obs.reshape(T * B, *obs.shape[2:]), dtype=self.dtypes["obs"]),
+                as_tensor(actions.reshape(T * B, *actions.shape[2:])),
+                None if mask is None else as_tensor(mask.reshape(T * B, -1)))
+        last_obs = as_tensor(last_obs, dtype=self.dtypes["obs"])
+        if state0 is None:
+            logp, _, raw = self.model.evaluate(*rows)
+            last = self.model.value(last_obs)
+        else:
+            logp, _, raw, state = self.model.evaluate_sequence(*rows, as_tensor(state0), as_tensor(starts.reshape(-1)))
+            last = self.model.value(last_obs, state * (1.0 - as_tensor(dones[-1], dtype=torch.float32))[:, None])
         values = self.model.returns_of(raw)
-        last = self.model.value(torch.as_tensor(last_obs, dtype=self.dtypes["obs"], device=self.device))
         return values.cpu().numpy().reshape(T, B), last.cpu().numpy(), logp.cpu().numpy().reshape(T, B)

@@ -23,6 +23,7 @@ REST = "rest"
 ROLE_NAMES = ("learner", "inference", "env")
 DEVICES = ("cpu", "cuda")
 ENCODERS = ("auto", "mlp", "cnn")
+CORES = ("none", "lstm", "gru")
 
 
 
@@ -218,6 +219,11 @@ class ModelConfig:
                        default="auto")
     obs_norm: bool = doc("normalise observations by a running mean and variance (clipped to +-10), kept in "
                          "the model, updated by the learners from every update's batch", default=False)
+    core: str = doc("'none' (feed-forward), 'lstm' or 'gru': a recurrent core between the encoder and the "
+                    "heads (the MLP encoder is then one shared trunk). Policy servers keep each env's hidden "
+                    "state and reset it at episode ends; PPO/APPO train each fragment as a sequence "
+                    "(truncated BPTT at algo.rollout_length)", default="none")
+    core_size: int = doc("hidden size of the recurrent core (model.core: lstm or gru)", default=128)
 
 
 @dataclass
@@ -395,6 +401,14 @@ def validate(cfg: Config) -> None:
            f"model.hidden_sizes: expected a list of positive integers, got {m.hidden_sizes!r}")
     _check(m.activation in ("tanh", "relu"), f"model.activation: expected 'tanh' or 'relu', got {m.activation!r}")
     _check(m.encoder in ENCODERS, f"model.encoder: expected one of {', '.join(ENCODERS)}, got {m.encoder!r}")
+    _check(m.core in CORES, f"model.core: expected one of {', '.join(CORES)}, got {m.core!r}")
+    _check(m.core_size >= 1, f"model.core_size: expected >= 1, got {m.core_size}")
+    _check(m.core == "none" or a.name == "ppo",
+           f"model.core: recurrent policies train with algo.name ppo (mode sync or async) so far, got "
+           f"{a.name!r}; use model.core: none")
+    _check(m.core == "none" or a.num_minibatches <= e.num_envs,
+           f"algo.num_minibatches: a recurrent core's minibatches are whole sequences (one per env of a "
+           f"fragment), so at most env.num_envs ({e.num_envs}) of them, got {a.num_minibatches}")
 
 
 def _validate_env(e: EnvConfig) -> None:

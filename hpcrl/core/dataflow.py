@@ -73,6 +73,11 @@ class Algorithm:
         return getattr(importlib.import_module(module), name)
 
 
+def state_size(model_cfg) -> int:
+    """Floats of recurrent state per env row (model.core): 0 (none), h (GRU) or h and c side by side (LSTM)."""
+    return {"none": 0, "gru": model_cfg.core_size, "lstm": 2 * model_cfg.core_size}[model_cfg.core]
+
+
 def env_rows(cfg, spaces, envs: int | None = None) -> int:
     """Rows of `envs` envs (default: an env rank's): one per env, or per agent of a PettingZoo env."""
     return (cfg.env.num_envs if envs is None else envs) * spaces.num_agents
@@ -83,7 +88,8 @@ def inference_messages(cfg, spaces, groups: int) -> tuple[MessageSpec, MessageSp
     carries num_envs / groups envs (core/messages.py), a row per agent (with several policies or
     a self-play pool, each row's policy id); the reply is the algorithm's."""
     n = env_rows(cfg, spaces, cfg.env.num_envs // groups)
-    return (request_spec(n, spaces.obs_shape, spaces.obs_dtype, mask_actions(spaces), policies=rows_carry_policy(cfg)),
+    return (request_spec(n, spaces.obs_shape, spaces.obs_dtype, mask_actions(spaces), policies=rows_carry_policy(cfg),
+                         recurrent=bool(state_size(cfg.model))),
             ALGORITHMS[cfg.algo.name].reply(cfg, spaces, n))
 
 
@@ -97,12 +103,14 @@ def fragment_record(cfg, spaces) -> MessageSpec:
     the agents' active mask for PettingZoo envs."""
     return fragment_spec(cfg.algo.rollout_length, env_rows(cfg, spaces), spaces.obs_shape, spaces.obs_dtype,
                          spaces.action_shape, spaces.action_dtype, active=spaces.multiagent,
-                         mask_actions=mask_actions(spaces), selfplay_ages=cfg.algo.selfplay.pool)
+                         mask_actions=mask_actions(spaces), selfplay_ages=cfg.algo.selfplay.pool,
+                         state_size=state_size(cfg.model))
 
 
 def policy_reply(cfg, spaces, n: int) -> MessageSpec:
-    """PPO/APPO's reply: sampled actions, their log-probabilities and the state values."""
-    return reply_spec(n, spaces.action_shape, spaces.action_dtype)
+    """PPO/APPO's reply: sampled actions, their log-probabilities and the state values (and, with a
+    recurrent core, the hidden state they were taken from)."""
+    return reply_spec(n, spaces.action_shape, spaces.action_dtype, state_size(cfg.model))
 
 
 def transition_record(cfg, spaces) -> MessageSpec:

@@ -89,32 +89,40 @@ DEFAULT_POLICY = 0
 STOP = 1  # flags bit: the run is over; the receiver finishes and exits
 PREEMPTED = 2  # flags bit, with STOP: the run was stopped by a signal and will resume from its checkpoint
 OUTPUT_FAILED = 4  # flags bit, with STOP: the learner root could not write its outputs (a full disk)
+VALUES_ONLY = 8  # request flags bit: only the values are wanted (sync mode's bootstrap after step T):
+#                  a recurrent policy's hidden state does not advance, the same observations come again
 EPISODE_STATS = ("episodes", "return_sum", "return_sqsum", "return_min", "return_max", "length_sum")
 
 
 def request_spec(num_envs: int, obs_shape: tuple, obs_dtype, mask_actions: int = 0,
-                 policies: bool = False) -> MessageSpec:
+                 policies: bool = False, recurrent: bool = False) -> MessageSpec:
     """env -> inference: observations for one step (with `mask_actions`, each row's valid actions
     out of that many), then final observations of episodes that were truncated (their values
     bootstrap the return). final_obs is last so a send can stop after `n_final` rows. With
     `policies` (a run of several), the policy id of each row and of each final row: the server
-    batches rows by it."""
+    batches rows by it. With `recurrent` (model.core), which rows' observations begin an episode
+    (the policy holder zeroes their hidden state first) and the row of each final observation
+    (its value is taken from the state that row's episode ended in)."""
     mask = [("action_mask", np.uint8, (num_envs, mask_actions))] if mask_actions else []
     ids = [("policy", np.int16, (num_envs,)), ("final_policy", np.int16, (num_envs,))] if policies else []
+    starts = [("starts", np.uint8, (num_envs,)), ("final_rows", np.int32, (num_envs,))] if recurrent else []
     return MessageSpec(
         header=("policy_id", "version", "n_final", "flags"),
-        fields=[("obs", obs_dtype, (num_envs, *obs_shape)), *mask, *ids,
+        fields=[("obs", obs_dtype, (num_envs, *obs_shape)), *mask, *ids, *starts,
                 ("final_obs", obs_dtype, (num_envs, *obs_shape))])
 
 
-def reply_spec(num_envs: int, action_shape: tuple, action_dtype) -> MessageSpec:
-    """inference -> env: one action, its log-probability and the state value per env."""
+def reply_spec(num_envs: int, action_shape: tuple, action_dtype, state_size: int = 0) -> MessageSpec:
+    """inference -> env: one action, its log-probability and the state value per env. With a
+    recurrent policy (`state_size` floats per row), the hidden state each row's action was taken
+    from, as plain numbers: the actor keeps the one that starts its fragment."""
     return MessageSpec(
         header=("policy_id", "version", "flags"),
         fields=[("actions", action_dtype, (num_envs, *action_shape)),
                 ("logp", np.float32, (num_envs,)),
                 ("values", np.float32, (num_envs,)),
-                ("final_values", np.float32, (num_envs,))])
+                ("final_values", np.float32, (num_envs,))]
+        + ([("state", np.float32, (num_envs, state_size))] if state_size else []))
 
 
 def q_reply_spec(num_envs: int, num_actions: int) -> MessageSpec:
@@ -152,7 +160,7 @@ def transition_spec(rows: int, obs_shape: tuple, obs_dtype, action_shape: tuple,
 
 def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                   action_shape: tuple, action_dtype, active: bool = False, mask_actions: int = 0,
-                  selfplay_ages: int = 0) -> MessageSpec:
+                  selfplay_ages: int = 0, state_size: int = 0) -> MessageSpec:
     """env -> learner: T steps x N envs (rows: with PettingZoo envs, one per agent) of experience
     plus what GAE needs to bootstrap. With `active`, a [T, N] mask of the rows whose agent acted
     (multi-agent: inactive rows are left out of the loss); with `mask_actions`, the valid actions
@@ -164,7 +172,9 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
     `credit_wait_us` the part in which the finished fragment waited for a credit (flow control).
     `return_moments` (count, mean, M2) of the discounted returns its envs saw, for the trainers'
     reward scale (env.normalize_reward; zeros without it). With `selfplay_ages` (algo.selfplay.pool),
-    the games the learning seat finished against each pool age: wins, draws, losses."""
+    the games the learning seat finished against each pool age: wins, draws, losses. With
+    `state_size` (a recurrent policy), each row's hidden state before step 0: the trainer replays
+    the fragment as a sequence from it, resetting after each `dones` step."""
     t, n = length, num_envs
     return MessageSpec(
         header=("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
@@ -181,7 +191,8 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                 ("episode_stats", np.float64, (len(EPISODE_STATS),)),
                 ("return_moments", np.float64, (3,))] + ([("active", np.uint8, (t, n))] if active else [])
         + ([("action_mask", np.uint8, (t, n, mask_actions))] if mask_actions else [])
-        + ([("selfplay", np.float64, (selfplay_ages, 3))] if selfplay_ages else []))
+        + ([("selfplay", np.float64, (selfplay_ages, 3))] if selfplay_ages else [])
+        + ([("init_state", np.float32, (n, state_size))] if state_size else []))
 
 
 def weights_spec(num_params: int) -> MessageSpec:
@@ -191,7 +202,7 @@ def weights_spec(num_params: int) -> MessageSpec:
 
 # Fragment fields whose second axis (or, for these two, first) runs over the rows: a policy's
 # record takes its agents' columns of them (core/policies.py). The rest are per record.
-ROW_FIELDS = ("last_values", "last_obs")
+ROW_FIELDS = ("last_values", "last_obs", "init_state")
 PER_RECORD_FIELDS = ("episode_stats", "return_moments", "selfplay")
 
 

@@ -18,11 +18,14 @@ import numpy as np
 
 from hpcrl.core.config import ConfigError, EnvConfig
 from hpcrl.envs.multiagent import pettingzoo_vector
+from hpcrl.envs.pomdp import register as _register_pomdp
 from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, DiscountedReturns, SyncVector,
                                envpool_vector, numpy_vector)
 
 __all__ = ["EnvSpaces", "make_env", "probe_spaces", "make_vector_env", "random_actions", "RAW_REWARD",
            "GAME_OVER"]
+
+_register_pomdp()  # hpcrl/CartPolePositions-v1 and friends, by id like gymnasium's own
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ EXIT_PREEMPTED = 3  # stopped by SIGTERM/SIGUSR1 after writing a checkpoint: res
 EXIT_OUTPUT_FAILED = 4  # an output could not be written (full disk): fix it, then run again to resume
 # What a resumed run may not change: the policy's shape and what it was trained on.
 MUST_MATCH = ("env.id", "env.kwargs", "model.hidden_sizes", "model.activation", "model.encoder", "model.obs_norm",
+              "model.core", "model.core_size",
               "algo.name", "algo.mode", "algo.value_norm", "env.global_state", "policies")
 
 

@@ -133,7 +133,11 @@ class RunningNorm(nn.Module):
 class ObservationInput(nn.Module):
     """What every policy network does to its observations before its own layers: uint8 frames
     scaled to [0, 1] (they travel and are stored as bytes), the optional running normaliser, then
-    the network's `trunk`."""
+    the network's `trunk`. A recurrent policy (models/recurrent.py) also has a hidden state of
+    `state_size` floats per row."""
+
+    recurrent = False
+    state_size = 0
 
     def __init__(self, spaces: EnvSpaces, cfg: ModelConfig):
         super().__init__()
@@ -193,6 +197,13 @@ class ActorCritic(ObservationInput):
         if central_critic and encoder_for(spaces, cfg) == "cnn":
             raise ConfigError("algo.name: mappo's centralised critic reads flat observations (model.encoder: mlp); "
                               f"these are images of shape {tuple(spaces.obs_shape)}: use algo.name: ippo")
+        self._build(spaces, cfg, out)
+        if self.continuous:  # state-independent log-std, init 0 (std 1), as CleanRL ppo_continuous_action
+            self.log_std = nn.Parameter(torch.zeros(out))
+
+    def _build(self, spaces: EnvSpaces, cfg: ModelConfig, out: int) -> None:
+        """The encoder and the two heads (`out` policy outputs)."""
+        central_critic = self.central_critic
         if encoder_for(spaces, cfg) == "cnn":
             # One trunk for both heads, as in Atari PPO: the features are learned once.
             self.trunk = _nature_cnn(tuple(spaces.obs_shape))
@@ -210,8 +221,6 @@ class ActorCritic(ObservationInput):
             else:  # every agent's observation of the env and the agent's one-hot
                 critic_dim = (obs_dim + 1) * self.num_agents
             self.critic = _mlp([critic_dim, *hidden, 1], act, out_gain=1.0)
-        if self.continuous:  # state-independent log-std, init 0 (std 1), as CleanRL ppo_continuous_action
-            self.log_std = nn.Parameter(torch.zeros(out))
 
     # --- the policy --------------------------------------------------------------------------------
     def critic_input(self, x: torch.Tensor) -> torch.Tensor:
@@ -272,7 +281,10 @@ class ActorCritic(ObservationInput):
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None = None):
         """log-prob of `actions`, entropy and the critic's raw output (`returns_of` gives values):
         what the PPO loss needs. `mask`: the valid actions the rows were sampled under."""
-        out, values = self._heads(obs, mask)
+        return self._scored(*self._heads(obs, mask), actions)
+
+    def _scored(self, out: torch.Tensor, values: torch.Tensor, actions: torch.Tensor):
+        """`evaluate` from the heads' outputs."""
         if self.continuous:
             logp = self._gaussian_logp(out, actions.reshape(out.shape).to(out.dtype))
             entropy = (0.5 + HALF_LOG_2PI + self.log_std).sum().expand(out.shape[0])
@@ -285,7 +297,10 @@ class ActorCritic(ObservationInput):
         the action bounds: env ranks clip what they step with, the fragment keeps the sample, so its
         log-prob stays right. `mask` (categorical): only valid actions are ever drawn."""
         out, raw = self._heads(obs, mask)
-        values = self.returns_of(raw)
+        return self._draw(out, self.returns_of(raw), generator)
+
+    def _draw(self, out: torch.Tensor, values: torch.Tensor, generator: torch.Generator | None):
+        """`sample` from the heads' outputs."""
         if self.continuous:
             noise = torch.randn(out.shape, generator=generator, device=out.device, dtype=out.dtype)
             actions = out + torch.exp(self.log_std) * noise
@@ -303,8 +318,12 @@ class ActorCritic(ObservationInput):
         return out.reshape(-1, *self.action_shape) if self.continuous else _masked_log_softmax(out, mask).argmax(-1)
 
 
-def build_model(spaces: EnvSpaces, cfg: ModelConfig) -> ActorCritic:
-    return ActorCritic(spaces, cfg)
+def build_model(spaces: EnvSpaces, cfg: ModelConfig, **kwargs) -> ActorCritic:
+    """An actor-critic, recurrent with model.core (models/recurrent.py)."""
+    if cfg.core != "none":
+        from hpcrl.models.recurrent import RecurrentActorCritic
+        return RecurrentActorCritic(spaces, cfg, **kwargs)
+    return ActorCritic(spaces, cfg, **kwargs)
 
 
 def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
@@ -318,7 +337,7 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
     if algorithm.multiagent and not spaces.multiagent:
         raise ConfigError(f"algo.name: {cfg.algo.name} trains PettingZoo envs (env.id such as "
                           f"mpe2:simple_spread_v3), and {cfg.env.id} is a single-agent env; use algo.name: ppo")
-    return ActorCritic(spaces, cfg.model, central_critic=algorithm.policy == "central_critic",
+    return build_model(spaces, cfg.model, central_critic=algorithm.policy == "central_critic",
                        value_norm=bool(cfg.algo.value_norm))
 
 
@@ -400,15 +419,24 @@ class PolicyRunner(Runner):
     outputs = ("actions", "logp", "values")
 
     @torch.inference_mode()
-    def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None = None) -> None:
-        """`mask`: each row's valid actions (envs that give action masks)."""
-        a, lp, v = self.model.sample(self._tensor(obs), self.generator,
-                                     None if mask is None else torch.as_tensor(mask, device=self.device).bool())
+    def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None = None,
+            state: np.ndarray | None = None) -> None:
+        """`mask`: each row's valid actions (envs that give action masks). `state` (a recurrent
+        policy): the rows' hidden states, [rows, state_size], advanced in place."""
+        mask = None if mask is None else torch.as_tensor(mask, device=self.device).bool()
+        if state is None:
+            a, lp, v = self.model.sample(self._tensor(obs), self.generator, mask)
+        else:
+            a, lp, v, new = self.model.sample(self._tensor(obs), self.generator, mask, self._tensor(state))
+            state[...] = new.cpu().numpy()
         out["actions"][...] = a.cpu().numpy()
         out["logp"][...] = lp.cpu().numpy()
         out["values"][...] = v.cpu().numpy()
 
     @torch.inference_mode()
-    def value(self, obs: np.ndarray, out: np.ndarray) -> None:
+    def value(self, obs: np.ndarray, out: np.ndarray, state: np.ndarray | None = None) -> None:
+        """`state` (a recurrent policy): the rows' hidden states, left as they are."""
         if len(obs):
-            out[...] = self.model.value(self._tensor(obs)).cpu().numpy()
+            v = self.model.value(self._tensor(obs)) if state is None else \
+                self.model.value(self._tensor(obs), self._tensor(state))
+            out[...] = v.cpu().numpy()

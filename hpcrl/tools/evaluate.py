@@ -73,7 +73,26 @@ def _policy(cfg: Config, checkpoint: dict, spaces):
         return _Policies(cfg, checkpoint, spaces)
     model = build_policy(spaces, cfg)
     model.load_state_dict(checkpoint["model"])
-    return model.eval()
+    return _Recurrent(model.eval(), spaces.num_agents) if model.recurrent else model.eval()
+
+
+class _Recurrent:
+    """A recurrent policy (model.core) in eval: it keeps the rows' hidden state, zero at first and
+    zeroed again where an episode ended, as policy holders do in training."""
+
+    def __init__(self, model, rows: int):
+        self.model, self.state = model, torch.zeros(rows, model.state_size)
+
+    def sample(self, obs, generator, mask):
+        actions, logp, values, self.state = self.model.sample(obs, generator, mask, self.state)
+        return actions, logp, values
+
+    def mode(self, obs, mask):
+        actions, self.state = self.model.mode(obs, mask, self.state)
+        return actions
+
+    def ended(self, done: np.ndarray) -> None:
+        self.state[torch.as_tensor(done, dtype=torch.bool)] = 0.0
 
 
 class _Policies:
@@ -161,6 +180,8 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
             if isinstance(space, gym.spaces.Box):  # Gaussian policies: keep actions inside the bounds
                 actions = np.clip(actions, space.low, space.high)
             obs, reward, terminated, truncated, info = envs.step(actions)
+            if isinstance(model, _Recurrent):  # the episode ends as training saw it (an Atari life loss too)
+                model.ended(terminated | truncated)
             mask = info.get("action_mask", mask)
             # as the metrics count them: raw rewards of whole games (Atari: all lives, unclipped)
             reward = info.get(RAW_REWARD, reward)

@@ -17,7 +17,7 @@ from hpcrl.core.config import Config
 from hpcrl.core.layout import INLINE, fragments_per_env_rank
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
 from hpcrl.core.seeds import env_seeds, seed_for
-from hpcrl.core.messages import EPISODE_STATS, STOP, Message, MessageSpec, take_rows
+from hpcrl.core.messages import EPISODE_STATS, STOP, VALUES_ONLY, Message, MessageSpec, take_rows
 from hpcrl.core.policies import row_policies
 from hpcrl.envs.multiagent import ENV_DONE
 from hpcrl.workers.selfplay import Seats
@@ -34,8 +34,8 @@ class RemotePolicy:
         self.client = client
         self.request, self.reply = client.request, client.reply
 
-    def submit(self, version: int, n_final: int) -> None:
-        self.request.set(version=version, n_final=n_final, flags=0)
+    def submit(self, version: int, n_final: int, flags: int = 0) -> None:
+        self.request.set(version=version, n_final=n_final, flags=flags)
         self.client.send(self.request.spec.prefix_nbytes("final_obs", n_final))
 
     def poll(self) -> Message | None:
@@ -83,9 +83,13 @@ class EnvGroup:
         self.masked = "action_mask" in self.request.arrays  # the env gives each row's valid actions
         if self.masked:
             self.request["action_mask"][...] = envs.unwrapped.action_mask
+        # a recurrent policy: which rows begin an episode (all, at first), for the holder to zero their state
+        self.recurrent = "starts" in self.request.arrays
+        if self.recurrent:
+            self.request["starts"][...] = 1
 
-    def submit(self, version: int) -> None:
-        self.policy.submit(version, len(self.final_rows))
+    def submit(self, version: int, flags: int = 0) -> None:
+        self.policy.submit(version, len(self.final_rows), flags)
         self.waiting = True
 
 
@@ -271,6 +275,8 @@ class EnvRole:
         t, frag, cols = group.t, self.fragment, group.columns
         if t == 0:
             group.first_version = reply.get("version")
+            if group.recurrent:  # the state the fragment's sequences start from
+                frag["init_state"][cols] = reply["state"]
         frag["obs"][t, cols] = group.request["obs"]
         frag["actions"][t, cols] = reply["actions"]
         frag["logp"][t, cols] = reply["logp"]
@@ -296,8 +302,12 @@ class EnvRole:
         if group.seats is not None:  # games that ended are judged; the next ones get their seats
             group.seats.stepped(info.get(RAW_REWARD, rewards), info[ENV_DONE])
             group.request["policy"][...] = group.seats.row_policy
+        if group.recurrent:
+            group.request["starts"][...] = done
         group.t += 1
-        group.submit(self.version)  # at once: its round trip overlaps the other groups' steps
+        # At once: its round trip overlaps the other groups' steps. Sync mode's call after step T
+        # only bootstraps (the next fragment asks again with these observations and a new version).
+        group.submit(self.version, VALUES_ONLY if self.sync and group.t == self.T else 0)
 
     def _final_rows(self, group: EnvGroup, truncated: np.ndarray, obs: np.ndarray, info: dict) -> None:
         """The rows whose final observations the next request carries. PettingZoo envs (a row per
@@ -311,6 +321,8 @@ class EnvRole:
             agents = group.envs.unwrapped.num_agents
             rows = (np.unique(rows // agents)[:, None] * agents + np.arange(agents)).reshape(-1)
         group.final_rows, group.final_truncated = rows, truncated[rows]
+        if group.recurrent:  # their values come from the states their episodes ended in
+            group.request["final_rows"][:len(rows)] = rows
         if "final_policy" in group.request.arrays:
             group.request["final_policy"][:len(rows)] = group.row_policy[rows]
         ended = info.get("_final_obs", np.zeros(len(obs), dtype=bool))
@@ -426,7 +438,8 @@ class EnvRole:
         return pickle.dumps({"groups": [{"envs": g.envs, "obs": g.request["obs"].copy(), "ep_return": g.ep_return,
                                          "ep_length": g.ep_length, "sampling": g.policy.sampling_state(),
                                          "active": g.active,
-                                         "mask": g.request["action_mask"].copy() if g.masked else None}
+                                         "mask": g.request["action_mask"].copy() if g.masked else None,
+                                         "starts": g.request["starts"].copy() if g.recurrent else None}
                                         for g in self.groups],
                              "version": self.version, "version_fragments": self.version_fragments,
                              "fragments_sent": self.fragments_sent})
@@ -443,6 +456,8 @@ class EnvRole:
             group.active = saved.get("active")
             if group.masked:
                 group.request["action_mask"][...] = saved["mask"]
+            if group.recurrent:  # which rows' next observations begin an episode
+                group.request["starts"][...] = saved["starts"]
             group.policy.restore_sampling_state(saved["sampling"])
         self.version, self.fragments_sent = state["version"], state["fragments_sent"]
         self.version_fragments = state.get("version_fragments", 0)  # snapshots from before batch_frames: 0

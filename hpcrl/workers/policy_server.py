@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcrl.runtime.comm import RequestServer
-from hpcrl.core.messages import STOP, Message
+from hpcrl.core.messages import STOP, VALUES_ONLY, Message
 from hpcrl.runtime.params import END
 from hpcrl.core.seeds import seed_for
 from hpcrl.models import Runner
@@ -43,23 +43,31 @@ class PolicySet:
         return self.runners[0].version if len(self.runners) == 1 else min(r.version for r in self.runners)
 
     def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None,
-            policy: np.ndarray | None = None) -> None:
+            policy: np.ndarray | None = None, state: np.ndarray | None = None) -> None:
+        """`state`: a recurrent policy's hidden states of the rows, advanced in place."""
+        extra = {} if state is None else {"state": state}
         if policy is None:
-            self.runners[0].act(obs, out, mask)
+            self.runners[0].act(obs, out, mask, **extra)
             return
         for p, rows in self._rows(policy):
             part = {name: values[rows] for name, values in out.items()}
-            self._runner(p).act(obs[rows], part, None if mask is None else mask[rows])
+            rows_state = {} if state is None else {"state": state[rows]}
+            self._runner(p).act(obs[rows], part, None if mask is None else mask[rows], **rows_state)
             for name, values in part.items():
                 out[name][rows] = values
+            if state is not None:
+                state[rows] = rows_state["state"]
 
-    def value(self, obs: np.ndarray, out: np.ndarray, policy: np.ndarray | None = None) -> None:
+    def value(self, obs: np.ndarray, out: np.ndarray, policy: np.ndarray | None = None,
+              state: np.ndarray | None = None) -> None:
+        """`state`: a recurrent policy's hidden states of the rows, left as they are."""
+        extra = {} if state is None else {"state": state}
         if policy is None:
-            self.runners[0].value(obs, out)
+            self.runners[0].value(obs, out, **extra)
             return
         for p, rows in self._rows(policy):
             part = out[rows]
-            self._runner(p).value(obs[rows], part)
+            self._runner(p).value(obs[rows], part, **({} if state is None else {"state": state[rows]}))
             out[rows] = part
 
     def _rows(self, policy: np.ndarray):
@@ -117,11 +125,13 @@ class InlinePolicy:
         self.sync = sync
         self.control = control
         self.request, self.reply = request, reply
+        states = holder_states(policies, 1, request["obs"].shape[0])
+        self.states = None if states is None else states[0]  # a recurrent policy's, of this rank's env rows
         self.stopped = False
         self._wanted: int | None = None
 
-    def submit(self, version: int, n_final: int) -> None:
-        self.request.set(version=version, n_final=n_final, flags=0)
+    def submit(self, version: int, n_final: int, flags: int = 0) -> None:
+        self.request.set(version=version, n_final=n_final, flags=flags)
         self._wanted = version
 
     @classmethod
@@ -142,9 +152,15 @@ class InlinePolicy:
         self.policies.close()
 
     def sampling_state(self):
-        return self.policies.runners[0].generator.get_state()  # serial mode: one policy
+        """Serial mode (one policy): the action sampler's generator, and a recurrent policy's
+        hidden states."""
+        generator = self.policies.runners[0].generator.get_state()
+        return generator if self.states is None else {"generator": generator, "hidden": self.states.copy()}
 
     def restore_sampling_state(self, state) -> None:
+        if isinstance(state, dict):
+            self.states[...] = state["hidden"]
+            state = state["generator"]
         self.policies.runners[0].generator.set_state(state)
 
     def poll(self) -> Message | None:
@@ -159,7 +175,7 @@ class InlinePolicy:
             return self.reply
         if not can_answer(self.policies.version, self._wanted, self.sync):
             return None
-        answer(self.policies, self.request, self.reply)
+        answer(self.policies, self.request, self.reply, self.states)
         self._wanted = None
         return self.reply
 
@@ -185,21 +201,41 @@ def can_answer(have: int, wanted: int, sync: bool) -> bool:
     return have == wanted or (not sync and have > wanted)
 
 
-def answer(policies: PolicySet, request: Message, reply: Message) -> None:
-    """Fill one reply for one request (no batching across env ranks)."""
+def answer(policies: PolicySet, request: Message, reply: Message, states: np.ndarray | None = None) -> None:
+    """Fill one reply for one request (no batching across env ranks). `states`: a recurrent
+    policy's hidden states of the request's rows, kept by the holder and advanced here."""
+    final_values(policies, request, reply, states)
     policies.act(request["obs"], {name: reply[name] for name in policies.outputs}, request.arrays.get("action_mask"),
-                 request.arrays.get("policy"))
-    finish_reply(policies, request, reply)
+                 request.arrays.get("policy"), None if states is None else begin_states(request, reply, states))
+    reply.set(version=policies.version, flags=0)
 
 
-def finish_reply(policies: PolicySet, request: Message, reply: Message) -> None:
-    """After the actions: values of the request's final observations, and the policy version."""
+def final_values(policies: PolicySet, request: Message, reply: Message, states: np.ndarray | None) -> None:
+    """Before the actions: the values of the request's final observations (episodes truncated in
+    the last step), a recurrent policy's from the state each of those episodes ended in."""
     n_final = request.get("n_final")
     if n_final:  # most requests carry none: skip the forward call and its inference-mode switch
         final_policy = request.arrays.get("final_policy")
         policies.value(request["final_obs"][:n_final], reply["final_values"][:n_final],
-                       None if final_policy is None else final_policy[:n_final])
-    reply.set(version=policies.version, flags=0)
+                       None if final_policy is None else final_policy[:n_final],
+                       None if states is None else states[request["final_rows"][:n_final]])
+
+
+def begin_states(request: Message, reply: Message, states: np.ndarray) -> np.ndarray:
+    """A recurrent policy's states for a request's actions: rows whose episode starts are zeroed,
+    and the reply carries the states the actions are taken from (the actor keeps those that start
+    its fragment). Returns what the forward advances: `states` itself, or a copy when the request
+    wants values only (sync mode's bootstrap: the same observations come again as the next step)."""
+    states[request["starts"].astype(bool)] = 0.0
+    reply["state"][...] = states
+    return states.copy() if request.get("flags") & VALUES_ONLY else states
+
+
+def holder_states(policies: PolicySet, channels: int, rows: int) -> np.ndarray | None:
+    """The hidden states a holder of a recurrent policy keeps: [channels, rows, state_size], zero at
+    first (every row starts an episode); None for a feed-forward policy."""
+    size = policies.runners[0].model.state_size
+    return np.zeros((channels, rows, size), dtype=np.float32) if size else None
 
 
 # Async mode: poll passes between looks for new weights. A version comes every few milliseconds and a
@@ -232,6 +268,9 @@ class InferenceRole:
                            if "action_mask" in first.arrays else None)  # envs that give action masks
         self.batch_policy = (np.zeros(rows, dtype=np.int16)
                              if "policy" in first.arrays else None)  # the policy of each row (several policies)
+        # a recurrent policy's hidden states: every served row's, and a batch's
+        self.states = holder_states(policies, len(server.requests), first["obs"].shape[0])
+        self.batch_state = None if self.states is None else np.zeros((rows, self.states.shape[-1]), np.float32)
         reply = server.replies[0]  # the runner's outputs for every request at once, then split per reply
         self.batch_out = {name: np.zeros((rows, *reply[name].shape[1:]), dtype=reply[name].dtype)
                           for name in policies.outputs}
@@ -280,25 +319,33 @@ class InferenceRole:
         return taken
 
     def _serve(self, serve: list[int]) -> None:
-        requests = self.server.requests
+        requests, states = self.server.requests, self.states
         spans, start = [], 0
         for i in serve:
-            obs = requests[i]["obs"]
-            self.batch_obs[start:start + len(obs)] = obs
+            request, reply = requests[i], self.server.reply_buffer(i)
+            obs = request["obs"]
+            end = start + len(obs)
+            self.batch_obs[start:end] = obs
             if self.batch_mask is not None:
-                self.batch_mask[start:start + len(obs)] = requests[i]["action_mask"]
+                self.batch_mask[start:end] = request["action_mask"]
             if self.batch_policy is not None:
-                self.batch_policy[start:start + len(obs)] = requests[i]["policy"]
-            spans.append((i, start, start + len(obs)))
-            start += len(obs)
+                self.batch_policy[start:end] = request["policy"]
+            final_values(self.policies, request, reply, None if states is None else states[i])
+            if states is not None:
+                self.batch_state[start:end] = begin_states(request, reply, states[i])
+            spans.append((i, start, end))
+            start = end
         self.policies.act(self.batch_obs[:start], {name: out[:start] for name, out in self.batch_out.items()},
                           None if self.batch_mask is None else self.batch_mask[:start],
-                          None if self.batch_policy is None else self.batch_policy[:start])
+                          None if self.batch_policy is None else self.batch_policy[:start],
+                          None if states is None else self.batch_state[:start])
         for i, a, b in spans:
-            reply = self.server.reply_buffer(i)
+            reply = self.server.replies[i]
             for name, out in self.batch_out.items():
                 reply[name][...] = out[a:b]
-            finish_reply(self.policies, requests[i], reply)
+            if states is not None and not requests[i].get("flags") & VALUES_ONLY:
+                states[i] = self.batch_state[a:b]
+            reply.set(version=self.policies.version, flags=0)
             self.server.reply(i)
             self.server.rearm(i)
 

@@ -1,0 +1,108 @@
+"""A recurrent actor-critic (model.core: lstm or gru): encoder -> core -> policy and value heads.
+
+The hidden state crosses every boundary as plain float32 numbers, [rows, state_size] (GRU: h; LSTM:
+h and c side by side): policy servers keep one per env row, replies carry the state each action
+was taken from, fragments the state each sequence starts from (core/messages.py), so actors never
+import torch. A row whose episode starts gets a zero state: holders zero it before acting, and a
+sequence replayed by the trainer is zeroed after every step whose `dones` is set.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from hpcrl.models import (ACTIVATIONS, NATURE_CNN_FEATURES, ActorCritic, _linear, _masked_log_softmax, _mlp,
+                          _nature_cnn, encoder_for)
+
+
+class RecurrentActorCritic(ActorCritic):
+    """One trunk (the MLP of model.hidden_sizes, or the Nature CNN), an LSTM or GRU cell of
+    model.core_size, and linear policy and value heads on the cell's output. Acting takes one step
+    of the cell per call (`sample`, `value`, `mode` with the rows' states); training unrolls a
+    fragment's [T, B] rows from each column's start state (`evaluate_sequence`)."""
+
+    recurrent = True
+
+    def _build(self, spaces, cfg, out: int) -> None:
+        if encoder_for(spaces, cfg) == "cnn":
+            self.trunk = _nature_cnn(tuple(spaces.obs_shape))
+            width = NATURE_CNN_FEATURES
+        else:
+            act, hidden = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
+            self.trunk = nn.Sequential(nn.Flatten(), _mlp([int(np.prod(spaces.obs_shape)), *hidden], act,
+                                                          out_gain=math.sqrt(2)), act())
+            width = hidden[-1]
+        self.lstm = cfg.core == "lstm"
+        self.core = (nn.LSTMCell if self.lstm else nn.GRUCell)(width, cfg.core_size)
+        for name, weight in self.core.named_parameters():  # orthogonal weights, zero biases (CleanRL's LSTM PPO)
+            nn.init.orthogonal_(weight, 1.0) if name.startswith("weight") else nn.init.zeros_(weight)
+        self.state_size = cfg.core_size * (2 if self.lstm else 1)
+        self.actor = _linear(cfg.core_size, out, 0.01)
+        self.critic = _linear(cfg.core_size, 1, 1.0)
+
+    # --- one step of the core ---------------------------------------------------------------------
+    def _step(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encoded rows and their states -> the cell's output and the new states."""
+        if self.lstm:
+            h, c = state.chunk(2, dim=-1)
+            h, c = self.core(x, (h.contiguous(), c.contiguous()))
+            return h, torch.cat([h, c], dim=-1)
+        h = self.core(x, state)
+        return h, h
+
+    def _outputs(self, h: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The heads on the cell's output: log-probs (or the Gaussian mean) and the critic's raw output."""
+        out = self.actor(h)
+        return (out if self.continuous else _masked_log_softmax(out, mask)), self.critic(h).squeeze(-1)
+
+    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None, mask: torch.Tensor | None = None,
+               state: torch.Tensor | None = None):
+        """Actions, their log-probs, state values and the rows' next states, from `state` (zeros: None)."""
+        h, state = self._step(self.features(obs), self._state_or_zeros(state, obs))
+        out, raw = self._outputs(h, mask)
+        return (*self._draw(out, self.returns_of(raw), generator), state)
+
+    def value(self, obs: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
+        h, _ = self._step(self.features(obs), self._state_or_zeros(state, obs))
+        return self.returns_of(self.critic(h).squeeze(-1))
+
+    def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None, state: torch.Tensor | None = None):
+        """The most likely actions and the rows' next states."""
+        h, state = self._step(self.features(obs), self._state_or_zeros(state, obs))
+        out = self.actor(h)
+        best = out.reshape(-1, *self.action_shape) if self.continuous else _masked_log_softmax(out, mask).argmax(-1)
+        return best, state
+
+    def _state_or_zeros(self, state: torch.Tensor | None, obs: torch.Tensor) -> torch.Tensor:
+        return state if state is not None else torch.zeros(obs.shape[0], self.state_size, device=obs.device)
+
+    # --- a fragment as sequences --------------------------------------------------------------------
+    def evaluate_sequence(self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None,
+                          state0: torch.Tensor, starts: torch.Tensor):
+        """Rows [T*B] in time-major order (row t*B + b is step t of column b), each column's state
+        before step 0 [B, S], and `starts` [T*B] (1 where the state is zeroed before the step:
+        an episode began). Returns log-probs of `actions`, entropy, the critic's raw output, all
+        [T*B], and the states after the last step [B, S] (for a bootstrap value)."""
+        B = state0.shape[0]
+        x = self.features(obs)
+        x = x.reshape(-1, B, x.shape[-1])
+        keep = (1.0 - starts.float()).reshape(-1, B, 1)
+        state, outs = state0, []
+        for t in range(x.shape[0]):  # truncated BPTT over the fragment
+            h, state = self._step(x[t], state * keep[t])
+            outs.append(h)
+        out, raw = self._outputs(torch.cat(outs), mask)
+        return (*self._scored(out, raw, actions), state)
+
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None = None,
+                 state0: torch.Tensor | None = None, starts: torch.Tensor | None = None):
+        """What the PPO loss needs, over whole sequences (see `evaluate_sequence`)."""
+        if state0 is None:
+            raise ValueError("a recurrent policy evaluates whole sequences: pass state0 and starts")
+        return self.evaluate_sequence(obs, actions, mask, state0, starts)[:3]
+
+    def log_probs(self, obs, mask=None):
+        raise TypeError("a recurrent policy's log-probabilities depend on its state: use evaluate_sequence")
