@@ -96,6 +96,10 @@ extras=$("$py" -c 'import sys, tomllib; print(",".join(tomllib.load(open(sys.arg
 printf 'torch==%s\n' "$torch_version" > "$venv/hpcrl-constraints.txt"
 log "installing hpcrl with extras [$extras]"
 pip install --no-build-isolation -c "$venv/hpcrl-constraints.txt" -e "$repo[$extras]"
+# MiniGrid (Dict observations; tests and jobs/minigrid_doorkey.yaml) without its dependencies: it
+# asks for pygame, whose module files pygame-ce (the box2d extra, which mpe2 needs) already provides,
+# and two distributions of one module break each other. Its other needs (numpy, gymnasium) are in.
+pip install --no-deps "minigrid==3.2.0"
 "$py" -c "import horovod.torch, mpi4py, hpcrl, torch; assert torch.__version__.split('+')[0] == '$torch_version'" \
     || { log "set-up finished but imports fail (or torch is not $torch_version)"; exit 1; }
 fingerprint > "$stamp"

@@ -115,3 +115,31 @@ class MaskedKeys(gym.Env):
         self.t += 1
         obs, info = self._draw()
         return obs, reward, False, self.t >= self.length, info
+
+
+class DictCartPole(gym.Wrapper):
+    """CartPole-v1 (with `max_episode_steps`) observed as a nested Dict: {'cart': [x, x_dot],
+    'pole': ([theta], [theta_dot]) (a Tuple), 'parity': the step count mod 2 (Discrete),
+    'mission': a text (left out by hpcrl)}. The same dynamics as CartPole, so a policy learns it."""
+
+    def __init__(self, max_episode_steps: int = 500):
+        super().__init__(gym.make("CartPole-v1", max_episode_steps=max_episode_steps))
+        box = lambda n: gym.spaces.Box(-np.inf, np.inf, (n,), np.float32)  # noqa: E731
+        self.observation_space = gym.spaces.Dict({
+            "cart": box(2), "pole": gym.spaces.Tuple((box(1), box(1))), "parity": gym.spaces.Discrete(2),
+            "mission": gym.spaces.Text(32)})
+        self.steps = 0
+
+    def _dict(self, obs):
+        return {"cart": obs[:2].copy(), "pole": (obs[2:3].copy(), obs[3:4].copy()),
+                "parity": self.steps % 2, "mission": "balance"}
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        self.steps = 0
+        return self._dict(obs), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        return self._dict(obs), reward, terminated, truncated, info

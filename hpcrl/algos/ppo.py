@@ -14,6 +14,7 @@ from hpcrl.algos.gae import OwnSteps, successor_values
 from hpcrl.algos.kernels import gae, vtrace
 from hpcrl.algos.moments import ReturnScaler
 from hpcrl.core.config import AlgoConfig, Config
+from hpcrl.core.observations import apply, combine
 
 LOSS_KEYS = ("loss_policy", "loss_value", "entropy", "approx_kl", "clip_frac")
 
@@ -24,7 +25,7 @@ class Batch:
     rows whose agent acted, and rows come in whole envs of `rows_together` (the agents per env), which
     minibatches keep together for the centralised critic."""
 
-    obs: torch.Tensor
+    obs: torch.Tensor  # or, for Dict and Tuple observations, a dict of leaf tensors
     actions: torch.Tensor
     logp: torch.Tensor
     values: torch.Tensor
@@ -41,7 +42,7 @@ class Batch:
     seq_len: int = 1
 
     def __len__(self) -> int:
-        return self.obs.shape[0]
+        return len(self.actions)
 
     def take(self, idx: torch.Tensor) -> "Batch":
         """The rows `idx` (for sequences: `minibatches`' whole columns, whose first block of
@@ -50,6 +51,8 @@ class Batch:
             value = getattr(self, name)
             if name == "state0" and value is not None:
                 return value[idx[:len(idx) // self.seq_len]]
+            if isinstance(value, dict):
+                return {key: leaf[idx] for key, leaf in value.items()}
             return value[idx] if isinstance(value, torch.Tensor) else value
         return Batch(*(part(f) for f in self.__dataclass_fields__))
 
@@ -141,11 +144,12 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
     first minibatch's ratios are exactly 1. `reduce_moments` sums the normalisers' moments over all
     learners (an allreduce). Inactive agents' rows count in neither."""
     active = batch.active.bool() if batch.active is not None else slice(None)
+    obs = {key: leaf[active] for key, leaf in batch.obs.items()} if isinstance(batch.obs, dict) else batch.obs[active]
     if cfg.train:
         model.update_value_norm(batch.returns[active], reduce=reduce_moments)
     losses = ppo_update(model, optimizer, batch, cfg, rng, **update_kwargs) if cfg.train \
         else dict.fromkeys(LOSS_KEYS, 0.0)
-    model.update_obs_norm(batch.obs[active], reduce=reduce_moments)
+    model.update_obs_norm(obs, reduce=reduce_moments)
     return losses
 
 
@@ -190,8 +194,8 @@ class PPOStep:
     def assemble(self, fragments: list, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m) -> Batch:
         a = self.cfg.algo
 
-        def cat(key: str, axis: int = 1) -> np.ndarray:
-            return np.concatenate([f[key] for f in fragments], axis=axis)
+        def cat(key: str, axis: int = 1):  # an array, or a dict of them (Dict observations)
+            return combine(lambda parts: np.concatenate(parts, axis=axis), [f[key] for f in fragments])
 
         obs, actions, behaviour_logp = cat("obs"), cat("actions"), cat("logp")
         mask = cat("action_mask").astype(bool) if "action_mask" in fragments[0].arrays else None
@@ -230,11 +234,17 @@ class PPOStep:
         if starts is not None:
             parts["starts"] = starts
         sequences = {} if state0 is None else {"state0": torch.as_tensor(state0, device=self.device),
-                                               "seq_len": obs.shape[0]}
-        return Batch(**{k: torch.as_tensor(v.reshape(-1, *v.shape[2:]), device=self.device,
-                                           dtype=self.dtypes.get(k, torch.float32))
-                        for k, v in parts.items()}, rows_together=self.model.num_agents,  # whole envs of agent rows
-                     **sequences)
+                                               "seq_len": actions.shape[0]}
+        return Batch(**{k: self._rows(k, v) for k, v in parts.items()},
+                     rows_together=self.model.num_agents, **sequences)  # whole envs of agent rows
+
+    def _rows(self, key: str, value):
+        """[T, B, ...] numpy -> [T*B, ...] tensors on the device (Dict observations: per leaf, in
+        their own dtypes; the model casts them)."""
+        if isinstance(value, dict):
+            return {k: torch.as_tensor(v.reshape(-1, *v.shape[2:]), device=self.device) for k, v in value.items()}
+        return torch.as_tensor(value.reshape(-1, *value.shape[2:]), device=self.device,
+                               dtype=self.dtypes.get(key, torch.float32))
 
     def _estimate(self, rewards, values, next_values, dones, log_rhos) -> tuple[np.ndarray, np.ndarray]:
         """Advantages and value targets: GAE (sync), or V-trace with these log-ratios (async)."""
@@ -252,12 +262,12 @@ class PPOStep:
         """Async: V(s_t), V(s_T) and log pi(a_t|s_t) under the weights about to be trained (a
         recurrent policy's over each column as a sequence from `state0`, and V(s_T) from the state
         after step T-1, zeroed where that step ended an episode)."""
-        T, B = obs.shape[:2]
+        T, B = actions.shape[:2]
         as_tensor = lambda x, **kw: torch.as_tensor(x, device=self.device, **kw)  # noqa: E731
-        rows = (as_tensor(obs.reshape(T * B, *obs.shape[2:]), dtype=self.dtypes["obs"]),
-                as_tensor(actions.reshape(T * B, *actions.shape[2:])),
+        rows = (self._rows("obs", obs), as_tensor(actions.reshape(T * B, *actions.shape[2:])),
                 None if mask is None else as_tensor(mask.reshape(T * B, -1)))
-        last_obs = as_tensor(last_obs, dtype=self.dtypes["obs"])
+        last_obs = (apply(as_tensor, last_obs) if isinstance(last_obs, dict)
+                    else as_tensor(last_obs, dtype=self.dtypes["obs"]))
         if state0 is None:
             logp, _, raw = self.model.evaluate(*rows)
             last = self.model.value(last_obs)

@@ -88,7 +88,7 @@ def inference_messages(cfg, spaces, groups: int) -> tuple[MessageSpec, MessageSp
     carries num_envs / groups envs (core/messages.py), a row per agent (with several policies or
     a self-play pool, each row's policy id); the reply is the algorithm's."""
     n = env_rows(cfg, spaces, cfg.env.num_envs // groups)
-    return (request_spec(n, spaces.obs_shape, spaces.obs_dtype, mask_actions(spaces), policies=rows_carry_policy(cfg),
+    return (request_spec(n, spaces.observation, None, mask_actions(spaces), policies=rows_carry_policy(cfg),
                          recurrent=bool(state_size(cfg.model))),
             ALGORITHMS[cfg.algo.name].reply(cfg, spaces, n))
 
@@ -101,7 +101,7 @@ def mask_actions(spaces) -> int:
 def fragment_record(cfg, spaces) -> MessageSpec:
     """PPO/APPO's (and MAPPO's) record: a fragment of T steps x N env rows (core/messages.py), with
     the agents' active mask for PettingZoo envs."""
-    return fragment_spec(cfg.algo.rollout_length, env_rows(cfg, spaces), spaces.obs_shape, spaces.obs_dtype,
+    return fragment_spec(cfg.algo.rollout_length, env_rows(cfg, spaces), spaces.observation, None,
                          spaces.action_shape, spaces.action_dtype, active=spaces.multiagent,
                          mask_actions=mask_actions(spaces), selfplay_ages=cfg.algo.selfplay.pool,
                          state_size=state_size(cfg.model))

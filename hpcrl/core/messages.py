@@ -12,6 +12,8 @@ from typing import Iterable
 
 import numpy as np
 
+from hpcrl.core.observations import ObsLayout
+
 ALIGN = 8
 
 
@@ -37,6 +39,7 @@ class MessageSpec:
             raise ValueError(f"duplicate names in message spec: {names}")
         self.offsets: dict[str, int] = {}
         self._by_name = {f.name: f for f in self.fields}
+        self._prefix_field: dict[str, str] = {}
         # bytes per row of each field (its first axis): a partial send is worked out per step
         self._row_bytes = {f.name: f.nbytes // max(f.shape[0], 1) if f.shape else f.nbytes for f in self.fields}
         offset = 8 * len(self.header)
@@ -48,9 +51,21 @@ class MessageSpec:
     def field(self, name: str) -> Field:
         return self._by_name[name]
 
+    def group(self, name: str) -> list[Field]:
+        """Field `name`, or the fields `name.*` of a structured observation, in order."""
+        return [f for f in self.fields if f.name == name or f.name.startswith(name + ".")]
+
+    def group_offset(self, name: str) -> int:
+        """Where field `name` (or its group's first field) starts."""
+        return self.offsets[self.group(name)[0].name]
+
     def prefix_nbytes(self, name: str, rows: int) -> int:
-        """Bytes up to and including the first `rows` rows of field `name` (sends a partial tail)."""
-        return self.offsets[name] + rows * self._row_bytes[name]
+        """Bytes up to and including the first `rows` rows of field `name` (sends a partial tail);
+        of a group of fields (a structured observation), every field but the last whole."""
+        last = self._prefix_field.get(name)
+        if last is None:
+            last = self._prefix_field[name] = self.group(name)[-1].name
+        return self.offsets[last] + rows * self._row_bytes[last]
 
     def allocate(self) -> "Message":
         return Message(self)
@@ -65,12 +80,20 @@ class Message:
         self.header = self.buffer[: 8 * len(spec.header)].view(np.int64)
         self._header_index = {name: i for i, name in enumerate(spec.header)}
         self.arrays: dict[str, np.ndarray] = {}
+        # structured observations (core/observations.py): fields 'obs.image', 'obs.direction', ...
+        # read together as msg['obs'], a dict of the leaves by key
+        self.groups: dict[str, dict[str, np.ndarray]] = {}
         for f in spec.fields:
             start = spec.offsets[f.name]
             self.arrays[f.name] = self.buffer[start:start + f.nbytes].view(f.dtype).reshape(f.shape)
+            if "." in f.name:
+                group, key = f.name.split(".", 1)
+                self.groups.setdefault(group, {})[key] = self.arrays[f.name]
 
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.arrays[name]
+    def __getitem__(self, name: str):
+        """The array of field `name`, or the leaves of the observation fields `name.*` as a dict."""
+        array = self.arrays.get(name)
+        return array if array is not None else self.groups[name]
 
     def get(self, name: str) -> int:
         return int(self.header[self._header_index[name]])
@@ -94,6 +117,14 @@ VALUES_ONLY = 8  # request flags bit: only the values are wanted (sync mode's bo
 EPISODE_STATS = ("episodes", "return_sum", "return_sqsum", "return_min", "return_max", "length_sum")
 
 
+def obs_fields(name: str, lead: tuple, obs_shape, obs_dtype=None) -> list:
+    """The message fields of observations `name` with leading axes `lead`: one field of `obs_shape`
+    and `obs_dtype`, or (`obs_shape` an ObsLayout) one per leaf of a structured observation."""
+    if isinstance(obs_shape, ObsLayout):
+        return obs_shape.fields(name, lead)
+    return [(name, obs_dtype, (*lead, *obs_shape))]
+
+
 def request_spec(num_envs: int, obs_shape: tuple, obs_dtype, mask_actions: int = 0,
                  policies: bool = False, recurrent: bool = False) -> MessageSpec:
     """env -> inference: observations for one step (with `mask_actions`, each row's valid actions
@@ -108,8 +139,8 @@ def request_spec(num_envs: int, obs_shape: tuple, obs_dtype, mask_actions: int =
     starts = [("starts", np.uint8, (num_envs,)), ("final_rows", np.int32, (num_envs,))] if recurrent else []
     return MessageSpec(
         header=("policy_id", "version", "n_final", "flags"),
-        fields=[("obs", obs_dtype, (num_envs, *obs_shape)), *mask, *ids, *starts,
-                ("final_obs", obs_dtype, (num_envs, *obs_shape))])
+        fields=[*obs_fields("obs", (num_envs,), obs_shape, obs_dtype), *mask, *ids, *starts,
+                *obs_fields("final_obs", (num_envs,), obs_shape, obs_dtype)])
 
 
 def reply_spec(num_envs: int, action_shape: tuple, action_dtype, state_size: int = 0) -> MessageSpec:
@@ -179,7 +210,7 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
     return MessageSpec(
         header=("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
                 "credit_wait_us"),
-        fields=[("obs", obs_dtype, (t, n, *obs_shape)),
+        fields=[*obs_fields("obs", (t, n), obs_shape, obs_dtype),
                 ("actions", action_dtype, (t, n, *action_shape)),
                 ("logp", np.float32, (t, n)),
                 ("values", np.float32, (t, n)),
@@ -187,7 +218,7 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                 ("dones", np.uint8, (t, n)),
                 ("trunc_values", np.float32, (t, n)),
                 ("last_values", np.float32, (n,)),
-                ("last_obs", obs_dtype, (n, *obs_shape)),
+                *obs_fields("last_obs", (n,), obs_shape, obs_dtype),
                 ("episode_stats", np.float64, (len(EPISODE_STATS),)),
                 ("return_moments", np.float64, (3,))] + ([("active", np.uint8, (t, n))] if active else [])
         + ([("action_mask", np.uint8, (t, n, mask_actions))] if mask_actions else [])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 import functools
 import importlib
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ import gymnasium as gym
 import numpy as np
 
 from hpcrl.core.config import ConfigError, EnvConfig
+from hpcrl.core.observations import ObsLayout
+from hpcrl.envs.layouts import layout_of
 from hpcrl.envs.multiagent import pettingzoo_vector
 from hpcrl.envs.pomdp import register as _register_pomdp
 from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, DiscountedReturns, SyncVector,
@@ -43,6 +46,14 @@ class EnvSpaces:
     state_dim: int = 0        # PettingZoo with env.global_state: the last state_dim numbers of a row are the env's state
     num_agents: int = 1       # PettingZoo: agents per env, each a row of the vector (envs/multiagent.py)
     agents: tuple = ()        # PettingZoo: the agent names, in row order
+    # Dict or Tuple observations: their leaves (core/observations.py); obs_shape is then () and
+    # obs_dtype 'structured', and everything that moves or encodes observations reads the layout
+    obs_layout: ObsLayout | None = None
+
+    @property
+    def observation(self) -> ObsLayout:
+        """The observation's leaves: one for a Box observation."""
+        return self.obs_layout if self.obs_layout is not None else ObsLayout.box(self.obs_shape, self.obs_dtype)
 
     @property
     def continuous(self) -> bool:
@@ -183,9 +194,18 @@ def probe_spaces(cfg: EnvConfig) -> EnvSpaces:
         state_dim = int(getattr(envs.unwrapped, "state_dim", 0))
     finally:
         envs.close()
-    if not isinstance(obs, gym.spaces.Box):
-        raise ConfigError(f"env.id: {cfg.id!r} has observation space {obs}; hpcrl supports Box observations")
-    spaces = EnvSpaces(obs_shape=tuple(obs.shape), obs_dtype=np.dtype(obs.dtype).name, num_actions=0,
+    if isinstance(obs, gym.spaces.Box):
+        shape, dtype, layout = tuple(obs.shape), np.dtype(obs.dtype).name, None
+    else:
+        try:
+            layout = layout_of(obs, warn=lambda message: _warn_once(f"env.id {cfg.id}: {message}"))
+        except ValueError as exc:
+            raise ConfigError(f"env.id: {cfg.id!r}: {exc}") from None
+        if agents:
+            raise ConfigError(f"env.id: {cfg.id!r} gives its agents {type(obs).__name__} observations; multi-agent "
+                              f"envs need Box observations so far")
+        shape, dtype = (), "structured"
+    spaces = EnvSpaces(obs_shape=shape, obs_dtype=dtype, num_actions=0, obs_layout=layout,
                        num_agents=max(len(agents), 1), agents=agents, action_mask=masked, state_dim=state_dim)
     if masked and not agents and (not isinstance(act, gym.spaces.Discrete) or mask_width != int(act.n)):
         raise ConfigError(f"env.id: {cfg.id!r} gives info['action_mask'] of {mask_width} entries for action space "
@@ -199,6 +219,16 @@ def probe_spaces(cfg: EnvConfig) -> EnvSpaces:
     raise ConfigError(f"env.id: {cfg.id!r} has action space {act}; hpcrl supports Discrete actions (starting "
                       f"at 0) and one-dimensional Box (continuous) actions, not Dict, Tuple, MultiDiscrete, "
                       f"MultiBinary or multi-dimensional Box")
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """A warning about the env, printed once per process (spaces are probed more than once)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"[hpcrl] warning: {message}", file=sys.stderr, flush=True)
 
 
 # --- random actions (tests drive every backend with them) ---------------------------------------

@@ -19,6 +19,7 @@ from torch.nn import functional as F
 
 from hpcrl.algos.moments import merge_moments
 from hpcrl.core.config import Config, ConfigError, ModelConfig
+from hpcrl.core.observations import rows as count_rows
 
 if TYPE_CHECKING:  # not at run time: inference ranks need no gymnasium
     from hpcrl.envs import EnvSpaces
@@ -68,6 +69,11 @@ def _nature_cnn(obs_shape: tuple) -> nn.Sequential:
 def encoder_for(spaces: EnvSpaces, cfg: ModelConfig) -> str:
     """'mlp' or 'cnn' for these observations; a ConfigError if model.encoder cannot take them."""
     shape = tuple(spaces.obs_shape)
+    if spaces.obs_layout is not None:
+        if cfg.encoder == "cnn":
+            raise ConfigError("model.encoder: cnn reads Box image observations; this env's are a Dict or Tuple, "
+                              "whose leaves choose their own encoders (images: the CNN): use encoder: auto or mlp")
+        return "mlp"
     kind = cfg.encoder if cfg.encoder != "auto" else ("cnn" if len(shape) == 3 else "mlp")
     if kind == "cnn":
         how = "model.encoder: auto chose cnn for 3-D observations" if cfg.encoder == "auto" else "model.encoder: cnn"
@@ -141,25 +147,40 @@ class ObservationInput(nn.Module):
 
     def __init__(self, spaces: EnvSpaces, cfg: ModelConfig):
         super().__init__()
+        if spaces.obs_layout is not None:  # a Dict or Tuple observation: each leaf its own way
+            from hpcrl.models.structured import StructuredInput
+            self.structured = StructuredInput(spaces.obs_layout, cfg.obs_norm)
+            self.obs_scale, self.obs_norm = None, None
+            return
+        self.structured = None
         self.obs_scale = 1.0 / 255.0 if spaces.obs_dtype == "uint8" else None
         self.obs_norm = RunningNorm(tuple(spaces.obs_shape)) if cfg.obs_norm else None
+
+    def input_width(self, spaces: EnvSpaces) -> int:
+        """Numbers per row the trunk of an MLP network reads."""
+        return self.structured.width if self.structured is not None else int(np.prod(spaces.obs_shape))
 
     def _scaled(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float()
         return x * self.obs_scale if self.obs_scale is not None else x
 
-    def features(self, obs: torch.Tensor) -> torch.Tensor:
-        """What the heads read: scaled, normalised, encoded observations."""
+    def features(self, obs) -> torch.Tensor:
+        """What the heads read: scaled, normalised, encoded observations (a dict of leaf tensors
+        for Dict and Tuple observations)."""
+        if self.structured is not None:
+            return self.trunk(self.structured(obs))
         x = self._scaled(obs)
         if self.obs_norm is not None:
             x = self.obs_norm(x)
         return self.trunk(x)
 
-    def update_obs_norm(self, obs: torch.Tensor, reduce: Callable[[np.ndarray], np.ndarray] = lambda m: m) -> None:
+    def update_obs_norm(self, obs, reduce: Callable[[np.ndarray], np.ndarray] = lambda m: m) -> None:
         """Fold a batch into the observation normaliser (a no-op without model.obs_norm). `reduce`
         sums the moments over every learner's batch (an allreduce), so all learners merge the same
         numbers and hold identical stats."""
-        if self.obs_norm is not None:
+        if self.structured is not None:
+            self.structured.update_norms(obs, reduce)
+        elif self.obs_norm is not None:
             self.obs_norm.merge(reduce(self.obs_norm.moments(self._scaled(obs))))
 
 
@@ -210,9 +231,9 @@ class ActorCritic(ObservationInput):
             self.actor = _linear(NATURE_CNN_FEATURES, out, 0.01)
             self.critic = _linear(NATURE_CNN_FEATURES, 1, 1.0)
         else:
-            self.trunk = nn.Flatten()
+            self.trunk = nn.Flatten() if self.structured is None else nn.Identity()
             act, hidden = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
-            obs_dim = int(np.prod(spaces.obs_shape)) - self.state_dim  # the agent's own view
+            obs_dim = self.input_width(spaces) - self.state_dim  # the agent's own view
             self.actor = _mlp([obs_dim, *hidden, out], act, out_gain=0.01)
             if not central_critic:
                 critic_dim = obs_dim
@@ -332,6 +353,9 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
     from hpcrl.core.dataflow import ALGORITHMS
     algorithm = ALGORITHMS[cfg.algo.name]
     if algorithm.policy == "q":
+        if spaces.obs_layout is not None:
+            raise ConfigError(f"env.id: {cfg.env.id} has Dict or Tuple observations, which algo.name dqn does not "
+                              f"take yet; use algo.name: ppo")
         from hpcrl.models.q import QNetwork
         return QNetwork(spaces, cfg.model, dueling=cfg.algo.dqn.dueling, env_id=cfg.env.id)
     if algorithm.multiagent and not spaces.multiagent:
@@ -408,8 +432,10 @@ class Runner:
         load_params_from(self.model, flat)
         self.version = version
 
-    def _tensor(self, obs: np.ndarray) -> torch.Tensor:
+    def _tensor(self, obs):
         # native dtype: uint8 frames cross to the device as bytes; the model casts to float32
+        if isinstance(obs, dict):  # a Dict or Tuple observation's leaves
+            return {key: torch.as_tensor(leaf, device=self.device) for key, leaf in obs.items()}
         return torch.as_tensor(obs, device=self.device)
 
 
@@ -424,6 +450,8 @@ class PolicyRunner(Runner):
         """`mask`: each row's valid actions (envs that give action masks). `state` (a recurrent
         policy): the rows' hidden states, [rows, state_size], advanced in place."""
         mask = None if mask is None else torch.as_tensor(mask, device=self.device).bool()
+        if state is None and self.model.recurrent:  # rows without a history: zero states
+            state = np.zeros((count_rows(obs), self.model.state_size), dtype=np.float32)
         if state is None:
             a, lp, v = self.model.sample(self._tensor(obs), self.generator, mask)
         else:
@@ -436,7 +464,7 @@ class PolicyRunner(Runner):
     @torch.inference_mode()
     def value(self, obs: np.ndarray, out: np.ndarray, state: np.ndarray | None = None) -> None:
         """`state` (a recurrent policy): the rows' hidden states, left as they are."""
-        if len(obs):
+        if count_rows(obs):
             v = self.model.value(self._tensor(obs)) if state is None else \
                 self.model.value(self._tensor(obs), self._tensor(state))
             out[...] = v.cpu().numpy()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -32,7 +31,7 @@ class RecurrentActorCritic(ActorCritic):
             width = NATURE_CNN_FEATURES
         else:
             act, hidden = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
-            self.trunk = nn.Sequential(nn.Flatten(), _mlp([int(np.prod(spaces.obs_shape)), *hidden], act,
+            self.trunk = nn.Sequential(nn.Flatten(), _mlp([self.input_width(spaces), *hidden], act,
                                                           out_gain=math.sqrt(2)), act())
             width = hidden[-1]
         self.lstm = cfg.core == "lstm"
@@ -77,7 +76,10 @@ class RecurrentActorCritic(ActorCritic):
         return best, state
 
     def _state_or_zeros(self, state: torch.Tensor | None, obs: torch.Tensor) -> torch.Tensor:
-        return state if state is not None else torch.zeros(obs.shape[0], self.state_size, device=obs.device)
+        if state is not None:
+            return state
+        first = next(iter(obs.values())) if isinstance(obs, dict) else obs
+        return torch.zeros(first.shape[0], self.state_size, device=first.device)
 
     # --- a fragment as sequences --------------------------------------------------------------------
     def evaluate_sequence(self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None,
@@ -87,7 +89,7 @@ class RecurrentActorCritic(ActorCritic):
         an episode began). Returns log-probs of `actions`, entropy, the critic's raw output, all
         [T*B], and the states after the last step [B, S] (for a bootstrap value)."""
         B = state0.shape[0]
-        x = self.features(obs)
+        x = self.features(obs)  # rows [T*B] of any observation kind -> [T*B, F]
         x = x.reshape(-1, B, x.shape[-1])
         keep = (1.0 - starts.float()).reshape(-1, B, 1)
         state, outs = state0, []

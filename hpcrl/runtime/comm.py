@@ -186,7 +186,7 @@ class RequestClient:
         self.comm = comm
         self.peer = inference_rank
         self.request, self.reply = request, reply
-        self.plain_nbytes = request.spec.offsets["final_obs"]
+        self.plain_nbytes = request.spec.group_offset("final_obs")
         self.request_tag = group_tag(Tag.OBS_REQUEST, group)
         self._recv = comm.Recv_init(reply.buffer, source=self.peer, tag=group_tag(Tag.ACTION_REPLY, group))
         self._send_plain = comm.Send_init([request.buffer[:self.plain_nbytes], MPI.BYTE], dest=self.peer,

@@ -17,6 +17,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from hpcrl.core.observations import apply
+
 from hpcrl.io.checkpoint import load_latest
 from hpcrl.core.config import Config, ConfigError, parse_config
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env, probe_spaces
@@ -168,7 +170,8 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
         mask = getattr(envs.unwrapped, "action_mask", None)
         while len(result.returns) < episodes:
             with torch.no_grad():
-                obs_t = torch.as_tensor(obs, dtype=torch.float32)
+                obs_t = (torch.as_tensor(obs, dtype=torch.float32) if spaces.obs_layout is None
+                         else apply(torch.as_tensor, spaces.obs_layout.flatten(obs)))  # Dict observations' leaves
                 mask_t = None if mask is None else torch.as_tensor(mask)
                 actions = model.mode(obs_t, mask_t) if deterministic else model.sample(obs_t, generator, mask_t)[0]
                 actions = actions.numpy()

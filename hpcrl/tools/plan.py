@@ -101,7 +101,7 @@ def traffic(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int, ste
         updates_per_s = frames_per_s / update_frames(cfg, layout)
         steps_per_update = cfg.algo.epochs * cfg.algo.num_minibatches
     return Traffic(
-        env_requests=requests_per_s * req.offsets["final_obs"] if remote else 0.0,
+        env_requests=requests_per_s * req.group_offset("final_obs") if remote else 0.0,
         env_fragments=fragments_per_s * frag.nbytes,
         inference_replies=inf_fan * requests_per_s * rep.nbytes,
         learner_fragments_in=learner_fan * fragments_per_s * frag.nbytes,

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcrl.core.observations import zeros
+
 from hpcrl.core.config import Config, ConfigError, load_config, to_dict
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.layout import plan_layout, simulated_nodes, update_frames
@@ -69,7 +71,7 @@ def measure_forward(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[lis
     runner = make_runner(build_policy(spaces, cfg), cfg.roles.inference.device, seed=0)
     out = []
     for rows in FORWARD_ROWS:
-        obs = np.zeros((rows, *spaces.obs_shape), dtype=spaces.obs_dtype)
+        obs = zeros(spaces.observation, (rows,))
         reply = {name: np.zeros((rows, *spaces.action_shape) if name == "actions" else
                                 (rows, spaces.num_actions) if name == "q" else (rows,)) for name in runner.outputs}
         out.append(_timed(lambda: runner.act(obs, reply), seconds / len(FORWARD_ROWS)))
@@ -203,7 +205,7 @@ class _Planner:
                       num_envs=c.env.num_envs, groups=G, rollout=c.algo.rollout_length, batch_frames=self.batch,
                       envs_per_inference=int(layout.fan_in("inference").max()) if remote else 0,
                       envs_per_learner=int(layout.fan_in("learner").max()),
-                      request_bytes=request.offsets["final_obs"], reply_bytes=reply.nbytes,
+                      request_bytes=request.group_offset("final_obs"), reply_bytes=reply.nbytes,
                       fragment_bytes=ALGORITHMS[c.algo.name].record(c, self.spaces).nbytes,
                       sync=c.algo.mode == "sync")
         return Choice(c, predict(self.measured, shape, self.cores),

@@ -17,6 +17,8 @@ from hpcrl.core.config import Config
 from hpcrl.core.layout import INLINE, fragments_per_env_rank
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
 from hpcrl.core.seeds import env_seeds, seed_for
+from hpcrl.core.observations import apply, assign, combine, fit, take
+from hpcrl.core.observations import rows as count_rows
 from hpcrl.core.messages import EPISODE_STATS, STOP, VALUES_ONLY, Message, MessageSpec, take_rows
 from hpcrl.core.policies import row_policies
 from hpcrl.envs.multiagent import ENV_DONE
@@ -62,12 +64,12 @@ class EnvGroup:
     def __init__(self, envs, first_obs: np.ndarray, policy, columns: slice, row_policy: np.ndarray):
         self.envs, self.policy, self.columns = envs, policy, columns
         self.request, self.reply = policy.request, policy.reply
-        self.request["obs"][...] = first_obs
+        assign(self.request["obs"], fit(self.request["obs"], first_obs))
         self.row_policy = row_policy  # the policy id of each row (they ride on requests in runs of several)
         if "policy" in self.request.arrays:
             self.request["policy"][...] = row_policy
         self.seats: Seats | None = None  # self-play against a pool: who plays which seat (workers/selfplay.py)
-        n = first_obs.shape[0]
+        n = count_rows(self.request["obs"])
         self.t = 0
         self.waiting = False
         self.at_end = False  # took step T's reply (values for the bootstrap); waits for the other groups
@@ -130,7 +132,7 @@ class EnvRole:
         self.senders = senders
         self.sender = senders[0]
         per_group = self.num_envs // len(policies)
-        rows = policies[0].request["obs"].shape[0]  # a group's rows: its envs, or envs x agents (PettingZoo)
+        rows = count_rows(policies[0].request["obs"])  # a group's rows: its envs, or envs x agents (PettingZoo)
         self.N = rows * len(policies)  # the record's columns
         row_policy = row_policies(cfg.policies, agents, self.num_envs)
         self.policy_columns = [np.flatnonzero(row_policy == p) for p in range(len(senders))]
@@ -266,7 +268,7 @@ class EnvRole:
             trunc[group.final_rows[group.final_truncated]] = values[group.final_truncated]
         if group.t == self.T:
             frag["last_values"][cols] = reply["values"]
-            frag["last_obs"][cols] = group.request["obs"]
+            assign(frag["last_obs"], group.request["obs"], cols)
             group.at_end = True
             return
         self._step(group, reply)
@@ -277,7 +279,7 @@ class EnvRole:
             group.first_version = reply.get("version")
             if group.recurrent:  # the state the fragment's sequences start from
                 frag["init_state"][cols] = reply["state"]
-        frag["obs"][t, cols] = group.request["obs"]
+        assign(frag["obs"], group.request["obs"], (t, cols))
         frag["actions"][t, cols] = reply["actions"]
         frag["logp"][t, cols] = reply["logp"]
         frag["values"][t, cols] = reply["values"]
@@ -295,7 +297,8 @@ class EnvRole:
         frag["rewards"][t, cols] = rewards
         frag["dones"][t, cols] = done
         frag["trunc_values"][t, cols] = 0.0
-        group.request["obs"][...] = obs
+        obs = fit(group.request["obs"], obs)  # Dict and Tuple observations: their leaves by key
+        assign(group.request["obs"], obs)
         # Truncated (not terminated) episodes still have a future: send their final obs for a value.
         self._final_rows(group, truncated & ~terminated, obs, info)
         self._tally(group, rewards, done, info)
@@ -325,8 +328,9 @@ class EnvRole:
             group.request["final_rows"][:len(rows)] = rows
         if "final_policy" in group.request.arrays:
             group.request["final_policy"][:len(rows)] = group.row_policy[rows]
-        ended = info.get("_final_obs", np.zeros(len(obs), dtype=bool))
-        group.request["final_obs"][:len(rows)] = np.stack([info["final_obs"][r] if ended[r] else obs[r] for r in rows])
+        ended = info.get("_final_obs", np.zeros(count_rows(obs), dtype=bool))
+        finals = [fit(obs, info["final_obs"][r]) if ended[r] else take(obs, r) for r in rows]
+        assign(group.request["final_obs"], combine(np.stack, finals), slice(0, len(rows)))
 
     def _tally(self, group: EnvGroup, rewards: np.ndarray, done: np.ndarray, info: dict) -> None:
         """Metrics: raw rewards over whole episodes (an Atari game of several lives), when training
@@ -435,7 +439,7 @@ class EnvRole:
         learner checkpoints). Raises pickle/type errors for envs that cannot be pickled."""
         if any(g.t != 0 for g in self.groups):
             raise RuntimeError("env snapshots are taken between rollouts")
-        return pickle.dumps({"groups": [{"envs": g.envs, "obs": g.request["obs"].copy(), "ep_return": g.ep_return,
+        return pickle.dumps({"groups": [{"envs": g.envs, "obs": apply(np.copy, g.request["obs"]), "ep_return": g.ep_return,
                                          "ep_length": g.ep_length, "sampling": g.policy.sampling_state(),
                                          "active": g.active,
                                          "mask": g.request["action_mask"].copy() if g.masked else None,
@@ -451,7 +455,7 @@ class EnvRole:
         for group, saved in zip(self.groups, state["groups"]):
             group.envs.close()
             group.envs = saved["envs"]
-            group.request["obs"][...] = saved["obs"]
+            assign(group.request["obs"], saved["obs"])
             group.ep_return, group.ep_length = saved["ep_return"], saved["ep_length"]
             group.active = saved.get("active")
             if group.masked:

@@ -16,6 +16,8 @@ import numpy as np
 
 from hpcrl.runtime.comm import RequestServer
 from hpcrl.core.messages import STOP, VALUES_ONLY, Message
+from hpcrl.core.observations import apply, assign, take
+from hpcrl.core.observations import rows as count_rows
 from hpcrl.runtime.params import END
 from hpcrl.core.seeds import seed_for
 from hpcrl.models import Runner
@@ -52,7 +54,7 @@ class PolicySet:
         for p, rows in self._rows(policy):
             part = {name: values[rows] for name, values in out.items()}
             rows_state = {} if state is None else {"state": state[rows]}
-            self._runner(p).act(obs[rows], part, None if mask is None else mask[rows], **rows_state)
+            self._runner(p).act(take(obs, rows), part, None if mask is None else mask[rows], **rows_state)
             for name, values in part.items():
                 out[name][rows] = values
             if state is not None:
@@ -67,7 +69,7 @@ class PolicySet:
             return
         for p, rows in self._rows(policy):
             part = out[rows]
-            self._runner(p).value(obs[rows], part, **({} if state is None else {"state": state[rows]}))
+            self._runner(p).value(take(obs, rows), part, **({} if state is None else {"state": state[rows]}))
             out[rows] = part
 
     def _rows(self, policy: np.ndarray):
@@ -125,7 +127,7 @@ class InlinePolicy:
         self.sync = sync
         self.control = control
         self.request, self.reply = request, reply
-        states = holder_states(policies, 1, request["obs"].shape[0])
+        states = holder_states(policies, 1, count_rows(request["obs"]))
         self.states = None if states is None else states[0]  # a recurrent policy's, of this rank's env rows
         self.stopped = False
         self._wanted: int | None = None
@@ -216,7 +218,7 @@ def final_values(policies: PolicySet, request: Message, reply: Message, states: 
     n_final = request.get("n_final")
     if n_final:  # most requests carry none: skip the forward call and its inference-mode switch
         final_policy = request.arrays.get("final_policy")
-        policies.value(request["final_obs"][:n_final], reply["final_values"][:n_final],
+        policies.value(take(request["final_obs"], slice(0, n_final)), reply["final_values"][:n_final],
                        None if final_policy is None else final_policy[:n_final],
                        None if states is None else states[request["final_rows"][:n_final]])
 
@@ -262,14 +264,15 @@ class InferenceRole:
         self.done = False
         self.status = "waiting for the first weights"
         first = server.requests[0]
-        rows = len(server.requests) * first["obs"].shape[0]
-        self.batch_obs = np.zeros((rows, *first["obs"].shape[1:]), dtype=first["obs"].dtype)
+        self.per_request = per_request = count_rows(first["obs"])
+        rows = len(server.requests) * per_request
+        self.batch_obs = apply(lambda leaf: np.zeros((rows, *leaf.shape[1:]), dtype=leaf.dtype), first["obs"])
         self.batch_mask = (np.zeros((rows, *first["action_mask"].shape[1:]), dtype=np.uint8)
                            if "action_mask" in first.arrays else None)  # envs that give action masks
         self.batch_policy = (np.zeros(rows, dtype=np.int16)
                              if "policy" in first.arrays else None)  # the policy of each row (several policies)
         # a recurrent policy's hidden states: every served row's, and a batch's
-        self.states = holder_states(policies, len(server.requests), first["obs"].shape[0])
+        self.states = holder_states(policies, len(server.requests), per_request)
         self.batch_state = None if self.states is None else np.zeros((rows, self.states.shape[-1]), np.float32)
         reply = server.replies[0]  # the runner's outputs for every request at once, then split per reply
         self.batch_out = {name: np.zeros((rows, *reply[name].shape[1:]), dtype=reply[name].dtype)
@@ -323,9 +326,8 @@ class InferenceRole:
         spans, start = [], 0
         for i in serve:
             request, reply = requests[i], self.server.reply_buffer(i)
-            obs = request["obs"]
-            end = start + len(obs)
-            self.batch_obs[start:end] = obs
+            end = start + self.per_request
+            assign(self.batch_obs, request["obs"], slice(start, end))
             if self.batch_mask is not None:
                 self.batch_mask[start:end] = request["action_mask"]
             if self.batch_policy is not None:
@@ -335,7 +337,7 @@ class InferenceRole:
                 self.batch_state[start:end] = begin_states(request, reply, states[i])
             spans.append((i, start, end))
             start = end
-        self.policies.act(self.batch_obs[:start], {name: out[:start] for name, out in self.batch_out.items()},
+        self.policies.act(take(self.batch_obs, slice(0, start)), {name: out[:start] for name, out in self.batch_out.items()},
                           None if self.batch_mask is None else self.batch_mask[:start],
                           None if self.batch_policy is None else self.batch_policy[:start],
                           None if states is None else self.batch_state[:start])

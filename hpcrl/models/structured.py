@@ -1,0 +1,82 @@
+"""The input of a network whose observations are a Dict or Tuple (core/observations.py): each leaf
+is cast, scaled, normalised and encoded by a module chosen for it, and the codes are concatenated.
+
+- a Discrete leaf: a learned embedding of EMBEDDING_WIDTH numbers;
+- a uint8 image large enough for the Nature CNN (channel-first [C, H, W], H and W >= 36):
+  scaled to [0, 1], then the CNN;
+- anything else (vectors, small grids such as MiniGrid's 7x7x3 codes): flattened, as numbers.
+With model.obs_norm every leaf that is not Discrete has its own running normaliser, and a batch's
+moments of all of them are summed over the learners in one reduction.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from hpcrl.core.observations import Leaf, ObsLayout
+
+EMBEDDING_WIDTH = 16
+
+
+def _is_image(leaf: Leaf) -> bool:
+    from hpcrl.models import CNN_MIN_SIZE
+    return leaf.dtype == "uint8" and len(leaf.shape) == 3 and min(leaf.shape[1:]) >= CNN_MIN_SIZE
+
+
+class StructuredInput(nn.Module):
+    """Observations as a dict of leaf tensors -> [B, width] features."""
+
+    def __init__(self, layout: ObsLayout, obs_norm: bool):
+        from hpcrl.models import NATURE_CNN_FEATURES, RunningNorm, _nature_cnn
+        super().__init__()
+        self.keys = [leaf.key for leaf in layout.leaves]
+        self.names = [f"leaf{i}" for i in range(len(layout.leaves))]  # module names cannot hold '.'
+        self.kinds, encoders, norms, self.width = [], {}, {}, 0
+        for name, leaf in zip(self.names, layout.leaves):
+            if leaf.categories:
+                kind, width = "discrete", EMBEDDING_WIDTH
+                encoders[name] = nn.Embedding(leaf.categories, EMBEDDING_WIDTH)
+            elif _is_image(leaf):
+                kind, width = "image", NATURE_CNN_FEATURES
+                encoders[name] = _nature_cnn(leaf.shape)
+            else:
+                kind, width = "numbers", int(np.prod(leaf.shape, dtype=np.int64))
+                encoders[name] = nn.Flatten()
+            if obs_norm and kind != "discrete":
+                norms[name] = RunningNorm(leaf.shape)
+            self.kinds.append(kind)
+            self.width += width
+        self.encoders = nn.ModuleDict(encoders)
+        self.norms = nn.ModuleDict(norms)
+
+    def scaled(self, obs: dict) -> dict:
+        """Leaf tensors as the encoders read them (before normalising): ids as integers, images in
+        [0, 1], everything else as float32 numbers."""
+        out = {}
+        for key, name, kind in zip(self.keys, self.names, self.kinds):
+            x = obs[key]
+            out[name] = x.long() if kind == "discrete" else x.float() * (1.0 / 255.0) if kind == "image" else x.float()
+        return out
+
+    def forward(self, obs: dict) -> torch.Tensor:
+        codes = []
+        for name, x in self.scaled(obs).items():
+            if name in self.norms:
+                x = self.norms[name](x)
+            codes.append(self.encoders[name](x))
+        return torch.cat(codes, dim=-1)
+
+    def update_norms(self, obs: dict, reduce: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Fold a batch into every leaf's normaliser, the moments of all leaves summed in one `reduce`."""
+        if not len(self.norms):
+            return
+        x = self.scaled(obs)
+        parts = [self.norms[name].moments(x[name]) for name in self.norms]
+        summed = reduce(np.concatenate(parts))
+        start = 0
+        for name, part in zip(self.norms, parts):
+            self.norms[name].merge(summed[start:start + len(part)])
+            start += len(part)
