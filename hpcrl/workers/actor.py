@@ -439,7 +439,8 @@ class EnvRole:
         learner checkpoints). Raises pickle/type errors for envs that cannot be pickled."""
         if any(g.t != 0 for g in self.groups):
             raise RuntimeError("env snapshots are taken between rollouts")
-        return pickle.dumps({"groups": [{"envs": g.envs, "obs": apply(np.copy, g.request["obs"]), "ep_return": g.ep_return,
+        return pickle.dumps({"groups": [{"envs": g.envs, "obs": apply(np.copy, g.request["obs"]),
+                                         "ep_return": g.ep_return,
                                          "ep_length": g.ep_length, "sampling": g.policy.sampling_state(),
                                          "active": g.active,
                                          "mask": g.request["action_mask"].copy() if g.masked else None,

@@ -337,7 +337,8 @@ class InferenceRole:
                 self.batch_state[start:end] = begin_states(request, reply, states[i])
             spans.append((i, start, end))
             start = end
-        self.policies.act(take(self.batch_obs, slice(0, start)), {name: out[:start] for name, out in self.batch_out.items()},
+        self.policies.act(take(self.batch_obs, slice(0, start)),
+                          {name: out[:start] for name, out in self.batch_out.items()},
                           None if self.batch_mask is None else self.batch_mask[:start],
                           None if self.batch_policy is None else self.batch_policy[:start],
                           None if states is None else self.batch_state[:start])
