@@ -118,3 +118,12 @@ def test_minigrid_runs_with_its_dict_observations(tmp_path):
     assert spaces.obs_layout.dropped == ("mission",)
     result = mpirun(1, "run", str(write_config(tmp_path, cfg)))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_scalar_leaf_is_one_number_with_its_own_normaliser():
+    from hpcrl.models.structured import StructuredInput
+    encoder = StructuredInput(ObsLayout((Leaf("speed", (), "float32"), Leaf("grid", (2, 3), "uint8"))), obs_norm=True)
+    speed = torch.randn(64) * 3.0 + 1.0
+    encoder.update_norms({"speed": speed, "grid": torch.zeros(64, 2, 3, dtype=torch.uint8)}, lambda m: m)
+    assert float(encoder.norms["leaf0"].mean) == pytest.approx(float(speed.double().mean()))
+    assert encoder({"speed": speed, "grid": torch.zeros(64, 2, 3, dtype=torch.uint8)}).shape == (64, 1 + 6)

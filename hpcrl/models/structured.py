@@ -44,7 +44,7 @@ class StructuredInput(nn.Module):
                 encoders[name] = _nature_cnn(leaf.shape)
             else:
                 kind, width = "numbers", int(np.prod(leaf.shape, dtype=np.int64))
-                encoders[name] = nn.Flatten()
+                encoders[name] = nn.Identity()  # the numbers themselves, one row each (forward flattens)
             if obs_norm and kind != "discrete":
                 norms[name] = RunningNorm(leaf.shape)
             self.kinds.append(kind)
@@ -63,10 +63,11 @@ class StructuredInput(nn.Module):
 
     def forward(self, obs: dict) -> torch.Tensor:
         codes = []
-        for name, x in self.scaled(obs).items():
+        for (name, x), kind in zip(self.scaled(obs).items(), self.kinds):
             if name in self.norms:
                 x = self.norms[name](x)
-            codes.append(self.encoders[name](x))
+            code = self.encoders[name](x)
+            codes.append(code.reshape(code.shape[0], -1) if kind == "numbers" else code)  # a scalar leaf too
         return torch.cat(codes, dim=-1)
 
     def update_norms(self, obs: dict, reduce: Callable[[np.ndarray], np.ndarray]) -> None:
@@ -74,7 +75,7 @@ class StructuredInput(nn.Module):
         if not len(self.norms):
             return
         x = self.scaled(obs)
-        parts = [self.norms[name].moments(x[name]) for name in self.norms]
+        parts = [self.norms[name].moments(x[name].reshape(x[name].shape[0], -1)) for name in self.norms]  # scalars too
         summed = reduce(np.concatenate(parts))
         start = 0
         for name, part in zip(self.norms, parts):
