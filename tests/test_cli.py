@@ -15,6 +15,9 @@ def test_plan_prints_every_rank_and_its_peers():
     # 3 env ranks over 2 learners: one learner trains on twice the data, and the plan says so
     assert "warning: learner fan-in is uneven (1 to 2 env ranks): learner rank 0 will be the bottleneck" in result.stdout
     assert "batch: 768 frames per update: 1 fragment of 256 frames per env rank, 1-2 per learner" in result.stdout
+    assert "every sync update waits for it" in result.stdout
+    lockstep = hpcrl("plan", "jobs/cartpole_ppo_2learners.yaml", "--world-size", "7", "--set", "algo.mode=async")
+    assert "the learners average gradients in lockstep, so every update waits for its batch" in lockstep.stdout
 
 
 def test_plan_of_a_multi_node_job_shows_per_node_counts_traffic_and_limits():

@@ -142,8 +142,9 @@ def warnings(cfg: Config, layout: Layout, mem: Memory | None = None,
                   else fan.max() > max(1.2 * fan.mean(), fan.min() + 1))
         if uneven:
             slow = int(servers[int(np.argmax(fan))])
-            what = ("every sync update waits for it" if role == "learner"
-                    else "its env ranks wait longer for actions")
+            what = ("its env ranks wait longer for actions" if role != "learner" else
+                    "every sync update waits for it" if cfg.algo.mode == "sync" else
+                    "the learners average gradients in lockstep, so every update waits for its batch")
             out.append(f"{role} fan-in is uneven ({int(fan.min())} to {int(fan.max())} env ranks): {role} rank "
                        f"{slow} will be the bottleneck, {what}; make the env rank count a multiple of the "
                        f"{role} count")
