@@ -67,6 +67,10 @@ class TrainerStats:
         per_policy = comm.allreduce_sum(self.comm, mine.reshape(-1)).reshape(P, -1)
         sums = per_policy.sum(0)
         sums[0] = per_policy[0, 0]  # frames: env steps, which every policy counts
+        # dropped fragments: an env rank's fragment is a record per policy, which every policy's
+        # trainers judge at the same versions (they update in lockstep); counted as the first
+        # policy's trainers drop them, once per fragment rather than once per policy
+        sums[5] = per_policy[0, 5]
         lo, hi = comm.allreduce_min_max(self.comm, lows, highs)
         frames_now, episodes, ret_sum, ret_sq, len_sum, dropped, rollout_us, wait_us, credit_us = sums[:9]
         games = sums[9:9 + 3 * self.selfplay_ages].reshape(self.selfplay_ages, len(OUTCOMES))
