@@ -14,7 +14,7 @@ from hpcrl.algos.gae import OwnSteps, successor_values
 from hpcrl.algos.kernels import gae, vtrace
 from hpcrl.algos.moments import ReturnScaler
 from hpcrl.core.config import AlgoConfig, Config
-from hpcrl.core.observations import apply, combine
+from hpcrl.core.observations import apply, combine, take
 
 LOSS_KEYS = ("loss_policy", "loss_value", "entropy", "approx_kl", "clip_frac")
 
@@ -51,9 +51,7 @@ class Batch:
             value = getattr(self, name)
             if name == "state0" and value is not None:
                 return value[idx[:len(idx) // self.seq_len]]
-            if isinstance(value, dict):
-                return {key: leaf[idx] for key, leaf in value.items()}
-            return value[idx] if isinstance(value, torch.Tensor) else value
+            return take(value, idx) if isinstance(value, (torch.Tensor, dict)) else value
         return Batch(*(part(f) for f in self.__dataclass_fields__))
 
     def minibatches(self, rng: np.random.Generator, count: int) -> list[torch.Tensor]:
@@ -144,12 +142,11 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
     first minibatch's ratios are exactly 1. `reduce_moments` sums the normalisers' moments over all
     learners (an allreduce). Inactive agents' rows count in neither."""
     active = batch.active.bool() if batch.active is not None else slice(None)
-    obs = {key: leaf[active] for key, leaf in batch.obs.items()} if isinstance(batch.obs, dict) else batch.obs[active]
     if cfg.train:
         model.update_value_norm(batch.returns[active], reduce=reduce_moments)
     losses = ppo_update(model, optimizer, batch, cfg, rng, **update_kwargs) if cfg.train \
         else dict.fromkeys(LOSS_KEYS, 0.0)
-    model.update_obs_norm(obs, reduce=reduce_moments)
+    model.update_obs_norm(take(batch.obs, active), reduce=reduce_moments)
     return losses
 
 

@@ -49,21 +49,10 @@ class ObsLayout:
         """Message fields for observations called `name` with leading axes `lead`: (name, dtype, shape)."""
         return [(field_name(name, leaf.key), leaf.dtype, (*lead, *leaf.shape)) for leaf in self.leaves]
 
-    def last_field(self, name: str) -> str:
-        return field_name(name, self.leaves[-1].key)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of one observation."""
-        return sum(int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize for leaf in self.leaves)
-
     def flatten(self, obs) -> Tree:
         """An env's (or a vector's) observation -> this layout's tree: the array itself, or the
         leaves by key (nested dicts and tuples flattened, dropped keys left out)."""
-        if not self.structured:
-            return obs
-        flat = _flat(obs)
-        return {leaf.key: flat[leaf.key] for leaf in self.leaves}
+        return _select(obs, [leaf.key for leaf in self.leaves]) if self.structured else obs
 
 
 def zeros(layout: ObsLayout, lead: tuple) -> Tree:
@@ -74,6 +63,12 @@ def zeros(layout: ObsLayout, lead: tuple) -> Tree:
 
 def field_name(name: str, key: str) -> str:
     return f"{name}.{key}" if key else name
+
+
+def _select(obs, keys) -> dict:
+    """The leaves `keys` of a nested observation (dicts and tuples flattened to dotted keys)."""
+    flat = _flat(obs)
+    return {key: flat[key] for key in keys}
 
 
 def _flat(obs, prefix: str = "") -> dict:
@@ -95,10 +90,7 @@ def fit(template: Tree, obs) -> Tree:
     """An env's (or a vector's) observation as a tree shaped like `template` (a message's
     observation fields): the array itself, or its leaves by key (nested dicts and tuples
     flattened, keys the template lacks, such as dropped text, left out)."""
-    if not isinstance(template, dict):
-        return obs
-    flat = _flat(obs)
-    return {key: flat[key] for key in template}
+    return _select(obs, template) if isinstance(template, dict) else obs
 
 
 def assign(dst: Tree, src: Tree, index=Ellipsis) -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import sys
 import functools
 import importlib
+import sys
 from dataclasses import dataclass
 
 import gymnasium as gym

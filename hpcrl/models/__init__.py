@@ -19,6 +19,7 @@ from torch.nn import functional as F
 
 from hpcrl.algos.moments import merge_moments
 from hpcrl.core.config import Config, ConfigError, ModelConfig
+from hpcrl.core.observations import apply
 from hpcrl.core.observations import rows as count_rows
 
 if TYPE_CHECKING:  # not at run time: inference ranks need no gymnasium
@@ -335,7 +336,10 @@ class ActorCritic(ObservationInput):
 
     def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The most likely action: the (valid) argmax for categorical, the mean for Gaussian."""
-        out = self.actor(self._own(self.features(obs)))
+        return self._best(self.actor(self._own(self.features(obs))), mask)
+
+    def _best(self, out: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """`mode` from the policy head's output."""
         return out.reshape(-1, *self.action_shape) if self.continuous else _masked_log_softmax(out, mask).argmax(-1)
 
 
@@ -434,9 +438,7 @@ class Runner:
 
     def _tensor(self, obs):
         # native dtype: uint8 frames cross to the device as bytes; the model casts to float32
-        if isinstance(obs, dict):  # a Dict or Tuple observation's leaves
-            return {key: torch.as_tensor(leaf, device=self.device) for key, leaf in obs.items()}
-        return torch.as_tensor(obs, device=self.device)
+        return apply(lambda leaf: torch.as_tensor(leaf, device=self.device), obs)  # Dict observations: per leaf
 
 
 class PolicyRunner(Runner):
@@ -450,13 +452,13 @@ class PolicyRunner(Runner):
         """`mask`: each row's valid actions (envs that give action masks). `state` (a recurrent
         policy): the rows' hidden states, [rows, state_size], advanced in place."""
         mask = None if mask is None else torch.as_tensor(mask, device=self.device).bool()
-        if state is None and self.model.recurrent:  # rows without a history: zero states
-            state = np.zeros((count_rows(obs), self.model.state_size), dtype=np.float32)
-        if state is None:
+        if not self.model.recurrent:
             a, lp, v = self.model.sample(self._tensor(obs), self.generator, mask)
-        else:
-            a, lp, v, new = self.model.sample(self._tensor(obs), self.generator, mask, self._tensor(state))
-            state[...] = new.cpu().numpy()
+        else:  # without `state`, rows without a history (zero states)
+            a, lp, v, new = self.model.sample(self._tensor(obs), self.generator, mask,
+                                              None if state is None else self._tensor(state))
+            if state is not None:
+                state[...] = new.cpu().numpy()
         out["actions"][...] = a.cpu().numpy()
         out["logp"][...] = lp.cpu().numpy()
         out["values"][...] = v.cpu().numpy()

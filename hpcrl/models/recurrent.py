@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from hpcrl.core.dataflow import state_size
 from hpcrl.models import (ACTIVATIONS, NATURE_CNN_FEATURES, ActorCritic, _linear, _masked_log_softmax, _mlp,
                           _nature_cnn, encoder_for)
 
@@ -38,7 +39,7 @@ class RecurrentActorCritic(ActorCritic):
         self.core = (nn.LSTMCell if self.lstm else nn.GRUCell)(width, cfg.core_size)
         for name, weight in self.core.named_parameters():  # orthogonal weights, zero biases (CleanRL's LSTM PPO)
             nn.init.orthogonal_(weight, 1.0) if name.startswith("weight") else nn.init.zeros_(weight)
-        self.state_size = cfg.core_size * (2 if self.lstm else 1)
+        self.state_size = state_size(cfg)
         self.actor = _linear(cfg.core_size, out, 0.01)
         self.critic = _linear(cfg.core_size, 1, 1.0)
 
@@ -71,9 +72,7 @@ class RecurrentActorCritic(ActorCritic):
     def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None, state: torch.Tensor | None = None):
         """The most likely actions and the rows' next states."""
         h, state = self._step(self.features(obs), self._state_or_zeros(state, obs))
-        out = self.actor(h)
-        best = out.reshape(-1, *self.action_shape) if self.continuous else _masked_log_softmax(out, mask).argmax(-1)
-        return best, state
+        return self._best(self.actor(h), mask), state
 
     def _state_or_zeros(self, state: torch.Tensor | None, obs: torch.Tensor) -> torch.Tensor:
         if state is not None:

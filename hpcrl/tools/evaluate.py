@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from hpcrl.core.observations import apply
-
 from hpcrl.io.checkpoint import load_latest
 from hpcrl.core.config import Config, ConfigError, parse_config
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env, probe_spaces

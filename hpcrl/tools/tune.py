@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcrl.core.observations import zeros
-
 from hpcrl.core.config import Config, ConfigError, load_config, to_dict
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.layout import plan_layout, simulated_nodes, update_frames

@@ -207,8 +207,12 @@ def answer(policies: PolicySet, request: Message, reply: Message, states: np.nda
     """Fill one reply for one request (no batching across env ranks). `states`: a recurrent
     policy's hidden states of the request's rows, kept by the holder and advanced here."""
     final_values(policies, request, reply, states)
+    acting = None
+    if states is not None:
+        begin_states(request, reply, states)
+        acting = states if advances(request) else states.copy()
     policies.act(request["obs"], {name: reply[name] for name in policies.outputs}, request.arrays.get("action_mask"),
-                 request.arrays.get("policy"), None if states is None else begin_states(request, reply, states))
+                 request.arrays.get("policy"), acting)
     reply.set(version=policies.version, flags=0)
 
 
@@ -223,14 +227,18 @@ def final_values(policies: PolicySet, request: Message, reply: Message, states: 
                        None if states is None else states[request["final_rows"][:n_final]])
 
 
-def begin_states(request: Message, reply: Message, states: np.ndarray) -> np.ndarray:
-    """A recurrent policy's states for a request's actions: rows whose episode starts are zeroed,
-    and the reply carries the states the actions are taken from (the actor keeps those that start
-    its fragment). Returns what the forward advances: `states` itself, or a copy when the request
-    wants values only (sync mode's bootstrap: the same observations come again as the next step)."""
+def begin_states(request: Message, reply: Message, states: np.ndarray) -> None:
+    """A recurrent policy's states before a request's actions: rows whose episode starts are
+    zeroed, and the reply carries the states the actions are taken from (the actor keeps those
+    that start its fragment)."""
     states[request["starts"].astype(bool)] = 0.0
     reply["state"][...] = states
-    return states.copy() if request.get("flags") & VALUES_ONLY else states
+
+
+def advances(request: Message) -> bool:
+    """Whether a recurrent policy's states move on with this request's actions: not when it wants
+    values only (sync mode's bootstrap: the same observations come again as the next step)."""
+    return not request.get("flags") & VALUES_ONLY
 
 
 def holder_states(policies: PolicySet, channels: int, rows: int) -> np.ndarray | None:
@@ -334,7 +342,8 @@ class InferenceRole:
                 self.batch_policy[start:end] = request["policy"]
             final_values(self.policies, request, reply, None if states is None else states[i])
             if states is not None:
-                self.batch_state[start:end] = begin_states(request, reply, states[i])
+                begin_states(request, reply, states[i])
+                self.batch_state[start:end] = states[i]
             spans.append((i, start, end))
             start = end
         self.policies.act(take(self.batch_obs, slice(0, start)),
@@ -346,7 +355,7 @@ class InferenceRole:
             reply = self.server.replies[i]
             for name, out in self.batch_out.items():
                 reply[name][...] = out[a:b]
-            if states is not None and not requests[i].get("flags") & VALUES_ONLY:
+            if states is not None and advances(requests[i]):
                 states[i] = self.batch_state[a:b]
             reply.set(version=self.policies.version, flags=0)
             self.server.reply(i)
