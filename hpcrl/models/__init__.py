@@ -1,4 +1,4 @@
-"""Actor-critic networks and the policy runner shared by inference ranks and inline inference.
+"""Actor-critic networks (models/runner.py runs them for policy holders and packs their weights).
 
 Encoders: an MLP over flat observations (separate actor and critic nets) or the Nature CNN over
 [C, H, W] frame stacks (one trunk shared by both heads). Heads: categorical for Discrete actions,
@@ -8,7 +8,6 @@ carry it. Pure torch: learners pass a `reduce` callable to synchronise the norma
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import TYPE_CHECKING, Callable
 
@@ -19,8 +18,9 @@ from torch.nn import functional as F
 
 from hpcrl.algos.moments import merge_moments
 from hpcrl.core.config import Config, ConfigError, ModelConfig
-from hpcrl.core.observations import apply
-from hpcrl.core.observations import rows as count_rows
+# the runners and the weights message (models/runner.py), importable from here as before
+from hpcrl.models.runner import (PolicyRunner, Runner, copy_params_to, load_params_from, make_runner,  # noqa: F401
+                                 num_params, policy_digest, policy_tensors)
 
 if TYPE_CHECKING:  # not at run time: inference ranks need no gymnasium
     from hpcrl.envs import EnvSpaces
@@ -367,106 +367,3 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
                           f"mpe2:simple_spread_v3), and {cfg.env.id} is a single-agent env; use algo.name: ppo")
     return build_model(spaces, cfg.model, central_critic=algorithm.policy == "central_critic",
                        value_norm=bool(cfg.algo.value_norm))
-
-
-def make_runner(model: ObservationInput, device: str, seed: int) -> "Runner":
-    """The runner that answers requests with `model`: PolicyRunner or QRunner."""
-    from hpcrl.models.q import QNetwork, QRunner
-    return (QRunner if isinstance(model, QNetwork) else PolicyRunner)(model, device, seed)
-
-
-# --- the weights message: parameters, then buffers (the normaliser's stats) ---------------------------
-
-def policy_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """Every tensor a policy holder needs, in a fixed order: parameters, then buffers."""
-    return [*model.parameters(), *model.buffers()]
-
-
-def policy_digest(model: nn.Module) -> int:
-    """A 64-bit hash of every policy tensor (parameters and normaliser stats), to compare replicas."""
-    h = hashlib.blake2b(digest_size=8)
-    for t in policy_tensors(model):
-        h.update(t.detach().cpu().numpy().tobytes())
-    return int(np.frombuffer(h.digest(), dtype=np.int64)[0])
-
-
-def num_params(model: nn.Module) -> int:
-    """Length of the weights message (parameters and normaliser buffers)."""
-    return sum(t.numel() for t in policy_tensors(model))
-
-
-def copy_params_to(model: nn.Module, flat: np.ndarray) -> None:
-    """Model tensors -> a preallocated float32 vector (the weights message)."""
-    offset = 0
-    for t in policy_tensors(model):
-        n = t.numel()
-        flat[offset:offset + n] = t.detach().reshape(-1).cpu().numpy()
-        offset += n
-
-
-def load_params_from(model: nn.Module, flat: np.ndarray) -> None:
-    """A float32 vector (the weights message) -> model tensors, in place."""
-    offset = 0
-    with torch.no_grad():
-        for t in policy_tensors(model):
-            n = t.numel()
-            t.copy_(torch.from_numpy(flat[offset:offset + n]).view(t.shape))
-            offset += n
-
-
-class Runner:
-    """Runs a policy network forward on numpy batches for a policy holder: `act` fills the reply
-    fields named in `outputs` (views into a reply buffer, or a policy server's batch arrays).
-    Forwards run under torch.inference_mode, not no_grad: it skips autograd's version counting,
-    about a tenth of a small policy's forward on a CPU policy server, and nothing a runner
-    computes is ever differentiated."""
-
-    outputs: tuple[str, ...] = ()
-
-    def __init__(self, model: ObservationInput, device: str, seed: int):
-        self.device = torch.device(device)
-        self.model = model.to(self.device)
-        self.model.eval()
-        self.version = -1
-        # Its own stream: action sampling repeats per seed and can be saved and restored alone.
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(seed)
-
-    def load(self, flat: np.ndarray, version: int) -> None:
-        load_params_from(self.model, flat)
-        self.version = version
-
-    def _tensor(self, obs):
-        # native dtype: uint8 frames cross to the device as bytes; the model casts to float32
-        return apply(lambda leaf: torch.as_tensor(leaf, device=self.device), obs)  # Dict observations: per leaf
-
-
-class PolicyRunner(Runner):
-    """Actor-critic: sampled actions, their log-probs and the state values."""
-
-    outputs = ("actions", "logp", "values")
-
-    @torch.inference_mode()
-    def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None = None,
-            state: np.ndarray | None = None) -> None:
-        """`mask`: each row's valid actions (envs that give action masks). `state` (a recurrent
-        policy): the rows' hidden states, [rows, state_size], advanced in place."""
-        mask = None if mask is None else torch.as_tensor(mask, device=self.device).bool()
-        if not self.model.recurrent:
-            a, lp, v = self.model.sample(self._tensor(obs), self.generator, mask)
-        else:  # without `state`, rows without a history (zero states)
-            a, lp, v, new = self.model.sample(self._tensor(obs), self.generator, mask,
-                                              None if state is None else self._tensor(state))
-            if state is not None:
-                state[...] = new.cpu().numpy()
-        out["actions"][...] = a.cpu().numpy()
-        out["logp"][...] = lp.cpu().numpy()
-        out["values"][...] = v.cpu().numpy()
-
-    @torch.inference_mode()
-    def value(self, obs: np.ndarray, out: np.ndarray, state: np.ndarray | None = None) -> None:
-        """`state` (a recurrent policy): the rows' hidden states, left as they are."""
-        if count_rows(obs):
-            v = self.model.value(self._tensor(obs)) if state is None else \
-                self.model.value(self._tensor(obs), self._tensor(state))
-            out[...] = v.cpu().numpy()
