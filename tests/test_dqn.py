@@ -6,6 +6,7 @@ import torch
 
 from hpcrl.algos.dqn import dqn_loss, td_errors
 from hpcrl.algos.exploration import apex_epsilons
+from hpcrl.algos.sequences import rescale, unrescale
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.layout import plan_layout, replay_shard
 from hpcrl.core.messages import transition_spec
@@ -111,6 +112,9 @@ def test_double_dqn_values_the_online_networks_choice_with_the_target_network():
     td_plain, _ = td_errors(online, target, *args, double=False)
     assert td_double.item() == pytest.approx(1.0 + 0.5 * 2.0)  # target's value of online's argmax
     assert td_plain.item() == pytest.approx(1.0 + 0.5 * 5.0)  # target's own max
+    # value rescaling: the networks hold h(Q), the target is h(G + discount h^-1(Q'))
+    td_rescaled, _ = td_errors(online, target, *args, double=True, value_rescale=True)
+    assert td_rescaled.item() == pytest.approx(rescale(1.0 + 0.5 * unrescale(2.0)), rel=1e-5)  # float32
     # importance weights scale each sample's Huber loss: quadratic below 1, linear above
     assert dqn_loss(torch.tensor([0.5, 3.0]), torch.tensor([1.0, 0.5])).item() == pytest.approx(
         (0.5 * 0.25 + 0.5 * 2.5) / 2)

@@ -1,6 +1,8 @@
 """DQN's trainer step: double DQN on n-step transitions from prioritized replay, with a target
 network, the Huber loss weighted by importance sampling, and TD errors written back as the new
-priorities (one place for each).
+priorities (one place for each). With a recurrent Q-network (model.core) the replay holds R2D2's
+sequences instead (`sequence_td_errors`), and a sequence's priority mixes the max and the mean of
+its TD errors.
 
 The actors computed the n-step returns G and the discounts of their bootstraps (gamma^k, or 0
 after a terminal step), so the target is y = G + discount * Q_target(s', argmax_a Q(s', a)).
@@ -18,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpcrl.algos.exploration import linear_epsilon
+from hpcrl.algos.sequences import n_step_target, sequence_priorities, sequence_targets
 from hpcrl.core.config import Config
 
 LOSS_KEYS = ("loss", "td_error", "q_mean")
@@ -25,19 +28,45 @@ LOSS_KEYS = ("loss", "td_error", "q_mean")
 
 def td_errors(model: nn.Module, target: nn.Module, obs: torch.Tensor, actions: torch.Tensor,
               returns: torch.Tensor, discounts: torch.Tensor, next_obs: torch.Tensor,
-              double: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y - Q(s, a), Q(s, a)) of a batch; y carries no gradient."""
+              double: bool = True, value_rescale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y - Q(s, a), Q(s, a)) of a batch; y carries no gradient. `value_rescale`: the network
+    learns h(Q) (algos/sequences.py)."""
     q = model.q_values(obs).gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         next_target = target.q_values(next_obs)
         # double DQN: the online network picks the action, the target network values it
         choice = (model.q_values(next_obs) if double else next_target).argmax(-1, keepdim=True)
-        y = returns + discounts * next_target.gather(-1, choice).squeeze(-1)
+        y = n_step_target(returns, discounts, next_target.gather(-1, choice).squeeze(-1), value_rescale)
     return y - q, q
 
 
+def sequence_td_errors(model: nn.Module, target: nn.Module, data: dict[str, torch.Tensor], d,
+                       gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """R2D2: (y - Q(s, a), Q(s, a)), both [L - burn_in, B], of the trained steps of B stored
+    sequences (`data`: the replay's rows, [B, L(+1), ...]). Both networks unroll every sequence
+    from its stored state, zeroing it where an episode begins; the targets are the double-Q n-step
+    returns inside the sequence (algos/sequences.py, the actors' priorities use the same), computed
+    on numpy from the bootstrap values: they carry no gradient. `d`: algo.dqn."""
+    obs = data["obs"]
+    B, L = data["actions"].shape[:2]
+    rows = obs.transpose(0, 1).reshape(-1, *obs.shape[2:])  # time-major: row t*B + b is step t of sequence b
+    ended = (data["terminated"] | data["truncated"]).T.bool()
+    starts = torch.cat([torch.zeros_like(ended[:1]), ended]).reshape(-1)  # step 0's state is the stored one
+    q_all = model.q_sequence(rows, data["state0"], starts, d.burn_in)  # [L + 1 - burn_in, B, A]
+    with torch.no_grad():
+        q_next = target.q_sequence(rows, data["state0"], starts, d.burn_in)
+        choice = (q_all if d.double else q_next).argmax(-1, keepdim=True)
+        bootstrap = q_next.gather(-1, choice).squeeze(-1).cpu().numpy()
+    steps = lambda name: data[name].T.cpu().numpy()  # noqa: E731  [L, B]
+    y = sequence_targets(steps("rewards"), steps("terminated"), steps("truncated"), steps("final_values"), bootstrap,
+                         gamma, d.n_step, d.burn_in, d.value_rescale)
+    q = q_all[:-1].gather(-1, data["actions"].T[d.burn_in:].long().unsqueeze(-1)).squeeze(-1)
+    return torch.as_tensor(y, device=q.device) - q, q
+
+
 def dqn_loss(td: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """The importance-weighted Huber loss (delta 1) of TD errors."""
+    """The importance-weighted Huber loss (delta 1) of TD errors: one per sampled row [B], or (R2D2)
+    per trained step of each sampled sequence [T, B], every step weighted by its sequence's weight."""
     return (weights * F.huber_loss(td, torch.zeros_like(td), reduction="none", delta=1.0)).mean()
 
 
@@ -55,8 +84,17 @@ class DQNStep:
         self.d = cfg.algo.dqn
         self.target: nn.Module | None = None  # copied from the model at the first update (or restored)
         self.gradient_steps = 0
+        self.sequences = model.recurrent  # R2D2: the replay's rows are sequences
         self.metric_keys = LOSS_KEYS + ("replay_size", "replay_ratio", "priority_mean", "beta",
                                         "eps_min", "eps_max")
+
+    def _td_errors(self, data: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """TD errors and Q(s, a) of a sample: n-step transitions, or R2D2's sequences."""
+        if self.sequences:
+            return sequence_td_errors(self.model, self.target, data, self.d, self.cfg.algo.gamma)
+        return td_errors(self.model, self.target, data["obs"], data["actions"], data["returns"].float(),
+                         data["discounts"].float(), data["next_obs"], double=self.d.double,
+                         value_rescale=self.d.value_rescale)
 
     def _copy_target(self) -> None:
         if self.target is None:
@@ -78,10 +116,7 @@ class DQNStep:
         totals = dict.fromkeys(LOSS_KEYS, 0.0)
         for _ in range(self.d.gradient_steps):
             indices, weights, data = source.sample()
-            td, q = td_errors(self.model, self.target, self._tensor(data["obs"]), self._tensor(data["actions"]),
-                              self._tensor(data["returns"], torch.float32),
-                              self._tensor(data["discounts"], torch.float32), self._tensor(data["next_obs"]),
-                              double=self.d.double)
+            td, q = self._td_errors({name: self._tensor(values) for name, values in data.items()})
             loss = dqn_loss(td, self._tensor(weights, torch.float32))
             self.optimizer.zero_grad()
             (loss * loss_scale).backward()
@@ -89,6 +124,8 @@ class DQNStep:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.algo.max_grad_norm)
             apply_step()
             abs_td = td.detach().abs().cpu().numpy()
+            if self.sequences:  # a sequence's priority from its steps' errors
+                abs_td = sequence_priorities(abs_td, self.d.priority_eta)
             source.update_priorities(indices, abs_td)
             self.gradient_steps += 1
             if self.gradient_steps % self.d.target_update_interval == 0:

@@ -222,7 +222,8 @@ class ModelConfig:
     core: str = doc("'none' (feed-forward), 'lstm' or 'gru': a recurrent core between the encoder and the "
                     "heads (the MLP encoder is then one shared trunk). Policy servers keep each env's hidden "
                     "state and reset it at episode ends; PPO/APPO train each fragment as a sequence "
-                    "(truncated BPTT at algo.rollout_length)", default="none")
+                    "(truncated BPTT at algo.rollout_length), DQN stored sequences (R2D2: algo.dqn.sequence_length, "
+                    "burn_in, sequence_period, priority_eta)", default="none")
     core_size: int = doc("hidden size of the recurrent core (model.core: lstm or gru)", default=128)
 
 
@@ -360,8 +361,8 @@ def validate(cfg: Config) -> None:
            f"({', '.join(multiagent)}); algo.name {a.name} trains one policy, so remove the policies table")
     if a.name == "dqn":
         _check(not a.value_norm, "algo.value_norm: a PPO option, not used by algo.name dqn; use false or null")
-        validate_dqn(a.dqn, a.replay)
-        _check(a.rollout_length > a.dqn.n_step,
+        validate_dqn(a.dqn, a.replay, recurrent=m.core != "none")
+        _check(m.core != "none" or a.rollout_length > a.dqn.n_step,
                f"algo.rollout_length: a DQN record holds rollout_length x env.num_envs transitions and one env step "
                f"may complete n_step + 1 of them per env; expected more than algo.dqn.n_step ({a.dqn.n_step}), "
                f"got {a.rollout_length}")
@@ -403,10 +404,10 @@ def validate(cfg: Config) -> None:
     _check(m.encoder in ENCODERS, f"model.encoder: expected one of {', '.join(ENCODERS)}, got {m.encoder!r}")
     _check(m.core in CORES, f"model.core: expected one of {', '.join(CORES)}, got {m.core!r}")
     _check(m.core_size >= 1, f"model.core_size: expected >= 1, got {m.core_size}")
-    _check(m.core == "none" or a.name == "ppo",
-           f"model.core: recurrent policies train with algo.name ppo (mode sync or async) so far, got "
-           f"{a.name!r}; use model.core: none")
-    _check(m.core == "none" or a.num_minibatches <= e.num_envs,
+    _check(m.core == "none" or a.name in ("ppo", "dqn"),
+           f"model.core: recurrent policies train with algo.name ppo (mode sync or async) or dqn (R2D2) so far, "
+           f"got {a.name!r}; use model.core: none")
+    _check(m.core == "none" or a.name == "dqn" or a.num_minibatches <= e.num_envs,
            f"algo.num_minibatches: a recurrent core's minibatches are whole sequences (one per env of a "
            f"fragment), so at most env.num_envs ({e.num_envs}) of them, got {a.num_minibatches}")
 

@@ -21,7 +21,7 @@ class DQNConfig:
 
     n_step: int = doc("steps in each return the actors compute: r_t + g r_t+1 + ... + g^(n-1) r_t+n-1, "
                       "bootstrapped from step t+n", default=3)
-    batch_size: int = doc("transitions per gradient step, all learners together (each samples batch_size / "
+    batch_size: int = doc("transitions (sequences, with model.core) per gradient step, all learners together (each samples batch_size / "
                           "learners from its own replay shard; Horovod averages the gradients)", default=64)
     double: bool = doc("double DQN: the online network picks the next action, the target network values it",
                        default=True)
@@ -41,14 +41,26 @@ class DQNConfig:
     eps_final: float = doc("linear: epsilon after eps_decay_frames", default=0.05)
     eps_decay_frames: int = doc("linear: frames (all env ranks together) over which epsilon falls",
                                 default=10_000)
+    value_rescale: bool = doc("learn h(Q) with R2D2's h(x) = sign(x)(sqrt(|x| + 1) - 1) + 0.001 x (Pohlen et al. "
+                              "2018): targets h(G + g^k h^-1(Q')), for returns of very different sizes (R2D2 uses it)",
+                              default=False)
+    # R2D2 (model.core: lstm or gru; Kapturowski et al. 2019): the replay holds sequences
+    sequence_length: int = doc("model.core: steps per stored sequence, burn-in included (R2D2: 80)", default=80)
+    burn_in: int = doc("model.core: the first steps of each sequence only warm the recurrent state up from "
+                       "the stored one; the loss covers the rest (R2D2: 40)", default=40)
+    sequence_period: int = doc("model.core: steps between the starts of an env's consecutive sequences; at most "
+                               "sequence_length - burn_in, so every step is trained (R2D2: 40, sequences "
+                               "overlap by half)", default=40)
+    priority_eta: float = doc("model.core: a sequence's priority is eta max |TD| + (1 - eta) mean |TD| over its "
+                              "trained steps (R2D2: 0.9)", default=0.9)
 
 
 @dataclass
 class ReplayConfig:
     """Proportional prioritized replay (Schaul et al. 2016), one shard per learner."""
 
-    capacity: int = doc("transitions held, all shards together (the oldest are overwritten)", default=1_000_000)
-    warmup: int = doc("transitions held, all shards together, before the learners start training",
+    capacity: int = doc("transitions (sequences, with model.core) held, all shards together (the oldest are overwritten)", default=1_000_000)
+    warmup: int = doc("transitions (sequences, with model.core) held, all shards together, before the learners start training",
                       default=50_000)
     alpha: float = doc("priority exponent: P(i) ~ p_i ^ alpha (0: uniform replay)", default=0.6)
     beta: float = doc("importance-sampling exponent at the start, annealed linearly to 1 at run.total_frames",
@@ -63,7 +75,17 @@ class ReplayConfig:
                            default=False)
 
 
-def validate_dqn(d: DQNConfig, r: ReplayConfig) -> None:
+def validate_dqn(d: DQNConfig, r: ReplayConfig, recurrent: bool = False) -> None:
+    """`recurrent`: model.core is set (R2D2's sequences; capacity, warm-up and batch count sequences)."""
+    if recurrent:
+        check(d.sequence_length >= 2, f"algo.dqn.sequence_length: expected >= 2 steps, got {d.sequence_length}")
+        check(0 <= d.burn_in < d.sequence_length,
+              f"algo.dqn.burn_in: expected 0 to sequence_length - 1 ({d.sequence_length - 1}) steps, got {d.burn_in}")
+        trained = d.sequence_length - d.burn_in
+        check(1 <= d.sequence_period <= trained,
+              f"algo.dqn.sequence_period: expected 1 to sequence_length - burn_in ({trained}) steps, so that every "
+              f"step is trained in some sequence, got {d.sequence_period}")
+        check(0.0 <= d.priority_eta <= 1.0, f"algo.dqn.priority_eta: expected a number in [0, 1], got {d.priority_eta}")
     check(d.n_step >= 1, f"algo.dqn.n_step: expected >= 1, got {d.n_step}")
     check(d.batch_size >= 1, f"algo.dqn.batch_size: expected >= 1, got {d.batch_size}")
     check(d.gradient_steps >= 1, f"algo.dqn.gradient_steps: expected >= 1, got {d.gradient_steps}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hpcrl.core.messages import (MessageSpec, fragment_spec, q_reply_spec, reply_spec, request_spec,
-                                 transition_spec)
+                                 sequence_spec, transition_spec)
 from hpcrl.core.policies import rows_carry_policy
 
 # The four stream kinds (runtime/): each has its own duplicated communicator.
@@ -113,15 +113,26 @@ def policy_reply(cfg, spaces, n: int) -> MessageSpec:
     return reply_spec(n, spaces.action_shape, spaces.action_dtype, state_size(cfg.model))
 
 
-def transition_record(cfg, spaces) -> MessageSpec:
-    """DQN's record: rollout_length x num_envs n-step transitions (one per env step on average)."""
-    return transition_spec(cfg.algo.rollout_length * cfg.env.num_envs, spaces.obs_shape, spaces.obs_dtype,
-                           spaces.action_shape, spaces.action_dtype)
+def replay_record(cfg, spaces) -> MessageSpec:
+    """DQN's record: rollout_length x num_envs n-step transitions (one per env step on average); with
+    a recurrent Q-network (R2D2), sequences of algo.dqn.sequence_length steps, as many per env as
+    start in rollout_length steps (one every sequence_period steps; at least one)."""
+    if not state_size(cfg.model):
+        return transition_spec(cfg.algo.rollout_length * cfg.env.num_envs, spaces.obs_shape, spaces.obs_dtype,
+                               spaces.action_shape, spaces.action_dtype)
+    return sequence_spec(sequences_per_env(cfg) * cfg.env.num_envs, cfg.algo.dqn.sequence_length,
+                         spaces.observation, None, spaces.action_shape, spaces.action_dtype, state_size(cfg.model))
+
+
+def sequences_per_env(cfg) -> int:
+    """R2D2: the sequences of each env a record carries: those that start in rollout_length steps."""
+    return max(1, -(-cfg.algo.rollout_length // cfg.algo.dqn.sequence_period))
 
 
 def q_reply(cfg, spaces, n: int) -> MessageSpec:
-    """DQN's reply: every action's Q-value (the actor explores and computes priorities)."""
-    return q_reply_spec(n, spaces.num_actions)
+    """DQN's reply: every action's Q-value (the actor explores and computes priorities), and with a
+    recurrent Q-network the hidden state they came from."""
+    return q_reply_spec(n, spaces.num_actions, state_size(cfg.model))
 
 
 # The roles' worker classes that PPO and DQN share.
@@ -170,15 +181,16 @@ IPPO = Algorithm(
 DQN = Algorithm(
     name="dqn",
     modes=("async",),
-    workers={"learner": LEARNER, "inference": POLICY_SERVER, "env": "hpcrl.workers.q_actor:TransitionActor"},
+    workers={"learner": LEARNER, "inference": POLICY_SERVER, "env": "hpcrl.workers.q_actor:ReplayActor"},
     streams=ACTOR_LEARNER_STREAMS,
-    record=transition_record,
+    record=replay_record,
     reply=q_reply,
     policy="q",
     batch_source="hpcrl.workers.replay_source:ReplaySource",
     step="hpcrl.algos.dqn:DQNStep",
     doc="Ape-X DQN: double DQN with a dueling head, n-step transitions from the actors with their initial "
-        "priorities, a prioritized replay shard in every learner",
+        "priorities, a prioritized replay shard in every learner; with model.core, R2D2: sequences with their "
+        "stored recurrent states, burn-in, priorities mixing max and mean TD error",
 )
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (PPO, MAPPO, IPPO, DQN)}

@@ -156,18 +156,26 @@ def reply_spec(num_envs: int, action_shape: tuple, action_dtype, state_size: int
         + ([("state", np.float32, (num_envs, state_size))] if state_size else []))
 
 
-def q_reply_spec(num_envs: int, num_actions: int) -> MessageSpec:
+def q_reply_spec(num_envs: int, num_actions: int, state_size: int = 0) -> MessageSpec:
     """inference -> env (DQN): the Q-value of every action per env. The actor picks its actions
     (epsilon-greedy, per env) and computes its transitions' initial priorities from them, so it
-    needs no torch. `final_values` (the max Q of final observations) keeps the request's layout;
-    DQN actors send none (n_final 0)."""
+    needs no torch. `final_values`: the max Q of final observations (sequence actors send those of
+    truncated episodes; transition actors send none). With a recurrent Q-network (`state_size`),
+    the hidden state each row's Q-values were computed from: sequences store the one they start at."""
     return MessageSpec(
         header=("policy_id", "version", "flags"),
         fields=[("q", np.float32, (num_envs, num_actions)),
-                ("final_values", np.float32, (num_envs,))])
+                ("final_values", np.float32, (num_envs,))]
+        + ([("state", np.float32, (num_envs, state_size))] if state_size else []))
 
 
-REPLAY_FIELDS = ("obs", "actions", "returns", "discounts", "next_obs")  # what a replay keeps of a transition
+# What a replay keeps of a record's rows: every field but these (core/messages.py's DQN records)
+NOT_REPLAYED = ("priorities", "episode_stats")
+
+
+def replay_fields(spec: MessageSpec) -> list[str]:
+    """The fields of a DQN record (transitions or sequences) that its rows are stored with."""
+    return [f.name for f in spec.fields if f.name not in NOT_REPLAYED]
 
 
 def transition_spec(rows: int, obs_shape: tuple, obs_dtype, action_shape: tuple, action_dtype) -> MessageSpec:
@@ -185,6 +193,28 @@ def transition_spec(rows: int, obs_shape: tuple, obs_dtype, action_shape: tuple,
                 ("returns", np.float32, (k,)),
                 ("discounts", np.float32, (k,)),
                 ("next_obs", obs_dtype, (k, *obs_shape)),
+                ("priorities", np.float32, (k,)),
+                ("episode_stats", np.float64, (len(EPISODE_STATS),))])
+
+
+def sequence_spec(rows: int, length: int, obs_shape, obs_dtype, action_shape: tuple, action_dtype,
+                  state_size: int) -> MessageSpec:
+    """env -> learner (R2D2-style DQN): `rows` sequences of `length` (L) steps of one env each, of
+    which the first `count` are filled: observations 0..L, actions, rewards, whether the episode
+    ended at each step by termination or by a time limit (and then its final observation's max Q,
+    from the state the episode ended in), the recurrent state before step 0, and the actor's
+    initial priority (algos/sequences.py). The header is a transition record's."""
+    k, L = rows, length
+    return MessageSpec(
+        header=("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
+                "credit_wait_us", "count"),
+        fields=[*obs_fields("obs", (k, L + 1), obs_shape, obs_dtype),
+                ("actions", action_dtype, (k, L, *action_shape)),
+                ("rewards", np.float32, (k, L)),
+                ("terminated", np.uint8, (k, L)),
+                ("truncated", np.uint8, (k, L)),
+                ("final_values", np.float32, (k, L)),
+                ("state0", np.float32, (k, state_size)),
                 ("priorities", np.float32, (k,)),
                 ("episode_stats", np.float64, (len(EPISODE_STATS),))])
 

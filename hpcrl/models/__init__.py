@@ -161,6 +161,15 @@ class ObservationInput(nn.Module):
         """Numbers per row the trunk of an MLP network reads."""
         return self.structured.width if self.structured is not None else int(np.prod(spaces.obs_shape))
 
+    def feature_trunk(self, spaces: EnvSpaces, cfg: ModelConfig) -> tuple[nn.Module, int]:
+        """One trunk for every head (Q-networks, recurrent cores) and its output width: the Nature
+        CNN over frames, or an MLP of model.hidden_sizes that ends in its activation."""
+        if encoder_for(spaces, cfg) == "cnn":
+            return _nature_cnn(tuple(spaces.obs_shape)), NATURE_CNN_FEATURES
+        act, hidden = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
+        return nn.Sequential(nn.Flatten(), _mlp([self.input_width(spaces), *hidden], act, out_gain=math.sqrt(2)),
+                             act()), hidden[-1]
+
     def _scaled(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float()
         return x * self.obs_scale if self.obs_scale is not None else x
@@ -360,8 +369,8 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
         if spaces.obs_layout is not None:
             raise ConfigError(f"env.id: {cfg.env.id} has Dict or Tuple observations, which algo.name dqn does not "
                               f"take yet; use algo.name: ppo")
-        from hpcrl.models.q import QNetwork
-        return QNetwork(spaces, cfg.model, dueling=cfg.algo.dqn.dueling, env_id=cfg.env.id)
+        from hpcrl.models.q import build_q_network
+        return build_q_network(spaces, cfg)
     if algorithm.multiagent and not spaces.multiagent:
         raise ConfigError(f"algo.name: {cfg.algo.name} trains PettingZoo envs (env.id such as "
                           f"mpe2:simple_spread_v3), and {cfg.env.id} is a single-agent env; use algo.name: ppo")

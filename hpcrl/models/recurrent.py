@@ -1,4 +1,5 @@
-"""A recurrent actor-critic (model.core: lstm or gru): encoder -> core -> policy and value heads.
+"""Recurrent policies (model.core: lstm or gru): encoder -> core -> heads. The core and its steps
+(`RecurrentCore`) serve the actor-critic here and the Q-network of R2D2-style DQN (models/q.py).
 
 The hidden state crosses every boundary as plain float32 numbers, [rows, state_size] (GRU: h; LSTM:
 h and c side by side): policy servers keep one per env row, replies carry the state each action
@@ -8,42 +9,28 @@ sequence replayed by the trainer is zeroed after every step whose `dones` is set
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from hpcrl.core.dataflow import state_size
-from hpcrl.models import (ACTIVATIONS, NATURE_CNN_FEATURES, ActorCritic, _linear, _masked_log_softmax, _mlp,
-                          _nature_cnn, encoder_for)
+from hpcrl.models import ActorCritic, _linear, _masked_log_softmax
 
 
-class RecurrentActorCritic(ActorCritic):
-    """One trunk (the MLP of model.hidden_sizes, or the Nature CNN), an LSTM or GRU cell of
-    model.core_size, and linear policy and value heads on the cell's output. Acting takes one step
-    of the cell per call (`sample`, `value`, `mode` with the rows' states); training unrolls a
-    fragment's [T, B] rows from each column's start state (`evaluate_sequence`)."""
+class RecurrentCore:
+    """An LSTM or GRU cell of model.core_size after a network's trunk, and the steps through it that
+    actor-critics and Q-networks (models/q.py) share. Mixed into an ObservationInput."""
 
     recurrent = True
 
-    def _build(self, spaces, cfg, out: int) -> None:
-        if encoder_for(spaces, cfg) == "cnn":
-            self.trunk = _nature_cnn(tuple(spaces.obs_shape))
-            width = NATURE_CNN_FEATURES
-        else:
-            act, hidden = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
-            self.trunk = nn.Sequential(nn.Flatten(), _mlp([self.input_width(spaces), *hidden], act,
-                                                          out_gain=math.sqrt(2)), act())
-            width = hidden[-1]
+    def _build_core(self, width: int, cfg) -> int:
+        """The cell, reading `width` features; returns its output width."""
         self.lstm = cfg.core == "lstm"
         self.core = (nn.LSTMCell if self.lstm else nn.GRUCell)(width, cfg.core_size)
         for name, weight in self.core.named_parameters():  # orthogonal weights, zero biases (CleanRL's LSTM PPO)
             nn.init.orthogonal_(weight, 1.0) if name.startswith("weight") else nn.init.zeros_(weight)
         self.state_size = state_size(cfg)
-        self.actor = _linear(cfg.core_size, out, 0.01)
-        self.critic = _linear(cfg.core_size, 1, 1.0)
+        return cfg.core_size
 
-    # --- one step of the core ---------------------------------------------------------------------
     def _step(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Encoded rows and their states -> the cell's output and the new states."""
         if self.lstm:
@@ -52,6 +39,38 @@ class RecurrentActorCritic(ActorCritic):
             return h, torch.cat([h, c], dim=-1)
         h = self.core(x, state)
         return h, h
+
+    def _state_or_zeros(self, state: torch.Tensor | None, obs: torch.Tensor) -> torch.Tensor:
+        if state is not None:
+            return state
+        first = next(iter(obs.values())) if isinstance(obs, dict) else obs
+        return torch.zeros(first.shape[0], self.state_size, device=first.device)
+
+    def _unroll(self, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encoded rows [T*B, F] in time-major order (row t*B + b is step t of column b) from each
+        column's state [B, S], zeroing a column's state before every step whose `starts` [T*B] is
+        set. Returns the cell's outputs [T*B, H] and the states after the last step [B, S]."""
+        B = state.shape[0]
+        x = x.reshape(-1, B, x.shape[-1])
+        keep = (1.0 - starts.float()).reshape(-1, B, 1)
+        outs = []
+        for t in range(x.shape[0]):  # truncated BPTT over the sequence
+            h, state = self._step(x[t], state * keep[t])
+            outs.append(h)
+        return torch.cat(outs), state
+
+
+class RecurrentActorCritic(RecurrentCore, ActorCritic):
+    """One trunk (the MLP of model.hidden_sizes, or the Nature CNN), an LSTM or GRU cell of
+    model.core_size, and linear policy and value heads on the cell's output. Acting takes one step
+    of the cell per call (`sample`, `value`, `mode` with the rows' states); training unrolls a
+    fragment's [T, B] rows from each column's start state (`evaluate_sequence`)."""
+
+    def _build(self, spaces, cfg, out: int) -> None:
+        self.trunk, width = self.feature_trunk(spaces, cfg)
+        width = self._build_core(width, cfg)
+        self.actor = _linear(width, out, 0.01)
+        self.critic = _linear(width, 1, 1.0)
 
     def _outputs(self, h: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The heads on the cell's output: log-probs (or the Gaussian mean) and the critic's raw output."""
@@ -74,12 +93,6 @@ class RecurrentActorCritic(ActorCritic):
         h, state = self._step(self.features(obs), self._state_or_zeros(state, obs))
         return self._best(self.actor(h), mask), state
 
-    def _state_or_zeros(self, state: torch.Tensor | None, obs: torch.Tensor) -> torch.Tensor:
-        if state is not None:
-            return state
-        first = next(iter(obs.values())) if isinstance(obs, dict) else obs
-        return torch.zeros(first.shape[0], self.state_size, device=first.device)
-
     # --- a fragment as sequences --------------------------------------------------------------------
     def evaluate_sequence(self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None,
                           state0: torch.Tensor, starts: torch.Tensor):
@@ -87,15 +100,8 @@ class RecurrentActorCritic(ActorCritic):
         before step 0 [B, S], and `starts` [T*B] (1 where the state is zeroed before the step:
         an episode began). Returns log-probs of `actions`, entropy, the critic's raw output, all
         [T*B], and the states after the last step [B, S] (for a bootstrap value)."""
-        B = state0.shape[0]
-        x = self.features(obs)  # rows [T*B] of any observation kind -> [T*B, F]
-        x = x.reshape(-1, B, x.shape[-1])
-        keep = (1.0 - starts.float()).reshape(-1, B, 1)
-        state, outs = state0, []
-        for t in range(x.shape[0]):  # truncated BPTT over the fragment
-            h, state = self._step(x[t], state * keep[t])
-            outs.append(h)
-        out, raw = self._outputs(torch.cat(outs), mask)
+        h, state = self._unroll(self.features(obs), state0, starts)  # rows of any observation kind
+        out, raw = self._outputs(h, mask)
         return (*self._scored(out, raw, actions), state)
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None = None,

@@ -85,8 +85,8 @@ class _Recurrent:
         self.model, self.state = model, torch.zeros(rows, model.state_size)
 
     def sample(self, obs, generator, mask):
-        actions, logp, values, self.state = self.model.sample(obs, generator, mask, self.state)
-        return actions, logp, values
+        *out, self.state = self.model.sample(obs, generator, mask, self.state)  # an actor-critic's or a Q-network's
+        return out
 
     def mode(self, obs, mask):
         actions, self.state = self.model.mode(obs, mask, self.state)

@@ -14,7 +14,7 @@ from hpcrl.core.config import DEFAULT_MAX_ENV_RANKS, Config
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.layout import (FRAGMENT_BUFFERS, INLINE, Layout, batch_fragments, env_groups, fragments_per_env_rank,
                                replay_shard, sample_slots, update_frames)
-from hpcrl.core.messages import REPLAY_FIELDS, MessageSpec, weights_spec
+from hpcrl.core.messages import MessageSpec, replay_fields, weights_spec
 from hpcrl.envs import EnvSpaces
 
 MODEL_COPIES = {"learner": 5, "inference": 2, "env": 2}  # params x: weights, grads, Adam's two moments, message
@@ -59,10 +59,10 @@ def memory(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int) -> M
 
 
 def replay_bytes(cfg: Config, layout: Layout, record: MessageSpec) -> int:
-    """One DQN learner's replay shard: its transitions, their raw priorities, the sum-tree (float64
+    """One DQN learner's replay shard: its transitions (or sequences), their raw priorities, the sum-tree (float64
     over the next power of two of leaves) and a sampled batch."""
     capacity, _, batch = replay_shard(cfg, layout)
-    row = sum(record.field(name).nbytes // record.field(name).shape[0] for name in REPLAY_FIELDS)
+    row = sum(record.field(name).nbytes // record.field(name).shape[0] for name in replay_fields(record))
     leaves = 1 << max(capacity - 1, 0).bit_length()
     return capacity * (row + 8) + 2 * leaves * 8 + batch * row
 

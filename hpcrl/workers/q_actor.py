@@ -1,5 +1,6 @@
-"""DQN actor (env rank): epsilon-greedy on its policy's Q-values, n-step transitions with their
-initial priorities, shipped in records to its trainer's replay shard.
+"""DQN actors (env ranks): epsilon-greedy on their policy's Q-values, n-step transitions with their
+initial priorities (or, with a recurrent Q-network, R2D2's sequences: workers/sequence_actor.py),
+shipped in records to their trainer's replay shard.
 
 Never imports torch: the Q-values arrive as numpy (from a policy server, or from the inline
 policy the wiring hands in), and everything here is numpy. What it shares with the PPO actor
@@ -24,6 +25,7 @@ import numpy as np
 
 from hpcrl.core.config import Config
 from hpcrl.algos.exploration import apex_epsilons, linear_epsilon
+from hpcrl.algos.sequences import n_step_target
 from hpcrl.core.seeds import seed_for
 from hpcrl.workers.actor import EnvGroup, EnvRole
 
@@ -32,9 +34,11 @@ class NStepWindow:
     """The last n steps of every env of one group, and the transitions they complete. All envs
     of a group step together, so step t of every env sits in ring slot t % n."""
 
-    def __init__(self, n: int, gamma: float, num_envs: int, obs: np.ndarray, actions: np.ndarray):
-        """`obs`, `actions`: one step's arrays, for their shapes and dtypes."""
-        self.n, self.gamma = n, gamma
+    def __init__(self, n: int, gamma: float, num_envs: int, obs: np.ndarray, actions: np.ndarray,
+                 value_rescale: bool = False):
+        """`obs`, `actions`: one step's arrays, for their shapes and dtypes. `value_rescale`: the
+        Q-values are h(Q) (algo.dqn.value_rescale), and so are the priorities' targets."""
+        self.n, self.gamma, self.value_rescale = n, gamma, value_rescale
         self.obs = np.zeros((n, *obs.shape), dtype=obs.dtype)
         self.actions = np.zeros((n, *actions.shape), dtype=actions.dtype)
         self.rewards = np.zeros((n, num_envs), dtype=np.float64)
@@ -54,7 +58,8 @@ class NStepWindow:
             returns += self.powers[k] * self.rewards[(self.t + k) % self.n, envs]
         discount = self.powers[self.n]
         out.write(self.obs[oldest, envs], self.actions[oldest, envs], returns, np.full(len(envs), discount),
-                  obs[envs], np.abs(returns + discount * max_q[envs] - self.q[oldest, envs]))
+                  obs[envs], np.abs(n_step_target(returns, discount, max_q[envs], self.value_rescale)
+                                    - self.q[oldest, envs]))
         self.filled[envs] -= 1
 
     def record(self, obs: np.ndarray, actions: np.ndarray, q_taken: np.ndarray) -> None:
@@ -76,7 +81,7 @@ class NStepWindow:
                 carry = self.rewards[slot, e] + self.gamma * carry
                 returns[j] = carry
             discounts = np.zeros(held) if terminated[e] else self.powers[1:held + 1]
-            bootstrap = returns + discounts * max_q[e]
+            bootstrap = n_step_target(returns, discounts, max_q[e], self.value_rescale)
             out.write(self.obs[slots, e], self.actions[slots, e], returns, discounts,
                       np.broadcast_to(final_obs[e], (held, *np.shape(final_obs[e]))),
                       np.abs(bootstrap - self.q[slots, e]))
@@ -85,41 +90,44 @@ class NStepWindow:
 
 
 class TransitionWriter:
-    """Appends transitions to the record being filled (a sample-stream buffer)."""
+    """Appends rows (transitions, or R2D2's sequences) to the record being filled (a sample-stream buffer)."""
 
     def __init__(self, record):
         self.record, self.rows = record, 0
-        self.capacity = record["returns"].shape[0]
+        self.capacity = record["priorities"].shape[0]
 
     def room(self) -> int:
         return self.capacity - self.rows
 
     def write(self, obs, actions, returns, discounts, next_obs, priorities) -> None:
-        a, b = self.rows, self.rows + len(returns)
-        r = self.record
-        r["obs"][a:b], r["actions"][a:b], r["returns"][a:b] = obs, actions, returns
-        r["discounts"][a:b], r["next_obs"][a:b], r["priorities"][a:b] = discounts, next_obs, priorities
+        """One or more n-step transitions."""
+        self.write_fields(obs=obs, actions=actions, returns=returns, discounts=discounts, next_obs=next_obs,
+                          priorities=priorities)
+
+    def write_fields(self, priorities: np.ndarray, **fields) -> None:
+        """len(priorities) rows of the record's fields, by name."""
+        a, b = self.rows, self.rows + len(priorities)
+        self.record["priorities"][a:b] = priorities
+        for name, values in fields.items():
+            self.record[name][a:b] = values
         self.rows = b
 
 
-class TransitionActor(EnvRole):
-    """Collects n-step transitions from its env groups and ships them in records of
-    rollout_length x num_envs rows (a record ships once another group step might not fit)."""
+class ReplayActor(EnvRole):
+    """What DQN's actors share: epsilon-greedy exploration on the Q-values a reply brings, and
+    records of rows for the trainers' replay shards, shipped once another group step might not
+    fit. TransitionActor (below) writes n-step transitions; SequenceActor (workers/sequence_actor.py)
+    R2D2's sequences, with a recurrent Q-network."""
 
     name = "env"
+    record_name = "transitions"
 
     def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list, env_ranks: int,
                  start_version: int = 0, control=None):
         super().__init__(cfg, rank, index, policies, senders, start_version=start_version, control=control)
         d = self.dqn = cfg.algo.dqn
         self.per_group = self.N // len(self.groups)
-        # the most rows one group step writes: an env emits one ripe transition, then its whole
-        # window of n steps if its episode ends there
-        self.rows_per_step = self.per_group * (d.n_step + 1)
         self.writer = TransitionWriter(self.fragment)
-        actions = np.zeros(self.per_group, dtype=self.fragment["actions"].dtype)
-        self.windows = [NStepWindow(d.n_step, cfg.algo.gamma, self.per_group, g.request["obs"], actions)
-                        for g in self.groups]
         self.rng = np.random.default_rng(seed_for(cfg.run.seed, "explore", index))
         self.env_ranks = env_ranks
         self.frames = 0  # env steps of this rank
@@ -129,10 +137,16 @@ class TransitionActor(EnvRole):
         self.epsilons = apex_epsilons(d.eps, d.eps_alpha, env_ranks * self.N)[index * self.N:(index + 1) * self.N]
 
     @classmethod
-    def build(cls, w) -> "TransitionActor":
+    def build(cls, w) -> "ReplayActor":
         """From the wiring (hpcrl.runtime.wiring.Wiring), as the PPO actor: its policy (a policy
-        server's channels, one per env group, or an inline policy) and its sender to the trainer."""
+        server's channels, one per env group, or an inline policy) and its sender to the trainer.
+        The actor of the config's network: sequences for a recurrent one, else transitions."""
         index = w.layout.index_in("env", w.rank)
+        if w.cfg.model.core != "none":
+            from hpcrl.workers.sequence_actor import SequenceActor
+            cls = SequenceActor
+        elif cls is ReplayActor:
+            cls = TransitionActor
         return cls(w.cfg, w.rank, index, cls.policies(w, index), cls.senders(w, index), env_ranks=len(w.layout.envs),
                    start_version=w.start.start_version, control=w.control)
 
@@ -143,33 +157,16 @@ class TransitionActor(EnvRole):
         # linear: every env rank's frames, estimated from this rank's (the env ranks run alike)
         return np.full(self.per_group, linear_epsilon(self.dqn, self.frames * self.env_ranks))
 
-    record_name = "transitions"
-
-    def _record_full(self) -> bool:
-        """No group may step on until the record ships: another step might not fit."""
-        return self.writer.room() < self.rows_per_step
+    def explore(self, g: int, q: np.ndarray) -> np.ndarray:
+        """Group g's actions on its Q-values `q` [envs, actions]: greedy, or uniform with each env's epsilon."""
+        explore = self.rng.random(self.per_group) < self.epsilon(g)
+        return np.where(explore, self.rng.integers(q.shape[1], size=self.per_group), q.argmax(1))
 
     def _take_reply(self, group: EnvGroup, reply) -> None:
-        self._step(group, reply)
-        group.submit(self.version)  # at once: its round trip overlaps the other groups' steps
-
-    def _step(self, group: EnvGroup, reply) -> None:
-        g = self.groups.index(group)
-        window, q = self.windows[g], reply["q"]
-        obs = group.request["obs"]
-        max_q = q.max(1)
         if self.record_version < 0:
             self.record_version = reply.get("version")
-        window.ripe(obs, max_q, self.writer)
-        explore = self.rng.random(self.per_group) < self.epsilon(g)
-        actions = np.where(explore, self.rng.integers(q.shape[1], size=self.per_group), q.argmax(1))
-        window.record(obs, actions, q[np.arange(self.per_group), actions])
-        self.status = f"stepping envs (step {window.t})"
-        next_obs, rewards, terminated, truncated, info = group.envs.step(actions)
-        ended = terminated | truncated
-        window.rewarded(rewards, terminated, ended, info.get("final_obs"), max_q, self.writer)
-        group.request["obs"][...] = next_obs
-        self._tally(group, rewards, ended, info)
+        self._step(group, reply)
+        group.submit(self.version)  # at once: its round trip overlaps the other groups' steps
         self.frames += self.per_group
         self.record_frames += self.per_group
 
@@ -188,3 +185,37 @@ class TransitionActor(EnvRole):
         self.record_frames, self.record_version = 0, -1
         self.rollout_start, self.waited = time.perf_counter(), 0.0
         self._reset_stats()
+
+
+class TransitionActor(ReplayActor):
+    """Collects n-step transitions from its env groups and ships them in records of
+    rollout_length x num_envs rows (a record ships once another group step might not fit)."""
+
+    def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list, env_ranks: int,
+                 start_version: int = 0, control=None):
+        super().__init__(cfg, rank, index, policies, senders, env_ranks, start_version=start_version, control=control)
+        # the most rows one group step writes: an env emits one ripe transition, then its whole
+        # window of n steps if its episode ends there
+        self.rows_per_step = self.per_group * (self.dqn.n_step + 1)
+        actions = np.zeros(self.per_group, dtype=self.fragment["actions"].dtype)
+        self.windows = [NStepWindow(self.dqn.n_step, cfg.algo.gamma, self.per_group, g.request["obs"], actions,
+                                    self.dqn.value_rescale) for g in self.groups]
+
+    def _record_full(self) -> bool:
+        """No group may step on until the record ships: another step might not fit."""
+        return self.writer.room() < self.rows_per_step
+
+    def _step(self, group: EnvGroup, reply) -> None:
+        g = self.groups.index(group)
+        window, q = self.windows[g], reply["q"]
+        obs = group.request["obs"]
+        max_q = q.max(1)
+        window.ripe(obs, max_q, self.writer)
+        actions = self.explore(g, q)
+        window.record(obs, actions, q[np.arange(self.per_group), actions])
+        self.status = f"stepping envs (step {window.t})"
+        next_obs, rewards, terminated, truncated, info = group.envs.step(actions)
+        ended = terminated | truncated
+        window.rewarded(rewards, terminated, ended, info.get("final_obs"), max_q, self.writer)
+        group.request["obs"][...] = next_obs
+        self._tally(group, rewards, ended, info)

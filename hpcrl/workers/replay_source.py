@@ -1,5 +1,7 @@
 """The trainer's batch source for DQN: records from the sample stream go into this trainer's
-prioritized replay shard (hpcrl.algos.replay), and an update samples from it.
+prioritized replay shard (hpcrl.algos.replay), and an update samples from it. A shard's rows are
+n-step transitions, or with a recurrent Q-network (R2D2) whole sequences with their stored states:
+the record's layout names the fields.
 
 Each learner owns one shard of algo.replay.capacity / learners transitions (as in SRL's Ape-X:
 the replay lives in the trainer, so sampling and priority write-back never cross the network;
@@ -23,7 +25,7 @@ import numpy as np
 from hpcrl.algos.replay import PrioritizedReplay
 from hpcrl.io.checkpoint import CheckpointError, load_arrays, save_arrays
 from hpcrl.core.layout import replay_shard
-from hpcrl.core.messages import REPLAY_FIELDS, STOP, Message
+from hpcrl.core.messages import STOP, Message, replay_fields
 from hpcrl.core.seeds import seed_for
 from hpcrl.runtime.streams import SampleReceiver
 
@@ -66,6 +68,7 @@ class ReplaySource:
         self.sampled_at_warm = 0  # and its sample count then
         self.frames = 0  # the run's frames (all env ranks), for beta's annealing
         self.index, self.save_shard = index, save_shard
+        self.unit = "sequences" if "state0" in replay.fields else "transitions"  # what a shard's rows are
 
     @classmethod
     def from_config(cls, cfg, layout, stream: SampleReceiver, actors: list[int]) -> "ReplaySource":
@@ -73,7 +76,7 @@ class ReplaySource:
         learners = len(layout.learners)
         capacity, warmup, batch = replay_shard(cfg, layout)
         spec = stream.slots[0].spec
-        fields = {name: (spec.field(name).dtype, spec.field(name).shape[1:]) for name in REPLAY_FIELDS}
+        fields = {name: (spec.field(name).dtype, spec.field(name).shape[1:]) for name in replay_fields(spec)}
         r, d = cfg.algo.replay, cfg.algo.dqn
         index = layout.index_in("learner", stream.comm.Get_rank())  # the stream's communicator is a copy of WORLD
         return cls(stream, actors, PrioritizedReplay(capacity, fields, alpha=r.alpha), batch, warmup,
@@ -160,7 +163,7 @@ class ReplaySource:
                     why = f"{path} does not fit this run's replay ({exc})"
         if why:
             print(f"[hpcrl] warning: learner {self.index}: no saved replay shard to resume from ({why}); it fills "
-                  f"its replay again ({self.warmup:,} transitions) before it trains", flush=True)
+                  f"its replay again ({self.warmup:,} {self.unit}) before it trains", flush=True)
         elif self._warm():  # the replay ratio counts on from here
             self.inserted_at_warm, self.sampled_at_warm = self.replay.inserted, self.replay.sampled
 
@@ -185,7 +188,7 @@ class ReplaySource:
     def _take_in(self, slot: int) -> None:
         record = self.stream.slots[slot]
         count = record.get("count")
-        self.replay.add({name: record[name][:count] for name in REPLAY_FIELDS}, record["priorities"][:count])
+        self.replay.add({name: record[name][:count] for name in self.replay.fields}, record["priorities"][:count])
         self.arrivals.append(RecordHeader(record))
         self.stream.release(slot)  # a credit for the actor again
         if self.inserted_at_warm is None and self._warm():  # the ratio counts from here
@@ -205,6 +208,6 @@ class ReplaySource:
         """What the trainer waits for (the watchdog's message, if it fires)."""
         if not self._warm():
             return (f"filling its replay shard before training: {self.replay.size:,} of {self.warmup:,} "
-                    f"transitions (algo.replay.warmup / learners)")
-        return (f"waiting for transitions: the replay ratio {self.replay_ratio} is met "
+                    f"{self.unit} (algo.replay.warmup / learners)")
+        return (f"waiting for {self.unit}: the replay ratio {self.replay_ratio} is met "
                 f"({self.replay.sampled:,} sampled, {self.replay.inserted:,} inserted)")
