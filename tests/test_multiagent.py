@@ -315,3 +315,27 @@ def test_a_centralised_critic_reads_the_env_state_that_ends_each_row_and_the_pol
     assert plain.state_dim == 0 and plain.obs_shape == (3,)  # no state(): the agents' observations
     with pytest.raises(ConfigError, match="env.global_state: the env's state is read by a centralised critic"):
         parse_config("env: {id: 'tests.ma_envs:StatefulRelay', global_state: true}\nalgo: {name: ippo}")
+
+
+@pytest.mark.parametrize("case", ["mappo-lstm", "selfplay-gru"])
+def test_recurrent_multiagent_runs_through_a_policy_server_and_plays_in_eval(tmp_path, case):
+    """A recurrent core with agent rows on 4 ranks: MAPPO on simple_spread (the server keeps each
+    agent's state, the central critic reads whole envs), and IPPO self-play on connect four against
+    a pool (turn-based rows under masks, pool members acting from the same rows' states); then
+    `hpcrl eval` plays the result with its state."""
+    if case == "mappo-lstm":
+        cfg = small_config(tmp_path, env={**SPREAD, "num_envs": 4}, algo={"name": "mappo", "rollout_length": 25},
+                           model={"core": "lstm", "core_size": 16}, run={"total_frames": 1200})
+    else:
+        cfg = small_config(tmp_path, env={"id": "pettingzoo:classic/connect_four-v3", "num_envs": 4},
+                           algo={"name": "ippo", "rollout_length": 16, "mode": "async",
+                                 "selfplay": {"pool": 2, "snapshot_every": 2, "latest": 0.5}},
+                           model={"encoder": "mlp", "core": "gru", "core_size": 16}, run={"total_frames": 1280})
+    result = mpirun(4, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    m = read_metrics(str(run_dir(cfg) / "metrics.h5"))
+    assert m["frames"][-1] >= cfg["run"]["total_frames"] and m["episodes"].sum() > 0
+    if case == "selfplay-gru":  # games against the pool were played and judged
+        assert m["selfplay.games"].sum() > 0
+    played = mpirun(1, "eval", str(run_dir(cfg)), "--episodes", "2")
+    assert played.returncode == 0 and "2 episodes" in played.stdout, played.stdout + played.stderr

@@ -186,8 +186,6 @@ def test_hidden_states_reset_only_where_an_episode_starts():
 def test_recurrent_cores_refuse_what_they_cannot_train():
     with pytest.raises(ConfigError, match="model.core: expected one of none, lstm, gru"):
         parse_config("model: {core: transformer}")
-    with pytest.raises(ConfigError, match="model.core: recurrent policies train with algo.name ppo .* or dqn"):
-        parse_config("env: {id: mpe2:simple_spread_v3}\nalgo: {name: mappo}\nmodel: {core: lstm}")
     with pytest.raises(ConfigError, match="at most env.num_envs \\(2\\)"):
         parse_config("env: {num_envs: 2}\nalgo: {num_minibatches: 4}\nmodel: {core: gru}")
 
@@ -200,3 +198,47 @@ def test_cartpole_positions_hides_the_velocities():
     np.testing.assert_array_equal(obs, whole[[0, 2]])
     assert env.observation_space.shape == (2,)
     assert probe_spaces(parse_config(f"env: {{id: {CARTPOLE_POSITIONS}}}").env).obs_shape == (2,)
+
+
+@pytest.mark.parametrize("global_state", [True, False], ids=["env-state-critic", "agents-memory-critic"])
+def test_recurrent_mappo_replays_its_sequences_in_whole_envs_and_its_critic_reads_every_agent(global_state):
+    """MAPPO with an LSTM on simple_spread (3 agents per env, episodes of 4 steps inside a fragment):
+    the trainer's sequences give back the behaviour log-probs and the central critic's values;
+    minibatches hold whole envs of columns; the critic reads the env's state, or every agent's cell
+    output, while each agent's policy reads only its own observation."""
+    cfg = parse_config(f"env: {{id: 'mpe2:simple_spread_v3', num_envs: {N}, kwargs: {{max_cycles: 4}}, "
+                       f"global_state: {str(global_state).lower()}}}\n"
+                       f"algo: {{name: mappo, rollout_length: {T}, num_minibatches: {N}, mode: sync}}\n"
+                       "model: {core: lstm, core_size: 8, hidden_sizes: [16]}\nrun: {seed: 3}")
+    model, frags = collect(cfg, fragments=1)
+    frag = _Fragment(frags[0])
+    A = model.num_agents
+    assert A == 3 and bool(model.state_dim) == global_state and frag["dones"][:-1].any()
+    step = PPOStep(cfg, model, torch.optim.Adam(model.parameters()), torch.device("cpu"), np.random.default_rng(0),
+                   "float32", "int64")
+    batch = step.assemble([frag])
+    with torch.no_grad():
+        logp, _, raw = model.evaluate(batch.obs, batch.actions, None, **batch.sequences())
+    np.testing.assert_allclose(logp.numpy(), frag["logp"].reshape(-1), atol=1e-5)
+    np.testing.assert_allclose(model.returns_of(raw).numpy(), frag["values"].reshape(-1), atol=1e-4)
+    for idx in batch.minibatches(np.random.default_rng(1), N):  # one env's 3 agent columns each
+        columns = idx[:A].numpy()
+        assert columns[0] % A == 0 and np.array_equal(columns, columns[0] + np.arange(A))
+        np.testing.assert_array_equal(idx.numpy(), (np.arange(T)[:, None] * N * A + columns).reshape(-1))
+        with torch.no_grad():
+            part, _, part_raw = model.evaluate(*(batch.take(idx).obs, batch.take(idx).actions, None),
+                                               **batch.take(idx).sequences())
+        np.testing.assert_allclose(part.numpy(), frag["logp"][:, columns].reshape(-1), atol=1e-5)
+        np.testing.assert_allclose(model.returns_of(part_raw).numpy(), frag["values"][:, columns].reshape(-1),
+                                   atol=1e-4)
+    # agent 1's observation moves agent 0's value (through the critic) but not agent 0's policy
+    obs = batch.obs[:A].clone()
+    other = obs.clone()
+    other[1, :-model.state_dim or None] += 1.0
+    with torch.no_grad():
+        zero = torch.zeros(A, model.state_size)
+        a0 = model.sample(obs, None, None, zero)
+        b0 = model.sample(other, None, None, zero)
+        logits = [model.actor(model._step(model._encoded(o)[1], zero)[0]) for o in (obs, other)]
+    torch.testing.assert_close(logits[0][0], logits[1][0])
+    assert global_state or not torch.allclose(a0[2][0], b0[2][0])

@@ -22,6 +22,7 @@ from torch.nn import functional as F
 from hpcrl.algos.exploration import linear_epsilon
 from hpcrl.algos.sequences import n_step_target, sequence_priorities, sequence_targets
 from hpcrl.core.config import Config
+from hpcrl.core.observations import apply, grouped
 
 LOSS_KEYS = ("loss", "td_error", "q_mean")
 
@@ -43,13 +44,13 @@ def td_errors(model: nn.Module, target: nn.Module, obs: torch.Tensor, actions: t
 def sequence_td_errors(model: nn.Module, target: nn.Module, data: dict[str, torch.Tensor], d,
                        gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
     """R2D2: (y - Q(s, a), Q(s, a)), both [L - burn_in, B], of the trained steps of B stored
-    sequences (`data`: the replay's rows, [B, L(+1), ...]). Both networks unroll every sequence
+    sequences (`data`: the replay's rows by field name, [B, L(+1), ...]). Both networks unroll every sequence
     from its stored state, zeroing it where an episode begins; the targets are the double-Q n-step
     returns inside the sequence (algos/sequences.py, the actors' priorities use the same), computed
     on numpy from the bootstrap values: they carry no gradient. `d`: algo.dqn."""
-    obs = data["obs"]
     B, L = data["actions"].shape[:2]
-    rows = obs.transpose(0, 1).reshape(-1, *obs.shape[2:])  # time-major: row t*B + b is step t of sequence b
+    # time-major rows (row t*B + b is step t of sequence b), of every leaf of a Dict observation
+    rows = apply(lambda leaf: leaf.transpose(0, 1).reshape(-1, *leaf.shape[2:]), grouped(data, "obs"))
     ended = (data["terminated"] | data["truncated"]).T.bool()
     starts = torch.cat([torch.zeros_like(ended[:1]), ended]).reshape(-1)  # step 0's state is the stored one
     q_all = model.q_sequence(rows, data["state0"], starts, d.burn_in)  # [L + 1 - burn_in, B, A]
@@ -92,8 +93,8 @@ class DQNStep:
         """TD errors and Q(s, a) of a sample: n-step transitions, or R2D2's sequences."""
         if self.sequences:
             return sequence_td_errors(self.model, self.target, data, self.d, self.cfg.algo.gamma)
-        return td_errors(self.model, self.target, data["obs"], data["actions"], data["returns"].float(),
-                         data["discounts"].float(), data["next_obs"], double=self.d.double,
+        return td_errors(self.model, self.target, grouped(data, "obs"), data["actions"], data["returns"].float(),
+                         data["discounts"].float(), grouped(data, "next_obs"), double=self.d.double,
                          value_rescale=self.d.value_rescale)
 
     def _copy_target(self) -> None:

@@ -57,12 +57,12 @@ class Batch:
     def minibatches(self, rng: np.random.Generator, count: int) -> list[torch.Tensor]:
         """`count` random index sets covering the batch once, whole envs at a time (sequences:
         whole columns, every step of each in time-major order)."""
-        if self.state0 is not None:
-            columns = len(self) // self.seq_len
-            cols = torch.from_numpy(rng.permutation(columns))
-            return [(torch.arange(self.seq_len)[:, None] * columns + part[None]).reshape(-1)
-                    for part in torch.tensor_split(cols, count)]
         k = self.rows_together
+        if self.state0 is not None:  # the columns of whole envs (a central critic reads every agent's)
+            columns = len(self) // self.seq_len
+            envs = torch.from_numpy(rng.permutation(columns // k))
+            return [(torch.arange(self.seq_len)[:, None] * columns + (part[:, None] * k + torch.arange(k)).reshape(-1))
+                    .reshape(-1) for part in torch.tensor_split(envs, count)]
         envs = torch.from_numpy(rng.permutation(len(self) // k))
         return [(part[:, None] * k + torch.arange(k)).reshape(-1) for part in torch.tensor_split(envs, count)]
 

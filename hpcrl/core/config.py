@@ -222,8 +222,9 @@ class ModelConfig:
     core: str = doc("'none' (feed-forward), 'lstm' or 'gru': a recurrent core between the encoder and the "
                     "heads (the MLP encoder is then one shared trunk). Policy servers keep each env's hidden "
                     "state and reset it at episode ends; PPO/APPO train each fragment as a sequence "
-                    "(truncated BPTT at algo.rollout_length), DQN stored sequences (R2D2: algo.dqn.sequence_length, "
-                    "burn_in, sequence_period, priority_eta)", default="none")
+                    "(truncated BPTT at algo.rollout_length; MAPPO/IPPO: a state per agent row), DQN stored "
+                    "sequences (R2D2: algo.dqn.sequence_length, burn_in, sequence_period, priority_eta)",
+                    default="none")
     core_size: int = doc("hidden size of the recurrent core (model.core: lstm or gru)", default=128)
 
 
@@ -404,9 +405,6 @@ def validate(cfg: Config) -> None:
     _check(m.encoder in ENCODERS, f"model.encoder: expected one of {', '.join(ENCODERS)}, got {m.encoder!r}")
     _check(m.core in CORES, f"model.core: expected one of {', '.join(CORES)}, got {m.core!r}")
     _check(m.core_size >= 1, f"model.core_size: expected >= 1, got {m.core_size}")
-    _check(m.core == "none" or a.name in ("ppo", "dqn"),
-           f"model.core: recurrent policies train with algo.name ppo (mode sync or async) or dqn (R2D2) so far, "
-           f"got {a.name!r}; use model.core: none")
     _check(m.core == "none" or a.name == "dqn" or a.num_minibatches <= e.num_envs,
            f"algo.num_minibatches: a recurrent core's minibatches are whole sequences (one per env of a "
            f"fragment), so at most env.num_envs ({e.num_envs}) of them, got {a.num_minibatches}")

@@ -118,7 +118,7 @@ def replay_record(cfg, spaces) -> MessageSpec:
     a recurrent Q-network (R2D2), sequences of algo.dqn.sequence_length steps, as many per env as
     start in rollout_length steps (one every sequence_period steps; at least one)."""
     if not state_size(cfg.model):
-        return transition_spec(cfg.algo.rollout_length * cfg.env.num_envs, spaces.obs_shape, spaces.obs_dtype,
+        return transition_spec(cfg.algo.rollout_length * cfg.env.num_envs, spaces.observation, None,
                                spaces.action_shape, spaces.action_dtype)
     return sequence_spec(sequences_per_env(cfg) * cfg.env.num_envs, cfg.algo.dqn.sequence_length,
                          spaces.observation, None, spaces.action_shape, spaces.action_dtype, state_size(cfg.model))

@@ -183,16 +183,17 @@ def transition_spec(rows: int, obs_shape: tuple, obs_dtype, action_shape: tuple,
     s_t, a_t, the discounted n-step return G, the discount of its bootstrap (gamma^k, 0 after a
     terminal step), s_t+k, and the actor's initial priority |G + discount max_a Q(s_t+k, a) -
     Q(s_t, a_t)|. The header words after `flags` are those of a fragment (timings; `frames`: env
-    steps since the last record), so trainers count both alike."""
+    steps since the last record), so trainers count both alike. `obs_shape` may be an ObsLayout
+    (Dict observations: a field per leaf of s and of s')."""
     k = rows
     return MessageSpec(
         header=("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
                 "credit_wait_us", "count"),
-        fields=[("obs", obs_dtype, (k, *obs_shape)),
+        fields=[*obs_fields("obs", (k,), obs_shape, obs_dtype),
                 ("actions", action_dtype, (k, *action_shape)),
                 ("returns", np.float32, (k,)),
                 ("discounts", np.float32, (k,)),
-                ("next_obs", obs_dtype, (k, *obs_shape)),
+                *obs_fields("next_obs", (k,), obs_shape, obs_dtype),
                 ("priorities", np.float32, (k,)),
                 ("episode_stats", np.float64, (len(EPISODE_STATS),))])
 

@@ -119,3 +119,12 @@ def combine(fn: Callable, trees: list) -> Tree:
 
 def rows(tree: Tree) -> int:
     return len(next(iter(tree.values())) if isinstance(tree, dict) else tree)
+
+
+def grouped(fields: dict, name: str) -> Tree:
+    """Observations `name` from arrays keyed by message field name (a replay's rows): the field
+    itself, or the leaves of the fields `name.*` by key."""
+    if name in fields:
+        return fields[name]
+    prefix = name + "."
+    return {key[len(prefix):]: value for key, value in fields.items() if key.startswith(prefix)}

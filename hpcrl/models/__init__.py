@@ -161,28 +161,31 @@ class ObservationInput(nn.Module):
         """Numbers per row the trunk of an MLP network reads."""
         return self.structured.width if self.structured is not None else int(np.prod(spaces.obs_shape))
 
-    def feature_trunk(self, spaces: EnvSpaces, cfg: ModelConfig) -> tuple[nn.Module, int]:
+    def feature_trunk(self, spaces: EnvSpaces, cfg: ModelConfig, width: int | None = None) -> tuple[nn.Module, int]:
         """One trunk for every head (Q-networks, recurrent cores) and its output width: the Nature
-        CNN over frames, or an MLP of model.hidden_sizes that ends in its activation."""
+        CNN over frames, or an MLP of model.hidden_sizes that ends in its activation, reading
+        `width` numbers per row (default: the whole input row)."""
         if encoder_for(spaces, cfg) == "cnn":
             return _nature_cnn(tuple(spaces.obs_shape)), NATURE_CNN_FEATURES
         act, hidden = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
-        return nn.Sequential(nn.Flatten(), _mlp([self.input_width(spaces), *hidden], act, out_gain=math.sqrt(2)),
-                             act()), hidden[-1]
+        width = self.input_width(spaces) if width is None else width
+        return nn.Sequential(nn.Flatten(), _mlp([width, *hidden], act, out_gain=math.sqrt(2)), act()), hidden[-1]
 
     def _scaled(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float()
         return x * self.obs_scale if self.obs_scale is not None else x
 
-    def features(self, obs) -> torch.Tensor:
-        """What the heads read: scaled, normalised, encoded observations (a dict of leaf tensors
-        for Dict and Tuple observations)."""
+    def inputs(self, obs) -> torch.Tensor:
+        """What the trunk reads: scaled, normalised observations (Dict and Tuple observations, a
+        dict of leaf tensors, each encoded its own way and concatenated)."""
         if self.structured is not None:
-            return self.trunk(self.structured(obs))
+            return self.structured(obs)
         x = self._scaled(obs)
-        if self.obs_norm is not None:
-            x = self.obs_norm(x)
-        return self.trunk(x)
+        return self.obs_norm(x) if self.obs_norm is not None else x
+
+    def features(self, obs) -> torch.Tensor:
+        """What the heads read: the trunk's encoding of the inputs."""
+        return self.trunk(self.inputs(obs))
 
     def update_obs_norm(self, obs, reduce: Callable[[np.ndarray], np.ndarray] = lambda m: m) -> None:
         """Fold a batch into the observation normaliser (a no-op without model.obs_norm). `reduce`
@@ -366,9 +369,6 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
     from hpcrl.core.dataflow import ALGORITHMS
     algorithm = ALGORITHMS[cfg.algo.name]
     if algorithm.policy == "q":
-        if spaces.obs_layout is not None:
-            raise ConfigError(f"env.id: {cfg.env.id} has Dict or Tuple observations, which algo.name dqn does not "
-                              f"take yet; use algo.name: ppo")
         from hpcrl.models.q import build_q_network
         return build_q_network(spaces, cfg)
     if algorithm.multiagent and not spaces.multiagent:

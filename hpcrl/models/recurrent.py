@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from hpcrl.core.dataflow import state_size
-from hpcrl.models import ActorCritic, _linear, _masked_log_softmax
+from hpcrl.models import ACTIVATIONS, ActorCritic, _linear, _masked_log_softmax, _mlp
 
 
 class RecurrentCore:
@@ -64,33 +64,55 @@ class RecurrentActorCritic(RecurrentCore, ActorCritic):
     """One trunk (the MLP of model.hidden_sizes, or the Nature CNN), an LSTM or GRU cell of
     model.core_size, and linear policy and value heads on the cell's output. Acting takes one step
     of the cell per call (`sample`, `value`, `mode` with the rows' states); training unrolls a
-    fragment's [T, B] rows from each column's start state (`evaluate_sequence`)."""
+    fragment's [T, B] rows from each column's start state (`evaluate_sequence`).
+
+    Recurrent MAPPO (`central_critic`, rows in whole envs of A agents): the trunk and the cell read
+    the agent's own observation; the critic is an MLP over the env's state and the agent's one-hot
+    when the rows end with the env's state (env.global_state), or else over every agent's cell
+    output of the env and the one-hot, so it sees what each agent remembers."""
 
     def _build(self, spaces, cfg, out: int) -> None:
-        self.trunk, width = self.feature_trunk(spaces, cfg)
+        self.trunk, width = self.feature_trunk(spaces, cfg, self.input_width(spaces) - self.state_dim)
         width = self._build_core(width, cfg)
         self.actor = _linear(width, out, 0.01)
-        self.critic = _linear(width, 1, 1.0)
+        if not self.central_critic:
+            self.critic = _linear(width, 1, 1.0)
+            return
+        critic_in = self.state_dim if self.state_dim else width * self.num_agents
+        self.critic = _mlp([critic_in + self.num_agents, *cfg.hidden_sizes, 1], ACTIVATIONS[cfg.activation], 1.0)
 
-    def _outputs(self, h: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The heads on the cell's output: log-probs (or the Gaussian mean) and the critic's raw output."""
+    def _encoded(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The trunk's inputs (rows that may end with the env's state) and its encoding of the agent's own part."""
+        x = self.inputs(obs)
+        return x, self.trunk(self._own(x))
+
+    def _outputs(self, x: torch.Tensor, h: torch.Tensor,
+                 mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The heads: log-probs (or the Gaussian mean) on the cell's output `h`, and the critic's raw output."""
         out = self.actor(h)
-        return (out if self.continuous else _masked_log_softmax(out, mask)), self.critic(h).squeeze(-1)
+        return (out if self.continuous else _masked_log_softmax(out, mask)), self._critic_raw(x, h)
+
+    def _critic_raw(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        if not self.central_critic:
+            return self.critic(h).squeeze(-1)
+        return self.critic(self.critic_input(x if self.state_dim else h)).squeeze(-1)
 
     def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None, mask: torch.Tensor | None = None,
                state: torch.Tensor | None = None):
         """Actions, their log-probs, state values and the rows' next states, from `state` (zeros: None)."""
-        h, state = self._step(self.features(obs), self._state_or_zeros(state, obs))
-        out, raw = self._outputs(h, mask)
+        x, f = self._encoded(obs)
+        h, state = self._step(f, self._state_or_zeros(state, obs))
+        out, raw = self._outputs(x, h, mask)
         return (*self._draw(out, self.returns_of(raw), generator), state)
 
     def value(self, obs: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
-        h, _ = self._step(self.features(obs), self._state_or_zeros(state, obs))
-        return self.returns_of(self.critic(h).squeeze(-1))
+        x, f = self._encoded(obs)
+        h, _ = self._step(f, self._state_or_zeros(state, obs))
+        return self.returns_of(self._critic_raw(x, h))
 
     def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None, state: torch.Tensor | None = None):
         """The most likely actions and the rows' next states."""
-        h, state = self._step(self.features(obs), self._state_or_zeros(state, obs))
+        h, state = self._step(self._encoded(obs)[1], self._state_or_zeros(state, obs))
         return self._best(self.actor(h), mask), state
 
     # --- a fragment as sequences --------------------------------------------------------------------
@@ -100,8 +122,9 @@ class RecurrentActorCritic(RecurrentCore, ActorCritic):
         before step 0 [B, S], and `starts` [T*B] (1 where the state is zeroed before the step:
         an episode began). Returns log-probs of `actions`, entropy, the critic's raw output, all
         [T*B], and the states after the last step [B, S] (for a bootstrap value)."""
-        h, state = self._unroll(self.features(obs), state0, starts)  # rows of any observation kind
-        out, raw = self._outputs(h, mask)
+        x, f = self._encoded(obs)  # rows of any observation kind
+        h, state = self._unroll(f, state0, starts)
+        out, raw = self._outputs(x, h, mask)
         return (*self._scored(out, raw, actions), state)
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None = None,

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from hpcrl.core.config import Config
+from hpcrl.core.observations import apply, assign, fit, take
 from hpcrl.algos.exploration import apex_epsilons, linear_epsilon
 from hpcrl.algos.sequences import n_step_target
 from hpcrl.core.seeds import seed_for
@@ -39,7 +40,7 @@ class NStepWindow:
         """`obs`, `actions`: one step's arrays, for their shapes and dtypes. `value_rescale`: the
         Q-values are h(Q) (algo.dqn.value_rescale), and so are the priorities' targets."""
         self.n, self.gamma, self.value_rescale = n, gamma, value_rescale
-        self.obs = np.zeros((n, *obs.shape), dtype=obs.dtype)
+        self.obs = apply(lambda leaf: np.zeros((n, *leaf.shape), dtype=leaf.dtype), obs)  # Dict: per leaf
         self.actions = np.zeros((n, *actions.shape), dtype=actions.dtype)
         self.rewards = np.zeros((n, num_envs), dtype=np.float64)
         self.q = np.zeros((n, num_envs), dtype=np.float64)  # Q(s, a) of the action taken
@@ -57,14 +58,15 @@ class NStepWindow:
         for k in range(self.n):
             returns += self.powers[k] * self.rewards[(self.t + k) % self.n, envs]
         discount = self.powers[self.n]
-        out.write(self.obs[oldest, envs], self.actions[oldest, envs], returns, np.full(len(envs), discount),
-                  obs[envs], np.abs(n_step_target(returns, discount, max_q[envs], self.value_rescale)
+        out.write(take(self.obs, (oldest, envs)), self.actions[oldest, envs], returns, np.full(len(envs), discount),
+                  take(obs, envs), np.abs(n_step_target(returns, discount, max_q[envs], self.value_rescale)
                                     - self.q[oldest, envs]))
         self.filled[envs] -= 1
 
     def record(self, obs: np.ndarray, actions: np.ndarray, q_taken: np.ndarray) -> None:
         slot = self.t % self.n
-        self.obs[slot], self.actions[slot], self.q[slot] = obs, actions, q_taken
+        assign(self.obs, obs, slot)
+        self.actions[slot], self.q[slot] = actions, q_taken
 
     def rewarded(self, rewards: np.ndarray, terminated: np.ndarray, ended: np.ndarray, final_obs,
                  max_q: np.ndarray, out: "TransitionWriter") -> None:
@@ -82,8 +84,9 @@ class NStepWindow:
                 returns[j] = carry
             discounts = np.zeros(held) if terminated[e] else self.powers[1:held + 1]
             bootstrap = n_step_target(returns, discounts, max_q[e], self.value_rescale)
-            out.write(self.obs[slots, e], self.actions[slots, e], returns, discounts,
-                      np.broadcast_to(final_obs[e], (held, *np.shape(final_obs[e]))),
+            final = fit(self.obs, final_obs[e])  # Dict: its leaves by key
+            out.write(take(self.obs, (slots, e)), self.actions[slots, e], returns, discounts,
+                      apply(lambda leaf: np.broadcast_to(leaf, (held, *np.shape(leaf))), final),
                       np.abs(bootstrap - self.q[slots, e]))
             self.filled[e] = 0
         self.t += 1
@@ -109,7 +112,7 @@ class TransitionWriter:
         a, b = self.rows, self.rows + len(priorities)
         self.record["priorities"][a:b] = priorities
         for name, values in fields.items():
-            self.record[name][a:b] = values
+            assign(self.record[name], values, slice(a, b))  # observations may be Dict leaves
         self.rows = b
 
 
@@ -217,5 +220,5 @@ class TransitionActor(ReplayActor):
         next_obs, rewards, terminated, truncated, info = group.envs.step(actions)
         ended = terminated | truncated
         window.rewarded(rewards, terminated, ended, info.get("final_obs"), max_q, self.writer)
-        group.request["obs"][...] = next_obs
+        assign(group.request["obs"], fit(group.request["obs"], next_obs))
         self._tally(group, rewards, ended, info)
