@@ -120,3 +120,18 @@ class StatefulRelay(Relay):
 
     def state(self):
         return np.array([self.t, len(self.agents)], np.float32)
+
+
+class DictRelay(Relay):
+    """Relay whose agents observe a nested dict beside PettingZoo's action mask: {"clock": {"step":
+    Box(1)}, "who": Discrete(num_agents), "note": Text, "action_mask"}. Only "who" says which action
+    is rewarded (agent i's is i % 2), through an embedding; the text is left out with a warning."""
+
+    def observation_space(self, agent):
+        return spaces.Dict({"clock": spaces.Dict({"step": spaces.Box(0.0, 100.0, (1,), np.float32)}),
+                            "who": spaces.Discrete(len(self.possible_agents)), "note": spaces.Text(8),
+                            "action_mask": spaces.Box(0, 1, (2,), np.int8)})
+
+    def _obs(self, agent):
+        return {"clock": {"step": np.array([self.t], np.float32)}, "who": self.possible_agents.index(agent),
+                "note": "relay", "action_mask": np.ones(2, np.int8)}

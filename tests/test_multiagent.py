@@ -339,3 +339,26 @@ def test_recurrent_multiagent_runs_through_a_policy_server_and_plays_in_eval(tmp
         assert m["selfplay.games"].sum() > 0
     played = mpirun(1, "eval", str(run_dir(cfg)), "--episodes", "2")
     assert played.returncode == 0 and "2 episodes" in played.stdout, played.stdout + played.stderr
+
+
+def test_agents_with_dict_observations_learn_from_their_leaves_and_run_on_a_policy_server(tmp_path):
+    """PettingZoo agents observing a nested dict beside their action mask (tests.ma_envs:DictRelay):
+    rows of each leaf, the text left out. Only the Discrete "who" leaf (embedded) tells an agent
+    its rewarded action, so a policy that earns nearly every reward has read it; MAPPO's critic
+    reads every agent's encoded leaves. Then IPPO with a GRU on 3 ranks through a policy server."""
+    env = {"id": "tests.ma_envs:DictRelay", "num_envs": 4}
+    cfg = small_config(tmp_path, env=env, roles={"inference": {"ranks": 0}},
+                       algo={"name": "mappo", "rollout_length": 6, "lr": 0.003, "num_minibatches": 1},
+                       run={"total_frames": 1200})
+    result = mpirun(1, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "observation keys note are text" in result.stderr
+    m = read_metrics(str(run_dir(cfg) / "metrics.h5"))
+    # agents 0 and 1 can earn 6 a game, the leaver 2 (a random policy: about half of that)
+    assert np.mean(m["return_mean"][:3]) < 3.5 and np.mean(m["return_mean"][-5:]) > 4.5
+    gru = mpirun(3, "run", str(write_config(tmp_path, cfg)), "--set", "algo.name=ippo", "--set", "run.name=gru",
+                 "--set", "roles.inference.ranks=1",
+                 "--set", "model.core=gru", "--set", "model.core_size=8", "--set", "run.total_frames=720")
+    assert gru.returncode == 0, gru.stdout + gru.stderr
+    played = mpirun(1, "eval", str(tmp_path / "runs" / "gru"), "--episodes", "2")
+    assert played.returncode == 0 and "2 episodes" in played.stdout, played.stdout + played.stderr

@@ -201,9 +201,6 @@ def probe_spaces(cfg: EnvConfig) -> EnvSpaces:
             layout = layout_of(obs, warn=lambda message: _warn_once(f"env.id {cfg.id}: {message}"))
         except ValueError as exc:
             raise ConfigError(f"env.id: {cfg.id!r}: {exc}") from None
-        if agents:
-            raise ConfigError(f"env.id: {cfg.id!r} gives its agents {type(obs).__name__} observations; multi-agent "
-                              f"envs need Box observations so far")
         shape, dtype = (), "structured"
     spaces = EnvSpaces(obs_shape=shape, obs_dtype=dtype, num_actions=0, obs_layout=layout,
                        num_agents=max(len(agents), 1), agents=agents, action_mask=masked, state_dim=state_dim)

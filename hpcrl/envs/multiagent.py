@@ -17,6 +17,9 @@ keeps each env's agents side by side (the centralised critic reads them there, h
   classic envs' convention), or given infos[agent]["action_mask"], get the observation leaf as
   their row and the mask in info["action_mask"] (bool [rows, actions]); rows without a mask (or
   inactive, or with no valid action) allow every action.
+- Dict and Tuple observations (beside an action mask, or without one) are rows of each leaf, a
+  dict by key (core/observations.py), as single-agent envs give them; they are not padded and get
+  no env state appended.
 - Agents whose spaces differ (a team of another kind, as in MPE's simple_tag) share padded
   spaces, as SuperSuit's pad_observations and pad_action_space do for parameter sharing: flat
   observations are zero-padded to the longest, Discrete actions padded to the most, and an
@@ -34,6 +37,8 @@ import gymnasium as gym
 import numpy as np
 
 from hpcrl.core.config import ConfigError
+from hpcrl.core.observations import apply, assign, zeros
+from hpcrl.envs.layouts import layout_of
 
 ACTIVE = "active"  # info key: the rows whose agent acts on the returned observations
 ACTION_MASK = "action_mask"  # info key (and observation-dict key): the valid actions of each row
@@ -95,10 +100,13 @@ def _make(factory, env_id: str, kwargs: dict):
 
 
 def _observation_leaf(space: gym.Space) -> tuple[gym.Space, bool]:
-    """An agent's observation space, and whether it carries an action mask: the Box inside
-    PettingZoo's {"observation", "action_mask"} dict, or the space itself."""
-    if isinstance(space, gym.spaces.Dict) and set(space.spaces) == {"observation", ACTION_MASK}:
-        return space["observation"], True
+    """An agent's observation space, and whether it carries an action mask: the space inside
+    PettingZoo's {"observation", "action_mask"} dict, or a dict's other keys beside its mask, or
+    the space itself."""
+    if isinstance(space, gym.spaces.Dict) and ACTION_MASK in space.spaces:
+        if set(space.spaces) == {"observation", ACTION_MASK}:
+            return space["observation"], True
+        return gym.spaces.Dict({k: v for k, v in space.spaces.items() if k != ACTION_MASK}), True
     return space, False
 
 
@@ -106,7 +114,8 @@ def _state_dim(env, leaf: gym.Space) -> int:
     """The size of the env's global state (PettingZoo's state() and state_space), or 0 when it has
     none, or when rows are not flat (a state is appended to flat observations only)."""
     space = getattr(env, "state_space", None)
-    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1 or len(leaf.shape) != 1:
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1 or not isinstance(leaf, gym.spaces.Box) \
+            or len(leaf.shape) != 1:
         return 0
     return int(space.shape[0])
 
@@ -163,7 +172,9 @@ class ParallelVector(gym.vector.VectorEnv):
         leaf, self.single_action_space, self._mask_in_obs, counts = common_spaces(self.envs[0], env_id)
         self.state_dim = _state_dim(self.envs[0], leaf) if global_state else 0
         self.single_observation_space = _with_state(leaf, self.envs[0]) if self.state_dim else leaf
-        self._obs_dim = int(np.prod(leaf.shape))
+        # Dict and Tuple observations: rows of each leaf (core/observations.py), no state appended
+        self._layout = None if isinstance(leaf, gym.spaces.Box) else layout_of(leaf, warn=lambda message: None)
+        self._obs_dim = 0 if self._layout is not None else int(np.prod(leaf.shape))
         n_actions = int(getattr(self.single_action_space, "n", 0))
         # each agent's own actions (padded action spaces: the rest are masked out for it)
         self._own_actions = np.arange(n_actions)[None, :] < counts[:, None]
@@ -172,8 +183,8 @@ class ParallelVector(gym.vector.VectorEnv):
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
         self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-        self._obs = np.zeros((self.num_envs, *self.single_observation_space.shape),
-                             dtype=self.single_observation_space.dtype)
+        self._obs = zeros(self._layout, (self.num_envs,)) if self._layout is not None else \
+            np.zeros((self.num_envs, *self.single_observation_space.shape), dtype=self.single_observation_space.dtype)
         self._active = np.zeros(self.num_envs, dtype=bool)
         self._mask = np.ones((self.num_envs, n_actions), dtype=bool)
         if not self.masked:  # masks in the infos instead? a first reset tells (the actors reset again, seeded)
@@ -197,7 +208,8 @@ class ParallelVector(gym.vector.VectorEnv):
         so are those not in `acting` (default: the env's live agents)."""
         acting = self.envs[e].agents if acting is None else acting
         rows = self._rows(e)
-        self._obs[rows] = 0
+        for leaf in self._obs.values() if isinstance(self._obs, dict) else (self._obs,):
+            leaf[rows] = 0
         self._active[rows] = False
         self._mask[rows] = self._own_actions
         for i, agent in enumerate(self.agents):
@@ -205,21 +217,35 @@ class ParallelVector(gym.vector.VectorEnv):
                 continue
             r, seen = rows.start + i, observations[agent]
             mask = seen[ACTION_MASK] if self._mask_in_obs else (infos.get(agent) or {}).get(ACTION_MASK)
+            if self._layout is not None:  # a Dict or Tuple observation: its leaves by key
+                assign(self._obs, self._layout.flatten(self._leaf(seen)), r)
+                self._active[r] = agent in acting
+                self._set_mask(r, mask)
+                continue
             leaf = np.asarray(self._leaf(seen))
             if leaf.ndim == 1:  # flat: shorter (padded) agents leave zeros, the env state may follow
                 self._obs[r, :len(leaf)] = leaf
             else:
                 self._obs[r] = leaf
             self._active[r] = agent in acting
-            if mask is not None and self._active[r] and np.any(mask):
-                self._mask[r, :len(mask)] = np.asarray(mask, dtype=bool)
-                self._mask[r, len(mask):] = False
+            self._set_mask(r, mask)
         if self.state_dim:  # the env's state after this step, on every row (the critic's input)
             self._obs[rows, self._obs_dim:] = self.envs[e].state()
 
+    def _set_mask(self, r: int, mask) -> None:
+        if mask is not None and self._active[r] and np.any(mask):
+            self._mask[r, :len(mask)] = np.asarray(mask, dtype=bool)
+            self._mask[r, len(mask):] = False
+
     def _leaf(self, seen):
         """An agent's observation without the action mask that may come with it."""
-        return seen["observation"] if self._mask_in_obs else seen
+        if not self._mask_in_obs:
+            return seen
+        return seen["observation"] if set(seen) == {"observation", ACTION_MASK} else \
+            {k: v for k, v in seen.items() if k != ACTION_MASK}
+
+    def _copy_obs(self, rows=slice(None)):
+        return apply(lambda leaf: leaf[rows].copy(), self._obs)
 
     def _reset_env(self, e: int, seed: int | None = None) -> dict:
         """Env e anew; returns its agents' infos."""
@@ -232,7 +258,7 @@ class ParallelVector(gym.vector.VectorEnv):
                                                               for e in range(len(self.envs))]
         for e, s in enumerate(seeds):
             self._reset_env(e, s)
-        return self._obs.copy(), self._info()
+        return self._copy_obs(), self._info()
 
     def _info(self) -> dict:
         return {ACTIVE: self._active.copy(), ACTION_MASK: self._mask.copy()}
@@ -254,7 +280,7 @@ class ParallelVector(gym.vector.VectorEnv):
             self._fill(e, observations, infos)  # agents done in this step are inactive from now on
             done = np.flatnonzero(terminated[rows] | truncated[rows]) + rows.start
             for r in done:  # their last observations, for the value of a truncated episode
-                final_obs[r] = self._obs[r].copy()
+                final_obs[r] = self._copy_obs(r)
             ended[done] = True
             if not env.agents:  # everyone has gone: a new episode at once (SAME_STEP)
                 env_done[e] = True
@@ -272,7 +298,7 @@ class ParallelVector(gym.vector.VectorEnv):
         info = {**self._info(), ENV_DONE: env_done}
         if ended.any():
             info["final_obs"], info["_final_obs"] = final_obs, ended
-        return self._obs.copy(), rewards, terminated, truncated, info
+        return self._copy_obs(), rewards, terminated, truncated, info
 
     @property
     def active(self) -> np.ndarray:
