@@ -362,3 +362,18 @@ def test_agents_with_dict_observations_learn_from_their_leaves_and_run_on_a_poli
     assert gru.returncode == 0, gru.stdout + gru.stderr
     played = mpirun(1, "eval", str(tmp_path / "runs" / "gru"), "--episodes", "2")
     assert played.returncode == 0 and "2 episodes" in played.stdout, played.stdout + played.stderr
+
+
+def test_several_recurrent_policies_train_and_play_in_eval_each_with_its_own_state(tmp_path):
+    """Two policies with a GRU each (agents 0 and 2, and agent 1) on 3 ranks with inline inference;
+    `hpcrl eval` keeps a state per policy for its own rows, sampled and greedy."""
+    cfg = small_config(tmp_path, env={"id": RELAY, "num_envs": 2}, roles={"learner": {"ranks": 2},
+                                                                          "inference": {"ranks": 0}},
+                       algo={"name": "ippo", "rollout_length": 6}, model={"core": "gru", "core_size": 8},
+                       run={"total_frames": 240})
+    cfg["policies"] = {"even": "agent_[02]", "odd": ".*"}
+    result = mpirun(3, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for extra in ([], ["--deterministic"]):
+        played = mpirun(1, "eval", str(run_dir(cfg)), "--episodes", "2", *extra)
+        assert played.returncode == 0 and "2 episodes" in played.stdout, played.stdout + played.stderr

@@ -8,6 +8,7 @@ import torch
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.layout import plan_layout
 from hpcrl.core.messages import fragment_spec, take_rows
+from hpcrl.core.observations import Leaf, ObsLayout
 from hpcrl.core.policies import agent_policies, policy_spaces, row_policies
 from hpcrl.envs import probe_spaces
 from hpcrl.io.checkpoint import load_latest
@@ -82,6 +83,18 @@ def test_a_policy_record_takes_its_agents_columns_of_the_whole_fragment():
     assert np.array_equal(part["obs"], whole["obs"][:, rows]) and np.array_equal(part["active"], whole["active"][:, rows])
     assert np.array_equal(part["last_obs"], whole["last_obs"][rows])
     assert np.array_equal(part["episode_stats"], whole["episode_stats"])
+    # Dict observations (a field per leaf, last_obs.* too) and a recurrent policy's fields
+    layout = ObsLayout((Leaf("pos", (2,), "float32"), Leaf("who", (), "int64", 3)))
+    whole = fragment_spec(3, 6, layout, None, (), np.int64, active=True, state_size=4).allocate()
+    for f in whole.spec.fields:
+        whole[f.name][...] = np.arange(whole[f.name].size).reshape(whole[f.name].shape)
+    part = fragment_spec(3, 2, layout, None, (), np.int64, active=True, state_size=4).allocate()
+    take_rows(whole, part, rows)
+    for key in ("pos", "who"):
+        assert np.array_equal(part["obs"][key], whole["obs"][key][:, rows])
+        assert np.array_equal(part["last_obs"][key], whole["last_obs"][key][rows])
+    assert np.array_equal(part["init_state"], whole["init_state"][rows])
+    assert np.array_equal(part["starts"], whole["starts"][:, rows])
 
 
 def test_a_policy_server_runs_each_row_with_its_own_policy():

@@ -242,3 +242,28 @@ def test_recurrent_mappo_replays_its_sequences_in_whole_envs_and_its_critic_read
         logits = [model.actor(model._step(model._encoded(o)[1], zero)[0]) for o in (obs, other)]
     torch.testing.assert_close(logits[0][0], logits[1][0])
     assert global_state or not torch.allclose(a0[2][0], b0[2][0])
+
+
+def test_an_agent_that_left_early_starts_the_next_episode_from_a_zero_state():
+    """tests.ma_envs:Relay: agent 2 leaves after 2 steps, the others play 6. When the env restarts
+    the leaver is not done again, yet its row begins an episode: the holder zeroes its state there,
+    the fragment says so in `starts`, and the trainer's replay zeroes the same rows (it gives back
+    the behaviour log-probs)."""
+    cfg = parse_config(f"env: {{id: 'tests.ma_envs:Relay', num_envs: {N}}}\n"
+                       f"algo: {{name: ippo, rollout_length: {T}, num_minibatches: {N}, mode: sync}}\n"
+                       "model: {core: gru, core_size: 8, hidden_sizes: [16]}\nrun: {seed: 3}")
+    model, frags = collect(cfg, fragments=1)
+    frag = _Fragment(frags[0])
+    leaver = np.arange(N) * 3 + 2  # agent 2 of every env
+    dones, starts = frag["dones"].astype(bool), frag["starts"].astype(bool)
+    restart = np.flatnonzero(dones[:-1, 0])  # agent 0's episode ends with its env's, every 6 steps
+    assert len(restart) and not dones[restart][:, leaver].any()  # the leaver is not done again there
+    assert starts[restart + 1][:, leaver].all()  # but its next step begins an episode
+    np.testing.assert_array_equal(starts[1:] & ~dones[:-1], np.isin(np.arange(3 * N), leaver)[None]
+                                  & np.isin(np.arange(1, T), restart + 1)[:, None])
+    step = PPOStep(cfg, model, torch.optim.Adam(model.parameters()), torch.device("cpu"), np.random.default_rng(0),
+                   "float32", "int64")
+    batch = step.assemble([frag])
+    with torch.no_grad():
+        logp, _, _ = model.evaluate(batch.obs, batch.actions, None, **batch.sequences())
+    np.testing.assert_allclose(logp.numpy(), frag["logp"].reshape(-1), atol=1e-5)

@@ -48,7 +48,6 @@ def sequence_td_errors(model: nn.Module, target: nn.Module, data: dict[str, torc
     from its stored state, zeroing it where an episode begins; the targets are the double-Q n-step
     returns inside the sequence (algos/sequences.py, the actors' priorities use the same), computed
     on numpy from the bootstrap values: they carry no gradient. `d`: algo.dqn."""
-    B, L = data["actions"].shape[:2]
     # time-major rows (row t*B + b is step t of sequence b), of every leaf of a Dict observation
     rows = apply(lambda leaf: leaf.transpose(0, 1).reshape(-1, *leaf.shape[2:]), grouped(data, "obs"))
     ended = (data["terminated"] | data["truncated"]).T.bool()
@@ -125,9 +124,9 @@ class DQNStep:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.algo.max_grad_norm)
             apply_step()
             abs_td = td.detach().abs().cpu().numpy()
-            if self.sequences:  # a sequence's priority from its steps' errors
-                abs_td = sequence_priorities(abs_td, self.d.priority_eta)
-            source.update_priorities(indices, abs_td)
+            # a sequence's priority from its steps' errors
+            source.update_priorities(indices, sequence_priorities(abs_td, self.d.priority_eta) if self.sequences
+                                     else abs_td)
             self.gradient_steps += 1
             if self.gradient_steps % self.d.target_update_interval == 0:
                 self._copy_target()

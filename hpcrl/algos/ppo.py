@@ -201,9 +201,10 @@ class PPOStep:
             self.rewards.fold([f["return_moments"] for f in fragments], reduce_moments)
             rewards = self.rewards.scale(rewards)
         active = cat("active").astype(bool) if "active" in fragments[0].arrays else None
-        # a recurrent policy replays each column from the state it started in, zeroed after each done
+        # a recurrent policy replays each column from the state it started in, zeroed where its
+        # holder zeroed it (an episode began: after a done, or where an env restarted)
         state0 = cat("init_state", 0) if "init_state" in fragments[0].arrays else None
-        starts = np.concatenate([np.zeros_like(dones[:1]), dones[:-1]]) if state0 is not None else None
+        starts = cat("starts") if state0 is not None else None
         # PettingZoo envs whose agents sit out steps: advantages over each agent's own steps
         own = OwnSteps(active) if active is not None and not active.all() else None
         if self.sync:

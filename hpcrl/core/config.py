@@ -406,8 +406,9 @@ def validate(cfg: Config) -> None:
     _check(m.core in CORES, f"model.core: expected one of {', '.join(CORES)}, got {m.core!r}")
     _check(m.core_size >= 1, f"model.core_size: expected >= 1, got {m.core_size}")
     _check(m.core == "none" or a.name == "dqn" or a.num_minibatches <= e.num_envs,
-           f"algo.num_minibatches: a recurrent core's minibatches are whole sequences (one per env of a "
-           f"fragment), so at most env.num_envs ({e.num_envs}) of them, got {a.num_minibatches}")
+           f"algo.num_minibatches: a recurrent core's minibatches are whole sequences of whole envs (a fragment's "
+           f"columns of one env: its agents, for PettingZoo envs), so at most env.num_envs ({e.num_envs}) of "
+           f"them, got {a.num_minibatches}")
 
 
 def _validate_env(e: EnvConfig) -> None:

@@ -19,8 +19,9 @@ EPS_SCHEDULES = ("apex", "linear")
 class DQNConfig:
     """Double DQN with a dueling head, n-step returns computed on the actors, Ape-X exploration."""
 
-    n_step: int = doc("steps in each return the actors compute: r_t + g r_t+1 + ... + g^(n-1) r_t+n-1, "
-                      "bootstrapped from step t+n", default=3)
+    n_step: int = doc("steps in each return: r_t + g r_t+1 + ... + g^(n-1) r_t+n-1, bootstrapped from step "
+                      "t+n (computed by the actors for transitions, by the learner inside R2D2's sequences)",
+                      default=3)
     batch_size: int = doc("transitions (sequences, with model.core) per gradient step, all learners together (each samples batch_size / "
                           "learners from its own replay shard; Horovod averages the gradients)", default=64)
     double: bool = doc("double DQN: the online network picks the next action, the target network values it",
@@ -66,7 +67,7 @@ class ReplayConfig:
     beta: float = doc("importance-sampling exponent at the start, annealed linearly to 1 at run.total_frames",
                       default=0.4)
     replay_ratio: Union[float, None] = doc(
-        "transitions sampled per transition inserted; the learners hold back their actors' records (credit "
+        "transitions (sequences, with model.core) sampled per one inserted; the learners hold back their actors' records (credit "
         "flow control) while they are behind it. null: learners train as fast as they can and actors never wait "
         "for them (Ape-X)", default=None)
     checkpoint: bool = doc("save every learner's replay shard (replay-K.h5 in the run directory) with each checkpoint, "

@@ -307,11 +307,11 @@ def replay_shard(cfg: Config, layout: Layout) -> tuple[int, int, int]:
     d, r, L = cfg.algo.dqn, cfg.algo.replay, len(layout.learners)
     if d.batch_size % L:
         low = d.batch_size // L * L
-        raise ConfigError(f"algo.dqn.batch_size: {d.batch_size} transitions per gradient step are not the same "
-                          f"number for each of the {_count(L, 'learner')}; use a multiple of {L} "
-                          f"({_nearest(d.batch_size, L)})" if low else
-                          f"algo.dqn.batch_size: {d.batch_size} transitions per gradient step cannot be shared by "
-                          f"{_count(L, 'learner')}; use at least {L} (a multiple of {L})")
+        rows = f"{d.batch_size} transitions (sequences, with model.core) per gradient step"
+        raise ConfigError(f"algo.dqn.batch_size: {rows} are not the same number for each of the "
+                          f"{_count(L, 'learner')}; use a multiple of {L} ({_nearest(d.batch_size, L)})" if low else
+                          f"algo.dqn.batch_size: {rows} cannot be shared by {_count(L, 'learner')}; use at least "
+                          f"{L} (a multiple of {L})")
     return -(-r.capacity // L), -(-r.warmup // L), d.batch_size // L
 
 

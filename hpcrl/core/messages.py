@@ -235,8 +235,9 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
     `return_moments` (count, mean, M2) of the discounted returns its envs saw, for the trainers'
     reward scale (env.normalize_reward; zeros without it). With `selfplay_ages` (algo.selfplay.pool),
     the games the learning seat finished against each pool age: wins, draws, losses. With
-    `state_size` (a recurrent policy), each row's hidden state before step 0: the trainer replays
-    the fragment as a sequence from it, resetting after each `dones` step."""
+    `state_size` (a recurrent policy), each row's hidden state before step 0, and `starts`, the rows
+    whose state the policy holder zeroed before each step (an episode began): the trainer replays
+    the fragment as a sequence from the first, zeroing where the second says."""
     t, n = length, num_envs
     return MessageSpec(
         header=("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
@@ -254,7 +255,7 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                 ("return_moments", np.float64, (3,))] + ([("active", np.uint8, (t, n))] if active else [])
         + ([("action_mask", np.uint8, (t, n, mask_actions))] if mask_actions else [])
         + ([("selfplay", np.float64, (selfplay_ages, 3))] if selfplay_ages else [])
-        + ([("init_state", np.float32, (n, state_size))] if state_size else []))
+        + ([("init_state", np.float32, (n, state_size)), ("starts", np.uint8, (t, n))] if state_size else []))
 
 
 def weights_spec(num_params: int) -> MessageSpec:
@@ -264,7 +265,7 @@ def weights_spec(num_params: int) -> MessageSpec:
 
 # Fragment fields whose second axis (or, for these two, first) runs over the rows: a policy's
 # record takes its agents' columns of them (core/policies.py). The rest are per record.
-ROW_FIELDS = ("last_values", "last_obs", "init_state")
+ROW_FIELDS = ("last_values", "last_obs", "init_state")  # [N, ...] fields (and the leaves last_obs.*)
 PER_RECORD_FIELDS = ("episode_stats", "return_moments", "selfplay")
 
 
@@ -272,7 +273,7 @@ def take_rows(whole: Message, part: Message, rows: np.ndarray) -> None:
     """Copy `rows` of a fragment of every row into `part`, a fragment of those rows only (the
     record of one policy); per-record fields are copied whole, the header is left to the caller."""
     for f in part.spec.fields:
-        if f.name in ROW_FIELDS:
+        if f.name.split(".")[0] in ROW_FIELDS:
             part[f.name][...] = whole[f.name][rows]
         elif f.name in PER_RECORD_FIELDS:
             part[f.name][...] = whole[f.name]

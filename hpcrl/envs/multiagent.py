@@ -104,10 +104,17 @@ def _observation_leaf(space: gym.Space) -> tuple[gym.Space, bool]:
     PettingZoo's {"observation", "action_mask"} dict, or a dict's other keys beside its mask, or
     the space itself."""
     if isinstance(space, gym.spaces.Dict) and ACTION_MASK in space.spaces:
-        if set(space.spaces) == {"observation", ACTION_MASK}:
-            return space["observation"], True
-        return gym.spaces.Dict({k: v for k, v in space.spaces.items() if k != ACTION_MASK}), True
+        rest = _without_mask(space.spaces)
+        return (rest if isinstance(rest, gym.Space) else gym.spaces.Dict(rest)), True
     return space, False
+
+
+def _without_mask(observation: dict):
+    """An agent's observation dict (or its space's) without its action mask: PettingZoo's
+    {"observation", "action_mask"} gives the observation, any other dict the rest of its keys."""
+    if set(observation) == {"observation", ACTION_MASK}:
+        return observation["observation"]
+    return {k: v for k, v in observation.items() if k != ACTION_MASK}
 
 
 def _state_dim(env, leaf: gym.Space) -> int:
@@ -156,6 +163,16 @@ def common_spaces(env, env_id: str) -> tuple[gym.Space, gym.Space, bool, np.ndar
     dtype = np.result_type(*[leaf.dtype for leaf, _ in leaves])
     return gym.spaces.Box(low.astype(dtype), high.astype(dtype), dtype=dtype), gym.spaces.Discrete(int(counts.max())), \
         leaves[0][1], counts
+
+
+def episode_starts(done: np.ndarray, info: dict) -> np.ndarray:
+    """The rows whose next observation begins an episode: those that ended in the step, and every
+    row of an env that restarted (info[ENV_DONE]), since an agent that left early is not done again
+    when its env restarts. What a recurrent policy's holder zeroes, and its trainer too."""
+    restart = info.get(ENV_DONE)
+    if restart is None or not restart.any():
+        return done
+    return done | np.repeat(restart, len(done) // len(restart))
 
 
 class ParallelVector(gym.vector.VectorEnv):
@@ -239,10 +256,7 @@ class ParallelVector(gym.vector.VectorEnv):
 
     def _leaf(self, seen):
         """An agent's observation without the action mask that may come with it."""
-        if not self._mask_in_obs:
-            return seen
-        return seen["observation"] if set(seen) == {"observation", ACTION_MASK} else \
-            {k: v for k, v in seen.items() if k != ACTION_MASK}
+        return _without_mask(seen) if self._mask_in_obs else seen
 
     def _copy_obs(self, rows=slice(None)):
         return apply(lambda leaf: leaf[rows].copy(), self._obs)

@@ -1,6 +1,7 @@
-"""DQN's network and its runner: Q-values over Discrete actions, from the same encoders as the
-actor-critic (an MLP over flat observations, or the Nature CNN over frame stacks), with an
-optional dueling head, Q(s, a) = V(s) + A(s, a) - mean_a A(s, a) (Wang et al. 2016)."""
+"""DQN's networks and their runner: Q-values over Discrete actions, from the same encoders as the
+actor-critic (an MLP over flat or Dict observations, or the Nature CNN over frame stacks), with an
+optional dueling head, Q(s, a) = V(s) + A(s, a) - mean_a A(s, a) (Wang et al. 2016); with
+model.core, a recurrent core before the head (R2D2)."""
 from __future__ import annotations
 
 import numpy as np

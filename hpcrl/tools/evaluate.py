@@ -17,11 +17,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from hpcrl.core.observations import apply
+from hpcrl.core.observations import apply, take
 from hpcrl.io.checkpoint import load_latest
 from hpcrl.core.config import Config, ConfigError, parse_config
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env, probe_spaces
-from hpcrl.envs.multiagent import ENV_DONE
+from hpcrl.envs.multiagent import ENV_DONE, episode_starts
 from hpcrl.io.rundir import CHECKPOINT_FILE
 from hpcrl.core.policies import policy_spaces, row_policies
 from hpcrl.models import build_policy
@@ -107,7 +107,8 @@ class _Policies:
         for p, (name, own) in enumerate(zip(cfg.policies, policy_spaces(spaces, cfg.policies))):
             model = build_policy(own, cfg)
             model.load_state_dict(checkpoint["model"] if p == 0 else checkpoint["policies"][name]["model"])
-            self.parts.append((model.eval(), np.flatnonzero(ids == p)))
+            rows = np.flatnonzero(ids == p)
+            self.parts.append((_Recurrent(model.eval(), len(rows)) if model.recurrent else model.eval(), rows))
 
     def _combine(self, act) -> torch.Tensor:
         out = None
@@ -119,11 +120,16 @@ class _Policies:
         return out
 
     def sample(self, obs, generator, mask):
-        return (self._combine(lambda m, rows: m.sample(obs[rows], generator,
+        return (self._combine(lambda m, rows: m.sample(take(obs, rows), generator,
                                                         None if mask is None else mask[rows])[0]),)
 
     def mode(self, obs, mask):
-        return self._combine(lambda m, rows: m.mode(obs[rows], None if mask is None else mask[rows]))
+        return self._combine(lambda m, rows: m.mode(take(obs, rows), None if mask is None else mask[rows]))
+
+    def ended(self, done: np.ndarray) -> None:
+        for model, rows in self.parts:
+            if isinstance(model, _Recurrent):
+                model.ended(done[rows])
 
 
 def _opponent(opponent: str | None, cfg: Config, spaces):
@@ -182,8 +188,10 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
             if isinstance(space, gym.spaces.Box):  # Gaussian policies: keep actions inside the bounds
                 actions = np.clip(actions, space.low, space.high)
             obs, reward, terminated, truncated, info = envs.step(actions)
-            if isinstance(model, _Recurrent):  # the episode ends as training saw it (an Atari life loss too)
-                model.ended(terminated | truncated)
+            starts = episode_starts(terminated | truncated, info)  # as training saw them (an Atari life loss too)
+            for player in (model, rival):
+                if hasattr(player, "ended"):  # a recurrent policy zeroes the state of those rows
+                    player.ended(starts)
             mask = info.get("action_mask", mask)
             # as the metrics count them: raw rewards of whole games (Atari: all lives, unclipped)
             reward = info.get(RAW_REWARD, reward)

@@ -185,8 +185,9 @@ def _batch_line(cfg: Config, layout: Layout) -> str:
         d, r = cfg.algo.dqn, cfg.algo.replay
         capacity, warmup, batch = replay_shard(cfg, layout)
         ratio = f"replay ratio {r.replay_ratio:g}" if r.replay_ratio else "no replay ratio (as fast as they can)"
-        return (f"batch: {d.batch_size:,} transitions per gradient step ({batch:,} per learner), {d.gradient_steps} "
-                f"gradient steps per update, {ratio}; replay shard per learner: {capacity:,} transitions, warm-up "
+        unit = "sequences" if cfg.model.core != "none" else "transitions"  # R2D2's rows are sequences
+        return (f"batch: {d.batch_size:,} {unit} per gradient step ({batch:,} per learner), {d.gradient_steps} "
+                f"gradient steps per update, {ratio}; replay shard per learner: {capacity:,} {unit}, warm-up "
                 f"{warmup:,}")
     fan = layout.fan_in("learner")
     low, high = batch_fragments(cfg, layout, int(fan.min())), batch_fragments(cfg, layout, int(fan.max()))

@@ -81,14 +81,14 @@ def measure_update(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list
     """Seconds per trainer update (the algorithm's own step, one trainer) at two batch sizes."""
     import torch
 
-    from hpcrl.models import build_policy
+    from hpcrl.models import build_optimizer, build_policy
     algorithm = ALGORITHMS[cfg.algo.name]
     if algorithm.batch_source != ALGORITHMS["ppo"].batch_source:
         raise ConfigError(f"hpcrl tune models the PPO family (ppo, mappo, ippo) so far; algo.name {cfg.algo.name} "
                           f"(a replay learner) is not modelled yet")
     torch.set_num_threads(cfg.run.torch_threads)
     model = build_policy(spaces, cfg)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.algo.lr, eps=1e-5)
+    optimizer = build_optimizer(model, cfg)  # the trainers' own
     step = algorithm.load("step")(cfg, model, optimizer, torch.device(cfg.roles.learner.device),
                                   np.random.default_rng(0), spaces.obs_dtype, spaces.action_dtype)
     record = algorithm.record(cfg, spaces)

@@ -21,7 +21,7 @@ from hpcrl.core.observations import apply, assign, combine, fit, take
 from hpcrl.core.observations import rows as count_rows
 from hpcrl.core.messages import EPISODE_STATS, STOP, VALUES_ONLY, Message, MessageSpec, take_rows
 from hpcrl.core.policies import row_policies
-from hpcrl.envs.multiagent import ENV_DONE
+from hpcrl.envs.multiagent import ENV_DONE, episode_starts
 from hpcrl.workers.selfplay import Seats
 
 
@@ -93,6 +93,12 @@ class EnvGroup:
     def submit(self, version: int, flags: int = 0) -> None:
         self.policy.submit(version, len(self.final_rows), flags)
         self.waiting = True
+
+    def truncation_values(self, reply: Message) -> tuple[np.ndarray, np.ndarray]:
+        """The rows the last step truncated and their final observations' values, from the reply to
+        the request that carried those observations (the other final rows complete PettingZoo envs)."""
+        values = reply["final_values"][:len(self.final_rows)]
+        return self.final_rows[self.final_truncated], values[self.final_truncated]
 
 
 class EnvRole:
@@ -263,9 +269,8 @@ class EnvRole:
                                f"{reply.get('version')} while collecting with version {self.version}")
         frag, cols = self.fragment, group.columns
         if len(group.final_rows):
-            trunc = frag["trunc_values"][group.t - 1, cols]
-            values = reply["final_values"][:len(group.final_rows)]
-            trunc[group.final_rows[group.final_truncated]] = values[group.final_truncated]
+            rows, values = group.truncation_values(reply)
+            frag["trunc_values"][group.t - 1, cols][rows] = values
         if group.t == self.T:
             frag["last_values"][cols] = reply["values"]
             assign(frag["last_obs"], group.request["obs"], cols)
@@ -279,6 +284,8 @@ class EnvRole:
             group.first_version = reply.get("version")
             if group.recurrent:  # the state the fragment's sequences start from
                 frag["init_state"][cols] = reply["state"]
+        if group.recurrent:  # the rows whose state the holder zeroed before this step's actions
+            frag["starts"][t, cols] = group.request["starts"]
         assign(frag["obs"], group.request["obs"], (t, cols))
         frag["actions"][t, cols] = reply["actions"]
         frag["logp"][t, cols] = reply["logp"]
@@ -305,8 +312,8 @@ class EnvRole:
         if group.seats is not None:  # games that ended are judged; the next ones get their seats
             group.seats.stepped(info.get(RAW_REWARD, rewards), info[ENV_DONE])
             group.request["policy"][...] = group.seats.row_policy
-        if group.recurrent:
-            group.request["starts"][...] = done
+        if group.recurrent:  # the fragment keeps them (frag["starts"]): the trainer zeroes the same rows
+            group.request["starts"][...] = episode_starts(done, info)
         group.t += 1
         # At once: its round trip overlaps the other groups' steps. Sync mode's call after step T
         # only bootstraps (the next fragment asks again with these observations and a new version).

@@ -150,8 +150,11 @@ class ReplayActor(EnvRole):
             cls = SequenceActor
         elif cls is ReplayActor:
             cls = TransitionActor
-        return cls(w.cfg, w.rank, index, cls.policies(w, index), cls.senders(w, index), env_ranks=len(w.layout.envs),
-                   start_version=w.start.start_version, control=w.control)
+        actor = cls(w.cfg, w.rank, index, cls.policies(w, index), cls.senders(w, index), env_ranks=len(w.layout.envs),
+                    start_version=w.start.start_version, control=w.control)
+        # a resume: this rank's share of the run's frames so far, where linear epsilon continues from
+        actor.frames = w.start.start_frames // len(w.layout.envs)
+        return actor
 
     def epsilon(self, g: int) -> np.ndarray:
         """The exploration of group g's envs now."""

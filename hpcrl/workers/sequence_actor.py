@@ -43,6 +43,10 @@ class SequenceWindow:
         self.q_taken = np.zeros((L, envs), dtype=np.float32)
         self.max_q = np.zeros((L + 1, envs), dtype=np.float32)
         self.states = np.zeros((L + 1, envs, state_size), dtype=np.float32)
+        leaves = list(self.obs.values()) if isinstance(self.obs, dict) else [self.obs]
+        # every array of the window, step-major: what slides on after each emission
+        self.steps = (*leaves, self.actions, self.rewards, self.terminated, self.truncated, self.final_values,
+                      self.q_taken, self.max_q, self.states)
         self.i = 0
         self.emitted = 0  # sequences per env so far
 
@@ -85,9 +89,7 @@ class SequenceWindow:
                             final_values=self.final_values.T, state0=self.states[0])
         self.emitted += 1
         p = self.period
-        leaves = list(self.obs.values()) if isinstance(self.obs, dict) else [self.obs]
-        for steps in (*leaves, self.max_q, self.states, self.actions, self.rewards, self.terminated, self.truncated,
-                      self.final_values, self.q_taken):
+        for steps in self.steps:
             steps[:len(steps) - p] = steps[p:]  # numpy copies overlapping ranges through a buffer
         self.i = self.L - p
 
@@ -114,8 +116,7 @@ class SequenceActor(ReplayActor):
         g = self.groups.index(group)
         window, q = self.windows[g], reply["q"]
         if len(group.final_rows):  # the last step truncated episodes: their final observations' values
-            n, truncated = len(group.final_rows), group.final_truncated
-            window.finals(group.final_rows[truncated], reply["final_values"][:n][truncated])
+            window.finals(*group.truncation_values(reply))
         if window.observe(group.request["obs"], q, reply["state"]):
             window.emit(self.writer)
         actions = self.explore(g, q)
