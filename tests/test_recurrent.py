@@ -130,6 +130,18 @@ class _Fragment:
         return self.arrays[name]
 
 
+def replay(cfg, model, frag):
+    """The trainer's step and batch for one fragment, and its sequences' log-probs and critic output
+    under `model`, checked to give back the behaviour log-probs (the holder's states, resets included)."""
+    step = PPOStep(cfg, model, torch.optim.Adam(model.parameters()), torch.device("cpu"), np.random.default_rng(0),
+                   "float32", "int64")
+    batch = step.assemble([frag])
+    with torch.no_grad():
+        logp, _, raw = model.evaluate(batch.obs, batch.actions, None, **batch.sequences())
+    np.testing.assert_allclose(logp.numpy(), frag["logp"].reshape(-1), atol=1e-5)
+    return step, batch, raw
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_the_trainer_replays_whole_fragments_as_sequences_split_at_episode_boundaries(mode):
     """Sync: the first update's ratios are exactly the behaviour policy's (the sequences replay the
@@ -139,14 +151,9 @@ def test_the_trainer_replays_whole_fragments_as_sequences_split_at_episode_bound
     model, frags = collect(cfg, fragments=1)
     frag = _Fragment(frags[0])
     assert frag["dones"][:-1].any()  # episodes end inside the fragment: the replay must reset there
-    step = PPOStep(cfg, model, torch.optim.Adam(model.parameters()), torch.device("cpu"), np.random.default_rng(0),
-                   "float32", "int64")
-    batch = step.assemble([frag])
+    step, batch, raw = replay(cfg, model, frag)
     assert batch.seq_len == T and batch.state0.shape == (N, model.state_size)
     np.testing.assert_array_equal(batch.starts.reshape(T, N)[1:].numpy(), frag["dones"][:-1])
-    with torch.no_grad():
-        logp, _, raw = model.evaluate(batch.obs, batch.actions, None, **batch.sequences())
-    np.testing.assert_allclose(logp.numpy(), frag["logp"].reshape(-1), atol=1e-5)
     np.testing.assert_allclose(model.returns_of(raw).numpy(), frag["values"].reshape(-1), atol=1e-5)
     for idx in batch.minibatches(np.random.default_rng(1), N):  # one column each
         mb = batch.take(idx)
@@ -214,12 +221,7 @@ def test_recurrent_mappo_replays_its_sequences_in_whole_envs_and_its_critic_read
     frag = _Fragment(frags[0])
     A = model.num_agents
     assert A == 3 and bool(model.state_dim) == global_state and frag["dones"][:-1].any()
-    step = PPOStep(cfg, model, torch.optim.Adam(model.parameters()), torch.device("cpu"), np.random.default_rng(0),
-                   "float32", "int64")
-    batch = step.assemble([frag])
-    with torch.no_grad():
-        logp, _, raw = model.evaluate(batch.obs, batch.actions, None, **batch.sequences())
-    np.testing.assert_allclose(logp.numpy(), frag["logp"].reshape(-1), atol=1e-5)
+    _, batch, raw = replay(cfg, model, frag)
     np.testing.assert_allclose(model.returns_of(raw).numpy(), frag["values"].reshape(-1), atol=1e-4)
     for idx in batch.minibatches(np.random.default_rng(1), N):  # one env's 3 agent columns each
         columns = idx[:A].numpy()
@@ -261,9 +263,4 @@ def test_an_agent_that_left_early_starts_the_next_episode_from_a_zero_state():
     assert starts[restart + 1][:, leaver].all()  # but its next step begins an episode
     np.testing.assert_array_equal(starts[1:] & ~dones[:-1], np.isin(np.arange(3 * N), leaver)[None]
                                   & np.isin(np.arange(1, T), restart + 1)[:, None])
-    step = PPOStep(cfg, model, torch.optim.Adam(model.parameters()), torch.device("cpu"), np.random.default_rng(0),
-                   "float32", "int64")
-    batch = step.assemble([frag])
-    with torch.no_grad():
-        logp, _, _ = model.evaluate(batch.obs, batch.actions, None, **batch.sequences())
-    np.testing.assert_allclose(logp.numpy(), frag["logp"].reshape(-1), atol=1e-5)
+    replay(cfg, model, frag)

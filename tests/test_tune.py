@@ -31,8 +31,8 @@ def best(m: Measured, ranks: int = 32, cores: float | None = None):
 
 def test_the_model_gives_ranks_to_the_role_that_costs_and_names_it_as_the_bound():
     cheap = (1e-6, 0.0)
-    env_heavy = best(Measured(env_step=(1e-3, 2e-4), forward=cheap, update=(1e-3, 1e-7), message=cheap))
-    learner_heavy = best(Measured(env_step=(1e-5, 1e-7), forward=cheap, update=(1e-3, 2e-4), message=cheap))
+    env_heavy = best(Measured(actor_step=(1e-3, 2e-4), forward=cheap, update=(1e-3, 1e-7), message=cheap))
+    learner_heavy = best(Measured(actor_step=(1e-5, 1e-7), forward=cheap, update=(1e-3, 2e-4), message=cheap))
     # the expensive role gets every rank the layout rules allow it: env ranks all but one learner;
     # learners half the job (each needs an env rank of its own)
     assert env_heavy.counts == (1, 0, 31) and learner_heavy.counts == (16, 0, 16)
@@ -40,17 +40,17 @@ def test_the_model_gives_ranks_to_the_role_that_costs_and_names_it_as_the_bound(
 
 
 def test_an_expensive_forward_call_goes_to_a_policy_server_that_batches_many_env_ranks():
-    forward_heavy = best(Measured(env_step=(1e-5, 1e-4), forward=(5e-3, 1e-7), update=(1e-4, 1e-8),
+    forward_heavy = best(Measured(actor_step=(1e-5, 1e-4), forward=(5e-3, 1e-7), update=(1e-4, 1e-8),
                                   message=(1e-6, 0.0)))
     assert forward_heavy.counts[1] >= 1  # inline inference would pay the whole forward on every env rank
     assert forward_heavy.prediction.bound == "env"  # and the env ranks, freed of it, are what is left
-    cheap_forward = best(Measured(env_step=(1e-5, 1e-6), forward=(1e-7, 1e-9), update=(1e-4, 1e-8),
+    cheap_forward = best(Measured(actor_step=(1e-5, 1e-6), forward=(1e-7, 1e-9), update=(1e-4, 1e-8),
                                   message=(1e-4, 0.0)))
     assert cheap_forward.counts[1] == 0  # and messages that cost more than a forward keep it inline
 
 
 def test_on_fewer_cores_than_ranks_the_machine_is_the_bound():
-    choice = best(Measured(env_step=(1e-4, 1e-5), forward=(1e-4, 1e-7), update=(1e-3, 1e-6),
+    choice = best(Measured(actor_step=(1e-4, 1e-5), forward=(1e-4, 1e-7), update=(1e-3, 1e-6),
                            message=(1e-6, 0.0)), ranks=8, cores=2)
     assert choice.prediction.bound == "cores"
 

@@ -22,7 +22,7 @@ from hpcrl.core.observations import zeros
 from hpcrl.core.config import Config, ConfigError, load_config, to_dict
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.layout import plan_layout, simulated_nodes, update_frames
-from hpcrl.envs import EnvSpaces, make_vector_env, probe_spaces, random_actions
+from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.tools.plan import DEFAULT_MEMORY_PER_RANK, memory
 from hpcrl.tools.tune_model import Measured, Prediction, Shape, fit_line, predict
 
@@ -42,22 +42,56 @@ def _timed(call, seconds: float, least: int = 3) -> float:
     return (time.process_time() - start) / count
 
 
-def measure_env(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
-    """Seconds per vector step at a few vector sizes around the config's."""
+def measure_actor(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
+    """Seconds per vector step of an env rank as a run steps it, at a few vector sizes around the
+    config's: the algorithm's own actor with an inline policy (async: it never waits for weights)
+    sending its records to this process, so the env step, the policy forward and the actor's own
+    per-step work (filling the record, episode statistics, final observations) are all in it."""
+    import torch
+
+    from hpcrl.core.messages import weights_spec
+    from hpcrl.models import build_policy, copy_params_to, make_runner, num_params
+    from hpcrl.runtime import comm
+    from hpcrl.runtime.params import ParameterPublisher
+    from hpcrl.runtime.streams import SampleReceiver, SampleSender
+    from hpcrl.workers.policy_server import InlinePolicy, PolicySet
+    torch.set_num_threads(cfg.run.torch_threads)
     sizes = sorted({max(1, cfg.env.num_envs // 2), cfg.env.num_envs, 2 * cfg.env.num_envs})
-    rng = np.random.default_rng(0)
+    algorithm = ALGORITHMS[cfg.algo.name]
     out = []
     for n in sizes:
-        envs, _ = make_vector_env(cfg.env, seed=0, num_envs=n)
-        rows = n * spaces.num_agents
+        c = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=n, groups=1),
+                                algo=dataclasses.replace(cfg.algo, mode="async"))
+        model = build_policy(spaces, c)
+        publisher = ParameterPublisher(None, weights_spec(num_params(model)))
+        publisher.publish(0, lambda flat: copy_params_to(model, flat))
+        request, reply = inference_messages(c, spaces, 1)
+        policy = InlinePolicy(PolicySet([make_runner(model, c.roles.env.device, seed=0)],
+                                        [comm.LocalWeightSubscriber(publisher)]),
+                              request.allocate(), reply.allocate(), sync=False)
+        record = algorithm.record(c, spaces)
+        me, stream = comm.world_rank(), comm.stream_communicator()
+        receiver = SampleReceiver(stream, [me], [record.allocate() for _ in range(2)], per_sender=2)
+        actor = algorithm.worker_class("env")(c, me, 0, [policy], [SampleSender(stream, me, [record.allocate()
+                                                                                            for _ in range(2)])])
+        steps = [0]
 
-        def step():
-            mask = getattr(envs.unwrapped, "action_mask", None)
-            actions = (np.array([rng.choice(np.flatnonzero(m)) for m in mask]) if mask is not None
-                       else random_actions(spaces, rows, rng))
-            envs.step(actions)
-        out.append(_timed(step, seconds / len(sizes)))
-        envs.close()
+        def fragment():
+            arrived = receiver.ready()
+            while not arrived:
+                actor.poll()
+                arrived = receiver.ready()
+            for slot in arrived:  # its credit goes back to the actor
+                receiver.release(slot)
+            steps[0] += c.algo.rollout_length * len(arrived)
+        fragment()  # warm-up
+        steps[0], start, wall = 0, time.process_time(), time.perf_counter()
+        while steps[0] < 3 * c.algo.rollout_length or time.perf_counter() - wall < seconds / len(sizes):
+            fragment()
+        out.append((time.process_time() - start) / steps[0])
+        for group in actor.groups:
+            group.envs.close()
+        receiver.close()
     return sizes, out
 
 
@@ -83,9 +117,6 @@ def measure_update(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list
 
     from hpcrl.models import build_optimizer, build_policy
     algorithm = ALGORITHMS[cfg.algo.name]
-    if algorithm.batch_source != ALGORITHMS["ppo"].batch_source:
-        raise ConfigError(f"hpcrl tune models the PPO family (ppo, mappo, ippo) so far; algo.name {cfg.algo.name} "
-                          f"(a replay learner) is not modelled yet")
     torch.set_num_threads(cfg.run.torch_threads)
     model = build_policy(spaces, cfg)
     optimizer = build_optimizer(model, cfg)  # the trainers' own
@@ -120,8 +151,11 @@ def measure_messages(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[li
 
 def measure(cfg: Config, spaces: EnvSpaces, budget_s: float) -> tuple[Measured, dict]:
     """Every measurement, within about `budget_s` seconds; the fitted costs and the raw points."""
+    if ALGORITHMS[cfg.algo.name].batch_source != ALGORITHMS["ppo"].batch_source:
+        raise ConfigError(f"hpcrl tune models the PPO family (ppo, mappo, ippo) so far; algo.name {cfg.algo.name} "
+                          f"(a replay learner) is not modelled yet")
     share = budget_s / 4
-    points = {"env_step": measure_env(cfg, spaces, share), "forward": measure_forward(cfg, spaces, share),
+    points = {"actor_step": measure_actor(cfg, spaces, share), "forward": measure_forward(cfg, spaces, share),
               "update": measure_update(cfg, spaces, share), "message": measure_messages(cfg, spaces, share)}
     fits = {name: fit_line([float(x) for x in xs], ys) for name, (xs, ys) in points.items()}
     return Measured(rows_per_env=spaces.num_agents, **fits), points
@@ -228,7 +262,7 @@ def header(config_path: str, points: dict, best: Choice, shipped: Prediction | N
              f"({cores:g} cores) on {os.uname().nodename}, {time.strftime('%Y-%m-%d %H:%M')}",
              "measured (CPU seconds on one core of this machine):"]
     for name, (xs, ys) in points.items():
-        unit = {"env_step": "envs", "forward": "rows", "update": "frames", "message": "bytes"}[name]
+        unit = {"actor_step": "envs", "forward": "rows", "update": "frames", "message": "bytes"}[name]
         lines.append(f"  {name:9s} " + ", ".join(f"{x:,} {unit}: {y * 1e6:,.0f} us" for x, y in zip(xs, ys)))
     L, I, E = best.counts
     lines.append(f"chosen: {L} learner, {I} inference{' (inline)' if not I else ''}, {E} env ranks x "

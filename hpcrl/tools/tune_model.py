@@ -5,9 +5,10 @@ synthetic measurements.
 Every cost is CPU seconds on one core, fitted as a + b x (x: envs, rows, frames or bytes). For a
 layout (from `hpcrl plan`'s own `plan_layout`: counts, fan-in, routing) the model charges each
 role its CPU per frame, at the busiest rank of the role:
-- an env rank: one vector step of its N envs per N frames, plus per env group one request and one
-  reply through the inference stream (remote), or the policy forward itself (inline), plus its
-  share of a fragment's send; with one env group it also idles while its server answers;
+- an env rank: one step of its N envs per N frames, as the actor steps them with an inline policy
+  (measured whole: the env, the forward, the actor's own work per step, its records' sends); with
+  remote inference the forward is replaced by one request and one reply per env group through the
+  inference stream, and with one env group it also idles while its server answers;
 - an inference rank: one batched forward of every row its env ranks send per step (all requests
   waiting: the saturated case), and the messages of each request;
 - a learner: its share of each update (the algorithm's own step on its part of the batch) and the
@@ -45,7 +46,7 @@ def fit_line(sizes: list[float], seconds: list[float]) -> Fit:
 class Measured:
     """Costs measured on one core of this machine (CPU seconds)."""
 
-    env_step: Fit  # one vector step, by envs in the vector
+    actor_step: Fit  # one step of an env rank with an inline policy (env, forward, bookkeeping), by envs
     forward: Fit  # one policy forward, by rows
     update: Fit  # one trainer update, by frames in the trainer's batch
     message: Fit  # one message through hpcrl's streams, both ends together, by bytes
@@ -84,11 +85,16 @@ def predict(m: Measured, s: Shape, cores: float) -> Prediction:
     """Frames per second of layout `s` on `cores` cores (see the module's docstring)."""
     n, T, G = s.num_envs, s.rollout, s.groups
     remote = s.envs_per_inference > 0
-    bootstrap = (T + 1) / T  # PPO's extra policy call per fragment, for the last values
+    # sync PPO's extra policy call per fragment, for the last values (async: that call's actions
+    # begin the next fragment)
+    bootstrap = (T + 1) / T if s.sync else 1.0
     exchange = cost(m.message, s.request_bytes) + cost(m.message, s.reply_bytes)
-    # one env rank, per vector step (n frames)
-    env_cpu = cost(m.env_step, n) + cost(m.message, s.fragment_bytes) / T
-    env_cpu += G * exchange * bootstrap if remote else cost(m.forward, n * m.rows_per_env) * bootstrap
+    # one env rank, per vector step (n frames): measured with an inline policy in async mode (no
+    # bootstrap call); remote inference trades the forward for the exchanges, sync mode adds the call
+    forward = cost(m.forward, n * m.rows_per_env)
+    env_cpu = cost(m.actor_step, n) + (bootstrap - 1) * (G * exchange if remote else forward)
+    if remote:
+        env_cpu += G * exchange - forward
     # the busiest inference rank, per step of all its env ranks (every request waiting: one batch)
     served = s.envs_per_inference * n * m.rows_per_env
     inf_cpu = (cost(m.forward, served) + s.envs_per_inference * G * exchange) * bootstrap if remote else 0.0
