@@ -6,6 +6,7 @@ fragments are sampled but not trained) and their ratio; per config: tuned / ship
 frames/s (target: >= 1.2, or the shipped layout is already the model's best).
 
     .venv/bin/python bench/tune.py [--configs jobs/cartpole_ppo.yaml ...] [--ranks 4] [--seconds 25] [--out FILE]
+        [--plot IMAGE]          (or --replot FILE --plot IMAGE: draw an earlier output again)
 """
 from __future__ import annotations
 
@@ -28,6 +29,32 @@ def layout_name(choice) -> str:
     return f"{L} learner + {I} inference + {E} env x {choice.cfg.env.num_envs} envs, {choice.cfg.env.groups} group(s)"
 
 
+def plot(reports: list[dict], path: str, within: float = 0.25) -> None:
+    """Predicted against measured trained frames/s, one point per run, with the +-25% band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 5))
+    top = 0.0
+    for report, marker in zip(reports, "os^Dv"):
+        runs = report["runs"]
+        x, y = [r["predicted_frames_per_s"] for r in runs], [r["trained_frames_per_s"] for r in runs]
+        ax.scatter(x, y, marker=marker, label=report["config"], zorder=3)
+        for r in runs:
+            L, I, E = (int(w) for w in r["layout"].split(" x ")[0].split()[::3])
+            ax.annotate(f"{L}L {I}I {E}E {r['layout'].split(' x ')[1].split(',')[0]}", (r["predicted_frames_per_s"],
+                        r["trained_frames_per_s"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        top = max(top, *x, *y)
+    line = [0, 1.1 * top]
+    ax.plot(line, line, "k-", lw=0.8, label="measured = predicted")
+    ax.fill_between(line, [(1 - within) * v for v in line], [(1 + within) * v for v in line], color="0.88",
+                    label=f"within {within:.0%}", zorder=0)
+    ax.set(xlabel="predicted frames/s (hpcrl tune)", ylabel="measured trained frames/s", xlim=line, ylim=line)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     from hpcrl.core.config import to_dict
     from hpcrl.tools.tune import tune
@@ -38,7 +65,13 @@ def main() -> None:
     parser.add_argument("--layouts", type=int, default=3, help="runs per config besides the shipped layout")
     parser.add_argument("--budget-s", type=float, default=30.0, help="hpcrl tune's measuring budget")
     parser.add_argument("--out")
+    parser.add_argument("--plot", help="also draw predicted against measured frames/s into this image")
+    parser.add_argument("--replot", help="only draw --plot from this earlier JSON output")
     args = parser.parse_args()
+    if args.replot:
+        import json
+        plot(json.loads(Path(args.replot).read_text())["configs"], args.plot)
+        return
     cores = os.cpu_count() or 1
     reports = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,6 +102,8 @@ def main() -> None:
                             "shipped_is_model_best": tuned.own is not None and tuned.ranked[0].cfg == tuned.own.cfg})
     emit({"benchmark": "tune", "ranks": args.ranks, "cores": cores, "seconds_per_run": args.seconds,
           "configs": reports, "targets": {"tuned_over_shipped": 1.2, "within": 0.25}}, args.out)
+    if args.plot:
+        plot(reports, args.plot)
 
 
 if __name__ == "__main__":

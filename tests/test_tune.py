@@ -1,6 +1,7 @@
 """`hpcrl tune`: the throughput model's choices on synthetic measurements (which role it gives the
 ranks to, and which role it names as the bound), and the real command: it measures this machine,
 writes a config that validates, and that config runs under mpirun."""
+import pytest
 import yaml
 
 from hpcrl.core.config import parse_config
@@ -40,7 +41,8 @@ def test_the_model_gives_ranks_to_the_role_that_costs_and_names_it_as_the_bound(
 
 
 def test_an_expensive_forward_call_goes_to_a_policy_server_that_batches_many_env_ranks():
-    forward_heavy = best(Measured(actor_step=(1e-5, 1e-4), forward=(5e-3, 1e-7), update=(1e-4, 1e-8),
+    # (an actor's step with an inline policy includes the forward)
+    forward_heavy = best(Measured(actor_step=(5e-3 + 1e-5, 1e-4), forward=(5e-3, 1e-7), update=(1e-4, 1e-8),
                                   message=(1e-6, 0.0)))
     assert forward_heavy.counts[1] >= 1  # inline inference would pay the whole forward on every env rank
     assert forward_heavy.prediction.bound == "env"  # and the env ranks, freed of it, are what is left
@@ -73,3 +75,20 @@ def test_hpcrl_tune_measures_writes_a_config_that_runs(tmp_path):
     assert refused.returncode == 2 and "not modelled yet" in refused.stderr
     zero = run_hpcrl("tune", str(REPO / "jobs/cartpole_appo.yaml"), "--ranks-per-node", "0")
     assert zero.returncode == 2 and "--ranks-per-node must be above 0" in zero.stderr
+
+
+def test_sync_sampling_shares_the_cores_and_several_learners_pay_an_allreduce_per_gradient_step():
+    """Sync mode on 4 ranks of 2 cores: the 3 sampling ranks (2 env, 1 inference) poll between
+    steps, so sampling runs at 2/3 of their rates; two learners add a ring allreduce per step."""
+    from hpcrl.tools.tune_model import Shape, predict
+    m = Measured(actor_step=(5e-4, 0.0), forward=(2e-4, 0.0), update=(0.1, 0.0), message=(3e-6, 1e-9))
+    shape = dict(learners=1, inference=1, envs=2, num_envs=8, groups=2, rollout=32, batch_frames=512,
+                 envs_per_inference=2, envs_per_learner=2, request_bytes=400, reply_bytes=100, fragment_bytes=10_000,
+                 sync=True, gradient_steps=40, gradient_bytes=40_000)
+    crowded, roomy = predict(m, Shape(**shape), cores=2), predict(m, Shape(**shape), cores=3)
+    sampling = lambda p: 1 / (1 / p.frames_per_s - 1 / p.per_role["learner"])  # noqa: E731
+    assert sampling(crowded) == pytest.approx(sampling(roomy) * 2 / 3, rel=1e-6)
+    two = predict(m, Shape(**{**shape, "learners": 2, "envs_per_learner": 1, "batch_frames": 1024}), cores=4)
+    per_step = 1e-4 / 2 + 2 * (3e-6 + 1e-9 * 40_000 / 2)
+    # its share of the batch (512 frames: 2 fragments of 32 x 8) and their receipt
+    assert 1024 / two.per_role["learner"] == pytest.approx(0.1 + 40 * per_step + 2 * (3e-6 + 1e-5), rel=1e-6)

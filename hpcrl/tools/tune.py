@@ -240,7 +240,8 @@ class _Planner:
                       envs_per_learner=int(layout.fan_in("learner").max()),
                       request_bytes=request.group_offset("final_obs"), reply_bytes=reply.nbytes,
                       fragment_bytes=ALGORITHMS[c.algo.name].record(c, self.spaces).nbytes,
-                      sync=c.algo.mode == "sync")
+                      sync=c.algo.mode == "sync", gradient_steps=c.algo.epochs * c.algo.num_minibatches,
+                      gradient_bytes=4 * self.n_params)
         return Choice(c, predict(self.measured, shape, self.cores),
                       (len(layout.learners), len(layout.inference), len(layout.envs)))
 

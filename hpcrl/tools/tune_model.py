@@ -11,18 +11,21 @@ role its CPU per frame, at the busiest rank of the role:
   inference stream, and with one env group it also idles while its server answers;
 - an inference rank: one batched forward of every row its env ranks send per step (all requests
   waiting: the saturated case), and the messages of each request;
-- a learner: its share of each update (the algorithm's own step on its part of the batch) and the
-  receipt of its fragments.
+- a learner: its share of each update (the algorithm's own step on its part of the batch), the
+  receipt of its fragments, and with several learners a ring allreduce of the gradient per
+  gradient step (messages at the measured per-byte cost, and half of Horovod's cycle).
 The run's frames per second is the least of: the cores of the job over the CPU a frame costs in
 all roles together (a saturated machine), and each role's ranks over the CPU a frame costs there
 (no rank uses more than one core). In sync mode sampling and training alternate, so their times
-add. The role whose term is least is the bound; 'cores' means every core is busy.
+add, and while sampling the env and inference ranks share the cores among them (they poll between
+steps rather than sleep). The role whose term is least is the bound; 'cores' means every core is busy.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 Fit = tuple[float, float]  # seconds = a + b * size
+HOROVOD_CYCLE_S = 1e-4  # the trainers' Horovod cycle with several learners (workers/trainer.py)
 
 
 def cost(fit: Fit, size: float) -> float:
@@ -71,6 +74,8 @@ class Shape:
     reply_bytes: int
     fragment_bytes: int
     sync: bool
+    gradient_steps: int = 0  # per update (epochs x minibatches): one allreduce each with several learners
+    gradient_bytes: int = 0  # the gradient every learner allreduces per step
 
 
 @dataclass
@@ -92,15 +97,17 @@ def predict(m: Measured, s: Shape, cores: float) -> Prediction:
     # one env rank, per vector step (n frames): measured with an inline policy in async mode (no
     # bootstrap call); remote inference trades the forward for the exchanges, sync mode adds the call
     forward = cost(m.forward, n * m.rows_per_env)
-    env_cpu = cost(m.actor_step, n) + (bootstrap - 1) * (G * exchange if remote else forward)
-    if remote:
-        env_cpu += G * exchange - forward
+    own = max(cost(m.actor_step, n) - forward, 0.0)  # the env and the actor's own work, without the policy
+    env_cpu = own + (G * exchange if remote else forward) * bootstrap
     # the busiest inference rank, per step of all its env ranks (every request waiting: one batch)
     served = s.envs_per_inference * n * m.rows_per_env
     inf_cpu = (cost(m.forward, served) + s.envs_per_inference * G * exchange) * bootstrap if remote else 0.0
     # the busiest learner, per update: its share of the batch and the receipt of its fragments
     share = s.batch_frames * s.envs_per_learner / s.envs
     learn_cpu = cost(m.update, share) + share / (T * n) * cost(m.message, s.fragment_bytes)
+    if s.learners > 1:  # a ring allreduce of the gradient per step: 2(L-1) messages of bytes/L each
+        L = s.learners
+        learn_cpu += s.gradient_steps * (HOROVOD_CYCLE_S / 2 + 2 * (L - 1) * cost(m.message, s.gradient_bytes / L))
     cpu = {"env": env_cpu / n, "learner": learn_cpu * s.learners / s.batch_frames}  # all ranks of a role, per frame
     if remote:
         cpu["inference"] = inf_cpu * s.inference / (s.envs * n)
@@ -112,10 +119,13 @@ def predict(m: Measured, s: Shape, cores: float) -> Prediction:
         terms = dict(per_role, cores=cores / sum(cpu.values()))
         bound = min(terms, key=terms.get)
         return Prediction(terms[bound], bound, per_role, cpu)
-    # sync: sampling, then training; their times add
-    sampling_terms = {r: per_role[r] for r in ("env", "inference") if r in per_role}
+    # sync: sampling, then training; their times add. While sampling, every env and inference rank
+    # is latency-bound and polls between its steps (the learners sleep), so where those ranks
+    # outnumber the cores each gets its share of them; while training, only the learners run.
+    sampling_ranks = s.envs + (s.inference if remote else 0)
+    sampling_terms = {r: per_role[r] * min(1.0, cores / sampling_ranks) for r in ("env", "inference") if r in per_role}
     sampling_terms["cores"] = cores / (cpu["env"] + cpu.get("inference", 0.0))
     sampling_bound = min(sampling_terms, key=sampling_terms.get)
-    training = min(per_role["learner"], cores / cpu["learner"])
+    training = min(per_role["learner"] * min(1.0, cores / s.learners), cores / cpu["learner"])
     frames = 1.0 / (1.0 / sampling_terms[sampling_bound] + 1.0 / training)
     return Prediction(frames, "learner" if training < sampling_terms[sampling_bound] else sampling_bound, per_role, cpu)

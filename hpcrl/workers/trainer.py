@@ -101,7 +101,7 @@ class LearnerRole:
         # size 1; only the start-up broadcast goes through the thread), and a 0.1 ms cycle would
         # cost it 14% of a core for nothing, taken from the actors on a shared node. A user's
         # HOROVOD_CYCLE_TIME wins.
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1" if trainer_comm.Get_size() > 1 else LONE_TRAINER_CYCLE_MS)
+        os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1" if trainer_comm.Get_size() > 1 else LONE_TRAINER_CYCLE_MS)  # tune_model.HOROVOD_CYCLE_S
         # Horovod: only the trainers, never the whole world; with several policies, a process set
         # per policy (its block of trainers, in trainer-rank order) averages that policy's gradients
         P, block = len(self.policy_names), self.policy_comm.Get_size()
