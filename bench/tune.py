@@ -6,7 +6,7 @@ fragments are sampled but not trained) and their ratio; per config: tuned / ship
 frames/s (target: >= 1.2, or the shipped layout is already the model's best).
 
     .venv/bin/python bench/tune.py [--configs jobs/cartpole_ppo.yaml ...] [--ranks 4] [--seconds 25] [--out FILE]
-        [--plot IMAGE]          (or --replot FILE --plot IMAGE: draw an earlier output again)
+        [--plot IMAGE]          (or --replot FILE... --plot IMAGE: draw earlier outputs again, together)
 """
 from __future__ import annotations
 
@@ -45,11 +45,12 @@ def plot(reports: list[dict], path: str, within: float = 0.25) -> None:
             ax.annotate(f"{L}L {I}I {E}E {r['layout'].split(' x ')[1].split(',')[0]}", (r["predicted_frames_per_s"],
                         r["trained_frames_per_s"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
         top = max(top, *x, *y)
-    line = [0, 1.1 * top]
+    line = [50, 1.3 * top]
     ax.plot(line, line, "k-", lw=0.8, label="measured = predicted")
     ax.fill_between(line, [(1 - within) * v for v in line], [(1 + within) * v for v in line], color="0.88",
                     label=f"within {within:.0%}", zorder=0)
-    ax.set(xlabel="predicted frames/s (hpcrl tune)", ylabel="measured trained frames/s", xlim=line, ylim=line)
+    ax.set(xlabel="predicted frames/s (hpcrl tune)", ylabel="measured trained frames/s", xlim=(50, line[1]),
+           ylim=(50, line[1]), xscale="log", yscale="log")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -66,11 +67,11 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=30.0, help="hpcrl tune's measuring budget")
     parser.add_argument("--out")
     parser.add_argument("--plot", help="also draw predicted against measured frames/s into this image")
-    parser.add_argument("--replot", help="only draw --plot from this earlier JSON output")
+    parser.add_argument("--replot", nargs="+", help="only draw --plot from these earlier JSON outputs")
     args = parser.parse_args()
     if args.replot:
         import json
-        plot(json.loads(Path(args.replot).read_text())["configs"], args.plot)
+        plot([c for path in args.replot for c in json.loads(Path(path).read_text())["configs"]], args.plot)
         return
     cores = os.cpu_count() or 1
     reports = []
