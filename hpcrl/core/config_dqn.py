@@ -22,8 +22,9 @@ class DQNConfig:
     n_step: int = doc("steps in each return: r_t + g r_t+1 + ... + g^(n-1) r_t+n-1, bootstrapped from step "
                       "t+n (computed by the actors for transitions, by the learner inside R2D2's sequences)",
                       default=3)
-    batch_size: int = doc("transitions (sequences, with model.core) per gradient step, all learners together (each samples batch_size / "
-                          "learners from its own replay shard; Horovod averages the gradients)", default=64)
+    batch_size: int = doc("transitions (sequences, with model.core) per gradient step, all learners together "
+                          "(each samples batch_size / learners from its own replay shard; Horovod averages the "
+                          "gradients)", default=64)
     double: bool = doc("double DQN: the online network picks the next action, the target network values it",
                        default=True)
     dueling: bool = doc("dueling head: Q = V + A - mean(A) (Wang et al. 2016)", default=True)
@@ -60,15 +61,16 @@ class DQNConfig:
 class ReplayConfig:
     """Proportional prioritized replay (Schaul et al. 2016), one shard per learner."""
 
-    capacity: int = doc("transitions (sequences, with model.core) held, all shards together (the oldest are overwritten)", default=1_000_000)
-    warmup: int = doc("transitions (sequences, with model.core) held, all shards together, before the learners start training",
-                      default=50_000)
+    capacity: int = doc("transitions (sequences, with model.core) held, all shards together (the oldest are "
+                        "overwritten)", default=1_000_000)
+    warmup: int = doc("transitions (sequences, with model.core) held, all shards together, before the learners "
+                      "start training", default=50_000)
     alpha: float = doc("priority exponent: P(i) ~ p_i ^ alpha (0: uniform replay)", default=0.6)
     beta: float = doc("importance-sampling exponent at the start, annealed linearly to 1 at run.total_frames",
                       default=0.4)
     replay_ratio: Union[float, None] = doc(
-        "transitions (sequences, with model.core) sampled per one inserted; the learners hold back their actors' records (credit "
-        "flow control) while they are behind it. null: learners train as fast as they can and actors never wait "
+        "transitions (sequences, with model.core) sampled per one inserted; the learners hold back their actors' "
+        "records (credit flow control) while they are behind it. null: learners train as fast as they can and actors never wait "
         "for them (Ape-X)", default=None)
     checkpoint: bool = doc("save every learner's replay shard (replay-K.h5 in the run directory) with each checkpoint, "
                            "so a resume with the same learner count trains on at once; it can be gigabytes. Without "

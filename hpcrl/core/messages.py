@@ -114,6 +114,10 @@ PREEMPTED = 2  # flags bit, with STOP: the run was stopped by a signal and will 
 OUTPUT_FAILED = 4  # flags bit, with STOP: the learner root could not write its outputs (a full disk)
 VALUES_ONLY = 8  # request flags bit: only the values are wanted (sync mode's bootstrap after step T):
 #                  a recurrent policy's hidden state does not advance, the same observations come again
+# The header words of every sample-stream record (a fragment; DQN's transitions and sequences add
+# `count`, their rows filled): the trainers read and count them alike.
+RECORD_HEADER = ("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
+                 "credit_wait_us")
 EPISODE_STATS = ("episodes", "return_sum", "return_sqsum", "return_min", "return_max", "length_sum")
 
 
@@ -187,8 +191,7 @@ def transition_spec(rows: int, obs_shape: tuple, obs_dtype, action_shape: tuple,
     (Dict observations: a field per leaf of s and of s')."""
     k = rows
     return MessageSpec(
-        header=("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
-                "credit_wait_us", "count"),
+        header=(*RECORD_HEADER, "count"),
         fields=[*obs_fields("obs", (k,), obs_shape, obs_dtype),
                 ("actions", action_dtype, (k, *action_shape)),
                 ("returns", np.float32, (k,)),
@@ -207,8 +210,7 @@ def sequence_spec(rows: int, length: int, obs_shape, obs_dtype, action_shape: tu
     initial priority (algos/sequences.py). The header is a transition record's."""
     k, L = rows, length
     return MessageSpec(
-        header=("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
-                "credit_wait_us", "count"),
+        header=(*RECORD_HEADER, "count"),
         fields=[*obs_fields("obs", (k, L + 1), obs_shape, obs_dtype),
                 ("actions", action_dtype, (k, L, *action_shape)),
                 ("rewards", np.float32, (k, L)),
@@ -240,8 +242,7 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
     the fragment as a sequence from the first, zeroing where the second says."""
     t, n = length, num_envs
     return MessageSpec(
-        header=("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",
-                "credit_wait_us"),
+        header=RECORD_HEADER,
         fields=[*obs_fields("obs", (t, n), obs_shape, obs_dtype),
                 ("actions", action_dtype, (t, n, *action_shape)),
                 ("logp", np.float32, (t, n)),

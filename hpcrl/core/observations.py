@@ -117,8 +117,13 @@ def combine(fn: Callable, trees: list) -> Tree:
     return fn(trees)
 
 
+def leaves(tree: Tree) -> list:
+    """The arrays of a tree: its leaves, or the one array."""
+    return list(tree.values()) if isinstance(tree, dict) else [tree]
+
+
 def rows(tree: Tree) -> int:
-    return len(next(iter(tree.values())) if isinstance(tree, dict) else tree)
+    return len(leaves(tree)[0])
 
 
 def grouped(fields: dict, name: str) -> Tree:

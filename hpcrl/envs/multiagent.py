@@ -37,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 
 from hpcrl.core.config import ConfigError
-from hpcrl.core.observations import apply, assign, zeros
+from hpcrl.core.observations import apply, assign, leaves, zeros
 from hpcrl.envs.layouts import layout_of
 
 ACTIVE = "active"  # info key: the rows whose agent acts on the returned observations
@@ -225,7 +225,7 @@ class ParallelVector(gym.vector.VectorEnv):
         so are those not in `acting` (default: the env's live agents)."""
         acting = self.envs[e].agents if acting is None else acting
         rows = self._rows(e)
-        for leaf in self._obs.values() if isinstance(self._obs, dict) else (self._obs,):
+        for leaf in leaves(self._obs):
             leaf[rows] = 0
         self._active[rows] = False
         self._mask[rows] = self._own_actions
@@ -234,13 +234,10 @@ class ParallelVector(gym.vector.VectorEnv):
                 continue
             r, seen = rows.start + i, observations[agent]
             mask = seen[ACTION_MASK] if self._mask_in_obs else (infos.get(agent) or {}).get(ACTION_MASK)
+            leaf = self._leaf(seen)
             if self._layout is not None:  # a Dict or Tuple observation: its leaves by key
-                assign(self._obs, self._layout.flatten(self._leaf(seen)), r)
-                self._active[r] = agent in acting
-                self._set_mask(r, mask)
-                continue
-            leaf = np.asarray(self._leaf(seen))
-            if leaf.ndim == 1:  # flat: shorter (padded) agents leave zeros, the env state may follow
+                assign(self._obs, self._layout.flatten(leaf), r)
+            elif np.ndim(leaf) == 1:  # flat: shorter (padded) agents leave zeros, the env state may follow
                 self._obs[r, :len(leaf)] = leaf
             else:
                 self._obs[r] = leaf

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from hpcrl.core.dataflow import state_size
+from hpcrl.core.observations import leaves
 from hpcrl.models import ACTIVATIONS, ActorCritic, _linear, _masked_log_softmax, _mlp
 
 
@@ -43,7 +44,7 @@ class RecurrentCore:
     def _state_or_zeros(self, state: torch.Tensor | None, obs: torch.Tensor) -> torch.Tensor:
         if state is not None:
             return state
-        first = next(iter(obs.values())) if isinstance(obs, dict) else obs
+        first = leaves(obs)[0]
         return torch.zeros(first.shape[0], self.state_size, device=first.device)
 
     def _unroll(self, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from hpcrl.algos.sequences import sequence_priorities, sequence_targets
 from hpcrl.core.config import Config
-from hpcrl.core.observations import apply, assign, fit
+from hpcrl.core.observations import apply, assign, fit, leaves
 from hpcrl.workers.actor import EnvGroup
 from hpcrl.workers.q_actor import ReplayActor, TransitionWriter
 
@@ -43,9 +43,8 @@ class SequenceWindow:
         self.q_taken = np.zeros((L, envs), dtype=np.float32)
         self.max_q = np.zeros((L + 1, envs), dtype=np.float32)
         self.states = np.zeros((L + 1, envs, state_size), dtype=np.float32)
-        leaves = list(self.obs.values()) if isinstance(self.obs, dict) else [self.obs]
         # every array of the window, step-major: what slides on after each emission
-        self.steps = (*leaves, self.actions, self.rewards, self.terminated, self.truncated, self.final_values,
+        self.steps = (*leaves(self.obs), self.actions, self.rewards, self.terminated, self.truncated, self.final_values,
                       self.q_taken, self.max_q, self.states)
         self.i = 0
         self.emitted = 0  # sequences per env so far
