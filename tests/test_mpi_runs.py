@@ -73,17 +73,25 @@ def test_serial_runs_on_vectorised_backends(tmp_path, backend):
     assert ("cannot be pickled" in result.stdout + result.stderr) == (backend == "envpool")
 
 
-@pytest.mark.parametrize("algo", [
-    {},  # PPO: fragments, sampled actions from the policy server
+DQN_SMALL = {"name": "dqn", "rollout_length": 8, "dqn": {"batch_size": 32, "gradient_steps": 2},
+             "replay": {"capacity": 10_000, "warmup": 128}}
+
+
+@pytest.mark.parametrize("algo, core", [
+    ({}, "none"),  # PPO: fragments, sampled actions from the policy server
+    ({}, "lstm"),  # and with a recurrent policy: the hidden states travel as plain numbers
     # DQN: epsilon-greedy on Q-values, n-step transitions and priorities, all in numpy on the actor
-    {"name": "dqn", "rollout_length": 8, "dqn": {"batch_size": 32, "gradient_steps": 2},
-     "replay": {"capacity": 10_000, "warmup": 128}},
-], ids=["ppo", "dqn"])
-def test_env_ranks_with_remote_inference_never_import_torch(tmp_path, algo):
+    (DQN_SMALL, "none"),
+    # R2D2: sequences, their start states and initial priorities, all in numpy on the actor
+    ({**DQN_SMALL, "dqn": {"batch_size": 8, "gradient_steps": 2, "sequence_length": 8, "burn_in": 2,
+                           "sequence_period": 4}, "replay": {"capacity": 1_000, "warmup": 16}}, "gru"),
+], ids=["ppo", "ppo-lstm", "dqn", "r2d2"])
+def test_env_ranks_with_remote_inference_never_import_torch(tmp_path, algo, core):
     report = tmp_path / "modules"
     report.mkdir()
     cfg = small_config(tmp_path, env={"id": "tests.probe_envs:HpcrlTest/ModuleReporting-v0",
-                                      "kwargs": {"report_dir": str(report)}}, run={"total_frames": 256})
+                                      "kwargs": {"report_dir": str(report)}}, run={"total_frames": 256},
+                       model={"core": core, "core_size": 8})
     if algo:
         cfg["algo"] = algo
     result = mpirun(4, "run", str(write_config(tmp_path, cfg)))
