@@ -8,17 +8,12 @@ import torch
 from hpcrl.algos.dqn import sequence_td_errors
 from hpcrl.algos.sequences import rescale, sequence_priorities, sequence_targets, unrescale
 from hpcrl.core.config import ConfigError, parse_config
-from hpcrl.core.dataflow import inference_messages, replay_record
-from hpcrl.core.messages import replay_fields, weights_spec
+from hpcrl.core.messages import replay_fields
 from hpcrl.envs import probe_spaces
-from hpcrl.models import build_policy, copy_params_to, make_runner, num_params
+from hpcrl.models import build_policy
 from hpcrl.models.q import RecurrentQNetwork
-from hpcrl.runtime import comm
-from hpcrl.runtime.params import ParameterPublisher
-from hpcrl.runtime.streams import SampleReceiver, SampleSender
-from hpcrl.workers.policy_server import InlinePolicy, PolicySet
 from hpcrl.io.checkpoint import load_checkpoint
-from hpcrl.workers.sequence_actor import SequenceActor
+from hpcrl.workers.self_fed import self_fed
 from tests.conftest import mpirun, run_dir, small_config, write_config
 from tests.test_mpi_runs import check_finished
 
@@ -86,31 +81,15 @@ def collect(cfg, records: int = 6):
     self-messages), and that network."""
     spaces = probe_spaces(cfg.env)
     torch.manual_seed(0)
-    model = build_policy(spaces, cfg)
-    publisher = ParameterPublisher(None, weights_spec(num_params(model)))
-    publisher.publish(0, lambda flat: copy_params_to(model, flat))
-    runner = make_runner(build_policy(spaces, cfg), "cpu", seed=0)
-    request, reply = inference_messages(cfg, spaces, groups=1)
-    policy = InlinePolicy(PolicySet([runner], [comm.LocalWeightSubscriber(publisher)]), request.allocate(),
-                          reply.allocate(), sync=False)
-    record = replay_record(cfg, spaces)
-    me, stream = comm.world_rank(), comm.stream_communicator()
-    receiver = SampleReceiver(stream, [me], [record.allocate()])
-    role = SequenceActor(cfg, rank=me, index=0, policies=[policy],
-                         senders=[SampleSender(stream, me, [record.allocate(), record.allocate()])], env_ranks=1)
+    fed = self_fed(cfg, spaces)
+    names = [*replay_fields(fed.receiver.slots[0].spec), "priorities"]
     got = []
-    for _ in range(200 * records):
-        role.poll()
-        for slot in receiver.ready():
-            r = receiver.slots[slot]
-            got.append({name: r[name][:r.get("count")].copy() for name in [*replay_fields(record), "priorities"]})
-            receiver.release(slot)
-        if len(got) == records:
-            break
-    else:
+    fed.records(records, 200 * records,
+                lambda r: got.append({name: r[name][:r.get("count")].copy() for name in names}))
+    fed.close()
+    if len(got) < records:
         pytest.fail(f"{len(got)} of {records} records arrived")
-    receiver.close()
-    return model, {name: np.concatenate([g[name] for g in got]) for name in got[0]}
+    return fed.model, {name: np.concatenate([g[name] for g in got]) for name in got[0]}
 
 
 def unroll(model, seq, length):

@@ -8,17 +8,16 @@ import torch
 
 from hpcrl.algos.ppo import PPOStep
 from hpcrl.core.config import ConfigError, parse_config
-from hpcrl.core.dataflow import fragment_record, inference_messages
+from hpcrl.core.dataflow import inference_messages
 from hpcrl.core.seeds import env_seeds, seed_for
 from hpcrl.envs import probe_spaces
 from hpcrl.envs.pomdp import CARTPOLE_POSITIONS
 from hpcrl.core.messages import weights_spec
-from hpcrl.models import build_policy, copy_params_to, make_runner, num_params
+from hpcrl.models import build_policy, make_runner, num_params
 from hpcrl.runtime import comm
 from hpcrl.runtime.params import ParameterPublisher
-from hpcrl.runtime.streams import SampleReceiver, SampleSender
-from hpcrl.workers.actor import EnvRole
 from hpcrl.workers.policy_server import InlinePolicy, PolicySet
+from hpcrl.workers.self_fed import self_fed
 from tests.conftest import mpirun_probe
 
 T, N, LIMIT = 12, 3, 5  # episodes are cut at 5 steps: every fragment has episode starts inside it
@@ -36,32 +35,15 @@ def collect(cfg, fragments: int = 2, init_seed: int = 0, sampler_seed: int = 0):
     actions drawn from a generator seeded `sampler_seed`)."""
     spaces = probe_spaces(cfg.env)
     torch.manual_seed(init_seed)
-    model = build_policy(spaces, cfg)
-    publisher = ParameterPublisher(None, weights_spec(num_params(model)))
-    publisher.publish(0, lambda flat: copy_params_to(model, flat))
-    runner = make_runner(build_policy(spaces, cfg), "cpu", seed=sampler_seed)
-    request, reply = inference_messages(cfg, spaces, groups=1)
-    policy = InlinePolicy(PolicySet([runner], [comm.LocalWeightSubscriber(publisher)]), request.allocate(),
-                          reply.allocate(), sync=cfg.algo.mode == "sync")
-    record = fragment_record(cfg, spaces)
-    me, stream = comm.world_rank(), comm.stream_communicator()
-    receiver = SampleReceiver(stream, [me], [record.allocate()])
-    role = EnvRole(cfg, rank=me, index=0, policies=[policy],
-                   senders=[SampleSender(stream, me, [record.allocate(), record.allocate()])])
+    fed = self_fed(cfg, spaces, sampler_seed=sampler_seed)
     got = []
-    for _ in range(20 * T * fragments):
-        role.poll()
-        for slot in receiver.ready():
-            got.append({name: array.copy() for name, array in receiver.slots[slot].arrays.items()})
-            receiver.release(slot)
-        if len(got) == fragments:
-            break
-        if cfg.algo.mode == "sync" and role.version_fragments == 0 and got:  # sync: the next version is due
-            publisher.publish(len(got), lambda flat: copy_params_to(model, flat))
-    else:
+    fed.records(fragments, 20 * T * fragments,
+                lambda r: got.append({name: array.copy() for name, array in r.arrays.items()}),
+                version_due=lambda actor: cfg.algo.mode == "sync" and actor.version_fragments == 0)
+    fed.close()
+    if len(got) < fragments:
         pytest.fail(f"{len(got)} of {fragments} fragments arrived")
-    receiver.close()
-    return model, got
+    return fed.model, got
 
 
 @pytest.mark.parametrize("core", ["gru", "lstm"])

@@ -173,6 +173,11 @@ class EnvRole:
         self._reset_stats()
 
     @classmethod
+    def actor_class(cls, cfg: Config) -> type:
+        """The actor class for this config (a subclass may pick one by the network)."""
+        return cls
+
+    @classmethod
     def build(cls, w) -> "EnvRole":
         """From the wiring (hpcrl.runtime.wiring.Wiring): its policy (a policy server's channels, one
         per env group, or an inline policy) and its sender to the trainer."""

@@ -125,7 +125,7 @@ class ReplayActor(EnvRole):
     name = "env"
     record_name = "transitions"
 
-    def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list, env_ranks: int,
+    def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list, env_ranks: int = 1,
                  start_version: int = 0, control=None):
         super().__init__(cfg, rank, index, policies, senders, start_version=start_version, control=control)
         d = self.dqn = cfg.algo.dqn
@@ -140,16 +140,19 @@ class ReplayActor(EnvRole):
         self.epsilons = apex_epsilons(d.eps, d.eps_alpha, env_ranks * self.N)[index * self.N:(index + 1) * self.N]
 
     @classmethod
+    def actor_class(cls, cfg: Config) -> type:
+        """The actor of the config's network: sequences for a recurrent one, else transitions."""
+        if cfg.model.core != "none":
+            from hpcrl.workers.sequence_actor import SequenceActor
+            return SequenceActor
+        return TransitionActor if cls is ReplayActor else cls
+
+    @classmethod
     def build(cls, w) -> "ReplayActor":
         """From the wiring (hpcrl.runtime.wiring.Wiring), as the PPO actor: its policy (a policy
-        server's channels, one per env group, or an inline policy) and its sender to the trainer.
-        The actor of the config's network: sequences for a recurrent one, else transitions."""
+        server's channels, one per env group, or an inline policy) and its sender to the trainer."""
         index = w.layout.index_in("env", w.rank)
-        if w.cfg.model.core != "none":
-            from hpcrl.workers.sequence_actor import SequenceActor
-            cls = SequenceActor
-        elif cls is ReplayActor:
-            cls = TransitionActor
+        cls = cls.actor_class(w.cfg)
         actor = cls(w.cfg, w.rank, index, cls.policies(w, index), cls.senders(w, index), env_ranks=len(w.layout.envs),
                     start_version=w.start.start_version, control=w.control)
         # a resume: this rank's share of the run's frames so far, where linear epsilon continues from
@@ -197,7 +200,7 @@ class TransitionActor(ReplayActor):
     """Collects n-step transitions from its env groups and ships them in records of
     rollout_length x num_envs rows (a record ships once another group step might not fit)."""
 
-    def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list, env_ranks: int,
+    def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list, env_ranks: int = 1,
                  start_version: int = 0, control=None):
         super().__init__(cfg, rank, index, policies, senders, env_ranks, start_version=start_version, control=control)
         # the most rows one group step writes: an env emits one ripe transition, then its whole

@@ -100,7 +100,7 @@ class SequenceActor(ReplayActor):
 
     record_name = "sequences"
 
-    def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list, env_ranks: int,
+    def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list, env_ranks: int = 1,
                  start_version: int = 0, control=None):
         super().__init__(cfg, rank, index, policies, senders, env_ranks, start_version=start_version, control=control)
         state_size = self.fragment["state0"].shape[1]
