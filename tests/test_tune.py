@@ -71,8 +71,29 @@ def test_hpcrl_tune_measures_writes_a_config_that_runs(tmp_path):
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     run = mpirun(4, "run", str(tmp_path / "run.yaml"))
     assert run.returncode == 0, run.stdout + run.stderr
-    refused = run_hpcrl("tune", str(REPO / "jobs/cartpole_dqn.yaml"), "--ranks-per-node", "4", "--budget-s", "1")
-    assert refused.returncode == 2 and "not modelled yet" in refused.stderr
+    assert "averaging (wall seconds added to a gradient step) 2 learners" in text  # the 2-rank probe ran
+    costs = tmp_path / "costs.json"
+    dqn = run_hpcrl("tune", str(REPO / "jobs/cartpole_dqn.yaml"), "--ranks-per-node", "4", "--budget-s", "2",
+                    "--no-learner-probe", "-o", str(tmp_path / "dqn.yaml"), "--save-costs", str(costs))
+    assert dqn.returncode == 0, dqn.stdout + dqn.stderr
+    # costs saved once plan other sizes without measuring again, for the same env, algorithm and network only
+    again = run_hpcrl("tune", str(REPO / "jobs/cartpole_dqn.yaml"), "--ranks-per-node", "16", "--nodes", "2",
+                      "--costs", str(costs))
+    assert again.returncode == 0 and f"from {costs}" in again.stdout, again.stdout + again.stderr
+    other = run_hpcrl("tune", str(REPO / "jobs/cartpole_appo.yaml"), "--ranks-per-node", "4", "--costs", str(costs))
+    assert other.returncode == 2 and "measured for" in other.stderr and "'algo': 'dqn'" in other.stderr
+    no_gpu = run_hpcrl("tune", str(REPO / "jobs/cartpole_appo.yaml"), "--ranks-per-node", "4", "--gpus-per-node", "1")
+    assert no_gpu.returncode == 2 and "this machine has none" in no_gpu.stderr
+    gpu_from_cpu_costs = run_hpcrl("tune", str(REPO / "jobs/cartpole_dqn.yaml"), "--ranks-per-node", "4",
+                                   "--gpus-per-node", "1", "--costs", str(costs))
+    assert gpu_from_cpu_costs.returncode == 2 and "measured without a GPU" in gpu_from_cpu_costs.stderr
+    assert "gradient steps/s, replay ratio 32.00" in dqn.stdout and "insert" in dqn.stdout
+    tuned_dqn = parse_config((tmp_path / "dqn.yaml").read_text())  # validates
+    assert tuned_dqn.algo.dqn.batch_size == 64 and tuned_dqn.algo.replay.replay_ratio == 32
+    failed = run_hpcrl("tune", str(REPO / "jobs/cartpole_appo.yaml"), "--ranks-per-node", "4", "--budget-s", "1",
+                       "--probe-launcher", "false")
+    assert failed.returncode == 2 and "the probe of two learners failed" in failed.stderr
+    assert "Traceback" not in failed.stderr
     zero = run_hpcrl("tune", str(REPO / "jobs/cartpole_appo.yaml"), "--ranks-per-node", "0")
     assert zero.returncode == 2 and "--ranks-per-node must be above 0" in zero.stderr
 
@@ -92,3 +113,67 @@ def test_sync_sampling_shares_the_cores_and_several_learners_pay_an_allreduce_pe
     per_step = 1e-4 / 2 + 2 * (3e-6 + 1e-9 * 40_000 / 2)
     # its share of the batch (512 frames: 2 fragments of 32 x 8) and their receipt
     assert 1024 / two.per_role["learner"] == pytest.approx(0.1 + 40 * per_step + 2 * (3e-6 + 1e-5), rel=1e-6)
+
+
+DQN_CONFIG = """
+env: {{id: CartPole-v1, num_envs: 8}}
+algo: {{name: dqn, rollout_length: 32, dqn: {{batch_size: 64, gradient_steps: 4}},
+        replay: {{replay_ratio: {ratio}, capacity: 100000, warmup: 1000}}}}
+roles: {{learner: {{ranks: {learners}}}, inference: {{ranks: 1}}, env: {{ranks: rest}}}}
+"""
+
+
+def dqn_best(m: Measured, ratio="8", learners=1, ranks=32, cores=None):
+    cfg = parse_config(DQN_CONFIG.format(ratio=ratio, learners=learners))
+    ranked, _ = candidates(cfg, CARTPOLE, m, ranks, 1, cores or ranks)
+    return ranked
+
+
+def test_dqn_with_a_replay_ratio_gets_learners_while_averaging_is_cheap_and_its_steps_follow_the_ratio():
+    """A replay ratio ties the learners' gradient steps to the frames: r rows sampled per row
+    inserted, step_rows (batch_size / learners) rows per step. Costly steps want learners, unless
+    averaging gradients between them costs more than it saves."""
+    costly_steps = dict(actor_step=(1e-5, 1e-6), forward=(1e-7, 1e-9), update=(2e-3, 1e-5), message=(1e-6, 0.0),
+                        insert=(1e-6, 1e-8))
+    cheap = dqn_best(Measured(**costly_steps, averaging_step=1e-5))[0]
+    L = cheap.counts[0]
+    assert L > 1 and cheap.prediction.bound == "learner"
+    p = cheap.prediction
+    # every learner: 8 rows sampled per row it takes in, 64 / L rows a step, the frames shared evenly
+    assert p.gradient_steps_per_s * (64 // L) * L == pytest.approx(p.frames_per_s * 8, rel=1e-9)
+    assert p.replay_ratio == 8
+    dear = dqn_best(Measured(**costly_steps, averaging_step=0.1))[0]
+    assert dear.counts[0] == 1  # a step of 0.1 s more than undoes halving the batch
+
+
+def test_ape_x_keeps_the_configs_learners_which_train_flat_out_on_what_the_sampling_ranks_leave():
+    m = Measured(actor_step=(1e-4, 1e-5), forward=(1e-4, 1e-7), update=(1e-3, 1e-5), message=(1e-6, 0.0),
+                 insert=(1e-6, 1e-8), averaging_step=1e-4)
+    ranked = dqn_best(m, ratio="null", learners=2)
+    assert {c.counts[0] for c in ranked} == {2}  # the learner count is the config's; the rest is tuned
+    p = ranked[0].prediction
+    assert p.bound == "env" and p.gradient_steps_per_s > 0
+    # the replay ratio that follows: the busiest learner's rows sampled per row it took in (its env ranks' frames)
+    envs = ranked[0].counts[2]
+    taken_in = p.frames_per_s * -(-envs // 2) / envs
+    assert p.replay_ratio == pytest.approx(p.gradient_steps_per_s * 32 / taken_in, rel=1e-9)
+    # on 8 cores for 32 ranks, every rank busy: the learners keep their share (2 of 32), the others get the rest
+    crowded = dqn_best(m, ratio="null", learners=2, cores=8)[0].prediction
+    assert crowded.bound == "cores"
+    assert crowded.frames_per_s == pytest.approx(8 * 30 / 32 / sum(v for r, v in crowded.cpu_per_frame.items()
+                                                                   if r != "learner"), rel=1e-9)
+
+
+def test_with_gpus_learners_go_on_them_when_their_update_is_faster_there_never_more_than_a_node_has():
+    cpu_costs = dict(actor_step=(1e-5, 1e-6), forward=(1e-4, 1e-6), update=(1e-2, 1e-5), message=(1e-6, 0.0))
+    gpu = Measured(**cpu_costs, forward_cuda=(2e-4, 1e-9), update_cuda=(1e-3, 1e-8))
+    ranked, _ = candidates(parse_config(CONFIG), CARTPOLE, gpu, 32, 2, 64, gpus_per_node=2)
+    best = ranked[0].cfg.roles
+    assert best.learner.device == "cuda" and best.learner.per_node in (1, 2)
+    for choice in ranked:  # one GPU per rank: learners and inference ranks on GPUs fit the node's 2
+        r = choice.cfg.roles
+        on_gpus = sum(spec.per_node or 0 for spec in (r.learner, r.inference) if spec.device == "cuda")
+        assert on_gpus <= 2
+    assert any(c.cfg.roles.inference.device == "cuda" for c in ranked)
+    cpu_only, _ = candidates(parse_config(CONFIG), CARTPOLE, Measured(**cpu_costs), 32, 2, 64, gpus_per_node=2)
+    assert {c.cfg.roles.learner.device for c in cpu_only} == {"cpu"}  # no GPU costs, no GPU layouts

@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="multi-agent games: play one seat (each in turn) against a uniform player of valid "
                          "actions, or against another run's latest checkpoint; counts wins, draws and losses")
     tu = sub.add_parser("tune", help="measure this machine for a config and write the layout the throughput "
-                        "model predicts fastest for the target nodes (one process; MPI as a singleton)")
+                        "model predicts fastest for the target nodes (one process, MPI as a singleton; and a probe of two learners "
+                        "under mpirun)")
     tu.add_argument("config", help="rank-role YAML config")
     tu.add_argument("--ranks-per-node", type=int, required=True, help="MPI ranks per node of the target job")
     tu.add_argument("--nodes", type=int, default=1, help="nodes of the target job (default 1)")
@@ -74,6 +75,17 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument("-o", "--output", help="write the tuned config here (default: print it)")
     tu.add_argument("--top", type=int, default=5, help="how many of the best layouts to list (default 5)")
     tu.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    tu.add_argument("--probe-launcher", default="mpirun -n 2",
+                    help="how to start the 2-rank probe of averaging gradients between learners (default "
+                         "'mpirun -n 2'; e.g. 'srun -n 2' in an allocation)")
+    tu.add_argument("--gpus-per-node", type=int, default=0,
+                    help="GPUs per node of the target job: learners and inference ranks may go on them (one per "
+                         "rank); their costs are measured on this machine's GPU, or come from --costs")
+    tu.add_argument("--save-costs", metavar="FILE", help="also write what was measured to FILE (JSON)")
+    tu.add_argument("--costs", metavar="FILE", help="plan from costs saved with --save-costs (on a compute node, "
+                    "say) instead of measuring here")
+    tu.add_argument("--no-learner-probe", action="store_true",
+                    help="skip that probe: several learners are charged only the allreduce's messages")
     ref = sub.add_parser("config-reference", help="write the config reference (every key, its type, default "
                          "and meaning) as Markdown")
     ref.add_argument("-o", "--output", help="write it here, e.g. docs/config.md (default: print it)")
@@ -193,22 +205,29 @@ def _plan(args) -> int:
 
 def _tune(args) -> int:
     from hpcrl.core.config import ConfigError
-    from hpcrl.tools.tune import tune
+    from hpcrl.tools.tune import ProbeError, tune
     for name in ("ranks_per_node", "nodes", "budget_s"):
         if getattr(args, name) <= 0:
             return _user_error(f"hpcrl tune: --{name.replace('_', '-')} must be above 0, got {getattr(args, name)}")
+    if args.gpus_per_node < 0:
+        return _user_error(f"hpcrl tune: --gpus-per-node must be 0 or more, got {args.gpus_per_node}")
     try:
         tuned = tune(args.config, args.ranks_per_node, args.nodes, args.cores_per_node, args.budget_s,
-                     tuple(args.overrides))
+                     tuple(args.overrides), None if args.no_learner_probe else args.probe_launcher,
+                     args.gpus_per_node, args.costs, args.save_costs)
         text, ranked = tuned.text, tuned.ranked
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")
+    except ProbeError as exc:
+        return _user_error(f"hpcrl tune: the probe of two learners failed: {exc}\n(--probe-launcher sets how it "
+                           f"starts; --no-learner-probe skips it)")
     print("".join(line[2:] + "\n" for line in text.splitlines() if line.startswith("# ")), end="")  # the header
     print(f"the {min(args.top, len(ranked))} best of {len(ranked)} layouts (learner, inference, env ranks; envs per "
-          f"env rank, groups): predicted frames/s, bound")
+          f"env rank, groups; g: on GPUs): predicted frames/s, bound")
     for ch in ranked[:args.top]:
         L, I, E = ch.counts
-        print(f"  {L:>4} {I:>4} {E:>6}   {ch.cfg.env.num_envs:>4} x {ch.cfg.env.groups}   "
+        gpu = {role: "g" if getattr(ch.cfg.roles, role).device == "cuda" else " " for role in ("learner", "inference")}
+        print(f"  {L:>4}{gpu['learner']} {I:>4}{gpu['inference']} {E:>6}   {ch.cfg.env.num_envs:>4} x {ch.cfg.env.groups}   "
               f"{ch.prediction.frames_per_s:>12,.0f}   {ch.prediction.bound}")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:

@@ -7,7 +7,10 @@ table gives at the target size), and algo.rollout_length and every other setting
 
 Layouts come from `hpcrl plan`'s planner (`plan_layout`: counts, node-aware routing, fan-in) and
 are checked as a run would check them (batch_frames fitting, memory per rank); nothing is planned
-twice. No MPI across ranks: stream messages are timed in this one process (runtime/probe.py).
+twice. Measured in this one process (tools/tune_measure.py; stream messages through runtime/probe.py),
+but for the cost of averaging gradients between learners: two ranks under mpirun
+(tools/tune_probe.py). DQN's layouts keep algo.dqn.batch_size (shared by the learners) and, without
+a replay ratio (Ape-X), the config's learner count.
 """
 from __future__ import annotations
 
@@ -18,147 +21,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcrl.core.observations import zeros
 from hpcrl.core.config import Config, ConfigError, load_config, to_dict
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
-from hpcrl.core.layout import plan_layout, simulated_nodes, update_frames
+from hpcrl.core.layout import plan_layout, replay_shard, simulated_nodes, update_frames
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.tools.plan import DEFAULT_MEMORY_PER_RANK, memory
-from hpcrl.tools.tune_model import Measured, Prediction, Shape, fit_line, predict
+from hpcrl.tools.tune_measure import fitted, measure, replays
+from hpcrl.tools.tune_model import Measured, Prediction, Shape, predict
 
 ENV_SIZES = (4, 8, 16, 32, 64, 128, 256)  # envs per env rank the tuner tries
-FORWARD_ROWS = (1, 8, 64, 512)
-
-
-# --- measuring ------------------------------------------------------------------------------------
-
-def _timed(call, seconds: float, least: int = 3) -> float:
-    """CPU seconds of one call, over about `seconds` of calls."""
-    call()  # warm-up: first-call costs (allocation, lazy imports) are not the steady state
-    count, start, wall = 0, time.process_time(), time.perf_counter()
-    while count < least or time.perf_counter() - wall < seconds:
-        call()
-        count += 1
-    return (time.process_time() - start) / count
-
-
-def measure_actor(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
-    """Seconds per vector step of an env rank as a run steps it, at a few vector sizes around the
-    config's: the algorithm's own actor with an inline policy (async: it never waits for weights)
-    sending its records to this process, so the env step, the policy forward and the actor's own
-    per-step work (filling the record, episode statistics, final observations) are all in it."""
-    import torch
-
-    from hpcrl.core.messages import weights_spec
-    from hpcrl.models import build_policy, copy_params_to, make_runner, num_params
-    from hpcrl.runtime import comm
-    from hpcrl.runtime.params import ParameterPublisher
-    from hpcrl.runtime.streams import SampleReceiver, SampleSender
-    from hpcrl.workers.policy_server import InlinePolicy, PolicySet
-    torch.set_num_threads(cfg.run.torch_threads)
-    sizes = sorted({max(1, cfg.env.num_envs // 2), cfg.env.num_envs, 2 * cfg.env.num_envs})
-    algorithm = ALGORITHMS[cfg.algo.name]
-    out = []
-    for n in sizes:
-        c = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=n, groups=1),
-                                algo=dataclasses.replace(cfg.algo, mode="async"))
-        model = build_policy(spaces, c)
-        publisher = ParameterPublisher(None, weights_spec(num_params(model)))
-        publisher.publish(0, lambda flat: copy_params_to(model, flat))
-        request, reply = inference_messages(c, spaces, 1)
-        policy = InlinePolicy(PolicySet([make_runner(model, c.roles.env.device, seed=0)],
-                                        [comm.LocalWeightSubscriber(publisher)]),
-                              request.allocate(), reply.allocate(), sync=False)
-        record = algorithm.record(c, spaces)
-        me, stream = comm.world_rank(), comm.stream_communicator()
-        receiver = SampleReceiver(stream, [me], [record.allocate() for _ in range(2)], per_sender=2)
-        actor = algorithm.worker_class("env")(c, me, 0, [policy], [SampleSender(stream, me, [record.allocate()
-                                                                                            for _ in range(2)])])
-        steps = [0]
-
-        def fragment():
-            arrived = receiver.ready()
-            while not arrived:
-                actor.poll()
-                arrived = receiver.ready()
-            for slot in arrived:  # its credit goes back to the actor
-                receiver.release(slot)
-            steps[0] += c.algo.rollout_length * len(arrived)
-        fragment()  # warm-up
-        steps[0], start, wall = 0, time.process_time(), time.perf_counter()
-        while steps[0] < 3 * c.algo.rollout_length or time.perf_counter() - wall < seconds / len(sizes):
-            fragment()
-        out.append((time.process_time() - start) / steps[0])
-        for group in actor.groups:
-            group.envs.close()
-        receiver.close()
-    return sizes, out
-
-
-def measure_forward(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
-    """Seconds per policy forward (an inference rank's runner) at a few batch sizes."""
-    import torch
-
-    from hpcrl.models import build_policy, make_runner
-    torch.set_num_threads(cfg.run.torch_threads)
-    runner = make_runner(build_policy(spaces, cfg), cfg.roles.inference.device, seed=0)
-    out = []
-    for rows in FORWARD_ROWS:
-        obs = zeros(spaces.observation, (rows,))
-        reply = {name: np.zeros((rows, *spaces.action_shape) if name == "actions" else
-                                (rows, spaces.num_actions) if name == "q" else (rows,)) for name in runner.outputs}
-        out.append(_timed(lambda: runner.act(obs, reply), seconds / len(FORWARD_ROWS)))
-    return list(FORWARD_ROWS), out
-
-
-def measure_update(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
-    """Seconds per trainer update (the algorithm's own step, one trainer) at two batch sizes."""
-    import torch
-
-    from hpcrl.models import build_optimizer, build_policy
-    algorithm = ALGORITHMS[cfg.algo.name]
-    torch.set_num_threads(cfg.run.torch_threads)
-    model = build_policy(spaces, cfg)
-    optimizer = build_optimizer(model, cfg)  # the trainers' own
-    step = algorithm.load("step")(cfg, model, optimizer, torch.device(cfg.roles.learner.device),
-                                  np.random.default_rng(0), spaces.obs_dtype, spaces.action_dtype)
-    record = algorithm.record(cfg, spaces)
-    frames_per_fragment = cfg.algo.rollout_length * cfg.env.num_envs
-    sizes, out = [], []
-    for k in (1, 4):
-        fragments = [record.allocate() for _ in range(k)]
-        for f in fragments:
-            f["logp"][...] = -np.log(max(spaces.num_actions, 2))
-            if "active" in f.arrays:
-                f["active"][...] = 1
-            if "action_mask" in f.arrays:
-                f["action_mask"][...] = 1
-        sizes.append(k * frames_per_fragment)
-        out.append(_timed(lambda: step(fragments, apply_step=optimizer.step), seconds / 2, least=2))
-    return sizes, out
-
-
-def measure_messages(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
-    """Seconds per message by bytes: a request and its reply together (by their bytes together),
-    and a fragment with its credit."""
-    from hpcrl.runtime.probe import record_seconds, request_seconds
-    request, reply = inference_messages(cfg, spaces, 1)
-    record = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
-    pair = request_seconds(request, reply, seconds / 2)
-    return ([request.nbytes + reply.nbytes, record.nbytes],
-            [pair, record_seconds(record, seconds / 2)])
-
-
-def measure(cfg: Config, spaces: EnvSpaces, budget_s: float) -> tuple[Measured, dict]:
-    """Every measurement, within about `budget_s` seconds; the fitted costs and the raw points."""
-    if ALGORITHMS[cfg.algo.name].batch_source != ALGORITHMS["ppo"].batch_source:
-        raise ConfigError(f"hpcrl tune models the PPO family (ppo, mappo, ippo) so far; algo.name {cfg.algo.name} "
-                          f"(a replay learner) is not modelled yet")
-    share = budget_s / 4
-    points = {"actor_step": measure_actor(cfg, spaces, share), "forward": measure_forward(cfg, spaces, share),
-              "update": measure_update(cfg, spaces, share), "message": measure_messages(cfg, spaces, share)}
-    fits = {name: fit_line([float(x) for x in xs], ys) for name, (xs, ys) in points.items()}
-    return Measured(rows_per_env=spaces.num_agents, **fits), points
+TIE = 0.02  # layouts predicted within 2% of the best tie with it (the config's own layout wins a tie)
 
 
 # --- choosing ---------------------------------------------------------------------------------------
@@ -170,32 +42,71 @@ class Choice:
     counts: tuple[int, int, int]  # learner, inference, env ranks
 
 
-def _counts(world: int) -> list[tuple[int, int]]:
-    """(learners, inference ranks) to try: powers of two and a few small counts, up to half the job."""
-    steps = sorted({1, 2, 3, 4} | {2 ** k for k in range(int(np.log2(max(world, 1))) + 1)})
-    learners = [c for c in steps if c <= world // 2]
-    inference = [0] + [c for c in steps if c <= world // 2]
-    return [(L, I) for L in learners for I in inference if world - L - I >= max(L, I, 1)]
+def _counts(world: int, fixed_learners: int | None = None) -> list[tuple[int, int]]:
+    """(learners, inference ranks) to try: powers of two and a few small counts, up to half the job
+    (`fixed_learners`: that many learners only)."""
+    learners = [fixed_learners] if fixed_learners else _steps(world)
+    return [(L, I) for L in learners for I in [0, *_steps(world)] if world - L - I >= max(L, I, 1)]
+
+
+def _steps(world: int) -> list[int]:
+    """Powers of two and a few small counts, up to half the job."""
+    return sorted(c for c in {1, 2, 3, 4} | {2 ** k for k in range(int(np.log2(max(world, 1))) + 1)} if c <= world // 2)
+
+
+def pick(choices: list[Choice]) -> Choice:
+    """Of the layouts predicted within TIE of the fastest, the one with the fewest envs per env rank
+    (less memory, a fresher policy, a quicker start), then the fastest."""
+    top = max(c.prediction.frames_per_s for c in choices)
+    return min((c for c in choices if c.prediction.frames_per_s >= (1 - TIE) * top),
+               key=lambda c: (c.cfg.env.num_envs, -c.prediction.frames_per_s))
+
+
+def _role_tables(cfg: Config, world: int, nodes: int, fixed_learners: int | None, gpus_per_node: int):
+    """The roles tables to try: learner and inference counts on CPUs (_counts), and with GPUs,
+    k learners per node on GPUs (k = 1..gpus_per_node) beside inference ranks on CPUs, or j per
+    node on the GPUs left (one GPU per rank, every node alike)."""
+    pairs = _counts(world, fixed_learners)
+    for L, I in pairs:
+        yield _roles(cfg, ("ranks", L, "cpu"), ("ranks", I, "cpu"))
+    for k in range(1, gpus_per_node + 1):
+        L = k * nodes
+        if L > world // 2 or fixed_learners not in (None, L):
+            continue
+        for I in [0, *_steps(world)]:  # CPU inference ranks beside them
+            if world - L - I >= max(L, I, 1):
+                yield _roles(cfg, ("per_node", k, "cuda"), ("ranks", I, "cpu"))
+        for j in range(1, gpus_per_node - k + 1):
+            if world - L - j * nodes >= L:
+                yield _roles(cfg, ("per_node", k, "cuda"), ("per_node", j, "cuda"))
 
 
 def candidates(cfg: Config, spaces: EnvSpaces, m: Measured, ranks_per_node: int, nodes: int, cores: float,
-               memory_per_rank: int = DEFAULT_MEMORY_PER_RANK) -> tuple[list[Choice], Choice | None]:
-    """Every layout the tuner considers for `nodes` x `ranks_per_node` ranks, with its prediction,
-    fastest first, and the config's own layout predicted alike (None if it does not fit). The
-    frames per update stay the config's (see the module's docstring)."""
+               memory_per_rank: int = DEFAULT_MEMORY_PER_RANK, gpus_per_node: int = 0
+               ) -> tuple[list[Choice], Choice | None]:
+    """Every layout the tuner considers for `nodes` x `ranks_per_node` ranks (and `gpus_per_node`
+    GPUs, where `m` has GPU costs), with its prediction, fastest first, and the config's own layout
+    predicted alike (None if it does not fit). The frames per update stay the config's (see the
+    module's docstring)."""
     from hpcrl.models import build_policy, num_params
     world = nodes * ranks_per_node
-    plan = _Planner(cfg, spaces, m, world, ranks_per_node, cores, memory_per_rank, num_params(build_policy(spaces, cfg)))
+    plan = _Planner(cfg, spaces, m, world, ranks_per_node, cores, memory_per_rank, num_params(build_policy(spaces, cfg)),
+                    gpus_per_node)
     out = []
-    for L, I in _counts(world):
+    gpus = gpus_per_node if m.update_cuda is not None else 0
+    for roles in _role_tables(cfg, world, nodes, plan.fixed_learners, gpus):
         for n in ENV_SIZES:
-            for G in ((1, 2) if I else (1,)):
+            for G in ((1, 2) if roles.inference.ranks != 0 else (1,)):
                 if n % G:
                     continue
                 choice = plan(dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=n, groups=G),
-                                                  roles=_roles(cfg, L, I)))
+                                                  roles=roles))
                 if choice is not None:
                     out.append(choice)
+    if not out and replays(cfg):
+        raise ConfigError(f"no layout of {world} ranks fits algo.dqn.batch_size {cfg.algo.dqn.batch_size} (it is "
+                          f"shared evenly by the learners) within {memory_per_rank / 2 ** 30:g} GiB per rank (the "
+                          f"replay shards: algo.replay.capacity)")
     if not out:
         raise ConfigError(f"no layout of {world} ranks fits algo.batch_frames {plan.batch:,} in whole fragments of "
                           f"algo.rollout_length {cfg.algo.rollout_length} x a power-of-two env.num_envs; set "
@@ -216,17 +127,25 @@ class _Planner:
     cores: float
     memory_per_rank: int
     n_params: int
+    gpus_per_node: int = 0
 
     def __post_init__(self):
         self.node_map = simulated_nodes(self.world, self.ranks_per_node)
+        self.gpus = np.full(self.world, self.gpus_per_node) if self.gpus_per_node else None
         # the algorithm's frames per update: the config's, or what its roles table gives at this size
-        self.batch = self.cfg.algo.batch_frames or update_frames(self.cfg, plan_layout(self.cfg.roles, self.world,
-                                                                                       self.node_map))
+        own = plan_layout(self.cfg.roles, self.world, self.node_map, self.gpus)
+        self.batch = self.cfg.algo.batch_frames or update_frames(self.cfg, own)
+        # DQN without a replay ratio (Ape-X): the learners train flat out, so more of them never
+        # means more frames; their count stays the config's (how much to train is the user's choice)
+        self.fixed_learners = len(own.learners) if replays(self.cfg) and self.cfg.algo.replay.replay_ratio is None \
+            else None
 
     def __call__(self, c: Config) -> Choice | None:
-        c = dataclasses.replace(c, algo=dataclasses.replace(c.algo, batch_frames=self.batch))
+        replay = replays(c)
+        if not replay:  # DQN's batch is algo.dqn.batch_size, shared by the learners
+            c = dataclasses.replace(c, algo=dataclasses.replace(c.algo, batch_frames=self.batch))
         try:
-            layout = plan_layout(c.roles, self.world, self.node_map)
+            layout = plan_layout(c.roles, self.world, self.node_map, self.gpus)
             update_frames(c, layout)  # batch_frames in whole fragments of every env rank (sync) or learner (async)
             if max(dataclasses.astuple(memory(c, layout, self.spaces, self.n_params))) > self.memory_per_rank:
                 return None
@@ -234,43 +153,67 @@ class _Planner:
             return None
         G, remote = c.env.groups, not layout.inline_inference
         request, reply = inference_messages(c, self.spaces, G)
+        record = ALGORITHMS[c.algo.name].record(c, self.spaces)
         shape = Shape(learners=len(layout.learners), inference=len(layout.inference), envs=len(layout.envs),
                       num_envs=c.env.num_envs, groups=G, rollout=c.algo.rollout_length, batch_frames=self.batch,
                       envs_per_inference=int(layout.fan_in("inference").max()) if remote else 0,
                       envs_per_learner=int(layout.fan_in("learner").max()),
                       request_bytes=request.group_offset("final_obs"), reply_bytes=reply.nbytes,
-                      fragment_bytes=ALGORITHMS[c.algo.name].record(c, self.spaces).nbytes,
-                      sync=c.algo.mode == "sync", gradient_steps=c.algo.epochs * c.algo.num_minibatches,
-                      gradient_bytes=4 * self.n_params)
+                      fragment_bytes=record.nbytes, sync=c.algo.mode == "sync",
+                      gradient_steps=c.algo.dqn.gradient_steps if replay else c.algo.epochs * c.algo.num_minibatches,
+                      gradient_bytes=4 * self.n_params, replay=replay, replay_ratio=c.algo.replay.replay_ratio,
+                      step_rows=replay_shard(c, layout)[2] if replay else 0,
+                      record_rows=record.field("priorities").shape[0] if replay else 0,
+                      learner_cuda=c.roles.learner.device == "cuda", inference_cuda=c.roles.inference.device == "cuda")
         return Choice(c, predict(self.measured, shape, self.cores),
                       (len(layout.learners), len(layout.inference), len(layout.envs)))
 
 
-def _roles(cfg: Config, learners: int, inference: int):
+def _roles(cfg: Config, learner: tuple[str, int, str], inference: tuple[str, int, str]):
+    """The config's roles with learner and inference as (`ranks` or `per_node`, count, device), and
+    the env ranks the rest."""
     r = cfg.roles
-    return dataclasses.replace(r, learner=dataclasses.replace(r.learner, ranks=learners, per_node=None),
-                               inference=dataclasses.replace(r.inference, ranks=inference, per_node=None),
+
+    def role(spec, how):
+        key, count, device = how
+        return dataclasses.replace(spec, ranks=count if key == "ranks" else None,
+                                   per_node=count if key == "per_node" else None, device=device)
+    return dataclasses.replace(r, learner=role(r.learner, learner), inference=role(r.inference, inference),
                                env=dataclasses.replace(r.env, ranks="rest", per_node=None))
 
 
 # --- reporting ----------------------------------------------------------------------------------------
 
 def header(config_path: str, points: dict, best: Choice, shipped: Prediction | None, nodes: int,
-           ranks_per_node: int, cores: float) -> str:
+           ranks_per_node: int, cores: float, gpus_per_node: int = 0, source: str = "") -> str:
     """The comment block of a tuned config: what was measured, what is predicted, what bounds it."""
     p = best.prediction
+    gpus = f", {gpus_per_node} GPU(s)" if gpus_per_node else ""
     lines = [f"tuned by hpcrl tune from {config_path} for {nodes} node(s) x {ranks_per_node} ranks "
-             f"({cores:g} cores) on {os.uname().nodename}, {time.strftime('%Y-%m-%d %H:%M')}",
-             "measured (CPU seconds on one core of this machine):"]
+             f"({cores:g} cores{gpus}) on {os.uname().nodename}, {time.strftime('%Y-%m-%d %H:%M')}",
+             f"measured (CPU seconds on one core{', wall seconds on a GPU' if 'update_cuda' in points else ''}"
+             f"{source or ' of this machine'}):"]
+    update = "rows" if replays(best.cfg) else "frames"
     for name, (xs, ys) in points.items():
-        unit = {"actor_step": "envs", "forward": "rows", "update": "frames", "message": "bytes"}[name]
-        lines.append(f"  {name:9s} " + ", ".join(f"{x:,} {unit}: {y * 1e6:,.0f} us" for x, y in zip(xs, ys)))
+        unit = {"actor_step": "envs", "forward": "rows", "update": update, "insert": "rows", "message": "bytes",
+                "averaging": "learners", "forward_cuda": "rows", "update_cuda": update}[name]
+        what = {"update": "update (a gradient step)" if replays(best.cfg) else "update",
+                "averaging": "averaging (wall seconds added to a gradient step)"}.get(name, name)
+        lines.append(f"  {what} " + ", ".join(f"{x:,} {unit}: {y * 1e6:,.0f} us" for x, y in zip(xs, ys)))
     L, I, E = best.counts
-    lines.append(f"chosen: {L} learner, {I} inference{' (inline)' if not I else ''}, {E} env ranks x "
-                 f"{best.cfg.env.num_envs} envs in {best.cfg.env.groups} group(s); "
-                 f"algo.batch_frames {best.cfg.algo.batch_frames:,}")
+    a = best.cfg.algo
+    batch = (f"algo.dqn.batch_size {a.dqn.batch_size:,} ({a.dqn.batch_size // L:,} per learner)" if replays(best.cfg)
+             else f"algo.batch_frames {a.batch_frames:,}")
+    on = {role: " on GPUs" if getattr(best.cfg.roles, role).device == "cuda" else "" for role in ("learner", "inference")}
+    lines.append(f"chosen: {L} learner{on['learner']}, {I} inference{' (inline)' if not I else on['inference']}, "
+                 f"{E} env ranks x "
+                 f"{best.cfg.env.num_envs} envs in {best.cfg.env.groups} group(s); {batch}")
     lines.append(f"predicted: {p.frames_per_s:,.0f} frames/s, bound by {p.bound}; each role alone: "
                  + ", ".join(f"{r} {v:,.0f}" for r, v in p.per_role.items()))
+    if replays(best.cfg):
+        ratio = "algo.replay.replay_ratio" if a.replay.replay_ratio is not None else "predicted, Ape-X"
+        lines.append(f"predicted: {p.gradient_steps_per_s:,.1f} gradient steps/s, replay ratio {p.replay_ratio:,.2f} "
+                     f"({ratio})")
     if shipped is not None:
         lines.append(f"the config's own layout, predicted: {shipped.frames_per_s:,.0f} frames/s, bound by {shipped.bound}")
     return "".join(f"# {line}\n" for line in lines)
@@ -285,15 +228,111 @@ class Tuned:
     points: dict  # the measurements: name -> (sizes, CPU seconds)
 
 
+class ProbeError(RuntimeError):
+    """The two-learner probe (tools/tune_probe.py) did not run: its launcher and what it printed."""
+
+
+PROBE_LAUNCHER = "mpirun -n 2"
+
+
+def probe_averaging(config_path: str, overrides: tuple[str, ...], seconds: float,
+                    launcher: str = PROBE_LAUNCHER) -> float:
+    """Wall seconds Horovod's averaging adds to a gradient step of 2 learners: tools/tune_probe.py
+    started with `launcher` (2 ranks of this machine)."""
+    import json
+    import shlex
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    if os.geteuid() == 0:  # Open MPI refuses root unless told (containers, CI machines)
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [*shlex.split(launcher), sys.executable, "-m", "hpcrl.tools.tune_probe", config_path,
+           "--seconds", str(seconds), *[arg for kv in overrides for arg in ("--set", kv)]]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300 + 4 * seconds)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ProbeError(f"{launcher}: {exc}") from None
+    last = proc.stdout.strip().splitlines()[-1:] or [""]
+    if proc.returncode or not last[0].startswith("{"):
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        raise ProbeError(f"{launcher} ... hpcrl.tools.tune_probe exited {proc.returncode}:\n{tail}")
+    return float(json.loads(last[0])["step_s"])
+
+
+def _costs_key(cfg: Config, spaces: EnvSpaces) -> dict:
+    """What measured costs belong to: the env, the algorithm, the network's size."""
+    from hpcrl.models import build_policy, num_params
+    return {"env": cfg.env.id, "algo": cfg.algo.name, "params": num_params(build_policy(spaces, cfg))}
+
+
+def save_costs(path: str, cfg: Config, spaces: EnvSpaces, points: dict) -> None:
+    import json
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump({"hpcrl_tune_costs": 1, **_costs_key(cfg, spaces), "host": os.uname().nodename,
+                   "measured": time.strftime("%Y-%m-%d %H:%M"),
+                   "points": {name: [list(xs), list(ys)] for name, (xs, ys) in points.items()}}, fh, indent=1)
+
+
+def load_costs(path: str, cfg: Config, spaces: EnvSpaces) -> dict:
+    """Costs saved by `hpcrl tune --save-costs` (on a compute node, say) for this config's env,
+    algorithm and network; a ConfigError when they belong to another."""
+    import json
+    try:
+        with open(path, encoding="utf-8") as fh:
+            saved = json.load(fh)
+        points = {name: (xs, ys) for name, (xs, ys) in saved["points"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--costs {path}: not costs saved by hpcrl tune --save-costs ({exc})") from None
+    want = _costs_key(cfg, spaces)
+    have = {key: saved.get(key) for key in want}
+    if have != want:
+        raise ConfigError(f"--costs {path}: measured for {have}, but this config is {want}; measure it again "
+                          f"(without --costs)")
+    return points
+
+
+def _saved_on(path: str) -> str:
+    import json
+    with open(path, encoding="utf-8") as fh:
+        saved = json.load(fh)
+    return f"{saved.get('host', '?')} at {saved.get('measured', '?')}"
+
+
 def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: float | None = None,
-         budget_s: float = 60.0, overrides: tuple[str, ...] = ()) -> Tuned:
-    """Measure, choose, and return the tuned config with what led to it."""
+         budget_s: float = 60.0, overrides: tuple[str, ...] = (), probe_launcher: str | None = PROBE_LAUNCHER,
+         gpus_per_node: int = 0, costs: str | None = None, costs_out: str | None = None) -> Tuned:
+    """Measure, choose, and return the tuned config with what led to it. `probe_launcher`: how to
+    start the two-learner probe (None: no probe; several learners are charged the ring's messages).
+    `costs`: a file of costs saved with `costs_out` instead of measuring."""
+    import torch
     import yaml
     cfg, _ = load_config(config_path, overrides)
     spaces = probe_spaces(cfg.env)
-    measured, points = measure(cfg, spaces, budget_s)
+    gpu = gpus_per_node > 0 or "cuda" in (cfg.roles.learner.device, cfg.roles.inference.device)
+    world = nodes * ranks_per_node
+    if costs:
+        points = load_costs(costs, cfg, spaces)
+    else:
+        if gpu and not torch.cuda.is_available():
+            raise ConfigError("GPU costs are measured on a GPU, and this machine has none (torch.cuda.is_available() "
+                              "is False): run hpcrl tune --save-costs FILE on a node with a GPU, then --costs FILE "
+                              "here")
+        points = measure(cfg, spaces, budget_s, gpu)
+        if probe_launcher and world >= 4 and not (replays(cfg) and cfg.algo.replay.replay_ratio is None and len(
+                plan_layout(cfg.roles, world, simulated_nodes(world, ranks_per_node)).learners) == 1):
+            # layouts of several learners are candidates
+            points["averaging"] = ([2], [probe_averaging(config_path, overrides, budget_s / 8, probe_launcher)])
+    if gpu and "update_cuda" not in points:
+        raise ConfigError(f"--costs {costs}: measured without a GPU, so GPU layouts cannot be predicted; save them "
+                          f"on a node with a GPU")
+    if costs_out:
+        save_costs(costs_out, cfg, spaces, points)
+    measured = fitted(points, spaces.num_agents)
     cores = float(cores_per_node or ranks_per_node) * nodes
-    ranked, own = candidates(cfg, spaces, measured, ranks_per_node, nodes, cores)
-    best = ranked[0]
-    text = header(config_path, points, best, own.prediction if own else None, nodes, ranks_per_node, cores)
+    ranked, own = candidates(cfg, spaces, measured, ranks_per_node, nodes, cores, gpus_per_node=gpus_per_node)
+    best = own if own is not None and own.prediction.frames_per_s >= (1 - TIE) * ranked[0].prediction.frames_per_s \
+        else pick(ranked)  # nothing predicted faster by more than the model can tell apart: keep the config's
+    text = header(config_path, points, best, own.prediction if own else None, nodes, ranks_per_node, cores,
+                  gpus_per_node, f" on {_saved_on(costs)}, from {costs}" if costs else "")
     return Tuned(text + yaml.safe_dump(to_dict(best.cfg), sort_keys=False), best, ranked, own, points)

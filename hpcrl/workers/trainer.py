@@ -35,6 +35,35 @@ from hpcrl.runtime.params import END, ParameterPublisher
 from hpcrl.workers.trainer_stats import TrainerStats
 
 LONE_TRAINER_CYCLE_MS = "20"  # Horovod's cycle when there is one trainer: nothing to allreduce
+
+
+def start_horovod(trainer_comm, process_sets: list[list[int]] | None = None) -> list | None:
+    """Horovod on the trainers' communicator (never the whole world), with a process set per list
+    of trainer ranks in `process_sets` (several policies); those sets, or None."""
+    # Each minibatch's allreduce waits for the background thread's next cycle; with 0.1 ms instead
+    # of 1 ms a 2-learner CartPole job took 14.0/17.4 s instead of 17.2/21.7 s (seeds 1/3, same
+    # frames). A lone trainer allreduces nothing (Horovod's optimizer skips size 1; only the
+    # start-up broadcast goes through the thread), and a 0.1 ms cycle would cost it 14% of a core
+    # for nothing, taken from the actors on a shared node. A user's HOROVOD_CYCLE_TIME wins.
+    os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1" if trainer_comm.Get_size() > 1 else LONE_TRAINER_CYCLE_MS)
+    sets = [hvd.ProcessSet(ranks) for ranks in process_sets] if process_sets else None
+    hvd.init(comm=trainer_comm, process_sets=sets)
+    return sets
+
+
+def averaging_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, process_set=None,
+                        grouped: bool = True) -> torch.optim.Optimizer:
+    """`optimizer` averaging its gradients over the trainers of `process_set` (default: all) at
+    each step. `grouped`: one group holding every parameter, so the whole gradient goes out as one
+    fused allreduce once backward has produced all of it, instead of one per tensor as each
+    becomes ready (bench/allreduce.py). (Several policies: no group. Horovod 0.28 forms groups by
+    broadcasting the parameter order from global rank 0, which only the first policy's process set
+    holds; the others fail.)"""
+    return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                    groups=[list(model.parameters())] if grouped else None,
+                                    process_set=process_set or hvd.global_process_set)
+
+
 STOP_REASONS = {0: "", FRAMES_CODE: "total_frames", TARGET_CODE: "target_return", PREEMPTED_CODE: "preempted",
                 OUTPUT_FAILED_CODE: "output_failed"}
 STOP_FLAGS = {0: 0, FRAMES_CODE: STOP, TARGET_CODE: STOP, PREEMPTED_CODE: STOP | PREEMPTED,
@@ -95,18 +124,10 @@ class LearnerRole:
         self._warned_env_state = False
         self._other_policies = None  # several policies: the others' states for the next checkpoint (root)
         self.root = trainer_comm.Get_rank() == 0
-        # Horovod: each minibatch's allreduce waits for the background thread's next cycle; with
-        # 0.1 ms instead of 1 ms a 2-learner CartPole job took 14.0/17.4 s instead of 17.2/21.7 s
-        # (seeds 1/3, same frames). A lone trainer allreduces nothing (Horovod's optimizer skips
-        # size 1; only the start-up broadcast goes through the thread), and a 0.1 ms cycle would
-        # cost it 14% of a core for nothing, taken from the actors on a shared node. A user's
-        # HOROVOD_CYCLE_TIME wins. (hpcrl tune's model charges half the 0.1 ms: tune_model.HOROVOD_CYCLE_S.)
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1" if trainer_comm.Get_size() > 1 else LONE_TRAINER_CYCLE_MS)
         # Horovod: only the trainers, never the whole world; with several policies, a process set
         # per policy (its block of trainers, in trainer-rank order) averages that policy's gradients
         P, block = len(self.policy_names), self.policy_comm.Get_size()
-        sets = [hvd.ProcessSet(list(range(p * block, (p + 1) * block))) for p in range(P)] if P > 1 else None
-        hvd.init(comm=trainer_comm, process_sets=sets)
+        sets = start_horovod(trainer_comm, [list(range(p * block, (p + 1) * block)) for p in range(P)] if P > 1 else None)
         process_set = sets[policy] if sets else hvd.global_process_set
         device = cfg.roles.learner.device
         if device == "cuda":
@@ -117,15 +138,9 @@ class LearnerRole:
         self.model = build_policy(spaces, cfg).to(self.device)
         optimizer = build_optimizer(self.model, cfg)
         self.rng = np.random.default_rng(seed_for(cfg.run.seed, "learner", hvd.rank()))  # minibatch order
-        # Horovod: one group holding every parameter, so the whole gradient goes out as one fused
-        # allreduce once backward has produced all of it, instead of one per tensor as each becomes
-        # ready (bench/allreduce.py). The wrapper is a new optimizer over the same parameter
-        # groups, so saved state is loaded into it, after wrapping.
-        # (Several policies: no group. Horovod 0.28 forms groups by broadcasting the parameter order
-        # from global rank 0, which only the first policy's process set holds; the others fail.)
-        self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters(),
-                                                  groups=[list(self.model.parameters())] if sets is None else None,
-                                                  process_set=process_set)
+        # The wrapper is a new optimizer over the same parameter groups, so saved state is loaded
+        # into it, after wrapping.
+        self.optimizer = averaging_optimizer(self.model, optimizer, process_set, grouped=sets is None)
         self.step = step(cfg, self.model, self.optimizer, self.device, self.rng, spaces.obs_dtype,
                          spaces.action_dtype)
         counters = self._start_from(resume_path)

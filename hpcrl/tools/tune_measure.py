@@ -1,0 +1,214 @@
+"""What `hpcrl tune` measures on the machine it runs on, in one process (CPU seconds on one core):
+an env rank's step as the algorithm's own actor takes it, the policy forward, the trainer's update
+(DQN: a gradient step, and taking records into a replay shard) and hpcrl's stream messages. The
+update's cost with two learners averaging gradients needs two processes: tools/tune_probe.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from hpcrl.core.config import Config
+from hpcrl.core.dataflow import ALGORITHMS, inference_messages
+from hpcrl.core.observations import zeros
+from hpcrl.envs import EnvSpaces
+from hpcrl.tools.tune_model import Measured, fit_line
+
+FORWARD_ROWS = (1, 8, 64, 512)
+
+
+def replays(cfg: Config) -> bool:
+    """The algorithm trains from a replay shard in every learner (DQN), not from batches of fragments."""
+    return ALGORITHMS[cfg.algo.name].batch_source == ALGORITHMS["dqn"].batch_source
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+def _timed(call, seconds: float, least: int = 3, clock=time.process_time) -> float:
+    """CPU seconds of one call (`clock`: time.perf_counter for wall seconds, as on a GPU), over
+    about `seconds` of calls."""
+    call()  # warm-up: first-call costs (allocation, lazy imports) are not the steady state
+    count, start, wall = 0, clock(), time.perf_counter()
+    while count < least or time.perf_counter() - wall < seconds:
+        call()
+        count += 1
+    return (clock() - start) / count
+
+
+def _clock(device: str):
+    """A GPU works while its rank's CPU waits: wall seconds there (every call ends by reading its
+    results back, which waits for the GPU), CPU seconds on a CPU."""
+    return time.perf_counter if device == "cuda" else time.process_time
+
+
+def measure_actor(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
+    """Seconds per vector step of an env rank as a run steps it, at a few vector sizes around the
+    config's: the algorithm's own actor with an inline policy (async: it never waits for weights)
+    sending its records to this process, so the env step, the policy forward and the actor's own
+    per-step work (filling the record, episode statistics, final observations) are all in it."""
+    import torch
+
+    from hpcrl.workers.self_fed import self_fed
+    torch.set_num_threads(cfg.run.torch_threads)
+    sizes = sorted({max(1, cfg.env.num_envs // 2), cfg.env.num_envs, 2 * cfg.env.num_envs})
+    out = []
+    for n in sizes:
+        c = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=n, groups=1),
+                                algo=dataclasses.replace(cfg.algo, mode="async"))
+        fed = self_fed(c, spaces, receiver_slots=2)
+        steps = [0]
+
+        def take(record):
+            steps[0] += record.get("frames")
+        fed.records(1, 10 ** 9, take)  # warm-up
+        steps[0], start, wall = 0, time.process_time(), time.perf_counter()
+        while steps[0] < 3 * c.algo.rollout_length * n or time.perf_counter() - wall < seconds / len(sizes):
+            fed.records(1, 10 ** 9, take)
+        out.append((time.process_time() - start) / steps[0] * n)
+        fed.close()
+    return sizes, out
+
+
+def measure_forward(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
+    """Seconds per policy forward (an inference rank's runner) at a few batch sizes."""
+    import torch
+
+    from hpcrl.models import build_policy, make_runner
+    torch.set_num_threads(cfg.run.torch_threads)
+    device = cfg.roles.inference.device
+    runner = make_runner(build_policy(spaces, cfg), device, seed=0)
+    out = []
+    for rows in FORWARD_ROWS:
+        obs = zeros(spaces.observation, (rows,))
+        reply = {name: np.zeros((rows, *spaces.action_shape) if name == "actions" else
+                                (rows, spaces.num_actions) if name == "q" else (rows,)) for name in runner.outputs}
+        out.append(_timed(lambda: runner.act(obs, reply), seconds / len(FORWARD_ROWS), clock=_clock(device)))
+    return list(FORWARD_ROWS), out
+
+
+class UpdateBench:
+    """The algorithm's own trainer update on made-up samples, to time (here, and with two learners
+    in tools/tune_probe.py): PPO's step on k whole fragments, or one DQN gradient step of `rows`
+    rows sampled from a real, filled replay shard, its priorities written back. `wrap`: what the
+    trainer does to its optimizer (the probe: Horovod's averaging)."""
+
+    def __init__(self, cfg: Config, spaces: EnvSpaces, wrap=lambda model, optimizer: optimizer):
+        import torch
+
+        from hpcrl.models import build_optimizer, build_policy
+        self.cfg, self.spaces, self.algorithm = cfg, spaces, ALGORITHMS[cfg.algo.name]
+        torch.set_num_threads(cfg.run.torch_threads)
+        self.device = cfg.roles.learner.device
+        self.model = build_policy(spaces, cfg).to(self.device)
+        self.optimizer = wrap(self.model, build_optimizer(self.model, cfg))  # the trainers' own
+        self.record = self.algorithm.record(cfg, spaces)
+        self.replay = self._filled_replay() if replays(cfg) else None
+
+    @property
+    def steps_per_update(self) -> int:
+        """Gradient steps of one call (a PPO update: epochs x minibatches; here one DQN step)."""
+        return 1 if self.replay is not None else self.cfg.algo.epochs * self.cfg.algo.num_minibatches
+
+    def _filled_replay(self):
+        from hpcrl.algos.replay import PrioritizedReplay
+        from hpcrl.core.messages import replay_fields
+        record = self.record.allocate()
+        names = replay_fields(record.spec)
+        d, r = self.cfg.algo.dqn, self.cfg.algo.replay
+        # the sum-tree's depth grows with the capacity (log), so a smaller shard costs about the same
+        replay = PrioritizedReplay(min(r.capacity, max(8 * record["priorities"].shape[0], 4 * d.batch_size)),
+                                   {name: (record[name].dtype, record[name].shape[1:]) for name in names},
+                                   alpha=r.alpha)
+        record["priorities"][...] = 1.0
+        while replay.size < replay.capacity:
+            replay.add({name: record[name] for name in names}, record["priorities"])
+        return replay
+
+    def call(self, size: int):
+        """A call of one update: `size` fragments (PPO), or rows of one gradient step (DQN)."""
+        import torch
+        cfg, spaces = self.cfg, self.spaces
+        if self.replay is not None:
+            from hpcrl.workers.replay_source import ReplaySource
+            cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, dqn=dataclasses.replace(
+                cfg.algo.dqn, gradient_steps=1)))
+            batch = ReplaySource(None, [], self.replay, size, 0, 1, None, cfg.algo.replay.beta, cfg.run.total_frames,
+                                 1, np.random.default_rng(0))
+        else:
+            batch = [self.record.allocate() for _ in range(size)]
+            for f in batch:
+                f["logp"][...] = -np.log(max(spaces.num_actions, 2))
+                for name in ("active", "action_mask"):
+                    if name in f.arrays:
+                        f[name][...] = 1
+        step = self.algorithm.load("step")(cfg, self.model, self.optimizer, torch.device(cfg.roles.learner.device),
+                                           np.random.default_rng(0), spaces.obs_dtype, spaces.action_dtype)
+        return lambda: step(batch, apply_step=self.optimizer.step)
+
+
+def measure_update(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
+    """Seconds per trainer update (the algorithm's own step, one trainer) at two batch sizes, by
+    frames; DQN: per gradient step, by rows."""
+    bench = UpdateBench(cfg, spaces)
+    clock = _clock(bench.device)
+    if replays(cfg):
+        sizes = sorted({max(1, cfg.algo.dqn.batch_size // 4), cfg.algo.dqn.batch_size})
+        return sizes, [_timed(bench.call(rows), seconds / 2, least=2, clock=clock) for rows in sizes]
+    frames = cfg.algo.rollout_length * cfg.env.num_envs
+    return [k * frames for k in (1, 4)], [_timed(bench.call(k), seconds / 2, least=2, clock=clock) for k in (1, 4)]
+
+
+def measure_insert(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
+    """DQN: seconds per record of rows taken into a replay shard, at two record sizes."""
+    from hpcrl.algos.replay import PrioritizedReplay
+    from hpcrl.core.messages import replay_fields
+    record = ALGORITHMS[cfg.algo.name].record(cfg, spaces).allocate()
+    names, rows = replay_fields(record.spec), record["priorities"].shape[0]
+    replay = PrioritizedReplay(min(cfg.algo.replay.capacity, 8 * rows),
+                               {name: (record[name].dtype, record[name].shape[1:]) for name in names})
+    sizes = sorted({max(1, rows // 4), rows})
+    return sizes, [_timed(lambda k=k: replay.add({name: record[name][:k] for name in names},
+                                                 record["priorities"][:k]), seconds / len(sizes)) for k in sizes]
+
+
+def measure_messages(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
+    """Seconds per message by bytes: a request and its reply together (by their bytes together),
+    and a fragment with its credit."""
+    from hpcrl.runtime.probe import record_seconds, request_seconds
+    request, reply = inference_messages(cfg, spaces, 1)
+    record = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
+    pair = request_seconds(request, reply, seconds / 2)
+    return ([request.nbytes + reply.nbytes, record.nbytes],
+            [pair, record_seconds(record, seconds / 2)])
+
+
+def on_devices(cfg: Config, device: str) -> Config:
+    """`cfg` with its learners and inference ranks on `device`."""
+    r = cfg.roles
+    return dataclasses.replace(cfg, roles=dataclasses.replace(
+        r, learner=dataclasses.replace(r.learner, device=device), inference=dataclasses.replace(r.inference, device=device)))
+
+
+def measure(cfg: Config, spaces: EnvSpaces, budget_s: float, gpu: bool = False) -> dict:
+    """Every measurement, within about `budget_s` seconds (`gpu`: the forward and the update on
+    this machine's GPU too, in wall seconds): name -> (sizes, seconds)."""
+    share = budget_s / (5 if gpu else 4)
+    cpu = on_devices(cfg, "cpu")
+    points = {"actor_step": measure_actor(cfg, spaces, share), "forward": measure_forward(cpu, spaces, share),
+              "update": measure_update(cpu, spaces, share * (0.75 if replays(cfg) else 1.0))}
+    if replays(cfg):
+        points["insert"] = measure_insert(cfg, spaces, share / 4)
+    points["message"] = measure_messages(cfg, spaces, share)
+    if gpu:
+        points["forward_cuda"] = measure_forward(on_devices(cfg, "cuda"), spaces, share / 2)
+        points["update_cuda"] = measure_update(on_devices(cfg, "cuda"), spaces, share / 2)
+    return points
+
+
+def fitted(points: dict, rows_per_env: int) -> Measured:
+    """The model's costs from measured points (a line through each; averaging is one number)."""
+    fits = {name: fit_line([float(x) for x in xs], ys) for name, (xs, ys) in points.items() if name != "averaging"}
+    averaging = points["averaging"][1][0] if "averaging" in points else None
+    return Measured(rows_per_env=rows_per_env, averaging_step=averaging, **fits)
