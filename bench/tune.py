@@ -40,7 +40,8 @@ def plot(reports: list[dict], path: str, within: float = 0.25) -> None:
     for report, marker in zip(reports, "os^Dv"):
         runs = report["runs"]
         x, y = [r["predicted_frames_per_s"] for r in runs], [r["trained_frames_per_s"] for r in runs]
-        ax.scatter(x, y, marker=marker, label=report["config"], zorder=3)
+        label = " ".join([report["config"], *report.get("overrides", [])])
+        ax.scatter(x, y, marker=marker, label=label, zorder=3)
         for r in runs:
             L, I, E = (int(w) for w in r["layout"].split(" x ")[0].split()[::3])
             ax.annotate(f"{L}L {I}I {E}E {r['layout'].split(' x ')[1].split(',')[0]}", (r["predicted_frames_per_s"],
@@ -61,7 +62,8 @@ def main() -> None:
     from hpcrl.core.config import to_dict
     from hpcrl.tools.tune import pick, replays, tune
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", nargs="+", default=["jobs/cartpole_ppo.yaml", "jobs/cartpole_appo.yaml"])
+    parser.add_argument("--configs", nargs="+", default=["jobs/cartpole_ppo.yaml", "jobs/cartpole_appo.yaml",
+                                                          "jobs/cartpole_dqn.yaml"])
     parser.add_argument("--ranks", type=int, default=4, help="ranks of every run (on this machine's cores)")
     parser.add_argument("--seconds", type=float, default=25.0, help="measured seconds per run")
     parser.add_argument("--layouts", type=int, default=3, help="runs per config besides the shipped layout")

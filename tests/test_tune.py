@@ -1,6 +1,8 @@
 """`hpcrl tune`: the throughput model's choices on synthetic measurements (which role it gives the
 ranks to, and which role it names as the bound), and the real command: it measures this machine,
 writes a config that validates, and that config runs under mpirun."""
+import dataclasses
+
 import pytest
 import yaml
 
@@ -177,3 +179,16 @@ def test_with_gpus_learners_go_on_them_when_their_update_is_faster_there_never_m
     assert any(c.cfg.roles.inference.device == "cuda" for c in ranked)
     cpu_only, _ = candidates(parse_config(CONFIG), CARTPOLE, Measured(**cpu_costs), 32, 2, 64, gpus_per_node=2)
     assert {c.cfg.roles.learner.device for c in cpu_only} == {"cpu"}  # no GPU costs, no GPU layouts
+
+
+def test_of_layouts_the_model_cannot_tell_apart_the_one_with_fewest_envs_per_rank_is_picked():
+    from hpcrl.tools.tune import Choice, pick
+    from hpcrl.tools.tune_model import Prediction
+    cfg = parse_config(CONFIG)
+
+    def choice(frames, envs):
+        return Choice(dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=envs)),
+                      Prediction(frames, "env"), (1, 0, 3))
+    fastest, close, slow = choice(1000.0, 64), choice(990.0, 8), choice(900.0, 4)
+    assert pick([fastest, close, slow]) is close  # within 2%: fewer envs; 10% slower: not a tie
+    assert pick([fastest, slow]) is fastest

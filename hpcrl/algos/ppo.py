@@ -189,8 +189,6 @@ class PPOStep:
             self.rewards.restore(state)
 
     def assemble(self, fragments: list, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m) -> Batch:
-        a = self.cfg.algo
-
         def cat(key: str, axis: int = 1):  # an array, or a dict of them (Dict observations)
             return combine(lambda parts: np.concatenate(parts, axis=axis), [f[key] for f in fragments])
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
 from hpcrl.core.config import ConfigError, ModelConfig
 from hpcrl.core.observations import rows as count_rows
