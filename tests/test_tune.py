@@ -192,3 +192,14 @@ def test_of_layouts_the_model_cannot_tell_apart_the_one_with_fewest_envs_per_ran
     fastest, close, slow = choice(1000.0, 64), choice(990.0, 8), choice(900.0, 4)
     assert pick([fastest, close, slow]) is close  # within 2%: fewer envs; 10% slower: not a tie
     assert pick([fastest, slow]) is fastest
+
+
+def test_when_no_layout_fits_the_error_says_whether_the_batch_or_the_memory_is_why():
+    from hpcrl.core.config import ConfigError
+    m = Measured(actor_step=(1e-4, 1e-5), forward=(1e-4, 1e-7), update=(1e-3, 1e-6), message=(1e-6, 0.0))
+    with pytest.raises(ConfigError, match=r"need more than .* GiB on a rank \(at least .* GiB on a .* rank; "
+                                          r"--memory-per-rank-gib raises the limit"):
+        candidates(parse_config(CONFIG), CARTPOLE, m, 8, 1, 8, memory_per_rank=4096)
+    odd = parse_config(CONFIG.replace("batch_frames: 8192", "batch_frames: 1000"))
+    with pytest.raises(ConfigError, match="do not split algo.batch_frames 1,000 into whole fragments"):
+        candidates(odd, CARTPOLE, m, 8, 1, 8)

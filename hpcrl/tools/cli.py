@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument("--save-costs", metavar="FILE", help="also write what was measured to FILE (JSON)")
     tu.add_argument("--costs", metavar="FILE", help="plan from costs saved with --save-costs (on a compute node, "
                     "say) instead of measuring here")
+    tu.add_argument("--memory-per-rank-gib", type=float, default=4.0,
+                    help="memory one rank may use (default 4); layouts that need more are left out")
     tu.add_argument("--no-learner-probe", action="store_true",
                     help="skip that probe: several learners are charged only the allreduce's messages")
     ref = sub.add_parser("config-reference", help="write the config reference (every key, its type, default "
@@ -206,7 +208,7 @@ def _plan(args) -> int:
 def _tune(args) -> int:
     from hpcrl.core.config import ConfigError
     from hpcrl.tools.tune import ProbeError, tune
-    for name in ("ranks_per_node", "nodes", "budget_s"):
+    for name in ("ranks_per_node", "nodes", "budget_s", "memory_per_rank_gib"):
         if getattr(args, name) <= 0:
             return _user_error(f"hpcrl tune: --{name.replace('_', '-')} must be above 0, got {getattr(args, name)}")
     if args.gpus_per_node < 0:
@@ -214,7 +216,7 @@ def _tune(args) -> int:
     try:
         tuned = tune(args.config, args.ranks_per_node, args.nodes, args.cores_per_node, args.budget_s,
                      tuple(args.overrides), None if args.no_learner_probe else args.probe_launcher,
-                     args.gpus_per_node, args.costs, args.save_costs)
+                     args.gpus_per_node, args.costs, args.save_costs, int(args.memory_per_rank_gib * 2**30))
         text, ranked = tuned.text, tuned.ranked
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")

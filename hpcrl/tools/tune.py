@@ -43,15 +43,16 @@ class Choice:
 
 
 def _counts(world: int, fixed_learners: int | None = None) -> list[tuple[int, int]]:
-    """(learners, inference ranks) to try: powers of two and a few small counts, up to half the job
-    (`fixed_learners`: that many learners only)."""
+    """(learners, inference ranks) to try: the counts of _steps (`fixed_learners`: that many
+    learners only)."""
     learners = [fixed_learners] if fixed_learners else _steps(world)
     return [(L, I) for L in learners for I in [0, *_steps(world)] if world - L - I >= max(L, I, 1)]
 
 
 def _steps(world: int) -> list[int]:
-    """Powers of two and a few small counts, up to half the job."""
-    return sorted(c for c in {1, 2, 3, 4} | {2 ** k for k in range(int(np.log2(max(world, 1))) + 1)} if c <= world // 2)
+    """1, powers of two and three times them, up to half the job."""
+    powers = [2 ** k for k in range(int(np.log2(max(world, 1))) + 1)]
+    return sorted(c for c in {1, *powers, *(3 * p for p in powers)} if c <= world // 2)
 
 
 def pick(choices: list[Choice]) -> Choice:
@@ -103,14 +104,8 @@ def candidates(cfg: Config, spaces: EnvSpaces, m: Measured, ranks_per_node: int,
                                                   roles=roles))
                 if choice is not None:
                     out.append(choice)
-    if not out and replays(cfg):
-        raise ConfigError(f"no layout of {world} ranks fits algo.dqn.batch_size {cfg.algo.dqn.batch_size} (it is "
-                          f"shared evenly by the learners) within {memory_per_rank / 2 ** 30:g} GiB per rank (the "
-                          f"replay shards: algo.replay.capacity)")
     if not out:
-        raise ConfigError(f"no layout of {world} ranks fits algo.batch_frames {plan.batch:,} in whole fragments of "
-                          f"algo.rollout_length {cfg.algo.rollout_length} x a power-of-two env.num_envs; set "
-                          f"algo.batch_frames to a multiple of {cfg.algo.rollout_length * 64:,}")
+        raise ConfigError(plan.why_none())
     return sorted(out, key=lambda ch: -ch.prediction.frames_per_s), plan(cfg)
 
 
@@ -139,6 +134,26 @@ class _Planner:
         # means more frames; their count stays the config's (how much to train is the user's choice)
         self.fixed_learners = len(own.learners) if replays(self.cfg) and self.cfg.algo.replay.replay_ratio is None \
             else None
+        self.rejected: dict[str, int] = {"batch": 0, "memory": 0}  # layouts that did not fit, by why
+        self.least_memory = (float("inf"), "")  # of those over the memory per rank: the least a rank needed
+
+    def why_none(self) -> str:
+        """Why no layout fitted: the batch, or the memory per rank (what a user can change)."""
+        c, gib = self.cfg, 2 ** 30
+        parts = [f"no layout of {self.world} ranks fits"]
+        if self.rejected["memory"]:
+            most, role = self.least_memory
+            parts.append(f"{self.rejected['memory']} need more than {self.memory_per_rank / gib:g} GiB on a rank (at "
+                         f"least {most / gib:.1f} GiB on a {role} rank; --memory-per-rank-gib raises the limit"
+                         + ("; algo.replay.capacity sets the replay shards)" if replays(c) else
+                            "; learners hold their batch: more learners, or a smaller algo.batch_frames)"))
+        if self.rejected["batch"]:
+            parts.append(f"{self.rejected['batch']} do not split " + (
+                f"algo.dqn.batch_size {c.algo.dqn.batch_size} evenly over the learners" if replays(c) else
+                f"algo.batch_frames {self.batch:,} into whole fragments of algo.rollout_length "
+                f"{c.algo.rollout_length} x a power-of-two env.num_envs per learner (a multiple of "
+                f"{c.algo.rollout_length * 64:,} splits for most)"))
+        return parts[0] + ": " + "; ".join(parts[1:])
 
     def __call__(self, c: Config) -> Choice | None:
         replay = replays(c)
@@ -147,9 +162,14 @@ class _Planner:
         try:
             layout = plan_layout(c.roles, self.world, self.node_map, self.gpus)
             update_frames(c, layout)  # batch_frames in whole fragments of every env rank (sync) or learner (async)
-            if max(dataclasses.astuple(memory(c, layout, self.spaces, self.n_params))) > self.memory_per_rank:
-                return None
+            need = memory(c, layout, self.spaces, self.n_params)
         except ConfigError:
+            self.rejected["batch"] += 1
+            return None
+        role, most = max(dataclasses.asdict(need).items(), key=lambda item: item[1])
+        if most > self.memory_per_rank:
+            self.rejected["memory"] += 1
+            self.least_memory = min(self.least_memory, (most, role))
             return None
         G, remote = c.env.groups, not layout.inline_inference
         request, reply = inference_messages(c, self.spaces, G)
@@ -301,7 +321,8 @@ def _saved_on(path: str) -> str:
 
 def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: float | None = None,
          budget_s: float = 60.0, overrides: tuple[str, ...] = (), probe_launcher: str | None = PROBE_LAUNCHER,
-         gpus_per_node: int = 0, costs: str | None = None, costs_out: str | None = None) -> Tuned:
+         gpus_per_node: int = 0, costs: str | None = None, costs_out: str | None = None,
+         memory_per_rank: int = DEFAULT_MEMORY_PER_RANK) -> Tuned:
     """Measure, choose, and return the tuned config with what led to it. `probe_launcher`: how to
     start the two-learner probe (None: no probe; several learners are charged the ring's messages).
     `costs`: a file of costs saved with `costs_out` instead of measuring."""
@@ -330,7 +351,7 @@ def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: 
         save_costs(costs_out, cfg, spaces, points)
     measured = fitted(points, spaces.num_agents)
     cores = float(cores_per_node or ranks_per_node) * nodes
-    ranked, own = candidates(cfg, spaces, measured, ranks_per_node, nodes, cores, gpus_per_node=gpus_per_node)
+    ranked, own = candidates(cfg, spaces, measured, ranks_per_node, nodes, cores, memory_per_rank, gpus_per_node)
     best = own if own is not None and own.prediction.frames_per_s >= (1 - TIE) * ranked[0].prediction.frames_per_s \
         else pick(ranked)  # nothing predicted faster by more than the model can tell apart: keep the config's
     text = header(config_path, points, best, own.prediction if own else None, nodes, ranks_per_node, cores,
