@@ -4,6 +4,7 @@ writes a config that validates, and that config runs under mpirun."""
 import dataclasses
 
 import pytest
+import torch
 import yaml
 
 from hpcrl.core.config import parse_config
@@ -84,8 +85,12 @@ def test_hpcrl_tune_measures_writes_a_config_that_runs(tmp_path):
     assert again.returncode == 0 and f"from {costs}" in again.stdout, again.stdout + again.stderr
     other = run_hpcrl("tune", str(REPO / "jobs/cartpole_appo.yaml"), "--ranks-per-node", "4", "--costs", str(costs))
     assert other.returncode == 2 and "measured for" in other.stderr and "'algo': 'dqn'" in other.stderr
-    no_gpu = run_hpcrl("tune", str(REPO / "jobs/cartpole_appo.yaml"), "--ranks-per-node", "4", "--gpus-per-node", "1")
-    assert no_gpu.returncode == 2 and "this machine has none" in no_gpu.stderr
+    no_gpu = run_hpcrl("tune", str(REPO / "jobs/cartpole_appo.yaml"), "--ranks-per-node", "4", "--gpus-per-node", "1",
+                       "--budget-s", "2", "--no-learner-probe")
+    if torch.cuda.is_available():  # GPU costs are measured here
+        assert no_gpu.returncode == 0 and "forward_cuda" in no_gpu.stdout, no_gpu.stdout + no_gpu.stderr
+    else:
+        assert no_gpu.returncode == 2 and "this machine has none" in no_gpu.stderr
     gpu_from_cpu_costs = run_hpcrl("tune", str(REPO / "jobs/cartpole_dqn.yaml"), "--ranks-per-node", "4",
                                    "--gpus-per-node", "1", "--costs", str(costs))
     assert gpu_from_cpu_costs.returncode == 2 and "measured without a GPU" in gpu_from_cpu_costs.stderr
@@ -203,3 +208,20 @@ def test_when_no_layout_fits_the_error_says_whether_the_batch_or_the_memory_is_w
     odd = parse_config(CONFIG.replace("batch_frames: 8192", "batch_frames: 1000"))
     with pytest.raises(ConfigError, match="do not split algo.batch_frames 1,000 into whole fragments"):
         candidates(odd, CARTPOLE, m, 8, 1, 8)
+
+
+def test_dqn_layouts_fit_where_the_configs_own_learner_count_does_not_split_its_batch():
+    m = Measured(actor_step=(1e-4, 1e-5), forward=(1e-4, 1e-7), update=(1e-3, 1e-5), message=(1e-6, 0.0),
+                 insert=(1e-6, 1e-8))
+    ranked, own = candidates(parse_config(DQN_CONFIG.format(ratio="8", learners=3)), CARTPOLE, m, 16, 1, 16)
+    assert own is None and ranked  # 64 rows per step do not split over 3 learners; over 1, 2, 4 they do
+    assert {c.counts[0] for c in ranked} <= {1, 2, 4, 8}
+    # Ape-X keeps one learner on CPUs and may still put its inference ranks on the GPUs
+    gpu = Measured(actor_step=(1e-4, 1e-5), forward=(1e-3, 1e-5), update=(1e-3, 1e-5), message=(1e-6, 0.0),
+                   insert=(1e-6, 1e-8), forward_cuda=(1e-4, 1e-9), update_cuda=(1e-4, 1e-8))
+    apex, _ = candidates(parse_config(DQN_CONFIG.format(ratio="null", learners=1)), CARTPOLE, gpu, 8, 2, 16,
+                         gpus_per_node=2)
+    assert any(c.cfg.roles.inference.device == "cuda" and c.cfg.roles.learner.device == "cpu" for c in apex)
+    from hpcrl.core.config import ConfigError
+    with pytest.raises(ConfigError, match="need a world size of at least 4"):  # said clearly, not "no layout"
+        candidates(parse_config(DQN_CONFIG.format(ratio="null", learners=2)), CARTPOLE, m, 3, 1, 3)

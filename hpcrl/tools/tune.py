@@ -65,11 +65,16 @@ def pick(choices: list[Choice]) -> Choice:
 
 def _role_tables(cfg: Config, world: int, nodes: int, fixed_learners: int | None, gpus_per_node: int):
     """The roles tables to try: learner and inference counts on CPUs (_counts), and with GPUs,
-    k learners per node on GPUs (k = 1..gpus_per_node) beside inference ranks on CPUs, or j per
-    node on the GPUs left (one GPU per rank, every node alike)."""
+    inference ranks on them (j per node) beside CPU learners, and k learners per node on GPUs
+    (k = 1..gpus_per_node) beside inference ranks on CPUs, or j per node on the GPUs left (one GPU
+    per rank, every node alike)."""
     pairs = _counts(world, fixed_learners)
     for L, I in pairs:
         yield _roles(cfg, ("ranks", L, "cpu"), ("ranks", I, "cpu"))
+    for L in sorted({L for L, _ in pairs}):
+        for j in range(1, gpus_per_node + 1):
+            if world - L - j * nodes >= L:
+                yield _roles(cfg, ("ranks", L, "cpu"), ("per_node", j, "cuda"))
     for k in range(1, gpus_per_node + 1):
         L = k * nodes
         if L > world // 2 or fixed_learners not in (None, L):
@@ -129,11 +134,14 @@ class _Planner:
         self.gpus = np.full(self.world, self.gpus_per_node) if self.gpus_per_node else None
         # the algorithm's frames per update: the config's, or what its roles table gives at this size
         own = plan_layout(self.cfg.roles, self.world, self.node_map, self.gpus)
-        self.batch = self.cfg.algo.batch_frames or update_frames(self.cfg, own)
+        # (DQN's batch is algo.dqn.batch_size, shared by the learners: the config's own count may not
+        # split it, and others do)
+        self.batch = 0 if replays(self.cfg) else self.cfg.algo.batch_frames or update_frames(self.cfg, own)
         # DQN without a replay ratio (Ape-X): the learners train flat out, so more of them never
         # means more frames; their count stays the config's (how much to train is the user's choice)
         self.fixed_learners = len(own.learners) if replays(self.cfg) and self.cfg.algo.replay.replay_ratio is None \
             else None
+        self.tried = 0  # layouts tried
         self.rejected: dict[str, int] = {"batch": 0, "memory": 0}  # layouts that did not fit, by why
         self.least_memory = (float("inf"), "")  # of those over the memory per rank: the least a rank needed
 
@@ -141,6 +149,10 @@ class _Planner:
         """Why no layout fitted: the batch, or the memory per rank (what a user can change)."""
         c, gib = self.cfg, 2 ** 30
         parts = [f"no layout of {self.world} ranks fits"]
+        if not self.tried:
+            need = (f"the config's {self.fixed_learners} learner(s) (Ape-X keeps the config's learner count) and at "
+                    f"least as many env ranks" if self.fixed_learners else "a learner and an env rank")
+            return f"{parts[0]}: it needs {need}; give the job more ranks"
         if self.rejected["memory"]:
             most, role = self.least_memory
             parts.append(f"{self.rejected['memory']} need more than {self.memory_per_rank / gib:g} GiB on a rank (at "
@@ -156,6 +168,7 @@ class _Planner:
         return parts[0] + ": " + "; ".join(parts[1:])
 
     def __call__(self, c: Config) -> Choice | None:
+        self.tried += 1
         replay = replays(c)
         if not replay:  # DQN's batch is algo.dqn.batch_size, shared by the learners
             c = dataclasses.replace(c, algo=dataclasses.replace(c.algo, batch_frames=self.batch))
@@ -183,10 +196,21 @@ class _Planner:
                       gradient_steps=c.algo.dqn.gradient_steps if replay else c.algo.epochs * c.algo.num_minibatches,
                       gradient_bytes=4 * self.n_params, replay=replay, replay_ratio=c.algo.replay.replay_ratio,
                       step_rows=replay_shard(c, layout)[2] if replay else 0,
-                      record_rows=record.field("priorities").shape[0] if replay else 0,
+                      **(_record_size(c, record, G) if replay else {}),
                       learner_cuda=c.roles.learner.device == "cuda", inference_cuda=c.roles.inference.device == "cuda")
         return Choice(c, predict(self.measured, shape, self.cores),
                       (len(layout.learners), len(layout.inference), len(layout.envs)))
+
+
+def _record_size(c: Config, record, groups: int) -> dict[str, int]:
+    """DQN: the rows and env steps a record holds as its actor ships it. Transitions: one per env
+    step, shipped once another group step might not fit (workers/q_actor.py: a step may write n_step
+    + 1 rows per env); sequences: one per env every sequence_period steps, shipped full."""
+    rows, per_group, d = record.field("priorities").shape[0], c.env.num_envs // groups, c.algo.dqn
+    if "state0" in (f.name for f in record.fields):
+        return {"record_rows": rows, "record_frames": rows * d.sequence_period}
+    filled = max(rows - d.n_step * per_group, per_group)
+    return {"record_rows": filled, "record_frames": filled}
 
 
 def _roles(cfg: Config, learner: tuple[str, int, str], inference: tuple[str, int, str]):

@@ -92,9 +92,11 @@ class UpdateBench:
     """The algorithm's own trainer update on made-up samples, to time (here, and with two learners
     in tools/tune_probe.py): PPO's step on k whole fragments, or one DQN gradient step of `rows`
     rows sampled from a real, filled replay shard, its priorities written back. `wrap`: what the
-    trainer does to its optimizer (the probe: Horovod's averaging)."""
+    trainer does to its optimizer (the probe: Horovod's averaging), `hooks` how its step then
+    averages and applies gradients (workers/trainer.py: averaging_hooks)."""
 
-    def __init__(self, cfg: Config, spaces: EnvSpaces, wrap=lambda model, optimizer: optimizer):
+    def __init__(self, cfg: Config, spaces: EnvSpaces, wrap=lambda model, optimizer: optimizer,
+                 hooks=lambda optimizer: {"apply_step": optimizer.step}):
         import torch
 
         from hpcrl.models import build_optimizer, build_policy
@@ -103,6 +105,7 @@ class UpdateBench:
         self.device = cfg.roles.learner.device
         self.model = build_policy(spaces, cfg).to(self.device)
         self.optimizer = wrap(self.model, build_optimizer(self.model, cfg))  # the trainers' own
+        self.hooks = hooks(self.optimizer)  # how the step averages and applies gradients
         self.record = self.algorithm.record(cfg, spaces)
         self.replay = self._filled_replay() if replays(cfg) else None
 
@@ -145,7 +148,7 @@ class UpdateBench:
                         f[name][...] = 1
         step = self.algorithm.load("step")(cfg, self.model, self.optimizer, torch.device(cfg.roles.learner.device),
                                            np.random.default_rng(0), spaces.obs_dtype, spaces.action_dtype)
-        return lambda: step(batch, apply_step=self.optimizer.step)
+        return lambda: step(batch, **self.hooks)
 
 
 def measure_update(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:

@@ -98,7 +98,8 @@ class Shape:
     replay: bool = False
     replay_ratio: float | None = None  # rows sampled per row inserted (None: learners train flat out, Ape-X)
     step_rows: int = 0  # rows of one gradient step of one learner (algo.dqn.batch_size / learners)
-    record_rows: int = 0  # rows one record (rollout x num_envs frames) brings to a shard
+    record_rows: int = 0  # rows one record brings to a shard
+    record_frames: int = 0  # env steps one record holds
     # on a GPU each (one per rank): the learners, the inference ranks
     learner_cuda: bool = False
     inference_cuda: bool = False
@@ -110,7 +111,7 @@ class Prediction:
     bound: str  # 'env', 'inference', 'learner' or 'cores'
     per_role: dict[str, float] = field(default_factory=dict)  # frames/s each role's ranks could take alone
     cpu_per_frame: dict[str, float] = field(default_factory=dict)  # CPU seconds per frame, all ranks of a role
-    gradient_steps_per_s: float = 0.0  # DQN: the learners' steps (taken together) per second
+    gradient_steps_per_s: float = 0.0  # DQN: gradient steps per second of each learner (they step together)
     replay_ratio: float = 0.0  # DQN: rows sampled per row inserted (the config's, or Ape-X's predicted)
 
 
@@ -193,7 +194,7 @@ def _least(per_role: dict[str, float], cores_term: float, cpu: dict[str, float])
 def _predict_replay(m: Measured, s: Shape, cores: float) -> Prediction:
     """DQN (see the module's docstring)."""
     cpu, per_role, _ = _sampling(m, s)
-    frames_per_record = s.rollout * s.num_envs
+    frames_per_record = s.record_frames
     rows_per_frame = s.record_rows / frames_per_record
     # a learner, per frame it takes in: the record's message and its rows into the shard
     ingest = (cost(m.message, s.fragment_bytes) + cost(m.insert, s.record_rows)) / frames_per_record

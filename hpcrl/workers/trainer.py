@@ -64,6 +64,16 @@ def averaging_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                                     process_set=process_set or hvd.global_process_set)
 
 
+def averaging_hooks(optimizer: torch.optim.Optimizer, after_step: Callable[[], None] = lambda: None) -> dict:
+    """A trainer step's hooks with an averaging optimizer: average the gradients (before the step
+    clips them), then apply the step without averaging again, then `after_step`."""
+    def apply_step() -> None:
+        with optimizer.skip_synchronize():  # Horovod: gradients were averaged before clipping
+            optimizer.step()
+        after_step()
+    return {"average_gradients": optimizer.synchronize, "apply_step": apply_step}
+
+
 STOP_REASONS = {0: "", FRAMES_CODE: "total_frames", TARGET_CODE: "target_return", PREEMPTED_CODE: "preempted",
                 OUTPUT_FAILED_CODE: "output_failed"}
 STOP_FLAGS = {0: 0, FRAMES_CODE: STOP, TARGET_CODE: STOP, PREEMPTED_CODE: STOP | PREEMPTED,
@@ -228,15 +238,9 @@ class LearnerRole:
         # MPI: after the update, every trainer folds the moments of all trainers' batches into its
         # observation normaliser (a no-op without model.obs_norm), so all hold identical stats
         self._losses = self.step(batch, reduce_moments=lambda moments: comm.allreduce_sum(self.policy_comm, moments),
-                                 average_gradients=self.optimizer.synchronize, apply_step=self._apply_step,
-                                 loss_scale=self.batch_share)
+                                 **averaging_hooks(self.optimizer, self.heartbeat), loss_scale=self.batch_share)
         self.version += 1
         self.updates += 1
-
-    def _apply_step(self) -> None:
-        with self.optimizer.skip_synchronize():  # Horovod: gradients were averaged before clipping
-            self.optimizer.step()
-        self.heartbeat()
 
     def _after_update(self) -> None:
         """Statistics, the stop decision, the report, and the new weights (or the stop word)."""
