@@ -5,8 +5,8 @@ prints, as one JSON line, the wall seconds that averaging adds to a gradient ste
 
 That wait is more than the allreduce's messages: each step waits for Horovod's background thread
 and for the other learner, which on a busy node shares the cores with other threads and ranks
-(2 learners on this 2-core machine: 2-2.5 ms per gradient step of CartPole's PPO and DQN, 34 ms of
-the Nature CNN's, against 0.03 ms for the allreduce's messages alone). The tuner's model charges it
+(2 learners on this 2-core machine: 2-4 ms per gradient step of CartPole's PPO and DQN, against 0.03
+ms for the allreduce's messages alone; the Nature CNN's steps of about 0.1 s hide it in their noise). The tuner's model charges it
 per gradient step. It is measured with both learners on CPUs of this machine, and charged as it is
 to the target's learners, GPUs or not, wherever they are.
 
