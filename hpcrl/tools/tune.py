@@ -42,6 +42,13 @@ class Choice:
     counts: tuple[int, int, int]  # learner, inference, env ranks
 
 
+def fixed_learners(cfg: Config, own) -> int | None:
+    """The learner count every layout keeps (None: the tuner chooses it). DQN without a replay
+    ratio (Ape-X): the learners train flat out, so more of them never means more frames; their count
+    stays the config's own layout's `own` (how much to train is the user's choice)."""
+    return len(own.learners) if replays(cfg) and cfg.algo.replay.replay_ratio is None else None
+
+
 def _counts(world: int, fixed_learners: int | None = None) -> list[tuple[int, int]]:
     """(learners, inference ranks) to try: the counts of _steps (`fixed_learners`: that many
     learners only)."""
@@ -137,10 +144,7 @@ class _Planner:
         # (DQN's batch is algo.dqn.batch_size, shared by the learners: the config's own count may not
         # split it, and others do)
         self.batch = 0 if replays(self.cfg) else self.cfg.algo.batch_frames or update_frames(self.cfg, own)
-        # DQN without a replay ratio (Ape-X): the learners train flat out, so more of them never
-        # means more frames; their count stays the config's (how much to train is the user's choice)
-        self.fixed_learners = len(own.learners) if replays(self.cfg) and self.cfg.algo.replay.replay_ratio is None \
-            else None
+        self.fixed_learners = fixed_learners(self.cfg, own)
         self.tried = 0  # layouts tried
         self.rejected: dict[str, int] = {"batch": 0, "memory": 0}  # layouts that did not fit, by why
         self.least_memory = (float("inf"), "")  # of those over the memory per rank: the least a rank needed
@@ -318,9 +322,10 @@ def save_costs(path: str, cfg: Config, spaces: EnvSpaces, points: dict) -> None:
                    "points": {name: [list(xs), list(ys)] for name, (xs, ys) in points.items()}}, fh, indent=1)
 
 
-def load_costs(path: str, cfg: Config, spaces: EnvSpaces) -> dict:
+def load_costs(path: str, cfg: Config, spaces: EnvSpaces) -> tuple[dict, str]:
     """Costs saved by `hpcrl tune --save-costs` (on a compute node, say) for this config's env,
-    algorithm and network; a ConfigError when they belong to another."""
+    algorithm and network, and where and when they were measured; a ConfigError when they belong
+    to another."""
     import json
     try:
         with open(path, encoding="utf-8") as fh:
@@ -333,14 +338,7 @@ def load_costs(path: str, cfg: Config, spaces: EnvSpaces) -> dict:
     if have != want:
         raise ConfigError(f"--costs {path}: measured for {have}, but this config is {want}; measure it again "
                           f"(without --costs)")
-    return points
-
-
-def _saved_on(path: str) -> str:
-    import json
-    with open(path, encoding="utf-8") as fh:
-        saved = json.load(fh)
-    return f"{saved.get('host', '?')} at {saved.get('measured', '?')}"
+    return points, f"{saved.get('host', '?')} at {saved.get('measured', '?')}"
 
 
 def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: float | None = None,
@@ -356,16 +354,18 @@ def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: 
     spaces = probe_spaces(cfg.env)
     gpu = gpus_per_node > 0 or "cuda" in (cfg.roles.learner.device, cfg.roles.inference.device)
     world = nodes * ranks_per_node
+    source = ""  # where the costs were measured, when not here and now
     if costs:
-        points = load_costs(costs, cfg, spaces)
+        points, saved_on = load_costs(costs, cfg, spaces)
+        source = f" on {saved_on}, from {costs}"
     else:
         if gpu and not torch.cuda.is_available():
             raise ConfigError("GPU costs are measured on a GPU, and this machine has none (torch.cuda.is_available() "
                               "is False): run hpcrl tune --save-costs FILE on a node with a GPU, then --costs FILE "
                               "here")
         points = measure(cfg, spaces, budget_s, gpu)
-        if probe_launcher and world >= 4 and not (replays(cfg) and cfg.algo.replay.replay_ratio is None and len(
-                plan_layout(cfg.roles, world, simulated_nodes(world, ranks_per_node)).learners) == 1):
+        if probe_launcher and world >= 4 and fixed_learners(
+                cfg, plan_layout(cfg.roles, world, simulated_nodes(world, ranks_per_node))) != 1:
             # layouts of several learners are candidates
             points["averaging"] = ([2], [probe_averaging(config_path, overrides, budget_s / 8, probe_launcher)])
     if gpu and "update_cuda" not in points:
@@ -379,5 +379,5 @@ def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: 
     best = own if own is not None and own.prediction.frames_per_s >= (1 - TIE) * ranked[0].prediction.frames_per_s \
         else pick(ranked)  # nothing predicted faster by more than the model can tell apart: keep the config's
     text = header(config_path, points, best, own.prediction if own else None, nodes, ranks_per_node, cores,
-                  gpus_per_node, f" on {_saved_on(costs)}, from {costs}" if costs else "")
+                  gpus_per_node, source)
     return Tuned(text + yaml.safe_dump(to_dict(best.cfg), sort_keys=False), best, ranked, own, points)

@@ -107,27 +107,12 @@ class UpdateBench:
         self.optimizer = wrap(self.model, build_optimizer(self.model, cfg))  # the trainers' own
         self.hooks = hooks(self.optimizer)  # how the step averages and applies gradients
         self.record = self.algorithm.record(cfg, spaces)
-        self.replay = self._filled_replay() if replays(cfg) else None
+        self.replay = _filled_shard(cfg, self.record) if replays(cfg) else None
 
     @property
     def steps_per_update(self) -> int:
         """Gradient steps of one call (a PPO update: epochs x minibatches; here one DQN step)."""
         return 1 if self.replay is not None else self.cfg.algo.epochs * self.cfg.algo.num_minibatches
-
-    def _filled_replay(self):
-        from hpcrl.algos.replay import PrioritizedReplay
-        from hpcrl.core.messages import replay_fields
-        record = self.record.allocate()
-        names = replay_fields(record.spec)
-        d, r = self.cfg.algo.dqn, self.cfg.algo.replay
-        # the sum-tree's depth grows with the capacity (log), so a smaller shard costs about the same
-        replay = PrioritizedReplay(min(r.capacity, max(8 * record["priorities"].shape[0], 4 * d.batch_size)),
-                                   {name: (record[name].dtype, record[name].shape[1:]) for name in names},
-                                   alpha=r.alpha)
-        record["priorities"][...] = 1.0
-        while replay.size < replay.capacity:
-            replay.add({name: record[name] for name in names}, record["priorities"])
-        return replay
 
     def call(self, size: int):
         """A call of one update: `size` fragments (PPO), or rows of one gradient step (DQN)."""
@@ -163,14 +148,29 @@ def measure_update(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list
     return [k * frames for k in (1, 4)], [_timed(bench.call(k), seconds / 2, least=2, clock=clock) for k in (1, 4)]
 
 
-def measure_insert(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
-    """DQN: seconds per record of rows taken into a replay shard, at two record sizes."""
-    from hpcrl.algos.replay import PrioritizedReplay
+def _filled_shard(cfg: Config, spec):
+    """A replay shard of the trainer's own kind, filled with (zero) records of layout `spec`."""
     from hpcrl.core.messages import replay_fields
-    record = ALGORITHMS[cfg.algo.name].record(cfg, spaces).allocate()
-    names, rows = replay_fields(record.spec), record["priorities"].shape[0]
-    replay = PrioritizedReplay(min(cfg.algo.replay.capacity, 8 * rows),
-                               {name: (record[name].dtype, record[name].shape[1:]) for name in names})
+    from hpcrl.workers.replay_source import shard_for
+    record = spec.allocate()
+    names = replay_fields(spec)
+    rows = record["priorities"].shape[0]
+    # the sum-tree's depth grows with the capacity (log), so a smaller shard costs about the same
+    replay = shard_for(spec, min(cfg.algo.replay.capacity, max(8 * rows, 4 * cfg.algo.dqn.batch_size)),
+                       cfg.algo.replay.alpha)
+    record["priorities"][...] = 1.0
+    while replay.size < replay.capacity:
+        replay.add({name: record[name] for name in names}, record["priorities"])
+    return replay
+
+
+def measure_insert(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
+    """DQN: seconds per record of rows taken into a (full) replay shard, at two record sizes."""
+    from hpcrl.core.messages import replay_fields
+    spec = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
+    replay, record = _filled_shard(cfg, spec), spec.allocate()
+    names, rows = replay_fields(spec), record["priorities"].shape[0]
+    record["priorities"][...] = 1.0
     sizes = sorted({max(1, rows // 4), rows})
     return sizes, [_timed(lambda k=k: replay.add({name: record[name][:k] for name in names},
                                                  record["priorities"][:k]), seconds / len(sizes)) for k in sizes]

@@ -25,11 +25,17 @@ import numpy as np
 from hpcrl.algos.replay import PrioritizedReplay
 from hpcrl.io.checkpoint import CheckpointError, load_arrays, save_arrays
 from hpcrl.core.layout import replay_shard
-from hpcrl.core.messages import STOP, Message, replay_fields
+from hpcrl.core.messages import STOP, Message, MessageSpec, replay_fields
 from hpcrl.core.seeds import seed_for
 from hpcrl.runtime.streams import SampleReceiver
 
 HEADER_KEPT = ("frames", "version", "rollout_us", "wait_us", "credit_wait_us")
+
+
+def shard_for(record: MessageSpec, capacity: int, alpha: float) -> PrioritizedReplay:
+    """An empty replay shard of `capacity` rows of `record`'s layout (its replayed fields)."""
+    return PrioritizedReplay(capacity, {name: (record.field(name).dtype, record.field(name).shape[1:])
+                                        for name in replay_fields(record)}, alpha=alpha)
 
 
 class RecordHeader:
@@ -75,11 +81,9 @@ class ReplaySource:
         """The algorithm's batch source for one trainer (named in core/dataflow.py)."""
         learners = len(layout.learners)
         capacity, warmup, batch = replay_shard(cfg, layout)
-        spec = stream.slots[0].spec
-        fields = {name: (spec.field(name).dtype, spec.field(name).shape[1:]) for name in replay_fields(spec)}
         r, d = cfg.algo.replay, cfg.algo.dqn
         index = layout.index_in("learner", stream.comm.Get_rank())  # the stream's communicator is a copy of WORLD
-        return cls(stream, actors, PrioritizedReplay(capacity, fields, alpha=r.alpha), batch, warmup,
+        return cls(stream, actors, shard_for(stream.slots[0].spec, capacity, r.alpha), batch, warmup,
                    d.gradient_steps, r.replay_ratio, r.beta, cfg.run.total_frames, learners,
                    np.random.default_rng(seed_for(cfg.run.seed, "replay", index)), index=index,
                    save_shard=r.checkpoint)
