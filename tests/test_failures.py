@@ -57,3 +57,37 @@ def test_rank_that_raises_aborts_the_whole_job(tmp_path):
     assert result.returncode != 0
     assert "simulated env failure" in result.stderr
     assert "hpcrl: rank 2 (env: stepping envs" in result.stderr or "hpcrl: rank 3 (env: stepping envs" in result.stderr
+
+
+def test_a_stopped_rank_is_lost_after_peer_timeout_and_every_rank_ends_itself(tmp_path):
+    """An env rank stopped (SIGSTOP) past run.peer_timeout_s: its neighbour on the control tree names
+    it and ends the job, mpirun included; continued later, the stopped rank finds no one and ends
+    itself: nothing waits on a peer that will never answer."""
+    cfg = small_config(tmp_path, run={"total_frames": 10**7, "peer_timeout_s": 4, "log_interval_s": 60})
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    path = str(write_config(tmp_path, cfg))
+    proc = subprocess.Popen(["bash", str(MPIRUN), "-n", "4", sys.executable, "-m", "hpcrl", "run", path],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_rows(str(run_dir(cfg) / "metrics.h5"), 3, proc)
+    victim, = job_pids(path, rank=3)
+    os.kill(victim, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=60)
+        assert time.monotonic() - stopped < 30  # 4 s of silence and 2 s of grace, on a loaded machine
+        assert proc.returncode != 0
+        # rank 3's parent on the control tree is rank 1 (the tree inside a node is binary)
+        assert "hpcrl: rank 1 (inference rank on node" in err and "has heard nothing from rank 3 (env rank" in err, err
+        assert "(run.peer_timeout_s = 4)" in err
+        while set(job_pids(path)) - {victim} and time.monotonic() - stopped < 40:
+            time.sleep(0.2)  # the ranks that heard END leave a grace period after their neighbour
+        assert not set(job_pids(path)) - {victim}  # mpirun and every other rank are gone
+    finally:
+        try:  # (the kernel may have ended it already: a stopped process whose process group
+            os.kill(victim, signal.SIGCONT)  # loses its parent gets SIGHUP)
+        except ProcessLookupError:
+            pass
+    continued = time.monotonic()
+    while job_pids(path) and time.monotonic() - continued < 40:
+        time.sleep(0.5)
+    assert not job_pids(path), "the stopped rank did not end itself once continued"

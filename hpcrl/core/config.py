@@ -85,6 +85,11 @@ class RunConfig:
     hang_timeout_s: float = doc("a rank stuck this long inside one step of its own work (an env step, a "
                                 "forward pass, a training minibatch) ends the job with a message naming it; "
                                 "a rank that waits twice this long for its peers does too", default=300.0)
+    peer_timeout_s: float = doc("a rank that hears nothing from a neighbour (its parent or a child on the control "
+                                "tree; a heartbeat thread answers even during long steps) for this long takes it "
+                                "for lost (its node died, was cut off from the network or is stopped), names it, "
+                                "and ends the job on every node it can reach; the ranks of a cut-off node end "
+                                "themselves the same way", default=30.0)
     torch_threads: int = doc("torch intra-op threads on each rank that runs a policy; ranks are the "
                              "parallelism, so 1 unless ranks have spare cores", default=1)
     replica_digests: bool = doc("record a digest of every learner's weights and observation-normaliser "
@@ -331,6 +336,8 @@ def validate(cfg: Config) -> None:
     _check(r.checkpoint_interval_s > 0,
            f"run.checkpoint_interval_s: expected > 0 seconds, got {r.checkpoint_interval_s}")
     _check(r.hang_timeout_s > 0, f"run.hang_timeout_s: expected > 0 seconds, got {r.hang_timeout_s}")
+    _check(r.peer_timeout_s >= 3, f"run.peer_timeout_s: expected >= 3 seconds (heartbeats go every "
+                                  f"peer_timeout_s / 10, at most every 3 s), got {r.peer_timeout_s}")
     _check(r.torch_threads >= 1, f"run.torch_threads: expected >= 1, got {r.torch_threads}")
     _check(bool(e.id), "env.id: expected a gymnasium environment id such as CartPole-v1")
     _check(e.num_envs >= 1, f"env.num_envs: expected >= 1, got {e.num_envs}")

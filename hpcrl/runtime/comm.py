@@ -7,7 +7,11 @@ All sample traffic is upper-case buffer calls on preallocated `Message` buffers;
 from __future__ import annotations
 
 import enum
+import os
+import signal
+import socket
 import sys
+import threading
 import traceback
 from typing import Callable, Sequence
 
@@ -57,9 +61,52 @@ def world_size() -> int:
     return WORLD.Get_size()
 
 
+ABORT_GRACE_S = 10.0  # after MPI_Abort: a rank the abort cannot reach (a node cut off) exits by itself
+OPEN_MPI_LAUNCHERS = frozenset({"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted", "prte"})
+
+
 def abort_job(code: int = 1) -> None:
-    """End every rank of the job now (MPI_Abort); safe from any thread under THREAD_MULTIPLE."""
+    """End every rank of the job now (MPI_Abort); safe from any thread under THREAD_MULTIPLE. A
+    rank that the abort does not end within ABORT_GRACE_S (its launcher cannot reach it) exits by
+    itself: a rank must never outlive the job it asked to end."""
+    timer = threading.Timer(ABORT_GRACE_S, os._exit, (code,))
+    timer.daemon = True
+    timer.start()
     WORLD.Abort(code)
+
+
+def leave_cut_off_job(code: int = 1) -> None:
+    """A peer is lost (`liveness`): end this rank without waiting on anything across the network.
+
+    Under Open MPI's own launcher (mpirun, its orted daemons) this rank first stops the launcher
+    process that started it: mpirun's abort waits for the daemon across the cut until TCP gives up
+    (about 15 minutes with Linux's default tcp_retries2), and a daemon on a cut-off node would
+    outlive its ranks. The other ranks on the same side stop theirs too (they heard END), so the
+    launcher's command returns within seconds and no daemon is left on any node. Under any other
+    launcher (srun, another MPI) this is MPI_Abort, and the exit after the grace all the same."""
+    parent = os.getppid()
+    if _command_name(parent) in OPEN_MPI_LAUNCHERS:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.kill(parent, signal.SIGKILL)
+        except OSError:
+            pass  # another rank of this node stopped it first
+        os._exit(code)
+    abort_job(code)
+
+
+def _command_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def host_names() -> list[str]:
+    """Start-up control message (pickled): every rank's host name, for messages that name a node."""
+    return WORLD.allgather(socket.gethostname())
 
 
 def install_abort_hook(describe: Callable[[], str]) -> None:
@@ -73,7 +120,7 @@ def install_abort_hook(describe: Callable[[], str]) -> None:
                          f"{exc_type.__name__}: {exc}\nhpcrl: aborting the job\n")
         sys.stderr.flush()
         sys.stdout.flush()
-        WORLD.Abort(1)
+        abort_job(1)
 
     sys.excepthook = hook
 

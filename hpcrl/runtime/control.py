@@ -76,6 +76,11 @@ class ControlStream:
                       if self.parent is not None else MPI.REQUEST_NULL)
 
     @property
+    def neighbours(self) -> list[int]:
+        """This rank's parent and children: the peers it watches (`liveness`)."""
+        return ([] if self.parent is None else [self.parent]) + self.children
+
+    @property
     def is_controller(self) -> bool:
         return self.parent is None
 

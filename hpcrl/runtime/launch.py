@@ -24,6 +24,7 @@ from hpcrl.core.policies import num_policies, policy_spaces
 from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED
 from hpcrl.io.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
 from hpcrl.runtime.control import ControlStream, build_control_stream
+from hpcrl.runtime.liveness import start_peer_watch
 from hpcrl.runtime.watchdog import Watchdog
 from hpcrl.runtime.wiring import build_workers
 
@@ -93,7 +94,7 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
             print(f"[hpcrl] nothing to do: the run in {start.run_dir} is complete: {start.finished} "
                   f"(or pass --overwrite to start it again)", flush=True)
         return 0
-    nodes = comm.node_of_rank()
+    nodes, hosts = comm.node_of_rank(), comm.host_names()
     try:
         layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes), num_policies(cfg.policies))
         sample_slots(cfg, layout, int(layout.fan_in("learner").max()))  # algo.batch_frames fits; slots hold a batch
@@ -104,14 +105,17 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
         more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
         return _refuse(rank, problems[0] + more)
     if rank == 0:
-        _announce(cfg, layout, start, state["spaces"], state["num_params"])
+        _announce(cfg, layout, start, state["spaces"], state["num_params"], hosts)
     watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
     control = build_control_stream(comm.WORLD, rank, layout.learner_root, layout.node_of_rank)
+    peers = start_peer_watch(comm.WORLD, rank, control.neighbours, cfg.run.peer_timeout_s,
+                             _rank_names(layout, hosts), comm.leave_cut_off_job)
     roles_here.extend(build_workers(cfg, state["spaces"], state["num_params"], layout, rank, start, control,
                                     signals.requested, heartbeat=lambda: watchdog.tick(True)))
     poll_until_done(roles_here, control, watchdog)
     control.close()
     watchdog.stop()
+    peers.close()  # after the watchdog: waiting for the neighbours' BYE is watched by the peers' clock
     flags = control.stop_flags  # why the run stopped, the same word on every rank: the exit status
     if flags & OUTPUT_FAILED:
         return EXIT_OUTPUT_FAILED
@@ -120,6 +124,11 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
     if rank == 0:
         print(f"[hpcrl] done: {start.run_dir}", flush=True)
     return 0
+
+
+def _rank_names(layout: Layout, hosts: list[str]):
+    """rank -> 'env rank on node n1', for the messages that name a lost peer."""
+    return lambda r: f"{'/'.join(layout.roles_of(r)) or 'idle'} rank on node {hosts[r]}"
 
 
 def _refuse(rank: int, message: str, status: int = EXIT_CONFIG_ERROR) -> int:
@@ -175,7 +184,8 @@ def _rank_problem(cfg: Config, layout: Layout, rank: int) -> str | None:
     return None
 
 
-def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSpaces, n_params: list[int]) -> None:
+def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSpaces, n_params: list[int],
+              hosts: list[str]) -> None:
     if layout.serial:
         print("[hpcrl] world size 1: serial mode (learner, env and inline inference in one process)", flush=True)
     else:
@@ -188,6 +198,8 @@ def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSp
         print("[hpcrl] roles: " + "; ".join(f"{name} ranks {_ranges(ranks)}" for name, ranks in (
             ("learner", layout.learners), ("inference", layout.inference), ("env", layout.envs)) if len(ranks)),
               flush=True)
+        if n_nodes > 1:  # which node holds which ranks: a lost node's message names the node
+            print("[hpcrl] nodes: " + _nodes_line(layout, hosts), flush=True)
     print(f"[hpcrl] run directory: {start.run_dir}", flush=True)
     for warning in start.warnings:
         print(f"[hpcrl] warning: {warning}", flush=True)
@@ -201,6 +213,15 @@ def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSp
             for p, (name, s) in enumerate(zip(cfg.policies, policy_spaces(spaces, cfg.policies)))), flush=True)
     for warning in warnings(cfg, layout, memory(cfg, layout, spaces, max(n_params))):
         print(f"[hpcrl] warning: {warning}", flush=True)
+
+
+def _nodes_line(layout: Layout, hosts: list[str], limit: int = 16) -> str:
+    """'n0 ranks 0-3; n1 ranks 4-7' (the first `limit` nodes, then a count)."""
+    import numpy as np
+    leaders = list(dict.fromkeys(layout.node_of_rank.tolist()))  # in rank order
+    text = "; ".join(f"{hosts[leader]} ranks {_ranges(np.flatnonzero(layout.node_of_rank == leader))}"
+                     for leader in leaders[:limit])
+    return text + (f"; and {len(leaders) - limit} more nodes" if len(leaders) > limit else "")
 
 
 def _ranges(ranks, limit: int = 8) -> str:
