@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from hpcrl.core.config import Config
+from hpcrl.core.faults import pause_point
 from hpcrl.core.layout import batch_share, sample_slots
 from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED, STOP
 from hpcrl.core.policies import policy_names
@@ -237,6 +238,7 @@ class LearnerRole:
                                        self.source.stream.held_max)
         # MPI: after the update, every trainer folds the moments of all trainers' batches into its
         # observation normaliser (a no-op without model.obs_norm), so all hold identical stats
+        pause_point("update")  # tests: a learner stopped here holds the others inside the gradient average
         self._losses = self.step(batch, reduce_moments=lambda moments: comm.allreduce_sum(self.policy_comm, moments),
                                  **averaging_hooks(self.optimizer, self.heartbeat), loss_scale=self.batch_share)
         self.version += 1

@@ -1,0 +1,141 @@
+"""Multi-node for real: jobs across the emulated cluster of scripts/cluster.sh (network namespaces,
+a host name each, TCP between them, shared memory only inside a node), and the faults of a real
+cluster: a node that dies, one cut off from the network, one that is slow. Every bound holds with
+the default config (run.peer_timeout_s = 30 s); after every fault the run resumes on the node left."""
+import os
+import time
+
+import numpy as np
+import pytest
+
+from hpcrl.io.checkpoint import inspect_latest
+from hpcrl.io.metrics import read_metrics
+from tests.emulated_cluster import Cluster
+
+JOB = "jobs/cartpole_ppo_multinode.yaml"  # a learner and an inference rank per node: Horovod over TCP
+RANKS, PER_NODE = 8, 4
+ENDS_AFTER_CUT_S = 60  # the job ends on the reachable node within this of a cut
+CUT_NODE_ENDS_S = 90  # and the cut-off node's own ranks (and its launcher daemon) within this
+ENDS_AFTER_KILL_S = 30
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    emulated = Cluster(f"pt{os.getpid()}", nodes=2, slots=PER_NODE)  # a name of this run's own
+    try:
+        yield emulated.up()
+    finally:
+        emulated.down()
+
+
+@pytest.fixture
+def healthy(cluster):
+    """The cluster as new, whatever the last test did to it; nothing of a test's job left after it."""
+    yield cluster.up()
+    leftovers = cluster.processes()
+    cluster.up()
+    for node in leftovers:
+        cluster.sh("kill", node)
+    assert not any(leftovers.values()), leftovers
+
+
+def job(tmp_path, *settings: str) -> tuple[str, ...]:
+    sets = ("run.output_dir=" + str(tmp_path / "runs"), "roles.inference.per_node=1", *settings)
+    return ("run", JOB, *(a for s in sets for a in ("--set", s)))
+
+
+def run_path(tmp_path) -> str:
+    return str(tmp_path / "runs" / "cartpole_ppo_multinode")
+
+
+def start_and_train(cluster: Cluster, tmp_path, *settings: str, pause: dict | None = None):
+    """A long run across both nodes, past its first checkpoint and 3 metrics rows, or (`pause`:
+    HPCRL_PAUSE_* variables) until a rank has stopped at the pause point."""
+    marker = tmp_path / "paused"
+    extra_env = dict(pause, HPCRL_PAUSE_MARKER=str(marker)) if pause else None
+    proc = cluster.start(RANKS, *job(tmp_path, "run.total_frames=10000000", "run.target_return=null",
+                                     "run.checkpoint_interval_s=1", *settings), extra_env=extra_env)
+    checkpoint, metrics = run_path(tmp_path) + "/checkpoint.h5", run_path(tmp_path) + "/metrics.h5"
+    deadline = time.monotonic() + 180
+    while not (os.path.exists(checkpoint) and (marker.exists() if pause else rows(metrics) >= 3)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the run did not get going:\n{proc.communicate()[0]}")
+        time.sleep(0.2)
+    return proc
+
+
+def rows(metrics_path: str) -> int:
+    try:
+        return len(read_metrics(metrics_path)["frames"])
+    except (OSError, KeyError):
+        return 0  # not written yet, or between its creation and the first row
+
+
+def resume_on_n0(cluster: Cluster, tmp_path) -> str:
+    """The run goes on with the node that is left: half the env ranks, one learner."""
+    found, _, counters, problems = inspect_latest(run_path(tmp_path) + "/checkpoint.h5")
+    assert found is not None, problems
+    frames = int(counters["frames"])
+    status, out = cluster.run(PER_NODE, *job(tmp_path, f"run.total_frames={frames + 4096}",
+                                             "run.target_return=null"), hosts=f"n0:{PER_NODE}")
+    assert status == 0, out
+    assert "[hpcrl] 4 ranks on 1 node" in out and "resuming from" in out
+    metrics = read_metrics(run_path(tmp_path) + "/metrics.h5")
+    assert metrics["policy_version"].tolist() == list(range(1, len(metrics["policy_version"]) + 1))
+    assert metrics["frames"][-1] >= frames + 4096
+    return out
+
+
+def test_a_node_that_dies_ends_the_job_in_seconds_and_the_run_resumes_on_the_other(healthy, tmp_path):
+    proc = start_and_train(healthy, tmp_path)
+    killed = healthy.fault("kill", "n1")
+    out, _ = proc.communicate(timeout=ENDS_AFTER_KILL_S)
+    assert time.monotonic() - killed < ENDS_AFTER_KILL_S and proc.returncode != 0, out
+    assert "n1" in out and "[hpcrl] nodes: n0 ranks 0-3; n1 ranks 4-7" in out  # which ranks that node held
+    healthy.wait_empty("n0", 10)
+    resume_on_n0(healthy, tmp_path)
+
+
+@pytest.mark.parametrize("pause", [
+    None,  # sampling and training
+    {"HPCRL_PAUSE_INSIDE": "update:8", "HPCRL_PAUSE_RANK": "4"},  # n1's learner stops in its update: the
+    # learner on n0 waits for it inside the gradient average
+    {"HPCRL_PAUSE_INSIDE": "checkpoint:2"},  # the root stops inside its second checkpoint, and the
+    # resume on n0 repairs what it left
+], ids=["sampling", "averaging", "checkpoint"])
+def test_a_node_cut_off_ends_the_job_on_both_sides(healthy, tmp_path, pause):
+    proc = start_and_train(healthy, tmp_path, pause=pause)
+    cut = healthy.fault("cut", "n1")
+    out, _ = proc.communicate(timeout=ENDS_AFTER_CUT_S + 30)
+    ended = time.monotonic() - cut
+    assert ended < ENDS_AFTER_CUT_S and proc.returncode != 0, (ended, out)
+    healthy.wait_empty("n0", 5)
+    assert time.monotonic() - cut + healthy.wait_empty("n1", CUT_NODE_ENDS_S) < CUT_NODE_ENDS_S
+    assert "has heard nothing from rank 4 (env rank on node n1)" in out or \
+        "has heard nothing from rank 4 (learner rank on node n1)" in out, out
+    assert "(run.peer_timeout_s = 30)" in out
+    if pause and pause["HPCRL_PAUSE_INSIDE"].startswith("checkpoint"):
+        assert "a checkpoint a stopped run had not finished writing" in resume_on_n0(healthy, tmp_path)
+
+
+def test_sync_ppo_across_nodes_averages_over_tcp_and_waits_out_a_stopped_node(healthy, tmp_path):
+    """A learner and a policy server per node; n1 stopped for 20 s (less than the peer timeout):
+    sync PPO waits for its fragments and gradients, then trains on to the end with the learners
+    still bit-identical: no abort, no lost or repeated update."""
+    proc = start_and_train(healthy, tmp_path, "run.total_frames=40960", "run.replica_digests=true")
+    healthy.fault("stop", "n1")
+    rows_before = rows(run_path(tmp_path) + "/metrics.h5")
+    time.sleep(20)
+    healthy.fault("cont", "n1")
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out
+    assert "heard nothing" not in out
+    assert "[hpcrl] 8 ranks on 2 nodes" in out and "[hpcrl] nodes: n0 ranks 0-3; n1 ranks 4-7" in out
+    assert "learner ranks 0, 4; inference ranks 1, 5; env ranks 2-3, 6-7" in out
+    assert "inference rank on another node" not in out  # every env rank's policy server is on its node
+    metrics = read_metrics(run_path(tmp_path) + "/metrics.h5")
+    assert len(metrics["frames"]) > rows_before and metrics["frames"][-1] >= 40960
+    assert metrics["policy_version"].tolist() == list(range(1, len(metrics["policy_version"]) + 1))
+    digests = metrics["replica_digest"]  # the learner on n1 averaged with the one on n0 every step
+    assert np.all(digests[:, 0] == digests[:, 1]) and len(set(digests[:, 0])) == len(digests)
