@@ -33,13 +33,14 @@ class Cluster:
     def down(self) -> None:
         self.sh("down", check=False)
 
-    def start(self, n: int, *hpcrl_args: str, hosts: str | None = None, mpirun_args: tuple = (),
-              extra_env: dict | None = None) -> subprocess.Popen:
-        """`cluster.sh run -n N python -m hpcrl ARGS` (from node n0), in the background."""
+    def start(self, n: int, *hpcrl_args: str, hosts: str | None = None, extra_env: dict | None = None,
+              command: list[str] | None = None) -> subprocess.Popen:
+        """`cluster.sh run -n N python -m hpcrl ARGS` (from node n0), in the background; `command`
+        instead of `python -m hpcrl` runs another program on every rank."""
         where = ["--host", hosts] if hosts else []
         exported = [a for key in (extra_env or {}) for a in ("-x", key)]  # mpirun passes them to every rank
-        return subprocess.Popen(["bash", str(SCRIPT), "run", "-n", str(n), *where, *exported, *mpirun_args,
-                                 sys.executable, "-m", "hpcrl", *hpcrl_args],
+        program = command or [sys.executable, "-m", "hpcrl"]
+        return subprocess.Popen(["bash", str(SCRIPT), "run", "-n", str(n), *where, *exported, *program, *hpcrl_args],
                                 env=dict(self.env, **(extra_env or {})), cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
 

@@ -10,6 +10,7 @@ import pytest
 
 from hpcrl.io.checkpoint import inspect_latest
 from hpcrl.io.metrics import read_metrics
+from tests.conftest import run_dir, small_config, write_config
 from tests.emulated_cluster import Cluster
 
 JOB = "jobs/cartpole_ppo_multinode.yaml"  # a learner and an inference rank per node: Horovod over TCP
@@ -46,6 +47,31 @@ def job(tmp_path, *settings: str) -> tuple[str, ...]:
 
 def run_path(tmp_path) -> str:
     return str(tmp_path / "runs" / "cartpole_ppo_multinode")
+
+
+FAMILIES = {  # small configs of each algorithm family (the suite's own, as in their single-node tests)
+    "appo": {"algo": {"mode": "async"}},
+    "apex_dqn": {"algo": {"name": "dqn", "rollout_length": 8, "lr": 0.001,
+                          "dqn": {"batch_size": 32, "target_update_interval": 10},
+                          "replay": {"capacity": 20_000, "warmup": 256, "replay_ratio": None}}},
+    "mappo": {"env": {"id": "tests.ma_envs:Relay", "num_envs": 4}, "algo": {"name": "mappo", "rollout_length": 6}},
+    "recurrent_ppo": {"env": {"id": "hpcrl/CartPolePositions-v1"}, "model": {"core": "lstm", "core_size": 8}},
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_algorithm_family_trains_with_its_actors_on_another_node(healthy, tmp_path, family):
+    """Learner and policy server on n0, both env ranks on n1: every request, reply, record and
+    weights version crosses TCP."""
+    cfg = small_config(tmp_path, **FAMILIES[family])
+    cfg["run"].update(total_frames=1536 if family == "mappo" else 2048)
+    status, out = healthy.run(4, "run", str(write_config(tmp_path, cfg)), hosts="n0:2,n1:2")
+    assert status == 0, out
+    assert "[hpcrl] 4 ranks on 2 nodes" in out and "nodes: n0 ranks 0-1; n1 ranks 2-3" in out
+    metrics = read_metrics(str(run_dir(cfg) / "metrics.h5"))
+    assert metrics["frames"][-1] >= cfg["run"]["total_frames"]
+    assert metrics["policy_version"].tolist() == list(range(1, len(metrics["policy_version"]) + 1))
+    assert metrics["episodes"].sum() > 0
 
 
 def start_and_train(cluster: Cluster, tmp_path, *settings: str, pause: dict | None = None):
