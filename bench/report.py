@@ -50,17 +50,19 @@ def under_mpi(ranks: int, script: str, out: str | None) -> None:
     sys.exit(subprocess.run(cmd + (["--out", out] if out else []), cwd=REPO).returncode)
 
 
-def run_rate(config: str, ranks: int, seconds: float, out_dir: str, name: str, overrides: list[str]) -> dict:
+def run_rate(config: str, ranks: int, seconds: float, out_dir: str, name: str, overrides: list[str],
+             launcher: list[str] | None = None) -> dict:
     """Frames/s of a real run of `config` on `ranks` ranks (with `overrides`, KEY=VALUE), from its
     metrics.h5 after `seconds` of running, leaving out the first quarter of its updates (start-up);
     its updates per second and the fragments it dropped (async: older than algo.max_policy_lag)
-    over the same window. The run is stopped with SIGUSR1: it checkpoints and exits 3 (preempted)."""
+    over the same window. The run is stopped with SIGUSR1: it checkpoints and exits 3 (preempted).
+    `launcher`: the command before `python` (default: the project's mpirun wrapper with -n ranks)."""
     from hpcrl.io.metrics import read_metrics
     sets = [arg for kv in ["run.target_return=null", f"run.output_dir={out_dir}", f"run.name={name}",
                            "run.total_frames=100000000", "run.log_interval_s=1000", *overrides]
             for arg in ("--set", kv)]
-    cmd = ["bash", str(REPO / "scripts/mpirun.sh"), "-n", str(ranks), sys.executable, "-m", "hpcrl", "run", config,
-           "--overwrite", *sets]
+    launcher = launcher or ["bash", str(REPO / "scripts/mpirun.sh"), "-n", str(ranks)]
+    cmd = [*launcher, sys.executable, "-m", "hpcrl", "run", config, "--overwrite", *sets]
     proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     time.sleep(seconds + 6)  # start-up, then the measured window
