@@ -36,6 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 END_GRACE_S = 5.0  # after END goes out: time for it and the message to reach the other ranks and the launcher
+BYE_POLL_S = 0.002  # while waiting for the neighbours' BYE at the end of a run
 BEAT_MAX_S = 3.0  # the longest time between two beats (shorter for short timeouts)
 
 
@@ -90,6 +91,12 @@ class PeerWatch:
 
     # --- the thread ---
     def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception:  # an MPI error here ends the job as one on the main thread would
+            sys.excepthook(*sys.exc_info())
+
+    def _watch(self) -> None:
         tick = min(1.0, self.beat_s / 2)
         bye_sent = False
         last_pass = time.monotonic()
@@ -98,7 +105,7 @@ class PeerWatch:
             now = time.monotonic()
             # Silence counts only while this rank itself was running: after it was stopped or
             # starved (SIGSTOP, a frozen or throttled node), its peers' words are still in flight
-            missed = now - last_pass - 2 * tick
+            missed = now - last_pass - 2 * tick  # (tick: the longest sleep between passes)
             if missed > 0:
                 self.heard += missed
             last_pass = now
@@ -114,7 +121,10 @@ class PeerWatch:
             silent = np.flatnonzero(~self.said_bye & (now - self.heard > self.timeout_s))
             if len(silent):
                 self._lost(self.neighbours[silent[0]], now - self.heard[silent[0]])
-            time.sleep(tick)
+            if bye_sent:
+                time.sleep(BYE_POLL_S)  # the neighbours' BYEs are due within milliseconds
+            else:
+                self._closing.wait(tick)  # close() wakes the thread at once: a run ends without delay
 
     def _take_words(self) -> None:
         """Every word that has arrived (after a stop, several beats and maybe END wait in line)."""
