@@ -66,7 +66,6 @@ class PeerWatch:
         now = time.monotonic()
         self.heard = np.full(len(self.neighbours), now)
         self.said_bye = np.zeros(len(self.neighbours), dtype=bool)
-        self.ended: str | None = None  # why this rank left the job (for tests and the status)
         self._inbox = np.zeros((len(self.neighbours), WORDS), dtype=np.int64)
         # a buffer per neighbour and kind: a beat still in flight never shares one with END or BYE
         self._outbox = np.zeros((len(self.neighbours), len(Word), WORDS), dtype=np.int64)
@@ -137,7 +136,7 @@ class PeerWatch:
                     self._recvs[i] = MPI.REQUEST_NULL  # BYE is a neighbour's last word to this rank
                     break
                 if kind == Word.END:
-                    self._end(f"rank {origin} lost rank {lost}", origin, lost, skip=i)
+                    self._end(origin, lost, skip=i)
                 self._recvs[i] = self.comm.Irecv(self._inbox[i], source=self.neighbours[i], tag=TAG)
 
     def _send_all(self, kind: Word, origin: int = -1, lost: int = -1, skip: int = -1) -> None:
@@ -160,10 +159,10 @@ class PeerWatch:
                          f"that node is unreachable, stopped or gone; ending the job on every node this rank can "
                          f"reach, then this rank\n")
         sys.stderr.flush()
-        self._end(f"lost rank {peer}", self.rank, peer, skip=self.neighbours.index(peer))
+        self._end(self.rank, peer, skip=self.neighbours.index(peer))
 
-    def _end(self, why: str, origin: int, lost: int, skip: int) -> None:
-        self.ended = why
+    def _end(self, origin: int, lost: int, skip: int) -> None:
+        """END to every neighbour but `skip` (the lost one, or the one END came from), then leave."""
         self._send_all(Word.END, origin, lost, skip=skip)
         time.sleep(END_GRACE_S)
         self.end()
