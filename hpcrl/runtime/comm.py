@@ -106,7 +106,7 @@ def _command_name(pid: int) -> str:
 
 def host_names() -> list[str]:
     """Start-up control message (pickled): every rank's host name, for messages that name a node."""
-    return WORLD.allgather(socket.gethostname())
+    return all_gather_objects(socket.gethostname())
 
 
 def install_abort_hook(describe: Callable[[], str]) -> None:
