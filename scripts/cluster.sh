@@ -74,8 +74,19 @@ AGENT
     chmod +x "$state/rsh"
 }
 
+install() {  # iproute2 (ip), util-linux (nsenter, unshare): on Debian images, but not on every one
+    local missing=()
+    command -v ip >/dev/null || missing+=(iproute2)
+    command -v nsenter >/dev/null && command -v unshare >/dev/null || missing+=(util-linux)
+    (( ${#missing[@]} )) || return 0
+    log "installing from Debian: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
 up() {
     local n=$1 slots=$2 i node
+    install
     (( n >= 1 && n <= 64 )) || die "up: expected 1-64 nodes, got $n"
     if [[ -f $state/nodes ]]; then
         [[ $(count) == "$n" ]] || die "cluster '$name' is up with $(count) nodes; run 'down' first"
