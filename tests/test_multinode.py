@@ -1,7 +1,8 @@
 """Multi-node for real: jobs across the emulated cluster of scripts/cluster.sh (network namespaces,
 a host name each, TCP between them, shared memory only inside a node), and the faults of a real
-cluster: a node that dies, one cut off from the network, one that is slow. Every bound holds with
-the default config (run.peer_timeout_s = 30 s); after every fault the run resumes on the node left."""
+cluster: a node that dies, one cut off from the network, one that stops for a while. Every bound
+holds with the default config (run.peer_timeout_s = 30 s); after a dead node and after a cut while
+checkpointing (the hardest run directory to resume) the run resumes on the node left."""
 import os
 import time
 
