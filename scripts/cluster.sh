@@ -136,17 +136,22 @@ check() {  # every namespace, link and the bridge exist
 
 node_pids() { ip netns pids "$(netns "$1")" 2>/dev/null || true; }
 
-kill_node() {
+empty_node() {  # empty_node NODE: every process in its namespace dies (thawed first: a frozen one cannot)
     local node=$1 pids
-    node_index "$node" >/dev/null
-    cont_node "$node"  # a frozen process cannot die
+    [[ -f $cgroup_freezer/$node/freezer.state ]] && echo THAWED > "$cgroup_freezer/$node/freezer.state"
     for _ in 1 2 3 4 5; do
         pids=$(node_pids "$node")
-        [[ -z $pids ]] && break
+        [[ -z $pids ]] && return 0
         kill -9 $pids 2>/dev/null || true
         sleep 0.2
     done
-    log "killed every process on $node"
+}
+
+kill_node() {
+    node_index "$1" >/dev/null
+    cont_node "$1"
+    empty_node "$1"
+    log "killed every process on $1"
 }
 
 exec_on() {  # exec NODE CMD...: in the node's network namespace, with its host name
@@ -219,18 +224,13 @@ cont_node() {  # thawed, at full speed, and out of the fault's cgroups
 }
 
 down() {
-    local node
-    if [[ -f $state/nodes ]]; then
-        for node in $(nodes_list); do
-            ip netns list | grep -qw "$(netns "$node")" && kill_node "$node" 2>/dev/null
-            ip link del "$(hostlink "$node")" 2>/dev/null || true
-            ip netns del "$(netns "$node")" 2>/dev/null || true
-        done
-    fi
-    # whatever an earlier, interrupted `up` or `down` of this name left
-    for node in $(ip netns list | awk '{print $1}' | grep "^hpcrl-$name-n[0-9]*$" || true); do
-        kill -9 $(ip netns pids "$node") 2>/dev/null || true
-        ip netns del "$node" 2>/dev/null || true
+    local ns node
+    # every namespace of this cluster, also those an interrupted `up` or `down` left; a node's
+    # link goes with its namespace
+    for ns in $(ip netns list | awk '{print $1}' | grep "^hpcrl-$name-n[0-9]*$" || true); do
+        node=${ns##*-}
+        empty_node "$node"
+        ip netns del "$ns" 2>/dev/null || true
     done
     ip link del "$bridge" 2>/dev/null || true
     local group
