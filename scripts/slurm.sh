@@ -2,8 +2,10 @@
 # A real single-node SLURM on this machine, for the tests that submit jobs/*.sbatch:
 #   bash scripts/slurm.sh start    install (Debian's slurmctld, slurmd, slurm-client, munge) if
 #                                  missing, write the config, start munged, slurmctld, slurmd
-#   bash scripts/slurm.sh stop     stop the daemons
+#   bash scripts/slurm.sh stop     stop the daemons (its own: by their pid files)
 #   bash scripts/slurm.sh status   exit 0 when the node is up
+#   bash scripts/slurm.sh prepare  only install SLURM and munge and start munged (scripts/cluster.sh
+#                                  uses it for SLURM across emulated nodes)
 # The node is declared with 16 CPUs whatever the machine has (SlurmdParameters=config_overrides),
 # so a 4- or 6-task job is accepted on a 2-core machine; mpirun inside a job uses the allocation.
 set -euo pipefail
@@ -61,12 +63,8 @@ PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
 CONF
 }
 
-start() {
+prepare() {  # SLURM's packages, and munged (shared by every slurmctld and slurmd on this machine)
     install
-    if node_up; then log "already running"; return 0; fi
-    # slurmctld and slurmd find each other by this host name
-    getent hosts "$node" >/dev/null || echo "127.0.0.1 $node" >> /etc/hosts
-    write_config
     mkdir -p /run/munge /var/log/munge /var/lib/munge /etc/munge
     if [[ ! -s /etc/munge/munge.key ]]; then
         dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
@@ -74,8 +72,21 @@ start() {
     chown -R munge:munge /run/munge /var/log/munge /var/lib/munge /etc/munge 2>/dev/null || true
     chmod 0400 /etc/munge/munge.key
     pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged 2>/dev/null || /usr/sbin/munged --force
-    pgrep -x slurmctld >/dev/null || slurmctld -c
-    pgrep -x slurmd >/dev/null || slurmd -c
+}
+
+running() {  # running PIDFILE: the daemon that wrote it is alive
+    [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
+}
+
+start() {
+    prepare
+    if node_up; then log "already running"; return 0; fi
+    # slurmctld and slurmd find each other by this host name
+    getent hosts "$node" >/dev/null || echo "127.0.0.1 $node" >> /etc/hosts
+    write_config
+    # by pid file, not by name: the emulated cluster's SLURM (scripts/cluster.sh) may run beside it
+    running "$state/slurmctld.pid" || slurmctld -c
+    running "$state/slurmd.pid" || slurmd -c
     for _ in $(seq 60); do
         if node_up; then log "node $node is up"; return 0; fi
         scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true
@@ -86,8 +97,10 @@ start() {
 }
 
 stop() {
-    pkill -x slurmd 2>/dev/null || true
-    pkill -x slurmctld 2>/dev/null || true
+    local daemon
+    for daemon in slurmd slurmctld; do
+        running "$state/$daemon.pid" && kill "$(cat "$state/$daemon.pid")"
+    done
     log "stopped"
 }
 
@@ -95,5 +108,6 @@ case "${1:-}" in
     start) start ;;
     stop) stop ;;
     status) node_up ;;
-    *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+    prepare) prepare ;;
+    *) echo "usage: $0 start|stop|status|prepare" >&2; exit 2 ;;
 esac
