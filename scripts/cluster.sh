@@ -3,7 +3,9 @@
 # name (a UTS namespace per command) and an address on a bridge, TCP between them. Try a job's
 # multi-node layout, its job script and its failures before spending an allocation.
 #
-#   bash scripts/cluster.sh up N [--slots S]   N nodes n0..n{N-1} (S slots each in the hostfile, default 4)
+#   bash scripts/cluster.sh up N [--slots S] [--slurm]
+#                                              N nodes n0..n{N-1} (S slots each in the hostfile, default 4);
+#                                              --slurm: with SLURM across them (slurmctld, a slurmd per node)
 #   bash scripts/cluster.sh run ARGS...        mpirun from node n0 across the nodes, over TCP:
 #                                              cluster.sh run -n 8 .venv/bin/python -m hpcrl run JOB.yaml
 #   bash scripts/cluster.sh exec NODE CMD...   a command on a node (its network and host name)
@@ -13,9 +15,11 @@
 #   bash scripts/cluster.sh slow NODE F        the node's processes get a fraction F of one core (cgroup cpu.max)
 #   bash scripts/cluster.sh stop NODE          the node's processes freeze (cgroup freezer) until `cont NODE`
 #   bash scripts/cluster.sh cont NODE          they run again, at full speed
+#   bash scripts/cluster.sh slurm CMD...       a SLURM command against the cluster's SLURM, from this machine
+#                                              (the login node): cluster.sh slurm sbatch --nodes 3 JOB.sbatch
 #   bash scripts/cluster.sh nodes | hostfile | addr NODE | pids NODE | status
-#   bash scripts/cluster.sh down               kill what runs on the nodes, remove every namespace, link
-#                                              and cgroup the cluster made
+#   bash scripts/cluster.sh down               stop its SLURM, kill what runs on the nodes, remove every
+#                                              namespace, link and cgroup the cluster made
 #
 # Several clusters may exist at once: HPCRL_CLUSTER (default "hpcrl") names one, and every kernel
 # object it makes carries a short hash of that name (namespaces hpcrl-NAME-nI, bridge hbHASH, links
@@ -36,6 +40,9 @@ state=/run/hpcrl-cluster/$name
 bridge=hb$hash
 cgroup_cpu=/sys/fs/cgroup/cpu/hpcrl-$name
 cgroup_freezer=/sys/fs/cgroup/freezer/hpcrl-$name
+
+# shellcheck source=scripts/cluster_slurm.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cluster_slurm.sh"
 
 log() { printf '[cluster %s] %s\n' "$name" "$*" >&2; }
 die() { log "$*"; exit 2; }
@@ -120,6 +127,7 @@ up() {
         echo "n$i slots=$slots" >> "$state/hostfile"
     done
     echo "$n" > "$state/nodes"
+    echo "$slots" > "$state/slots"
     write_agent
     log "up: $n nodes on $prefix.0/24 (bridge $bridge), hostfile $state/hostfile"
 }
@@ -225,6 +233,7 @@ cont_node() {  # thawed, at full speed, and out of the fault's cgroups
 
 down() {
     local ns node
+    slurm_down
     # every namespace of this cluster, also those an interrupted `up` or `down` left; a node's
     # link goes with its namespace
     for ns in $(ip netns list | awk '{print $1}' | grep "^hpcrl-$name-n[0-9]*$" || true); do
@@ -253,10 +262,19 @@ verb=${1:-}
 case "$verb" in
     up)
         n=${1:-}; shift || true
-        slots=4
-        if [[ ${1:-} == --slots ]]; then slots=${2:?--slots needs a number}; fi
-        [[ $n =~ ^[0-9]+$ ]] || die "usage: cluster.sh up N [--slots S]"
-        up "$n" "$slots" ;;
+        slots=4 with_slurm=0
+        while (( $# )); do
+            case $1 in
+                --slots) slots=${2:?--slots needs a number}; shift 2 ;;
+                --slurm) with_slurm=1; shift ;;
+                *) die "up: unknown option '$1' (usage: cluster.sh up N [--slots S] [--slurm])" ;;
+            esac
+        done
+        [[ $n =~ ^[0-9]+$ && $slots =~ ^[0-9]+$ ]] || die "usage: cluster.sh up N [--slots S] [--slurm]"
+        up "$n" "$slots"
+        (( ! with_slurm )) || slurm_up ;;
+    slurm) (( $# )) || die "usage: cluster.sh slurm CMD... (sbatch, srun, squeue, sinfo, scontrol, scancel)"
+        slurm_cmd "$@" ;;
     run) run "$@" ;;
     exec) (( $# >= 2 )) || die "usage: cluster.sh exec NODE CMD..."; exec_on "$@" ;;
     kill) kill_node "${1:?kill NODE}" ;;
@@ -271,5 +289,5 @@ case "$verb" in
     pids) node_index "${1:?pids NODE}" >/dev/null; node_pids "$1" ;;
     status) check && { log "up: $(count) nodes"; exit 0; }; log "not up"; exit 1 ;;
     down) down ;;
-    *) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -14,8 +14,8 @@ SCRIPT = REPO / "scripts" / "cluster.sh"
 
 
 class Cluster:
-    def __init__(self, name: str, nodes: int, slots: int = 4):
-        self.name, self.nodes, self.slots = name, nodes, slots
+    def __init__(self, name: str, nodes: int, slots: int = 4, slurm: bool = False):
+        self.name, self.nodes, self.slots, self.slurm = name, nodes, slots, slurm
         self.env = dict(os.environ, HPCRL_CLUSTER=name, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
 
     def sh(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -26,9 +26,15 @@ class Cluster:
         return result
 
     def up(self) -> "Cluster":
-        """Up, or back to healthy if it is: every link up, every node thawed and at full speed."""
-        self.sh("up", str(self.nodes), "--slots", str(self.slots))
+        """Up, or back to healthy if it is: every link up, every node thawed and at full speed (and
+        with `slurm`, SLURM's daemons running on every node)."""
+        self.sh("up", str(self.nodes), "--slots", str(self.slots), *(["--slurm"] if self.slurm else []))
         return self
+
+    def slurm_cmd(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        """A SLURM command (sbatch, scontrol, ...) against the cluster's SLURM, from this machine."""
+        return subprocess.run(["bash", str(SCRIPT), "slurm", *args], env=dict(self.env, **kw.pop("env", {})),
+                              capture_output=True, text=True, timeout=120, **kw)
 
     def down(self) -> None:
         self.sh("down", check=False)
@@ -58,15 +64,18 @@ class Cluster:
         return [int(p) for p in self.sh("pids", node).stdout.split()]
 
     def processes(self) -> dict[str, list[str]]:
-        """What still runs on each node: {node: [command lines]} (empty lists when all is gone)."""
+        """What still runs on each node: {node: [command lines]} (empty lists when all is gone),
+        SLURM's own daemon aside."""
         out = {}
         for node in (f"n{i}" for i in range(self.nodes)):
             out[node] = []
             for pid in self.pids(node):
                 try:
-                    out[node].append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+                    line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
                 except OSError:
-                    pass  # gone meanwhile
+                    continue  # gone meanwhile
+                if not line.startswith("slurmd "):
+                    out[node].append(line)
         return out
 
     def wait_empty(self, node: str, timeout: float) -> float:
