@@ -132,6 +132,22 @@ def test_sbatch_writes_a_script_for_the_layout_and_refuses_one_that_cannot_fit(t
                              "--time", "two hours").stderr
 
 
+def test_sbatch_no_kill_writes_a_self_healing_script(tmp_path):
+    out = tmp_path / "job.sbatch"
+    result = hpcrl("sbatch", "jobs/cartpole_ppo.yaml", "--nodes", "3", "--ntasks-per-node", "4", "--no-kill",
+                   "--max-relaunches", "2", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    for line in ("#SBATCH --no-kill", "MAX_RELAUNCHES=${HPCRL_MAX_RELAUNCHES:-2}", "export SLURM_OVERLAP=1",
+                 '--host "${nodes//,/:${SLURM_NTASKS_PER_NODE},}:${SLURM_NTASKS_PER_NODE}"',
+                 "[[ $status =~ ^(0|2|3|4)$ ]] && break", 'scontrol requeue "${SLURM_JOB_ID}"'):
+        assert line in text, line
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
+    refused = hpcrl("sbatch", "jobs/cartpole_ppo.yaml", "--nodes", "3", "--ntasks-per-node", "4", "--no-kill",
+                    "--max-relaunches", "-1")
+    assert refused.returncode == 2 and "--max-relaunches: expected >= 0, got -1" in refused.stderr
+
+
 def test_committed_job_scripts_are_what_hpcrl_sbatch_writes():
     """jobs/*.sbatch come from the generator; edit the generator (hpcrl/sbatch.py), then re-run
     the commands in each script's 'Written by' line."""

@@ -61,8 +61,10 @@ def _resolved(config_text: str) -> dict:
         return yaml.safe_load(config_text) or {}
 
 
-def prepare(cfg: Config, overwrite: bool) -> RunStart:
-    """Create or reopen output_dir/name; a ConfigError says what stands in the way and what to do."""
+def prepare(cfg: Config, overwrite: bool, relaunch: str = "") -> RunStart:
+    """Create or reopen output_dir/name; a ConfigError says what stands in the way and what to do.
+    `relaunch`: why a self-healing job script started the run again (HPCRL_RELAUNCH), for
+    recovery.log."""
     run_dir = os.path.join(cfg.run.output_dir, cfg.run.name)
     checkpoint = os.path.join(run_dir, CHECKPOINT_FILE)
     start = RunStart(run_dir=run_dir, config_text=to_yaml(cfg))
@@ -95,6 +97,10 @@ def prepare(cfg: Config, overwrite: bool) -> RunStart:
         _log_repairs(run_dir, repairs)
         start.warnings += repairs
     os.makedirs(run_dir, exist_ok=True)
+    if relaunch:
+        where = (f"resuming from {start.resume_file}: policy version {start.start_version}, "
+                 f"{start.start_frames:,} frames" if start.resume_file else "starting from the beginning (no checkpoint)")
+        _log_repairs(run_dir, [f"{relaunch}; {where}"])
     with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as fh:
         fh.write(start.config_text)
     return start

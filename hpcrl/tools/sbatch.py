@@ -28,6 +28,8 @@ class JobRequest:
     partition: str | None = None
     account: str | None = None
     signal_lead_s: int = 120
+    no_kill: bool = False  # self-healing: keep the allocation when a node fails, relaunch on the rest
+    max_relaunches: int = 3
 
 
 def check(request: JobRequest, cfg: Config) -> Layout:
@@ -40,9 +42,110 @@ def check(request: JobRequest, cfg: Config) -> Layout:
         raise ConfigError(f"--launcher: expected one of {', '.join(LAUNCHERS)}, got {request.launcher!r}")
     if not TIME_FORMAT.match(request.time):
         raise ConfigError(f"--time: expected SLURM's [D-]HH:MM:SS (e.g. 02:00:00), got {request.time!r}")
+    if request.max_relaunches < 0:
+        raise ConfigError(f"--max-relaunches: expected >= 0, got {request.max_relaunches}")
     world = request.nodes * request.ntasks_per_node
     return plan_layout(cfg.roles, world, simulated_nodes(world, request.ntasks_per_node),
                        policies=num_policies(cfg.policies))
+
+
+def _launchers(request: JobRequest) -> tuple[str, str]:
+    """The launcher line and the other one (as a comment). In a self-healing script they start
+    hpcrl on the nodes in $nodes ($count of them), which shrink when a node is lost."""
+    per_node = "${SLURM_NTASKS_PER_NODE}"
+    if request.no_kill:
+        mpirun_where = f'-n "$((count * {per_node}))" --host "${{nodes//,/:{per_node},}}:{per_node}"'
+        srun_where = f'--nodes="$count" --nodelist="$nodes" --ntasks="$((count * {per_node}))" '
+    else:
+        mpirun_where, srun_where = '-n "${SLURM_NTASKS}"', ""
+    mpirun = (f'mpirun {mpirun_where} --map-by "ppr:{per_node}:node" '
+              '--bind-to "${HPCRL_BIND:-core}" python -m hpcrl run "$CONFIG" "$@"')
+    srun = (f'srun --mpi=pmix --kill-on-bad-exit=1 {srun_where}--cpu-bind="${{HPCRL_CPU_BIND:-cores}}" '
+            'python -m hpcrl run "$CONFIG" "$@"')
+    return (srun, mpirun) if request.launcher == "srun" else (mpirun, srun)
+
+
+# `wait` returns when a signal arrives, so wait again until the launcher has really finished
+WAIT = """wait $launcher; status=$?
+while kill -0 $launcher 2>/dev/null; do wait $launcher; status=$?; done"""
+
+# What a script does with the run's exit status once no relaunch is due.
+EPILOGUE = """if [[ $status -eq 3 ]]; then
+    echo "hpcrl: preempted with a checkpoint; requeueing job ${SLURM_JOB_ID}"
+    scontrol requeue "${SLURM_JOB_ID}"
+    exit 0
+fi
+# 4: an output could not be written (a full disk): not requeued, since it would fail the same way;
+# free space, then submit again to resume from the checkpoint the message names
+exit $status"""
+
+
+def _plain_body(launch: str, other: str) -> str:
+    return f"""# one rank per core (HPCRL_BIND=none / HPCRL_CPU_BIND=none where ranks outnumber cores, e.g. tests)
+{launch} &
+launcher=$!
+# forward the early-warning signal to the launcher, which passes it to every rank; `wait`
+# returns when a signal arrives, so wait again until the launcher has really finished
+trap 'kill -USR1 $launcher' USR1 TERM
+{WAIT}
+# the other launcher, if this one does not suit the site:
+# {other}
+
+{EPILOGUE}"""
+
+
+def _self_healing_body(launch: str, other: str, max_relaunches: int) -> str:
+    return f"""MAX_RELAUNCHES=${{HPCRL_MAX_RELAUNCHES:-{max_relaunches}}}  # edit: relaunches after lost nodes, per job
+
+answering_nodes() {{  # the nodes of the comma-separated list $1 that start a one-task step within 20 s
+    local node pids=() ok=() i=0
+    for node in ${{1//,/ }}; do
+        timeout -k 5 20 srun --nodes=1 --ntasks=1 --nodelist="$node" --overlap true >/dev/null 2>&1 &
+        pids+=($!)
+    done
+    for node in ${{1//,/ }}; do wait "${{pids[i]}}" && ok+=("$node"); i=$((i + 1)); done
+    (IFS=,; echo "${{ok[*]}}")
+}}
+
+nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)
+relaunches=0
+# forward the early-warning signal to the launcher, which passes it to every rank; `wait`
+# returns when a signal arrives, so wait again until the launcher has really finished
+trap 'kill -USR1 $launcher' USR1 TERM
+while true; do
+    count=$(($(tr -cd , <<<"$nodes" | wc -c) + 1))
+    # one rank per core (HPCRL_BIND=none / HPCRL_CPU_BIND=none where ranks outnumber cores, e.g. tests)
+    {launch} &
+    launcher=$!
+    {WAIT.replace(chr(10), chr(10) + "    ")}
+    # the other launcher, if this one does not suit the site:
+    # {other}
+
+    # 0 done, 2 a config error, 3 preempted, 4 a full disk: the run's own verdicts, never relaunched
+    [[ $status =~ ^(0|2|3|4)$ ]] && break
+    left=$(answering_nodes "$nodes") lost=""
+    for node in ${{nodes//,/ }}; do [[ ,$left, == *,$node,* ]] || lost+=${{lost:+,}}$node; done
+    if [[ -z $lost ]]; then
+        echo "hpcrl: the launcher ended with status $status and every node answers: a failure of the run, not of a node; not relaunched"
+        break
+    elif [[ -z $left ]]; then
+        echo "hpcrl: the launcher ended with status $status and no node of the job answers; not relaunched"
+        break
+    elif ((relaunches >= MAX_RELAUNCHES)); then
+        echo "hpcrl: node(s) $lost stopped answering; not relaunched: $relaunches relaunch(es) already (HPCRL_MAX_RELAUNCHES=$MAX_RELAUNCHES)"
+        break
+    fi
+    relaunches=$((relaunches + 1))
+    # SLURM books the lost node's step as running until it hears from that node again: the next
+    # steps may share its CPUs (srun, and the srun that mpirun starts its daemons with)
+    export SLURM_OVERLAP=1
+    # hpcrl appends this to recovery.log in the run directory, with the checkpoint it resumes from
+    export HPCRL_RELAUNCH="relaunch $relaunches of at most $MAX_RELAUNCHES by job ${{SLURM_JOB_ID}}: the launcher ended with status $status and node(s) $lost stopped answering; going on on $left"
+    echo "hpcrl: $HPCRL_RELAUNCH"
+    nodes=$left
+done
+
+{EPILOGUE}"""
 
 
 def render(request: JobRequest, cfg: Config, layout: Layout) -> str:
@@ -52,26 +155,32 @@ def render(request: JobRequest, cfg: Config, layout: Layout) -> str:
                        (("partition", request.partition), ("account", request.account)) if value)
     gpus = any(getattr(cfg.roles, role).device == "cuda" for role in ("learner", "inference", "env"))
     gpu_line = "#SBATCH --gpus-per-node=1             # edit: GPUs per node (roles with device: cuda)\n" if gpus else ""
-    mpirun = ('mpirun -n "${SLURM_NTASKS}" --map-by "ppr:${SLURM_NTASKS_PER_NODE}:node" '
-              '--bind-to "${HPCRL_BIND:-core}" python -m hpcrl run "$CONFIG" "$@"')
-    srun = ('srun --mpi=pmix --kill-on-bad-exit=1 --cpu-bind="${HPCRL_CPU_BIND:-cores}" '
-            'python -m hpcrl run "$CONFIG" "$@"')
-    launch, other = (srun, mpirun) if request.launcher == "srun" else (mpirun, srun)
+    launch, other = _launchers(request)
+    if request.no_kill:
+        written_by = f" --no-kill --max-relaunches {request.max_relaunches}"
+        healing = (f"# Lost nodes: SLURM keeps the allocation (--no-kill) and this script relaunches hpcrl on the\n"
+                   f"# nodes that still answer, at most {request.max_relaunches} times; the run resumes from its last "
+                   f"checkpoint,\n# and each relaunch is appended to recovery.log in the run directory.\n")
+        no_kill_line = "#SBATCH --no-kill                  # a lost node does not end the allocation (see the loop below)\n"
+        body = _self_healing_body(launch, other, request.max_relaunches)
+    else:
+        written_by = healing = no_kill_line = ""
+        body = _plain_body(launch, other)
     return f"""#!/bin/bash
 # {cfg.env.id} {cfg.algo.name.upper()} on {request.nodes} node{'s' if request.nodes > 1 else ''} x {request.ntasks_per_node} MPI ranks = {world} ({counts}).
-# Written by: hpcrl sbatch {request.config_path} --nodes {request.nodes} --ntasks-per-node {request.ntasks_per_node} --time {request.time} --launcher {request.launcher}
+# Written by: hpcrl sbatch {request.config_path} --nodes {request.nodes} --ntasks-per-node {request.ntasks_per_node} --time {request.time} --launcher {request.launcher}{written_by}
 # Submit from the repository root:  sbatch THIS_FILE [--set KEY=VALUE ...]  (extra arguments go to hpcrl run)
 # Preemption: SLURM sends SIGUSR1 {request.signal_lead_s} s before the time limit; hpcrl writes a checkpoint
 # and every rank exits with status 3; this script then requeues the job, and the requeued job
 # resumes the same run directory from that checkpoint.
-#SBATCH --job-name=hpcrl-{cfg.run.name}
+{healing}#SBATCH --job-name=hpcrl-{cfg.run.name}
 #SBATCH --nodes={request.nodes}                    # edit: nodes (then check: hpcrl plan ... --ranks-per-node)
 #SBATCH --ntasks-per-node={request.ntasks_per_node}          # edit: MPI ranks per node
 #SBATCH --cpus-per-task=1
 #SBATCH --time={request.time}              # edit: wall-clock limit
 {gpu_line}{optional}#SBATCH --signal=B:USR1@{request.signal_lead_s}        # USR1 to this script before the limit (forwarded below)
 #SBATCH --requeue
-#SBATCH --open-mode=append         # a requeued job appends to the same output file
+{no_kill_line}#SBATCH --open-mode=append         # a requeued job appends to the same output file
 #SBATCH --output=%x-%j.out
 set -uo pipefail
 
@@ -81,23 +190,5 @@ export OMP_NUM_THREADS=1           # one thread per rank: the ranks themselves a
 export MPICH_MAX_THREAD_SAFETY=multiple  # (Cray) MPICH: learners need MPI_THREAD_MULTIPLE for Horovod
 
 CONFIG=${{CONFIG:-{request.config_path}}}
-# one rank per core (HPCRL_BIND=none / HPCRL_CPU_BIND=none where ranks outnumber cores, e.g. tests)
-{launch} &
-launcher=$!
-# forward the early-warning signal to the launcher, which passes it to every rank; `wait`
-# returns when a signal arrives, so wait again until the launcher has really finished
-trap 'kill -USR1 $launcher' USR1 TERM
-wait $launcher; status=$?
-while kill -0 $launcher 2>/dev/null; do wait $launcher; status=$?; done
-# the other launcher, if this one does not suit the site:
-# {other}
-
-if [[ $status -eq 3 ]]; then
-    echo "hpcrl: preempted with a checkpoint; requeueing job ${{SLURM_JOB_ID}}"
-    scontrol requeue "${{SLURM_JOB_ID}}"
-    exit 0
-fi
-# 4: an output could not be written (a full disk): not requeued, since it would fail the same way;
-# free space, then submit again to resume from the checkpoint the message names
-exit $status
+{body}
 """
