@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hpcrl.io.checkpoint import load_checkpoint
-from hpcrl.io.metrics import read_metrics
+from hpcrl.io.metrics import read_crossed_nodes, read_metrics
 from tests.conftest import mpirun, run_dir, small_config, write_config
 
 
@@ -38,6 +38,9 @@ def test_short_training_run(tmp_path, ranks, roles):
     metrics = check_finished(result, cfg, 2048)
     env_ranks = max(ranks - 2, 1) if ranks != 2 else 1
     assert metrics["frames"][0] == env_ranks * 16 * 4  # one fragment per env rank per update
+    crossed = read_crossed_nodes(str(run_dir(cfg) / "metrics.h5"))  # one node: nothing crosses
+    assert set(crossed.values()) == {(0, 0)}, crossed
+    assert "crossed nodes" not in result.stdout
 
 
 def test_serial_runs_repeat_exactly_for_a_seed(tmp_path):

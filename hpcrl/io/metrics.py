@@ -159,6 +159,28 @@ class TensorBoardScalars:
         self.writer.close()
 
 
+CROSSED_NODES = "crossed_nodes"  # attributes: what the run's last launch sent across nodes, per stream
+
+
+def write_crossed_nodes(path: str, streams: tuple[str, ...], sums: np.ndarray) -> None:
+    """Attributes of metrics.h5 (not series: they are totals of the launch, not rows):
+    crossed_nodes_streams, crossed_nodes_messages and crossed_nodes_bytes, in the same order."""
+    with h5py.File(path, "a", libver="latest") as f:
+        f.attrs[f"{CROSSED_NODES}_streams"] = list(streams)
+        f.attrs[f"{CROSSED_NODES}_messages"] = sums[:, 0].astype(np.int64)
+        f.attrs[f"{CROSSED_NODES}_bytes"] = sums[:, 1].astype(np.int64)
+
+
+def read_crossed_nodes(path: str) -> dict[str, tuple[int, int]]:
+    """{stream: (messages, bytes)} that crossed nodes in the run's last launch ({} if not recorded)."""
+    with h5py.File(path, "r", libver="latest", swmr=True) as f:
+        if f"{CROSSED_NODES}_streams" not in f.attrs:
+            return {}
+        names = [str(n) for n in f.attrs[f"{CROSSED_NODES}_streams"]]
+        return {n: (int(m), int(b)) for n, m, b in zip(names, f.attrs[f"{CROSSED_NODES}_messages"],
+                                                       f.attrs[f"{CROSSED_NODES}_bytes"])}
+
+
 def read_metrics(path: str) -> dict[str, np.ndarray]:
     """Every series of a metrics file, also while its run is still writing it."""
     with h5py.File(path, "r", libver="latest", swmr=True) as f:

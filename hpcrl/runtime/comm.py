@@ -26,6 +26,7 @@ from mpi4py import MPI  # noqa: E402
 import numpy as np  # noqa: E402
 
 from hpcrl.core.messages import Message  # noqa: E402
+from hpcrl.runtime import traffic  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
@@ -196,6 +197,7 @@ class RequestServer:
                       for r, g, m in zip(self.env_ranks, groups, self.requests)]
         self._send = [comm.Send_init(m.buffer, dest=r, tag=group_tag(Tag.ACTION_REPLY, g))
                       for r, g, m in zip(self.env_ranks, groups, self.replies)]
+        self._remote = traffic.remote(comm, self.env_ranks)
         MPI.Prequest.Startall(self._recv)
 
     def ready(self) -> list[int]:
@@ -215,6 +217,8 @@ class RequestServer:
     def reply(self, i: int) -> None:
         """Send reply buffer i (filled after `reply_buffer(i)`)."""
         self._send[i].Start()
+        if self._remote[i]:
+            traffic.count(traffic.REPLIES, self.replies[i].buffer.nbytes)
 
     def close(self, armed: Sequence[int]) -> None:
         """Complete outstanding replies and cancel the receives still posted (`armed`)."""
@@ -239,6 +243,7 @@ class RequestClient:
         self._send_plain = comm.Send_init([request.buffer[:self.plain_nbytes], MPI.BYTE], dest=self.peer,
                                           tag=self.request_tag)
         self._active: list = []
+        self._remote = traffic.remote(comm, [self.peer])[0]
 
     def send(self, nbytes: int) -> None:
         # Start the receive first so the reply never waits in an unexpected-message queue.
@@ -249,6 +254,8 @@ class RequestClient:
             self._recv.Start()
             self._active = [self._recv, self.comm.Isend([self.request.buffer[:nbytes], MPI.BYTE], dest=self.peer,
                                                         tag=self.request_tag)]
+        if self._remote:
+            traffic.count(traffic.REQUESTS, nbytes)
 
     def test(self) -> bool:
         """True once the reply is in the reply buffer."""

@@ -27,6 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcrl.core.messages import STOP
+from hpcrl.runtime import traffic
 
 CONTROL_WORDS = ("flags", "version")  # int64 words of one control message
 
@@ -74,6 +75,7 @@ class ControlStream:
         self._sends: list = []
         self._recv = (comm.Irecv(self._word, source=self.parent, tag=ControlTag.WORD)
                       if self.parent is not None else MPI.REQUEST_NULL)
+        self._remote_children = sum(traffic.remote(comm, self.children))
 
     @property
     def neighbours(self) -> list[int]:
@@ -119,6 +121,8 @@ class ControlStream:
     def _take_word(self) -> None:
         flags, version = (int(w) for w in self._word)
         self._sends = [self.comm.Isend(self._word, dest=child, tag=ControlTag.WORD) for child in self.children]
+        for _ in range(self._remote_children):
+            traffic.count(traffic.CONTROL, self._word.nbytes)
         self.stop_flags, self.version = flags, version
 
 

@@ -14,9 +14,10 @@ import signal
 import sys
 import time
 
-from hpcrl.runtime import comm
+from hpcrl.runtime import comm, traffic
 
 from hpcrl.io import rundir
+from hpcrl.io.metrics import write_crossed_nodes
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.core.layout import Layout, env_groups, fragments_per_env_rank, plan_layout, sample_slots
@@ -95,6 +96,7 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
                   f"(or pass --overwrite to start it again)", flush=True)
         return 0
     nodes, hosts = comm.node_of_rank(), comm.host_names()
+    traffic.locate(comm.WORLD, nodes)
     try:
         layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes), num_policies(cfg.policies))
         sample_slots(cfg, layout, int(layout.fan_in("learner").max()))  # algo.batch_frames fits; slots hold a batch
@@ -114,6 +116,7 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
                                     signals.requested, heartbeat=lambda: watchdog.tick(True)))
     poll_until_done(roles_here, control, watchdog)
     control.close()
+    _report_crossed_nodes(rank, start, control.stop_flags, len(set(nodes.tolist())))
     watchdog.stop()
     peers.close()  # after the watchdog: waiting for the neighbours' BYE is watched by the peers' clock
     flags = control.stop_flags  # why the run stopped, the same word on every rank: the exit status
@@ -124,6 +127,22 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
     if rank == 0:
         print(f"[hpcrl] done: {start.run_dir}", flush=True)
     return 0
+
+
+def _report_crossed_nodes(rank: int, start: rundir.RunStart, flags: int, n_nodes: int) -> None:
+    """Every rank's cross-node counts summed on rank 0 (collective), which prints them for a
+    multi-node run and writes them to metrics.h5."""
+    sums = traffic.total(comm.WORLD, 0)
+    if rank != 0 or flags & OUTPUT_FAILED:
+        return
+    if n_nodes > 1:
+        print(f"[hpcrl] crossed nodes (messages): {traffic.describe(sums)}", flush=True)
+    metrics = os.path.join(start.run_dir, rundir.METRICS_FILE)
+    try:
+        write_crossed_nodes(metrics, traffic.STREAMS, sums)
+    except OSError as exc:  # the counts are a report: a failed write costs them, not the run
+        print(f"[hpcrl] warning: could not record the cross-node counts in {metrics}: {rundir.os_reason(exc)}",
+              flush=True)
 
 
 def _rank_names(layout: Layout, hosts: list[str]):

@@ -27,6 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcrl.core.messages import STOP, Message, MessageSpec
+from hpcrl.runtime import traffic
 
 PARAMS_TAG = 1
 END = STOP  # flags bit of the last version: the stream closes after it
@@ -49,6 +50,7 @@ class _Edges:
         self.sending = {c: (MPI.REQUEST_NULL, -1) for c in children}  # child -> (request, pool index)
         self.sent_seq = {c: -1 for c in children}
         self.seq = -1  # arrival count of the newest version (versions repeat across resumes)
+        self.remote = dict(zip(children, traffic.remote(comm, children)))
 
     def busy(self, i: int) -> bool:
         return i == self.newest or any(j == i for _, j in self.sending.values())
@@ -71,6 +73,8 @@ class _Edges:
                 continue
             if self.newest is not None and self.sent_seq[child] < self.seq:
                 request = self.comm.Isend(self.pool[self.newest].buffer, dest=child, tag=PARAMS_TAG)
+                if self.remote[child]:
+                    traffic.count(traffic.WEIGHTS, self.pool[self.newest].buffer.nbytes)
                 self.sending[child] = (request, self.newest)
                 self.sent_seq[child] = self.seq
             else:

@@ -28,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcrl.core.messages import STOP, Message
+from hpcrl.runtime import traffic
 
 FAREWELL = 1  # credit-message flag: the receiver has the sender's goodbye; nothing more will come
 
@@ -57,6 +58,7 @@ class SampleReceiver:
         self._credit_req = {s: MPI.REQUEST_NULL for s in self.senders}
         self._owed = {s: [0, 0] for s in self.senders}  # credits and flags not sent yet
         self.held_max = 0  # the most slots ever holding records or awaiting them (<= len(slots))
+        self._remote = dict(zip(self.senders, traffic.remote(comm, self.senders)))
         self._grant()
 
     # --- consumer side ---------------------------------------------------------------------------
@@ -147,6 +149,8 @@ class SampleReceiver:
         self._credit_buf[sender][:] = self._owed[sender]
         self._owed[sender] = [0, 0]
         self._credit_req[sender] = self.comm.Isend(self._credit_buf[sender], dest=sender, tag=SampleTag.CREDIT)
+        if self._remote[sender]:
+            traffic.count(traffic.CREDITS, self._credit_buf[sender].nbytes)
 
 
 class SampleSender:
@@ -163,6 +167,7 @@ class SampleSender:
         self._credit_buf = np.zeros(2, dtype=np.int64)
         self._credit_recv = self.comm.Recv_init(self._credit_buf, source=receiver, tag=SampleTag.CREDIT)
         self._credit_recv.Start()
+        self._remote = traffic.remote(comm, [receiver])[0]
 
     def current(self) -> Message:
         """The buffer being filled."""
@@ -177,6 +182,8 @@ class SampleSender:
         """Send the current buffer (after `can_send`); returns the next one to fill."""
         self.credits -= 1
         self._send[self._next].Start()
+        if self._remote:
+            traffic.count(traffic.RECORDS, self.buffers[self._next].buffer.nbytes)
         self._next = (self._next + 1) % len(self.buffers)
         return self.buffers[self._next]
 
