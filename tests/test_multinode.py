@@ -4,14 +4,15 @@ cluster: a node that dies, one cut off from the network, one that stops for a wh
 holds with the default config (run.peer_timeout_s = 30 s); after a dead node and after a cut while
 checkpointing (the hardest run directory to resume) the run resumes on the node left."""
 import os
+import re
 import time
 
 import numpy as np
 import pytest
 
 from hpcrl.io.checkpoint import inspect_latest
-from hpcrl.io.metrics import read_metrics
-from tests.conftest import run_dir, small_config, write_config
+from hpcrl.io.metrics import read_crossed_nodes, read_metrics
+from tests.conftest import run_dir, run_hpcrl, small_config, write_config
 from tests.emulated_cluster import Cluster
 
 JOB = "jobs/cartpole_ppo_multinode.yaml"  # a learner and an inference rank per node: Horovod over TCP
@@ -73,6 +74,38 @@ def test_every_algorithm_family_trains_with_its_actors_on_another_node(healthy, 
     assert metrics["frames"][-1] >= cfg["run"]["total_frames"]
     assert metrics["policy_version"].tolist() == list(range(1, len(metrics["policy_version"]) + 1))
     assert metrics["episodes"].sum() > 0
+    predicted = predicted_crossing(str(write_config(tmp_path, cfg)), 4, 2)
+    assert predicted[2:] == (2, 2)  # both env ranks' requests and fragments cross; no weights copy does
+    check_crossed_nodes(str(run_dir(cfg) / "metrics.h5"), predicted, exact_versions=False)
+
+
+def predicted_crossing(config: str, world: int, per_node: int, *sets: str) -> tuple[int, int, int, int]:
+    """`hpcrl plan`'s crossing nodes: (weights copies per version, bytes of one, env ranks whose
+    policy server is on another node, env ranks whose learner is)."""
+    plan = run_hpcrl("plan", config, "--world-size", str(world), "--ranks-per-node", str(per_node),
+                     *(a for s in sets for a in ("--set", s)))
+    found = re.search(r"crossing nodes: (\d+) cop\w+ of each weights version \(([\d,]+) bytes.*\n.*requests and "
+                      r"replies of ([\d,]+) of [\d,]+ env ranks .*, fragments of ([\d,]+)", plan.stdout)
+    assert found, plan.stdout + plan.stderr
+    return tuple(int(g.replace(",", "")) for g in found.groups())
+
+
+def check_crossed_nodes(metrics_path: str, predicted: tuple[int, int, int, int], exact_versions: bool) -> None:
+    """The run's measured cross-node counts against the plan's prediction: a stream crosses only
+    where the plan says so, every request and reply of a remote env rank crosses, and each weights
+    version crosses once to each node but the root's (in sync mode exactly: no version is skipped)."""
+    copies, size, remote_inference, remote_learner = predicted
+    crossed = read_crossed_nodes(metrics_path)
+    assert set(crossed) == {"requests", "replies", "records", "credits", "weights", "control"}, crossed
+    if remote_inference:
+        assert crossed["requests"][0] == crossed["replies"][0] > 0, crossed
+    else:
+        assert crossed["requests"] == crossed["replies"] == (0, 0), crossed
+    assert (crossed["records"][0] > 0) == (remote_learner > 0) == (crossed["credits"][0] > 0), crossed
+    versions = int(read_metrics(metrics_path)["policy_version"][-1]) + 1  # from the initial weights (0) on
+    messages, nbytes = crossed["weights"]
+    assert nbytes == messages * size, crossed
+    assert messages == copies * versions if exact_versions else copies <= messages <= copies * versions, crossed
 
 
 def start_and_train(cluster: Cluster, tmp_path, *settings: str, pause: dict | None = None):
@@ -166,3 +199,7 @@ def test_sync_ppo_across_nodes_averages_over_tcp_and_waits_out_a_stopped_node(he
     assert metrics["policy_version"].tolist() == list(range(1, len(metrics["policy_version"]) + 1))
     digests = metrics["replica_digest"]  # the learner on n1 averaged with the one on n0 every step
     assert np.all(digests[:, 0] == digests[:, 1]) and len(set(digests[:, 0])) == len(digests)
+    predicted = predicted_crossing(JOB, RANKS, PER_NODE, "roles.inference.per_node=1")
+    assert predicted[0] == 1 and predicted[2:] == (0, 0)  # per-node layout: only weights cross
+    check_crossed_nodes(run_path(tmp_path) + "/metrics.h5", predicted, exact_versions=True)
+    assert "[hpcrl] crossed nodes (messages): requests 0, replies 0, records 0, credits 0, weights" in out

@@ -208,7 +208,7 @@ def _plan(args) -> int:
         return _user_error(f"hpcrl: config error: {exc}")
     t = traffic(cfg, layout, spaces, n_params, args.env_steps_per_s)
     print(format_plan(cfg, layout, t, args.env_steps_per_s, args.per_rank or args.world_size <= 64, mem,
-                      int(args.memory_per_rank_gib * 2**30)))
+                      int(args.memory_per_rank_gib * 2**30), n_params))
     return 0
 
 

@@ -111,6 +111,37 @@ def traffic(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int, ste
                               if len(layout.learners) > 1 else 0.0))
 
 
+@dataclass
+class Crossing:
+    """What crosses nodes in a layout, per event: the prediction that a run's measured counts
+    (metrics.h5's crossed_nodes attributes, `hpcrl.runtime.traffic`) are checked against."""
+
+    weights_copies: int  # messages per weights version: one to each node holding a policy copy, but the root's
+    weights_bytes: int  # bytes of one of them
+    remote_inference: int  # env ranks whose policy server is on another node: each step's request and reply cross
+    remote_learner: int  # env ranks (per policy) whose learner is on another node: each fragment and credit crosses
+
+
+def crossing(layout: Layout, num_params: int) -> Crossing:
+    node = layout.node_of_rank
+    root = layout.learner_root
+    holders = {int(node[r]) for r in layout.weight_subscribers()}
+    served = layout.env_inference != INLINE
+    remote_inference = int(np.sum(node[layout.env_inference[served]] != node[layout.envs[served]]))
+    remote_learner = int(np.sum(node[layout.env_learners] != node[layout.envs][None, :]))
+    return Crossing(len(holders - {int(node[root])}), weights_spec(num_params).nbytes, remote_inference,
+                    remote_learner)
+
+
+def _crossing_lines(layout: Layout, c: Crossing) -> list[str]:
+    envs = len(layout.envs)
+    copies = f"{c.weights_copies} cop{'y' if c.weights_copies == 1 else 'ies'}"
+    return [f"crossing nodes: {copies} of each weights version ({c.weights_bytes:,} bytes; one per node that "
+            f"holds a policy copy, but the learner root's)",
+            f"  requests and replies of {c.remote_inference:,} of {envs:,} env ranks (a policy server on another "
+            f"node), fragments of {c.remote_learner:,} (a learner on another node)"]
+
+
 def warnings(cfg: Config, layout: Layout, mem: Memory | None = None,
              memory_per_rank: int = DEFAULT_MEMORY_PER_RANK) -> list[str]:
     """Layout problems worth fixing before a long job: fan-in and memory limits, imbalance,
@@ -202,7 +233,7 @@ def _batch_line(cfg: Config, layout: Layout) -> str:
 
 
 def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float, per_rank: bool,
-                mem: Memory | None = None, memory_per_rank: int = DEFAULT_MEMORY_PER_RANK) -> str:
+                mem: Memory | None = None, memory_per_rank: int = DEFAULT_MEMORY_PER_RANK, num_params: int = 0) -> str:
     n_nodes = len(np.unique(layout.node_of_rank))
     lines = [f"world size {layout.world_size:,} on {n_nodes:,} node{'s' if n_nodes > 1 else ''}; "
              f"env {cfg.env.id} x {cfg.env.num_envs} per env rank, rollout {cfg.algo.rollout_length}"]
@@ -237,6 +268,8 @@ def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float
                     "as many updates as the learners can train (no algo.replay.replay_ratio)"))
     if t.allreduce_per_second:
         lines.append(f"  each learner    allreduces {_rate(t.allreduce_per_second)} of gradients")
+    if n_nodes > 1 and num_params:
+        lines += _crossing_lines(layout, crossing(layout, num_params))
     if mem is not None:
         lines.append("memory for buffers, batch and model (busiest rank of each role):")
         lines.append(f"  learner {_bytes(mem.learner)} ({sample_slots(cfg, layout, int(learner_fan.max()))} sample "
