@@ -151,7 +151,9 @@ def test_without_batch_frames_a_batch_is_one_fragment_per_env_rank_as_before():
         assert list(layout.fan_in("learner")) == [3, 2] and update_frames(cfg, layout) == 5 * 64
         assert fragments_per_env_rank(cfg, layout) == 1
         assert [batch_fragments(cfg, layout, f) for f in (3, 2)] == [3, 2]
-        assert [sample_slots(cfg, layout, f) for f in (3, 2)] == [6, 4]  # two per env rank
+        # two per env rank; async: a batch plus two per other env rank, so one env rank alone can
+        # fill a batch while the others stall holding their credits
+        assert [sample_slots(cfg, layout, f) for f in (3, 2)] == ([6, 4] if mode == "sync" else [7, 4])
         assert [batch_share(cfg, layout, f) for f in (3, 2)] == [3 * 2 / 5, 2 * 2 / 5]  # by fan-in
 
 
@@ -182,7 +184,8 @@ def test_async_batch_frames_is_the_same_whole_number_of_fragments_for_every_lear
     assert update_frames(cfg, layout) == 768
     assert [batch_fragments(cfg, layout, f) for f in (3, 2)] == [6, 6]  # whatever the fan-in
     assert [batch_share(cfg, layout, f) for f in (3, 2)] == [1.0, 1.0]
-    assert [sample_slots(cfg, layout, f) for f in (3, 2)] == [6 + 3, 6 + 2]  # a batch and one per env rank
+    # a batch and two per other env rank (their credits, should they stall), not below a batch and one per env rank
+    assert [sample_slots(cfg, layout, f) for f in (3, 2)] == [6 + 2 * 2, 6 + 2]
     small = batch_job("mode: async, batch_frames: 128", 8, learners=2)  # 1 fragment per learner
     assert sample_slots(*small, 3) == 6  # never below two per env rank
     with pytest.raises(ConfigError) as info:
@@ -198,7 +201,7 @@ def test_async_batch_frames_is_the_same_whole_number_of_fragments_for_every_lear
 def test_sample_slots_must_hold_a_batch_of_batch_frames():
     with pytest.raises(ConfigError, match=r"sample_slots: 5 slots cannot hold a batch of 6 fragments "
                                           r"\(algo.batch_frames 768 over 2 learners\); use at least 6 "
-                                          r"\(or leave it unset for the default, 9\)"):
+                                          r"\(or leave it unset for the default, 10\)"):
         sample_slots(*batch_job("mode: async, batch_frames: 768", 8, learners=2, slots="5"), 3)
     assert sample_slots(*batch_job("mode: async, batch_frames: 768", 8, learners=2, slots="6"), 3) == 6
     sync = "mode: sync, batch_frames: 256"  # 2 env ranks x 2 fragments: a batch is all the slots need

@@ -5,6 +5,7 @@ holds with the default config (run.peer_timeout_s = 30 s); after a dead node and
 checkpointing (the hardest run directory to resume) the run resumes on the node left."""
 import os
 import re
+import signal
 import time
 
 import numpy as np
@@ -145,6 +146,35 @@ def resume_on_n0(cluster: Cluster, tmp_path) -> str:
     assert metrics["policy_version"].tolist() == list(range(1, len(metrics["policy_version"]) + 1))
     assert metrics["frames"][-1] >= frames + 4096
     return out
+
+
+def test_async_trains_on_at_the_other_nodes_pace_while_one_is_stopped(healthy, tmp_path):
+    """APPO with its learner and policy server on n0, one env rank there and two on n1; n1 stopped
+    for 20 s (less than the peer timeout): the learner trains on n0's fragments meanwhile, nothing
+    aborts, and once n1 goes on the run ends normally (preempted here), its versions one series."""
+    cfg = small_config(tmp_path, algo={"mode": "async"})
+    cfg["run"].update(total_frames=100_000_000, target_return=None)
+    proc = healthy.start(5, "run", str(write_config(tmp_path, cfg)), hosts="n0:3,n1:2")
+    metrics = str(run_dir(cfg) / "metrics.h5")
+    deadline = time.monotonic() + 180
+    while rows(metrics) < 3:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the run did not get going:\n{proc.communicate()[0]}")
+        time.sleep(0.2)
+    healthy.fault("stop", "n1")
+    before = rows(metrics)
+    time.sleep(20)
+    during = rows(metrics) - before
+    healthy.fault("cont", "n1")
+    time.sleep(5)
+    proc.send_signal(signal.SIGUSR1)  # the Popen is mpirun itself (cluster.sh execs it): it checkpoints
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 3, out
+    assert "heard nothing" not in out and "[hpcrl] nodes: n0 ranks 0-2; n1 ranks 3-4" in out
+    assert during >= 3, f"{during} updates while n1 was stopped"  # n0's env rank alone fed the learner
+    series = read_metrics(metrics)
+    assert series["policy_version"].tolist() == list(range(1, len(series["policy_version"]) + 1))
 
 
 def test_a_node_that_dies_ends_the_job_in_seconds_and_the_run_resumes_on_the_other(healthy, tmp_path):

@@ -54,8 +54,9 @@ class RoleSpec:
         "algo.batch_frames sets (sync mode with more than two fragments per env rank and version: also two "
         "per other env rank, for the credits of env ranks that have sent their share). Default: the larger of "
         "two per env rank and a batch plus one per env rank (and never below that minimum), so the next batch "
-        "arrives while one trains; DQN: one per env rank, since records held back for the replay ratio grow "
-        "old", default=None)
+        "arrives while one trains; async mode: at least a batch plus two per other env rank, so that env ranks "
+        "stalled with their credits (a stopped node) never keep the others from making a batch; DQN: one per "
+        "env rank, since records held back for the replay ratio grow old", default=None)
 
 
 @dataclass

@@ -392,8 +392,14 @@ def sample_slots(cfg: Config, layout: Layout, fan_in: int) -> int:
         # a replay takes records in as they come, unless it holds them back to keep its replay
         # ratio: then every slot more is a record that waits and grows older (policy lag)
         return fan_in
+    default = max(2 * fan_in, batch + fan_in, minimum)
+    if cfg.algo.mode == "async":
+        # env ranks that stall (a stopped or throttled node) keep the credits they hold, and their
+        # slots with them; async mode trains on whoever delivers, so one env rank alone must still
+        # be able to fill a batch (measured: without this, APPO stopped while a node was frozen)
+        default = max(default, batch + FRAGMENT_BUFFERS * (fan_in - 1))
     if slots is None:
-        return max(2 * fan_in, batch + fan_in, minimum)
+        return default
     if slots >= minimum:
         return slots
     if cfg.algo.batch_frames is None:
@@ -407,4 +413,4 @@ def sample_slots(cfg: Config, layout: Layout, fan_in: int) -> int:
         why += (f" plus the {FRAGMENT_BUFFERS} credits each of the other {fan_in - 1} env ranks may still hold once "
                 f"it has sent its {k} fragments of a policy version")
     raise ConfigError(f"roles.learner.sample_slots: {slots} slots cannot hold {why}; use at least {minimum} (or "
-                      f"leave it unset for the default, {max(2 * fan_in, batch + fan_in, minimum)})")
+                      f"leave it unset for the default, {default})")
