@@ -1,8 +1,10 @@
 """Multi-node for real: jobs across the emulated cluster of scripts/cluster.sh (network namespaces,
 a host name each, TCP between them, shared memory only inside a node), and the faults of a real
-cluster: a node that dies, one cut off from the network, one that stops for a while. Every bound
-holds with the default config (run.peer_timeout_s = 30 s); after a dead node and after a cut while
-checkpointing (the hardest run directory to resume) the run resumes on the node left."""
+cluster: a node that dies, one cut off from the network, one that stops for a while (sync PPO
+waits for it, APPO trains on with the other node). Every bound holds with the default config
+(run.peer_timeout_s = 30 s); after a dead node and after every cut (while sampling, averaging or
+checkpointing) the run resumes on the node left. Each run's cross-node counts are checked against
+`hpcrl plan`'s prediction."""
 import os
 import re
 import signal
@@ -205,8 +207,9 @@ def test_a_node_cut_off_ends_the_job_on_both_sides(healthy, tmp_path, pause):
     assert "has heard nothing from rank 4 (env rank on node n1)" in out or \
         "has heard nothing from rank 4 (learner rank on node n1)" in out, out
     assert "(run.peer_timeout_s = 30)" in out
+    resumed = resume_on_n0(healthy, tmp_path)  # with n1 still cut off
     if pause and pause["HPCRL_PAUSE_INSIDE"].startswith("checkpoint"):
-        assert "a checkpoint a stopped run had not finished writing" in resume_on_n0(healthy, tmp_path)
+        assert "a checkpoint a stopped run had not finished writing" in resumed
 
 
 def test_sync_ppo_across_nodes_averages_over_tcp_and_waits_out_a_stopped_node(healthy, tmp_path):
