@@ -331,7 +331,9 @@ def validate(cfg: Config) -> None:
     _check(cfg.roles.env.ranks != 0, "roles.env.ranks: at least 1 env rank is needed")
 
     r, e, a, m = cfg.run, cfg.env, cfg.algo, cfg.model
-    _check(bool(r.name) and "/" not in r.name, f"run.name: expected a non-empty name without '/', got {r.name!r}")
+    # one path component: the run directory is output_dir/name, and --overwrite empties it
+    _check(bool(r.name) and r.name not in (".", "..") and "/" not in r.name and "\0" not in r.name,
+           f"run.name: expected one directory name such as cartpole_ppo (not '.', '..', nor a path), got {r.name!r}")
     _check(r.total_frames > 0, f"run.total_frames: expected a positive integer, got {r.total_frames}")
     _check(r.log_interval_s > 0, f"run.log_interval_s: expected > 0 seconds, got {r.log_interval_s}")
     _check(r.checkpoint_interval_s > 0,

@@ -68,6 +68,7 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "") -> RunStart:
     run_dir = os.path.join(cfg.run.output_dir, cfg.run.name)
     checkpoint = os.path.join(run_dir, CHECKPOINT_FILE)
     start = RunStart(run_dir=run_dir, config_text=to_yaml(cfg))
+    _check_inside(run_dir, cfg.run.output_dir)
     if overwrite and os.path.isdir(run_dir):
         shutil.rmtree(run_dir)
     elif os.path.isdir(run_dir):
@@ -99,11 +100,33 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "") -> RunStart:
     os.makedirs(run_dir, exist_ok=True)
     if relaunch:
         where = (f"resuming from {start.resume_file}: policy version {start.start_version}, "
-                 f"{start.start_frames:,} frames" if start.resume_file else "starting from the beginning (no checkpoint)")
+                 f"{start.start_frames:,} frames" if start.resume_file else
+                 "starting from the beginning (no checkpoint)")
         _log_repairs(run_dir, [f"{relaunch}; {where}"])
-    with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as fh:
-        fh.write(start.config_text)
+    _replace_text(os.path.join(run_dir, "config.yaml"), start.config_text)
     return start
+
+
+def _check_inside(run_dir: str, output_dir: str) -> None:
+    """The run directory is a real directory right inside output_dir (run.name is one path
+    component, checked with the config): nothing hpcrl writes or deletes there lands elsewhere."""
+    if os.path.islink(run_dir):
+        raise ConfigError(f"run directory {run_dir!r} is a symbolic link (to {os.readlink(run_dir)!r}); hpcrl writes "
+                          f"and deletes only inside a real directory under run.output_dir: put the directory itself "
+                          f"there, or choose another run.name")
+    if os.path.dirname(os.path.realpath(run_dir)) != os.path.realpath(output_dir):
+        raise ConfigError(f"run directory {run_dir!r} resolves to {os.path.realpath(run_dir)!r}, outside "
+                          f"run.output_dir {output_dir!r}; choose another run.name")
+
+
+def _replace_text(path: str, text: str) -> None:
+    """Write a small text file by temp-and-rename: a symbolic link at `path` is replaced, never
+    written through."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 def _already_finished(cfg: Config, counters: dict) -> str:
@@ -138,7 +161,12 @@ def _log_repairs(run_dir: str, repairs: list[str]) -> None:
     if not repairs:
         return
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    with open(os.path.join(run_dir, RECOVERY_LOG), "a", encoding="utf-8") as fh:
+    path = os.path.join(run_dir, RECOVERY_LOG)
+    if os.path.islink(path):  # O_NOFOLLOW below refuses it too; this says why
+        raise ConfigError(f"{path} is a symbolic link (to {os.readlink(path)!r}); hpcrl appends to the run's own file, "
+                          f"never through a link: remove the link (its target is untouched), then run again")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
         fh.writelines(f"{stamp} {line}\n" for line in repairs)
 
 

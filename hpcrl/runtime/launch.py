@@ -45,7 +45,8 @@ def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size
         # cannot take the observations (or a policies table that does not fit the env's agents) is
         # a ConfigError now, not on every rank later
         n_params = [num_params(build_policy(s, cfg)) for s in policy_spaces(spaces, cfg.policies)]
-        return {"cfg": cfg, "spaces": spaces, "num_params": n_params, "start": rundir.prepare(cfg, overwrite, os.environ.get("HPCRL_RELAUNCH", ""))}
+        start = rundir.prepare(cfg, overwrite, os.environ.get("HPCRL_RELAUNCH", ""))
+        return {"cfg": cfg, "spaces": spaces, "num_params": n_params, "start": start}
     except ConfigError as exc:
         return {"error": str(exc)}
     except OSError as exc:  # a full disk or an unwritable output_dir: not a config mistake
