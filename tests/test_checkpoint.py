@@ -97,6 +97,25 @@ def test_corrupt_or_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path
     assert ck["counters"] == {"frames": 1} and "unreadable checkpoint" in problems[0]
 
 
+def test_a_damaged_latest_checkpoint_never_replaces_the_good_previous_one(tmp_path):
+    """The run resumed from checkpoint.prev.h5 because checkpoint.h5 was damaged: its next
+    checkpoint sets the damaged file aside instead of rotating it over the good one."""
+    model, opt = trained()
+    rng = np.random.default_rng(0)
+    path = str(tmp_path / "checkpoint.h5")
+    save_checkpoint(path, model, opt, {"frames": 1}, rng, "first")
+    save_checkpoint(path, model, opt, {"frames": 2}, rng, "second")
+    with open(path, "r+b") as fh:  # a write cut short
+        fh.truncate(os.path.getsize(path) // 2)
+    save_checkpoint(path, model, opt, {"frames": 3}, rng, "third")
+    assert load_checkpoint(str(tmp_path / "checkpoint.prev.h5"))["counters"] == {"frames": 1}
+    assert load_checkpoint(path)["counters"] == {"frames": 3}
+    damaged = [n for n in os.listdir(tmp_path) if n.startswith("checkpoint.damaged.")]
+    assert len(damaged) == 1  # kept for a look, never deleted
+    save_checkpoint(path, model, opt, {"frames": 4}, rng, "fourth")  # healthy again: the usual rotation
+    assert load_checkpoint(str(tmp_path / "checkpoint.prev.h5"))["counters"] == {"frames": 3}
+
+
 def test_damage_anywhere_in_the_file_is_a_checkpoint_error_and_the_previous_one_is_used(tmp_path):
     """Bytes overwritten at any place (data, HDF5 metadata, the superblock) make the checkpoint
     unusable, never crash the reader: load_latest reports it and falls back."""

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import random
+import time
 from typing import Any, Callable
 
 import h5py
@@ -183,11 +184,26 @@ def _write_whole(path: str, fill: Callable[[h5py.File], None], install: Callable
             os.unlink(tmp)
 
 
+_installed: dict[str, tuple[int, int]] = {}  # path -> (inode, mtime_ns) of the file this process installed there
+
+
 def _install(complete: str, path: str) -> None:
-    """Make a complete checkpoint file the latest; the latest becomes the previous one."""
+    """Make a complete checkpoint file the latest; the latest becomes the previous one if it is
+    usable. An unusable latest (corrupt, truncated: the run resumed from the previous one) is
+    set aside as `*.damaged.<time>.h5` instead, so it never pushes out the good previous one."""
     if os.path.exists(path):
-        os.replace(path, previous_path(path))  # a crash right here leaves the previous one to load
+        stat = os.stat(path)
+        known_good = _installed.get(path) == (stat.st_ino, stat.st_mtime_ns)  # skip re-hashing our own
+        try:
+            if not known_good:
+                read_summary(path)
+            target = previous_path(path)
+        except CheckpointError:
+            target = f"{os.path.splitext(path)[0]}.damaged.{time.strftime('%Y%m%d-%H%M%S')}.h5"
+        os.replace(path, target)  # a crash right here leaves the previous one to load
     os.replace(complete, path)
+    stat = os.stat(path)
+    _installed[path] = (stat.st_ino, stat.st_mtime_ns)
 
 
 def recover_temporaries(path: str) -> list[str]:
