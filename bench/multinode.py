@@ -4,6 +4,8 @@
   is what TCP between nodes costs against shared memory inside one, not more hardware. Two layouts:
   `cartpole_ppo` as shipped (one policy server: the env ranks off its node send every step's
   observations over TCP), and the same with inline inference (only records and weights cross);
+  with each run's bytes per frame that crossed nodes, per stream (as the run counted them on the
+  wire: metrics.h5's crossed_nodes attributes);
 - the streams between two nodes: `bench/comm.py` (the inference stream's round trip and the sample
   stream's bandwidth against raw mpi4py on the same bytes) run with one rank on n0 and one on n1,
   so every message crosses TCP;
@@ -27,6 +29,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from report import emit, run_rate  # noqa: E402
 
+from hpcrl.io.metrics import read_crossed_nodes, read_metrics  # noqa: E402
 from tests.emulated_cluster import SCRIPT, Cluster  # noqa: E402
 
 SHAPES = {"1x8": "n0:8", "2x4": "n0:4,n1:4", "4x2": "n0:2,n1:2,n2:2,n3:2"}
@@ -39,12 +42,20 @@ def rates(cluster: Cluster, seconds: float, out_dir: str) -> list[dict]:
         base = None
         for shape, hosts in SHAPES.items():
             launcher = ["env", f"HPCRL_CLUSTER={cluster.name}", "bash", str(SCRIPT), "run", "-n", "8", "--host", hosts]
-            rate = run_rate("jobs/cartpole_ppo.yaml", 8, seconds, out_dir, f"mn{len(results)}", overrides, launcher)
+            name = f"mn{len(results)}"
+            rate = run_rate("jobs/cartpole_ppo.yaml", 8, seconds, out_dir, name, overrides, launcher)
             base = base or rate["frames_per_s"]
             results.append({"layout": layout, "nodes_x_ranks": shape, "frames_per_s": round(rate["frames_per_s"]),
-                            "relative_to_1_node": round(rate["frames_per_s"] / base, 2)})
+                            "relative_to_1_node": round(rate["frames_per_s"] / base, 2),
+                            "crossing_bytes_per_frame": crossing_per_frame(os.path.join(out_dir, name, "metrics.h5"))})
             print(results[-1], file=sys.stderr, flush=True)
     return results
+
+
+def crossing_per_frame(metrics: str) -> dict:
+    """Bytes per trained frame that crossed nodes, per stream that carried any."""
+    frames = int(read_metrics(metrics)["frames"][-1])
+    return {stream: round(nbytes / frames, 2) for stream, (_, nbytes) in read_crossed_nodes(metrics).items() if nbytes}
 
 
 def streams_over_tcp(cluster: Cluster) -> list[dict]:
