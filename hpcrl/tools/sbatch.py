@@ -60,7 +60,10 @@ def _launchers(request: JobRequest) -> tuple[str, str]:
         mpirun_where, srun_where = '-n "${SLURM_NTASKS}"', ""
     mpirun = (f'mpirun {mpirun_where} --map-by "ppr:{per_node}:node" '
               '--bind-to "${HPCRL_BIND:-core}" python -m hpcrl run "$CONFIG" "$@"')
-    srun = (f'srun --mpi=pmix --kill-on-bad-exit=1 {srun_where}--cpu-bind="${{HPCRL_CPU_BIND:-cores}}" '
+    # --kill-on-bad-exit=0: hpcrl ends every rank itself (the same status on every rank for its
+    # verdicts, MPI_Abort on a failure); srun's kill of the ranks still leaving after the first
+    # turned a config error's 2 (or a preemption's 3) into 137, which the script then misread
+    srun = (f'srun --mpi=pmix --kill-on-bad-exit=0 {srun_where}--cpu-bind="${{HPCRL_CPU_BIND:-cores}}" '
             'python -m hpcrl run "$CONFIG" "$@"')
     return (srun, mpirun) if request.launcher == "srun" else (mpirun, srun)
 
