@@ -32,9 +32,6 @@ slurm_write_config() {
 ClusterName=hpcrl-$hash
 SlurmctldHost=ctl($prefix.254)
 SlurmctldPort=$(slurm_port)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
 StateSaveLocation=$slurm_dir/ctld
 SlurmctldPidFile=$slurm_dir/slurmctld.pid
 SlurmctldLogFile=$slurm_dir/slurmctld.log
@@ -42,20 +39,8 @@ SlurmdSpoolDir=$slurm_dir/%n
 SlurmdPidFile=$slurm_dir/%n/slurmd.pid
 SlurmdLogFile=$slurm_dir/%n/slurmd.log
 TmpFS=$slurm_dir/%n/tmp
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-MpiDefault=none
-ReturnToService=2
 SlurmdTimeout=$SLURMD_TIMEOUT
-JobRequeue=1
-SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1
-MinJobAge=3600
-KillWait=10
-InactiveLimit=0
+$(bash "$(dirname "${BASH_SOURCE[0]}")/slurm.sh" settings)
 CONF
         for ((i = 0; i < n; i++)); do
             echo "NodeName=n$i NodeAddr=$prefix.$((i + 1)) CPUs=$(cat "$state/slots") RealMemory=4096 State=UNKNOWN"

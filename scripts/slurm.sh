@@ -6,6 +6,7 @@
 #   bash scripts/slurm.sh status   exit 0 when the node is up
 #   bash scripts/slurm.sh prepare  only install SLURM and munge and start munged (scripts/cluster.sh
 #                                  uses it for SLURM across emulated nodes)
+#   bash scripts/slurm.sh settings print the slurm.conf lines both SLURMs share (scripts/cluster.sh too)
 # The node is declared with 16 CPUs whatever the machine has (SlurmdParameters=config_overrides),
 # so a 4- or 6-task job is accepted on a 2-core machine; mpirun inside a job uses the allocation.
 set -euo pipefail
@@ -30,21 +31,11 @@ install() {
     apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
 }
 
-write_config() {
-    mkdir -p "$state/ctld" "$state/d" /etc/slurm
-    cat > "$conf" <<CONF
-# Written by hpcrl's scripts/slurm.sh: a single-node test cluster.
-ClusterName=hpcrl-test
-SlurmctldHost=$node
+settings() {  # what this single-node SLURM and the emulated cluster's (scripts/cluster_slurm.sh) share
+    cat <<CONF
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-StateSaveLocation=$state/ctld
-SlurmdSpoolDir=$state/d
-SlurmctldPidFile=$state/slurmctld.pid
-SlurmdPidFile=$state/slurmd.pid
-SlurmctldLogFile=$state/slurmctld.log
-SlurmdLogFile=$state/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -58,6 +49,22 @@ SchedulerParameters=bf_interval=1
 MinJobAge=3600
 KillWait=10
 InactiveLimit=0
+CONF
+}
+
+write_config() {
+    mkdir -p "$state/ctld" "$state/d" /etc/slurm
+    cat > "$conf" <<CONF
+# Written by hpcrl's scripts/slurm.sh: a single-node test cluster.
+ClusterName=hpcrl-test
+SlurmctldHost=$node
+StateSaveLocation=$state/ctld
+SlurmdSpoolDir=$state/d
+SlurmctldPidFile=$state/slurmctld.pid
+SlurmdPidFile=$state/slurmd.pid
+SlurmctldLogFile=$state/slurmctld.log
+SlurmdLogFile=$state/slurmd.log
+$(settings)
 NodeName=$node CPUs=16 RealMemory=4096 State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
 CONF
@@ -109,5 +116,6 @@ case "${1:-}" in
     stop) stop ;;
     status) node_up ;;
     prepare) prepare ;;
-    *) echo "usage: $0 start|stop|status|prepare" >&2; exit 2 ;;
+    settings) settings ;;
+    *) echo "usage: $0 start|stop|status|prepare|settings" >&2; exit 2 ;;
 esac
