@@ -35,13 +35,13 @@ def _parser() -> argparse.ArgumentParser:
     sb.add_argument("--time", default="01:00:00", help="wall-clock limit, [D-]HH:MM:SS (default 01:00:00)")
     sb.add_argument("--launcher", default="mpirun", help="mpirun (default) or srun")
     sb.add_argument("--partition")
+    sb.add_argument("--account")
     sb.add_argument("--no-kill", action="store_true",
                     help="a self-healing script: a lost node does not end the allocation, and the script "
                          "relaunches hpcrl on the nodes still answering, which resumes from its checkpoint")
     sb.add_argument("--max-relaunches", type=int, default=3,
                     help="with --no-kill: relaunches per job at most (default 3; HPCRL_MAX_RELAUNCHES at submit "
                          "time overrides it)")
-    sb.add_argument("--account")
     sb.add_argument("-o", "--output", help="write the script here (default: print it)")
     ins = sub.add_parser("inspect", help="print a run directory's config, progress and checkpoints (no MPI)")
     ins.add_argument("run_dir", help="run directory (run.output_dir/run.name, e.g. runs/cartpole_ppo)")
