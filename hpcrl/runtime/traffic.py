@@ -48,11 +48,6 @@ def count(stream: int, nbytes: int) -> None:
     _table[stream, 1] += nbytes
 
 
-def table() -> np.ndarray:
-    """This process's counts so far: [stream] -> (messages, bytes)."""
-    return _table.copy()
-
-
 def total(comm, root: int) -> np.ndarray | None:
     """Collective over `comm` at the end of a run: every rank's counts summed on `root` (None
     elsewhere). Polled, not waited on, so the watchdog and the liveness threads keep judging."""
