@@ -40,13 +40,13 @@ def test_ranges_and_choices():
     assert "roles.learner.device: expected one of cpu, cuda, got 'tpu'" in error_of(
         "roles: {learner: {ranks: 1, device: tpu}}")
     assert "algo.mode: expected 'sync'" in error_of("algo: {mode: turbo}")
-    assert "env.num_envs: expected >= 1, got 0" in error_of("env: {num_envs: 0}")
+    assert "env.num_envs: expected 1 to 65,536, got 0" in error_of("env: {num_envs: 0}")
     assert "run.total_frames: expected a positive integer" in error_of("run: {total_frames: 0}")
     assert "roles.env.ranks: expected a count >= 0 or 'rest', got -1" in error_of("roles: {env: {ranks: -1}}")
     assert "at least 1 learner rank" in error_of("roles: {learner: {ranks: 0}}")
     assert "only one role may use ranks: rest" in error_of(
         "roles: {inference: {ranks: rest}, env: {ranks: rest}}")
-    assert "model.hidden_sizes: expected a list of positive integers" in error_of("model: {hidden_sizes: [64, 0]}")
+    assert "model.hidden_sizes: expected a list of 1 to 64 widths, each 1 to 65,536" in error_of("model: {hidden_sizes: [64, 0]}")
     assert "cannot be cut from one fragment of 8 frames" in error_of(
         "algo: {rollout_length: 2, num_minibatches: 9}\nenv: {num_envs: 4}")
 
@@ -54,7 +54,7 @@ def test_ranges_and_choices():
 def test_env_backend_preset_and_atari_options_are_checked():
     assert "env.backend: expected one of sync, numpy, envpool, got 'gpu'" in error_of("env: {backend: gpu}")
     assert "env.preset: expected null or one of atari, got 'mujoco'" in error_of("env: {preset: mujoco}")
-    assert "env.atari.frame_stack: expected >= 1, got 0" in error_of(
+    assert "env.atari.frame_stack: expected 1 to 64, got 0" in error_of(
         "env: {id: ALE/Pong-v5, preset: atari, atari: {frame_stack: 0}}")
     assert "env.atari.repeat_action_probability: expected a number in [0, 1]" in error_of(
         "env: {id: ALE/Pong-v5, preset: atari, atari: {repeat_action_probability: 2}}")

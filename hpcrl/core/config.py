@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from hpcrl.core.config_base import ConfigError, check, doc
+from hpcrl.core.config_base import ConfigError, check, doc, load_yaml, shown
 from hpcrl.core.config_dqn import DQNConfig, ReplayConfig, validate_dqn
 from hpcrl.core.config_selfplay import SelfPlayConfig, validate_selfplay
 from hpcrl.core.dataflow import ALGORITHMS
@@ -24,9 +24,14 @@ ROLE_NAMES = ("learner", "inference", "env")
 DEVICES = ("cpu", "cuda")
 ENCODERS = ("auto", "mlp", "cnn")
 CORES = ("none", "lstm", "gru")
-
-
-
+# Sizes a run allocates from before `hpcrl plan`'s memory estimate can be made (tools/plan.py
+# memory_problem bounds their products against run.memory_limit_gib): far above any real run
+MAX_SEED = 2**63 - 1  # numpy's SeedSequence takes seeds >= 0, torch.manual_seed < 2**64; int64 stores it
+MAX_NUM_ENVS = 65_536
+MAX_ROLLOUT_LENGTH = 65_536
+MAX_LAYERS, MAX_WIDTH = 64, 65_536  # model.hidden_sizes, model.core_size
+MAX_FRAME_SIZE, MAX_FRAME_STACK = 1024, 64  # one Atari env's frame stack is made to probe the env
+INT64 = 2**63  # config integers fit int64, as numpy and torch take them: no count needs more
 
 DEFAULT_RANKS = {"learner": 1, "inference": 0, "env": REST}
 DEFAULT_MAX_ENV_RANKS = 256  # per learner or inference rank, when roles.X.max_env_ranks is not set
@@ -76,7 +81,7 @@ class RunConfig:
     name: str = doc("run name; the run directory is output_dir/name", default="run")
     output_dir: str = doc("directory that holds run directories (relative to the working directory)",
                           default="runs")
-    seed: int = doc("base random seed; each rank and env derives its own from it", default=1)
+    seed: int = doc("base random seed, 0 to 2**63 - 1; each rank and env derives its own from it", default=1)
     total_frames: int = doc("stop after this many environment steps (summed over all envs)", default=100_000)
     target_return: Union[float, None] = doc(
         "stop early once the mean return of the last >= 20 episodes reaches this (null: never)", default=None)
@@ -91,6 +96,10 @@ class RunConfig:
                                 "for lost (its node died, was cut off from the network or is stopped), names it, "
                                 "and ends the job on every node it can reach; the ranks of a cut-off node end "
                                 "themselves the same way", default=30.0)
+    memory_limit_gib: Union[float, None] = doc(
+        "the most memory one rank may need for hpcrl's buffers, batch and model, as `hpcrl plan` estimates them "
+        "(in GiB); a config that needs more is refused before anything is allocated or written (null: the "
+        "physical memory of the node of rank 0, which checks the config)", default=None)
     torch_threads: int = doc("torch intra-op threads on each rank that runs a policy; ranks are the "
                              "parallelism, so 1 unless ranks have spare cores", default=1)
     replica_digests: bool = doc("record a digest of every learner's weights and observation-normaliser "
@@ -255,7 +264,7 @@ class Config:
 def _type_name(tp: Any) -> str:
     if get_origin(tp) is Union:
         return " or ".join("null" if a is type(None) else _type_name(a) for a in get_args(tp))
-    return {int: "an integer", float: "a number", str: "a string", bool: "true/false",
+    return {int: "an integer", float: "a finite number", str: "a string", bool: "true/false",
             list: "a list", dict: "a mapping"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
@@ -268,7 +277,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, option, where)
             except ConfigError:
                 continue
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(value)}")
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, where)
     ok = (isinstance(value, bool) if tp is bool
@@ -276,7 +285,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
           else isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float
           else isinstance(value, tp))
     if not ok:
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(value)}")
+    # no config number means NaN (every comparison with it is false, so range checks pass it) or inf
+    # (it breaks timers and sums); nor an integer beyond a double's range, which float() refuses
+    if tp is float and not abs(value) <= sys.float_info.max:
+        raise ConfigError(f"{where}: expected a finite number, got {shown(value)}")
+    if tp is int and not -INT64 <= value < INT64:
+        raise ConfigError(f"{where}: expected an integer from -2**63 to 2**63 - 1, got {shown(value)}")
     return float(value) if tp is float else value
 
 
@@ -284,7 +299,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {data!r}")
+        raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {shown(data)}")
     hints = get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
@@ -333,7 +348,9 @@ def validate(cfg: Config) -> None:
     r, e, a, m = cfg.run, cfg.env, cfg.algo, cfg.model
     # one path component: the run directory is output_dir/name, and --overwrite empties it
     _check(bool(r.name) and r.name not in (".", "..") and "/" not in r.name and "\0" not in r.name,
-           f"run.name: expected one directory name such as cartpole_ppo (not '.', '..', nor a path), got {r.name!r}")
+           lambda: f"run.name: expected one directory name such as cartpole_ppo (not '.', '..', nor a path), "
+                   f"got {shown(r.name)}")
+    _check(0 <= r.seed <= MAX_SEED, f"run.seed: expected 0 to 2**63 - 1 ({MAX_SEED}), got {r.seed}")
     _check(r.total_frames > 0, f"run.total_frames: expected a positive integer, got {r.total_frames}")
     _check(r.log_interval_s > 0, f"run.log_interval_s: expected > 0 seconds, got {r.log_interval_s}")
     _check(r.checkpoint_interval_s > 0,
@@ -341,9 +358,11 @@ def validate(cfg: Config) -> None:
     _check(r.hang_timeout_s > 0, f"run.hang_timeout_s: expected > 0 seconds, got {r.hang_timeout_s}")
     _check(r.peer_timeout_s >= 3, f"run.peer_timeout_s: expected >= 3 seconds (heartbeats go every "
                                   f"peer_timeout_s / 10, at most every 3 s), got {r.peer_timeout_s}")
+    _check(r.memory_limit_gib is None or r.memory_limit_gib > 0,
+           f"run.memory_limit_gib: expected a number of GiB > 0, or null (the node's memory), got {r.memory_limit_gib}")
     _check(r.torch_threads >= 1, f"run.torch_threads: expected >= 1, got {r.torch_threads}")
     _check(bool(e.id), "env.id: expected a gymnasium environment id such as CartPole-v1")
-    _check(e.num_envs >= 1, f"env.num_envs: expected >= 1, got {e.num_envs}")
+    _check(1 <= e.num_envs <= MAX_NUM_ENVS, f"env.num_envs: expected 1 to {MAX_NUM_ENVS:,}, got {e.num_envs}")
     if e.groups is None:
         e.groups = 2 if e.num_envs % 2 == 0 else 1  # resolved, so the run directory's config.yaml says it
     _check(e.groups >= 1 and e.num_envs % e.groups == 0,
@@ -385,8 +404,9 @@ def validate(cfg: Config) -> None:
     _check(a.max_policy_lag >= 0, f"algo.max_policy_lag: expected >= 0 policy versions, got {a.max_policy_lag}")
     for key in ("vtrace_rho_bar", "vtrace_c_bar"):
         value = getattr(a, key)
-        _check(value > 0 and math.isfinite(value), f"algo.{key}: expected a number > 0, got {value}")
-    _check(a.rollout_length >= 1, f"algo.rollout_length: expected >= 1, got {a.rollout_length}")
+        _check(value > 0, f"algo.{key}: expected a number > 0, got {value}")
+    _check(1 <= a.rollout_length <= MAX_ROLLOUT_LENGTH,
+           f"algo.rollout_length: expected 1 to {MAX_ROLLOUT_LENGTH:,}, got {a.rollout_length}")
     # whether it is a whole number of fragments per learner or env rank depends on the layout:
     # hpcrl.core.layout.batch_fragments checks that
     _check(a.batch_frames is None or a.batch_frames >= 1,
@@ -396,10 +416,10 @@ def validate(cfg: Config) -> None:
         _check(0.0 <= value <= 1.0, f"algo.{key}: expected a number in [0, 1], got {value}")
     for key in ("lr", "clip_coef", "max_grad_norm"):
         value = getattr(a, key)
-        _check(value > 0 and math.isfinite(value), f"algo.{key}: expected a number > 0, got {value}")
+        _check(value > 0, f"algo.{key}: expected a number > 0, got {value}")
     for key in ("vf_coef", "ent_coef"):
         value = getattr(a, key)
-        _check(value >= 0 and math.isfinite(value), f"algo.{key}: expected a number >= 0, got {value}")
+        _check(value >= 0, f"algo.{key}: expected a number >= 0, got {value}")
     _check(a.lr_schedule in ("constant", "linear"),
            f"algo.lr_schedule: expected 'constant' or 'linear', got {a.lr_schedule!r}")
     _check(a.epochs >= 1, f"algo.epochs: expected >= 1, got {a.epochs}")
@@ -408,13 +428,14 @@ def validate(cfg: Config) -> None:
     _check(a.num_minibatches <= batch_per_env_rank,
            f"algo.num_minibatches: {a.num_minibatches} minibatches cannot be cut from one fragment of "
            f"{batch_per_env_rank} frames (rollout_length x env.num_envs); use at most {batch_per_env_rank}")
-    _check(len(m.hidden_sizes) >= 1 and all(isinstance(h, int) and not isinstance(h, bool) and h >= 1
-                                            for h in m.hidden_sizes),
-           f"model.hidden_sizes: expected a list of positive integers, got {m.hidden_sizes!r}")
+    _check(1 <= len(m.hidden_sizes) <= MAX_LAYERS
+           and all(isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= MAX_WIDTH for h in m.hidden_sizes),
+           lambda: f"model.hidden_sizes: expected a list of 1 to {MAX_LAYERS} widths, each 1 to {MAX_WIDTH:,}, "
+                   f"got {shown(m.hidden_sizes)}")
     _check(m.activation in ("tanh", "relu"), f"model.activation: expected 'tanh' or 'relu', got {m.activation!r}")
     _check(m.encoder in ENCODERS, f"model.encoder: expected one of {', '.join(ENCODERS)}, got {m.encoder!r}")
     _check(m.core in CORES, f"model.core: expected one of {', '.join(CORES)}, got {m.core!r}")
-    _check(m.core_size >= 1, f"model.core_size: expected >= 1, got {m.core_size}")
+    _check(1 <= m.core_size <= MAX_WIDTH, f"model.core_size: expected 1 to {MAX_WIDTH:,}, got {m.core_size}")
     _check(m.core == "none" or a.name == "dqn" or a.num_minibatches <= e.num_envs,
            f"algo.num_minibatches: a recurrent core's minibatches are whole sequences of whole envs (a fragment's "
            f"columns of one env: its agents, for PettingZoo envs), so at most env.num_envs ({e.num_envs}) of "
@@ -426,13 +447,21 @@ def _validate_env(e: EnvConfig) -> None:
            f"env.backend: expected one of {', '.join(ENV_BACKENDS)}, got {e.backend!r}")
     _check(e.preset is None or e.preset in ENV_PRESETS,
            f"env.preset: expected null or one of {', '.join(ENV_PRESETS)}, got {e.preset!r}")
-    _check(all(isinstance(k, str) for k in e.kwargs), f"env.kwargs: expected names as keys, got {e.kwargs!r}")
+    _check(all(isinstance(k, str) for k in e.kwargs),
+           lambda: f"env.kwargs: expected names as keys, got {shown(e.kwargs)}")
+    steps = e.kwargs.get("max_episode_steps")
+    # gymnasium reads -1 as "no time limit" but fails on other values < 1 when it makes the env
+    _check(steps is None or (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1),
+           lambda: f"env.kwargs.max_episode_steps: expected a positive number of steps, or null (the env's own "
+                   f"limit), got {shown(steps)}")
     if e.preset != "atari":
         return
     at = e.atari
     _check(at.noop_max >= 0, f"env.atari.noop_max: expected >= 0, got {at.noop_max}")
-    for key in ("frame_skip", "frame_size", "frame_stack"):
-        _check(getattr(at, key) >= 1, f"env.atari.{key}: expected >= 1, got {getattr(at, key)}")
+    for key, most in (("frame_skip", None), ("frame_size", MAX_FRAME_SIZE), ("frame_stack", MAX_FRAME_STACK)):
+        value = getattr(at, key)
+        _check(value >= 1 and (most is None or value <= most),
+               f"env.atari.{key}: expected " + (f"1 to {most:,}" if most else ">= 1") + f", got {value}")
     _check(0.0 <= at.repeat_action_probability <= 1.0,
            f"env.atari.repeat_action_probability: expected a number in [0, 1], got {at.repeat_action_probability}")
     owned = {"frameskip": "env.atari.frame_skip", "repeat_action_probability": "env.atari.repeat_action_probability",
@@ -454,10 +483,10 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
 
 def parse_config(text: str, source: str = "<config>", overrides: tuple[str, ...] = ()) -> Config:
     """YAML text (+ `KEY=VALUE` overrides, values in YAML syntax) -> a validated Config."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    return _config_of(load_yaml(text, source), source, overrides)
+
+
+def _config_of(data: Any, source: str, overrides: tuple[str, ...]) -> Config:
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -466,10 +495,7 @@ def parse_config(text: str, source: str = "<config>", overrides: tuple[str, ...]
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. run.total_frames=20000")
-        try:
-            _set_dotted(data, key.strip(), yaml.safe_load(raw))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {item!r}: value is not valid YAML: {exc}") from None
+        _set_dotted(data, key.strip(), load_yaml(raw, f"--set {item!r}: the value"))
     try:
         cfg = _build(Config, data, "")
         validate(cfg)
@@ -481,18 +507,21 @@ def parse_config(text: str, source: str = "<config>", overrides: tuple[str, ...]
 def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, str]:
     """Read and validate a config file; returns the config and the file's text."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            raw = fh.read()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from None
     try:
-        empty = yaml.safe_load(text) is None
-    except yaml.YAMLError:
-        empty = False  # parse_config says what is wrong with it
-    if empty:  # most likely the wrong file, or one not written yet: never train a default run quietly
+        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # newlines as open() reads them
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"config file {path!r} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset "
+                          f"{exc.start} (line {line}); save it as UTF-8") from None
+    data = load_yaml(text, path)
+    if data is None:  # most likely the wrong file, or one not written yet: never train a default run quietly
         raise ConfigError(f"config file {path!r} is empty (or only comments); it needs at least the sections "
                           f"it changes (run, roles, env, algo, model), e.g. start from jobs/cartpole_ppo.yaml")
-    return parse_config(text, source=path, overrides=overrides), text
+    return _config_of(data, path, overrides), text
 
 
 def to_dict(cfg: Config) -> dict:

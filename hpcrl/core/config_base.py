@@ -1,9 +1,13 @@
-"""What every config section shares: the error type for user mistakes, documented fields, and
-the check that raises one. Pure Python (every rank and `hpcrl plan` read configs)."""
+"""What every config section shares: the error type for user mistakes, documented fields, the
+check that raises one, and reading the YAML a user wrote. Pure Python (every rank and `hpcrl plan`
+read configs)."""
 from __future__ import annotations
 
+import reprlib
 from dataclasses import field
-from typing import Any
+from typing import Any, Callable, Union
+
+import yaml
 
 
 class ConfigError(ValueError):
@@ -15,6 +19,122 @@ def doc(text: str, **kwargs: Any) -> Any:
     return field(metadata={"doc": text}, **kwargs)
 
 
-def check(cond: bool, message: str) -> None:
+def check(cond: bool, message: Union[str, Callable[[], str]]) -> None:
+    """Raise a ConfigError with `message` unless `cond`. A message that shows a user's value of any
+    size (a list, a mapping, a string) is passed as a callable, built only when the check fails:
+    a config's values can be huge (YAML aliases share one object many times over)."""
     if not cond:
-        raise ConfigError(message)
+        raise ConfigError(message() if callable(message) else message)
+
+
+class _BoundedRepr(reprlib.Repr):
+    """reprlib's bounded repr, which walks only the items it prints, and never fails on an integer
+    too long to print (Python refuses str() of integers over 4,300 digits)."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxlevel, self.maxlist, self.maxtuple, self.maxdict, self.maxset = 3, 8, 8, 8, 8
+        self.maxstring, self.maxother, self.maxlong = 80, 80, 40
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 128:
+            return f"a {x.bit_length():,}-bit integer"
+        return super().repr_int(x, level)
+
+
+SHOWN_CHARS = 300  # the most characters of a user's value an error message prints
+_bounded = _BoundedRepr()
+
+
+def shown(value: Any) -> str:
+    """A user's value as an error message shows it: its repr, cut short for big values."""
+    text = _bounded.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+# --- reading YAML a user wrote: safely, and refusing what yaml.safe_load lets through silently ---
+
+MAX_YAML_VALUES = 100_000  # values a config holds once its aliases are expanded; real ones hold hundreds
+MAX_INT_CHARS = 100  # an integer literal longer than this is no config value (they fit 64 bits: 20 digits)
+_MERGE = "tag:yaml.org,2002:merge"  # `<<: *base` takes base's keys; the mapping's own keys override them
+_INT = "tag:yaml.org,2002:int"
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """One YAML document of a config, safe-loaded, or None when it is empty. A ConfigError (naming
+    `source`, the line and the key) when it is no valid YAML, gives a key twice in one mapping
+    (safe_load keeps the last quietly), holds more than MAX_YAML_VALUES values once its aliases are
+    expanded (a "billion laughs" would exhaust memory in whatever walks it), or an alias inside the
+    value it names, or an integer literal longer than MAX_INT_CHARS."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _YamlGraph(loader, source).size(node, "")
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: not valid YAML for a config: its values are nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+class _YamlGraph:
+    """Walks a composed YAML document once per node (an alias is the node it names), counting the
+    values each node holds once expanded, and checking every mapping's keys."""
+
+    def __init__(self, loader: yaml.SafeLoader, source: str):
+        self.loader, self.source = loader, source
+        self.sizes: dict[int, int] = {}
+        self.walking: set[int] = set()
+
+    def size(self, node: yaml.Node, path: str) -> int:
+        key = id(node)
+        if key in self.sizes:
+            return self.sizes[key]
+        where = f"{self.source}: line {_line(node)}: {path or 'the config'}"
+        if key in self.walking:
+            raise ConfigError(f"{where}: holds an alias (*name) of itself, a value without end; write it out")
+        if isinstance(node, yaml.ScalarNode):
+            check(node.tag != _INT or len(node.value) <= MAX_INT_CHARS,
+                  lambda: f"{where}: an integer of {len(node.value):,} characters; config integers fit 64 bits")
+            self.sizes[key] = 1
+            return 1
+        self.walking.add(key)
+        if isinstance(node, yaml.SequenceNode):
+            children = [(child, f"{path}[{i}]") for i, child in enumerate(node.value)]
+        else:
+            children = [(k, path) for k, _ in node.value]
+            children += [(v, _join(path, str(k.value)) if isinstance(k, yaml.ScalarNode) else path)
+                         for k, v in node.value]
+        total = 1
+        for child, child_path in children:
+            total += self.size(child, child_path)
+            check(total <= MAX_YAML_VALUES,
+                  lambda: f"{where}: holds more than {MAX_YAML_VALUES:,} values once its aliases (*name) are "
+                          f"expanded; no config needs that many: write the values out instead of aliasing them")
+        if isinstance(node, yaml.MappingNode):
+            self._check_keys(node, path)
+        self.walking.discard(key)
+        self.sizes[key] = total
+        return total
+
+    def _check_keys(self, node: yaml.MappingNode, path: str) -> None:
+        first_of: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE or not isinstance(key_node, yaml.ScalarNode):
+                continue  # merged keys may be overridden; a non-scalar key is refused when constructed
+            first = first_of.setdefault(self.loader.construct_object(key_node), key_node)
+            check(first is key_node,
+                  lambda: f"{self.source}: {_join(path, str(key_node.value))}: given twice, at lines {_line(first)} "
+                          f"and {_line(key_node)} (YAML would quietly keep the last); keep one")

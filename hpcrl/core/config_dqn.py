@@ -6,7 +6,6 @@ same replay capacity and warm-up, the same replay ratio.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Union
 
@@ -99,14 +98,14 @@ def validate_dqn(d: DQNConfig, r: ReplayConfig, recurrent: bool = False) -> None
     for key in ("eps", "eps_start", "eps_final"):
         value = getattr(d, key)
         check(0.0 <= value <= 1.0, f"algo.dqn.{key}: expected a number in [0, 1], got {value}")
-    check(d.eps_alpha >= 0 and math.isfinite(d.eps_alpha), f"algo.dqn.eps_alpha: expected >= 0, got {d.eps_alpha}")
+    check(d.eps_alpha >= 0, f"algo.dqn.eps_alpha: expected >= 0, got {d.eps_alpha}")
     check(d.eps_decay_frames >= 1, f"algo.dqn.eps_decay_frames: expected >= 1, got {d.eps_decay_frames}")
     check(r.capacity >= d.batch_size, f"algo.replay.capacity: expected at least algo.dqn.batch_size "
                                       f"({d.batch_size}) transitions, got {r.capacity}")
     check(d.batch_size <= r.warmup <= r.capacity,
           f"algo.replay.warmup: expected between algo.dqn.batch_size ({d.batch_size}) and algo.replay.capacity "
           f"({r.capacity}) transitions, got {r.warmup}")
-    check(r.alpha >= 0 and math.isfinite(r.alpha), f"algo.replay.alpha: expected >= 0, got {r.alpha}")
+    check(r.alpha >= 0, f"algo.replay.alpha: expected >= 0, got {r.alpha}")
     check(0.0 <= r.beta <= 1.0, f"algo.replay.beta: expected a number in [0, 1], got {r.beta}")
-    check(r.replay_ratio is None or (r.replay_ratio > 0 and math.isfinite(r.replay_ratio)),
+    check(r.replay_ratio is None or r.replay_ratio > 0,
           f"algo.replay.replay_ratio: expected a number > 0 or null, got {r.replay_ratio}")
