@@ -3,9 +3,11 @@
 Ranks per role and per node, fan-in per inference and learner rank, the bytes each role sends at
 an assumed env step rate (from the exact message sizes), the memory each role's buffers, batch and
 model take, and warnings about layouts that will be slow or exceed the fan-in or memory limits.
+`memory_problem` turns that estimate into a config error before a run allocates anything.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,12 +15,14 @@ import numpy as np
 from hpcrl.core.config import DEFAULT_MAX_ENV_RANKS, Config
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.layout import (FRAGMENT_BUFFERS, INLINE, Layout, batch_fragments, env_groups, fragments_per_env_rank,
-                               replay_shard, sample_slots, update_frames)
+                               plan_layout, replay_shard, sample_slots, update_frames)
 from hpcrl.core.messages import MessageSpec, replay_fields, weights_spec
+from hpcrl.core.policies import num_policies, policy_spaces
 from hpcrl.envs import EnvSpaces
 
 MODEL_COPIES = {"learner": 5, "inference": 2, "env": 2}  # params x: weights, grads, Adam's two moments, message
 DEFAULT_MEMORY_PER_RANK = 4 * 2**30  # what a core of a typical HPC node has
+MEMORY_LIMIT_UNKNOWN_NODE = 64 * 2**30  # run.memory_limit_gib's default where a node's memory cannot be read
 
 
 @dataclass
@@ -56,6 +60,75 @@ def memory(cfg: Config, layout: Layout, spaces: EnvSpaces, num_params: int) -> M
     learner = (sample_slots(cfg, layout, learner_fan) * frag + data + MODEL_COPIES["learner"] * model
                + weights) if learner_fan else 0
     return Memory(env=env, inference=inference if inference_fan else 0, learner=learner)
+
+
+def policy_params(cfg: Config, spaces: EnvSpaces) -> int:
+    """Parameters (and normaliser buffers: the weights message's length) of the largest policy,
+    counted on a model built on torch's meta device: it allocates nothing, so absurd layer widths
+    cost nothing to count. A ConfigError if model.encoder cannot take the observations."""
+    import torch
+
+    from hpcrl.models import build_policy, num_params
+    with torch.device("meta"):
+        return max(num_params(build_policy(s, cfg)) for s in policy_spaces(spaces, cfg.policies))
+
+
+def memory_limit(cfg: Config) -> tuple[int, str]:
+    """Bytes one rank may need for hpcrl's buffers, batch and model, and where that number comes from:
+    run.memory_limit_gib, or the physical memory of this node (rank 0's, which checks the config)."""
+    if cfg.run.memory_limit_gib is not None:
+        return int(cfg.run.memory_limit_gib * 2**30), "run.memory_limit_gib"
+    try:
+        node = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return node, "this node's memory, run.memory_limit_gib: null"
+    except (ValueError, OSError, AttributeError):  # no sysconf, or it does not know these names
+        return MEMORY_LIMIT_UNKNOWN_NODE, "run.memory_limit_gib: null, where a node's memory is unknown"
+
+
+def memory_problem(cfg: Config, world_size: int, spaces: EnvSpaces) -> str | None:
+    """What is wrong when the busiest rank of some role would need more memory than `memory_limit`
+    for hpcrl's buffers, batch and model (as `hpcrl plan` estimates them, with no model built and
+    nothing allocated), naming the config key that drives it; None when every rank fits. A run
+    checks this before it builds its first model, so a 10**9-wide layer or a 10**9-frame fragment
+    is a config error, not a MemoryError after the run directory was written."""
+    layout = plan_layout(cfg.roles, world_size, policies=num_policies(cfg.policies))
+    n_params = policy_params(cfg, spaces)
+    mem = memory(cfg, layout, spaces, n_params)
+    # serial mode: rank 0 is the learner and the env rank at once
+    need = {"learner": mem.learner + mem.env} if layout.serial else {r: mem.of(r) for r in MODEL_COPIES}
+    role = max(need, key=need.get)
+    limit, source = memory_limit(cfg)
+    if need[role] <= limit:
+        return None
+    model = MODEL_COPIES[role] * 4 * n_params
+    if 2 * model >= need[role]:
+        key = "model.hidden_sizes" + (" and model.core_size" if cfg.model.core != "none" else "")
+        advice = f"lower {key}"
+    else:
+        key, advice = _data_key(cfg, role), _lower_memory(cfg, role)
+    who = "rank 0 (learner and env rank at once, serial mode)" if layout.serial else f"each {role} rank"
+    return (f"{key}: {who} would need about {_bytes(need[role])} for its buffers, batch and model "
+            f"({n_params:,} parameters), more than the {_bytes(limit)} one rank may use ({source}): {advice}")
+
+
+def _data_key(cfg: Config, role: str) -> str:
+    """The config key whose value sizes a role's buffers most."""
+    if role == "learner" and cfg.algo.name == "dqn":
+        return "algo.replay.capacity"
+    if role == "learner" and cfg.algo.batch_frames is not None:
+        return "algo.batch_frames"
+    return "env.num_envs" if role == "inference" else "env.num_envs x algo.rollout_length"
+
+
+def _lower_memory(cfg: Config, role: str) -> str:
+    """What shrinks the buffers and batch of one rank of `role`."""
+    if role == "learner":
+        return ("add learners or lower algo.replay.capacity" if cfg.algo.name == "dqn" else
+                "add learners or lower roles.learner.sample_slots, env.num_envs or algo.rollout_length"
+                if cfg.algo.batch_frames is None else
+                "add learners or lower roles.learner.sample_slots or algo.batch_frames")
+    return "add inference ranks or lower env.num_envs" if role == "inference" else \
+        "lower env.num_envs or algo.rollout_length"
 
 
 def replay_bytes(cfg: Config, layout: Layout, record: MessageSpec) -> int:
@@ -151,12 +224,7 @@ def warnings(cfg: Config, layout: Layout, mem: Memory | None = None,
         if mem.of(role) > memory_per_rank:
             out.append(f"each {role} rank needs about {_bytes(mem.of(role))} for its buffers, batch and model, more "
                        f"than the {_bytes(memory_per_rank)} per rank assumed (--memory-per-rank-gib): "
-                       + (("add learners or lower algo.replay.capacity" if cfg.algo.name == "dqn" else
-                           "add learners or lower roles.learner.sample_slots, env.num_envs or algo.rollout_length"
-                           if cfg.algo.batch_frames is None else
-                           "add learners or lower roles.learner.sample_slots or algo.batch_frames")
-                          if role == "learner" else "add inference ranks" if role == "inference"
-                          else "lower env.num_envs or algo.rollout_length"))
+                       + _lower_memory(cfg, role))
     for role in ("inference", "learner"):
         fan = layout.fan_in(role)
         if len(fan) == 0:
