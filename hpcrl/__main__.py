@@ -1,5 +1,9 @@
 import sys
 
-from hpcrl.tools.cli import main
+if sys.argv[1:2] == ["run"]:  # before the heavy imports: a stop signal at start-up is a request too
+    from hpcrl.runtime import signals
+    signals.install()
+
+from hpcrl.tools.cli import main  # noqa: E402 (after the signal handlers, on purpose)
 
 sys.exit(main())

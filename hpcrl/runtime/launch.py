@@ -10,11 +10,10 @@ could not be written.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 
-from hpcrl.runtime import comm, traffic
+from hpcrl.runtime import comm, signals, traffic
 
 from hpcrl.io import rundir
 from hpcrl.io.metrics import write_crossed_nodes
@@ -56,25 +55,16 @@ def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size
                          f"command again", "status": EXIT_OUTPUT_FAILED}
 
 
-class PreemptionSignals:
-    """SIGTERM (SLURM's time limit, preemption) and SIGUSR1 (sbatch --signal=USR1@...) ask for a
-    checkpoint at the next update and a clean exit with EXIT_PREEMPTED, instead of death."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-    def __init__(self):
-        self.received: int | None = None
-        for sig in self.SIGNALS:
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.received = signum
-
-    def requested(self) -> bool:
-        return self.received is not None
-
-
 def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = False) -> int:
+    """This rank's part of the run; its exit status (README, "Exit statuses")."""
+    signals.install()  # (done already by `python -m hpcrl run`, before the imports)
+    try:
+        return _run(config_path, overrides, overwrite)
+    finally:
+        signals.ignore()  # the status is decided: a late signal cannot turn it into a death
+
+
+def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     rank, size = comm.world_rank(), comm.world_size()
     roles_here: list = []
 
@@ -84,7 +74,6 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
         return ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up"
 
     comm.install_abort_hook(describe)
-    signals = PreemptionSignals()
     state = _prepare(config_path, overrides, overwrite, size) if rank == 0 else None
     state = comm.broadcast_object(state)  # MPI: rank 0's verdict reaches every rank
     if "error" in state:
