@@ -88,17 +88,20 @@ class AtariFrames(gym.Wrapper):
         self.total = row_sum * col_sum
         self.observation_space = gym.spaces.Box(0, 255, (size, size), np.uint8)
 
-    # Pickling (serial-mode checkpoints): ale-py's env pickles as its constructor arguments (a fresh
-    # game), so the emulator state and the env's random generator (no-op counts) travel here.
-    def __getstate__(self):
+    # Serial-mode checkpoints (hpcrl/envs/state.py) record this wrapper by these hooks, not by its
+    # attributes (all config): the emulator (game, RAM, its random state for sticky actions) as the
+    # bytes ALE serialises it to, and the env's generator (no-op counts). Between here and the
+    # emulator sit gymnasium's OrderEnforcing and PassiveEnvChecker, whose flags are the same in
+    # any env that has been reset.
+    def capture_state(self) -> dict:
         game = self.unwrapped
-        return {**self.__dict__, "_game": (game.ale.cloneState(include_rng=True), game.np_random)}
+        emulator = game.ale.cloneState(include_rng=True).serialize()
+        return {"emulator": np.frombuffer(emulator, dtype=np.uint8), "np_random": game.np_random.bit_generator.state}
 
-    def __setstate__(self, state):
-        ale_state, np_random = state.pop("_game")
-        self.__dict__.update(state)
-        self.unwrapped.ale.restoreState(ale_state)
-        self.unwrapped.np_random = np_random
+    def restore_state(self, state: dict) -> None:
+        game = self.unwrapped
+        game.ale.restoreState(import_ale().ALEState(np.asarray(state["emulator"], dtype=np.uint8).tobytes()))
+        game.np_random.bit_generator.state = state["np_random"]
 
     def resize(self, frame: np.ndarray) -> np.ndarray:
         rows = (frame[self.row_index] * self.row_weight[..., None]).sum(axis=1)  # (size, width)
