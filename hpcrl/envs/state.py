@@ -223,8 +223,14 @@ class _Restore:
         agree, else as plain data only (a queue that has grown holds no objects to write into)."""
         if fresh is not None and not isinstance(fresh, kind):
             raise self.fail(path, f"a {kind.__name__}", fresh)
-        before = list(fresh) if fresh is not None and len(fresh) == len(saved) else [None] * len(saved)
-        items = [self.value(f, s, f"{path}[{i}]") for i, (f, s) in enumerate(zip(before, saved))]
+        if fresh is not None and len(fresh) == len(saved):
+            items = [self.value(f, s, f"{path}[{i}]") for i, (f, s) in enumerate(zip(fresh, saved))]
+        else:
+            try:
+                items = [self.value(None, s, f"{path}[{i}]") for i, s in enumerate(saved)]
+            except StateMismatch:
+                raise StateMismatch(f"{path}: the checkpoint holds {len(saved)} items that are not all plain data, "
+                                    f"this run's env {_describe(fresh)}") from None
         if kind is tuple or fresh is None:
             return tuple(items) if kind is tuple else kind(items)
         if kind is list:
@@ -274,6 +280,8 @@ def _plain(value) -> bool:
 
 
 def _describe(value) -> str:
+    if isinstance(value, (list, tuple, collections.deque)):
+        return f"{len(value)} items"
     if isinstance(value, np.ndarray):
         return f"a {value.dtype} array of shape {value.shape}"
     return "None" if value is None else f"a {_type_name(value)}"
