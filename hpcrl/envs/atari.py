@@ -87,18 +87,32 @@ class AtariFrames(gym.Wrapper):
         self.col_index, self.col_weight, col_sum = area_taps(width, size)
         self.total = row_sum * col_sum
         self.observation_space = gym.spaces.Box(0, 255, (size, size), np.uint8)
+        self.last_action = 0  # what sticky actions repeat (ALE's reset sets NOOP)
 
-    # Pickling (serial-mode checkpoints): ale-py's env pickles as its constructor arguments (a fresh
-    # game), so the emulator state and the env's random generator (no-op counts) travel here.
-    def __getstate__(self):
+    # Serial-mode checkpoints (hpcrl/envs/state.py) record this wrapper by these hooks, not by its
+    # attributes (all config): the emulator (game, RAM, its random state for sticky actions) as the
+    # bytes ALE serialises it to, and the env's generator (no-op counts). Between here and the
+    # emulator sit gymnasium's OrderEnforcing and PassiveEnvChecker, whose flags are the same in
+    # any env that has been reset.
+    # ALE's state leaves out the action that sticky actions repeat (StellaEnvironment::m_actions),
+    # so the restore sets it by acting with the last action asked for (each frame keeps the old
+    # one with p = repeat_action_probability) and then restores the state again. That is the
+    # action in effect unless every frame of the last step kept the one before (p = 0.25^4).
+    def capture_state(self) -> dict:
         game = self.unwrapped
-        return {**self.__dict__, "_game": (game.ale.cloneState(include_rng=True), game.np_random)}
+        emulator = game.ale.cloneState(include_rng=True).serialize()
+        return {"emulator": np.frombuffer(emulator, dtype=np.uint8), "np_random": game.np_random.bit_generator.state,
+                "last_action": int(self.last_action)}
 
-    def __setstate__(self, state):
-        ale_state, np_random = state.pop("_game")
-        self.__dict__.update(state)
-        self.unwrapped.ale.restoreState(ale_state)
-        self.unwrapped.np_random = np_random
+    def restore_state(self, state: dict) -> None:
+        game = self.unwrapped
+        emulator = import_ale().ALEState(np.asarray(state["emulator"], dtype=np.uint8).tobytes())
+        game.ale.restoreState(emulator)
+        for _ in range(32):  # ALE's next random draws decide, so the same number of tries always
+            game.ale.act(game._action_set[int(state["last_action"])])
+        game.ale.restoreState(emulator)
+        game.np_random.bit_generator.state = state["np_random"]
+        self.last_action = int(state["last_action"])
 
     def resize(self, frame: np.ndarray) -> np.ndarray:
         rows = (frame[self.row_index] * self.row_weight[..., None]).sum(axis=1)  # (size, width)
@@ -107,6 +121,7 @@ class AtariFrames(gym.Wrapper):
 
     def reset(self, *, seed=None, options=None):
         frame, info = self.env.reset(seed=seed, options=options)
+        self.last_action = 0
         noops = self.unwrapped.np_random.integers(1, self.noop_max + 1) if self.noop_max > 0 else 0
         for _ in range(noops):
             frame, _, terminated, truncated, info = self.env.step(0)
@@ -116,6 +131,7 @@ class AtariFrames(gym.Wrapper):
 
     def step(self, action):
         total, frames = 0.0, []
+        self.last_action = action
         for _ in range(self.frame_skip):
             frame, reward, terminated, truncated, info = self.env.step(action)
             total += reward

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import pickle
 
 import gymnasium as gym
 import numpy as np
@@ -206,16 +205,6 @@ class ParallelVector(gym.vector.VectorEnv):
         self._mask = np.ones((self.num_envs, n_actions), dtype=bool)
         if not self.masked:  # masks in the infos instead? a first reset tells (the actors reset again, seeded)
             self.masked = any(ACTION_MASK in (info or {}) for info in self._reset_env(0, seed=0).values())
-
-    def __getstate__(self):
-        """Serial checkpoints pickle the env vector for an exact resume. Most PettingZoo envs are
-        EzPickle: they pickle as their constructor's arguments, and come back as new, un-reset envs
-        without the game in progress, so say they cannot be pickled (the checkpoint then holds no
-        env state and a resumed serial run starts new episodes) rather than resume wrongly."""
-        lossy = [type(env.unwrapped).__name__ for env in self.envs if isinstance(env.unwrapped, gym.utils.EzPickle)]
-        if lossy:
-            raise pickle.PicklingError(f"{lossy[0]} pickles as a new env (EzPickle), without its state")
-        return self.__dict__
 
     def _rows(self, e: int) -> slice:
         return slice(e * self.num_agents, (e + 1) * self.num_agents)

@@ -13,8 +13,7 @@ CARTPOLE_POSITIONS = "hpcrl/CartPolePositions-v1"
 
 
 class KeepObservations(gym.ObservationWrapper):
-    """A Box observation cut to the entries at `indices` (a picklable wrapper: serial snapshots
-    pickle their envs)."""
+    """A Box observation cut to the entries at `indices`."""
 
     def __init__(self, env: gym.Env, indices: list[int]):
         super().__init__(env)

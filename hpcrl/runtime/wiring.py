@@ -125,5 +125,5 @@ def _link_serial(cfg: Config, workers: list) -> None:
     trainer, actor = workers
     trainer.local_env = actor
     if trainer.env_state is not None:
-        actor.restore(trainer.env_state.tobytes())
+        actor.restore(trainer.env_state)
 

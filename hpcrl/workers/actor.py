@@ -5,7 +5,6 @@ object handed in by the wiring (workers/policy_server.py), the only side that ne
 """
 from __future__ import annotations
 
-import pickle
 import time
 
 import numpy as np
@@ -15,7 +14,7 @@ from hpcrl.runtime.comm import RequestClient
 from hpcrl.runtime.streams import SampleSender
 from hpcrl.core.config import Config
 from hpcrl.core.layout import INLINE, fragments_per_env_rank
-from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
+from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env, state
 from hpcrl.core.seeds import env_seeds, seed_for
 from hpcrl.core.observations import apply, assign, combine, fit, take
 from hpcrl.core.observations import rows as count_rows
@@ -27,6 +26,20 @@ from hpcrl.workers.selfplay import Seats
 
 NO_ROWS, NO_TRUNCATED = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)  # no final observations to send
 NO_ROWS.flags.writeable = NO_TRUNCATED.flags.writeable = False  # shared by every group
+
+
+def _as_arrays(sampling_state):
+    """A policy's sampling state as numpy arrays: a torch generator's state is a CPU byte tensor,
+    which np.asarray views in place, so a restore writes into the tensor handed back to the policy."""
+    if sampling_state is None:
+        return None
+    return {k: np.asarray(v) for k, v in sampling_state.items()} if isinstance(sampling_state, dict) \
+        else np.asarray(sampling_state)
+
+
+def _not_restored(why: str) -> None:
+    print(f"[hpcrl] warning: the checkpoint's env state was not restored: {why}; the resumed serial run "
+          f"starts new episodes", flush=True)
 
 
 class RemotePolicy:
@@ -446,38 +459,45 @@ class EnvRole:
         self._finish()
         return 1
 
-    def snapshot(self) -> bytes:
+    def _saved_parts(self) -> tuple[dict, list]:
+        """What a serial checkpoint holds of this rank, as the live objects and arrays themselves:
+        `state.capture` reads them and `state.restore` writes into them. Also each group's policy
+        sampling state as the policy gives it (`parts` views its arrays)."""
+        sampling = [g.policy.sampling_state() for g in self.groups]
+        parts = {"groups": [{"envs": g.envs, "obs": g.request["obs"], "ep_return": g.ep_return,
+                             "ep_length": g.ep_length, "active": g.active,
+                             "mask": g.request["action_mask"] if g.masked else None,
+                             "starts": g.request["starts"] if g.recurrent else None,
+                             "sampling": _as_arrays(s)} for g, s in zip(self.groups, sampling)],
+                 "version": self.version, "version_fragments": self.version_fragments,
+                 "fragments_sent": self.fragments_sent}
+        return parts, sampling
+
+    def snapshot(self) -> dict:
         """Serial mode: everything needed to continue exactly, taken between rollouts (when the
-        learner checkpoints). Raises pickle/type errors for envs that cannot be pickled."""
+        learner checkpoints), as data the checkpoint stores without pickle: {"tree": the JSON text
+        as uint8, "arrays": {key: array}} (hpcrl/envs/state.py). NotCapturable for envs whose
+        state is not plain data."""
         if any(g.t != 0 for g in self.groups):
             raise RuntimeError("env snapshots are taken between rollouts")
-        return pickle.dumps({"groups": [{"envs": g.envs, "obs": apply(np.copy, g.request["obs"]),
-                                         "ep_return": g.ep_return,
-                                         "ep_length": g.ep_length, "sampling": g.policy.sampling_state(),
-                                         "active": g.active,
-                                         "mask": g.request["action_mask"].copy() if g.masked else None,
-                                         "starts": g.request["starts"].copy() if g.recurrent else None}
-                                        for g in self.groups],
-                             "version": self.version, "version_fragments": self.version_fragments,
-                             "fragments_sent": self.fragments_sent})
+        tree, arrays = state.capture(self._saved_parts()[0])
+        return {"tree": np.frombuffer(tree.encode(), dtype=np.uint8), "arrays": arrays}
 
-    def restore(self, blob: bytes) -> None:
-        state = pickle.loads(blob)
-        if len(state["groups"]) != len(self.groups):
-            raise ValueError(f"the saved env state has {len(state['groups'])} groups, this run {len(self.groups)}")
-        for group, saved in zip(self.groups, state["groups"]):
-            group.envs.close()
-            group.envs = saved["envs"]
-            assign(group.request["obs"], saved["obs"])
-            group.ep_return, group.ep_length = saved["ep_return"], saved["ep_length"]
-            group.active = saved.get("active")
-            if group.masked:
-                group.request["action_mask"][...] = saved["mask"]
-            if group.recurrent:  # which rows' next observations begin an episode
-                group.request["starts"][...] = saved["starts"]
-            group.policy.restore_sampling_state(saved["sampling"])
-        self.version, self.fragments_sent = state["version"], state["fragments_sent"]
-        self.version_fragments = state.get("version_fragments", 0)  # snapshots from before batch_frames: 0
+    def restore(self, saved) -> None:
+        """Continue from a snapshot into the envs this run built from its config. One that cannot
+        be restored leaves every group as built (new episodes, as an MPI run resumes) with a warning."""
+        if not isinstance(saved, dict):  # a uint8 array: the pickle that checkpoints held before issue 25
+            return _not_restored("it is in the old pickled format, which runs code when loaded, so it was not loaded")
+        parts, sampling = self._saved_parts()
+        try:
+            tree = np.asarray(saved.get("tree"), dtype=np.uint8).tobytes().decode()
+            state.restore(parts, tree, saved.get("arrays") or {})
+        except (state.StateMismatch, UnicodeDecodeError, TypeError) as exc:
+            return _not_restored(str(exc))
+        for group, policy_state in zip(self.groups, sampling):
+            group.policy.restore_sampling_state(policy_state)  # its arrays were written in place
+        self.version, self.fragments_sent = parts["version"], parts["fragments_sent"]
+        self.version_fragments = parts["version_fragments"]
 
     def _finish(self) -> None:
         for sender in self.senders:

@@ -13,7 +13,6 @@ weights stay bit-identical.
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from typing import Callable
 
@@ -27,6 +26,7 @@ from hpcrl.core.layout import batch_share, sample_slots
 from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED, STOP
 from hpcrl.core.policies import policy_names
 from hpcrl.core.seeds import seed_for
+from hpcrl.envs.state import NotCapturable
 from hpcrl.io.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from hpcrl.io.run_files import FRAMES_CODE, OUTPUT_FAILED_CODE, PREEMPTED_CODE, TARGET_CODE, RunFiles
 from hpcrl.models import build_optimizer, build_policy, copy_params_to, policy_digest
@@ -309,11 +309,11 @@ class LearnerRole:
         extra = {"step": self.step.state()}
         if self.local_env is not None:  # serial mode: the env's state too, for an exact continuation
             try:
-                extra["env_state"] = np.frombuffer(self.local_env.snapshot(), dtype=np.uint8)
-            except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                extra["env_state"] = self.local_env.snapshot()
+            except NotCapturable as exc:
                 if not self._warned_env_state:
-                    print(f"[hpcrl] warning: {self.cfg.env.id} cannot be pickled ({exc}); checkpoints hold no "
-                          f"env state, so a resumed serial run starts new episodes", flush=True)
+                    print(f"[hpcrl] warning: the state of {self.cfg.env.id} cannot be saved as data ({exc}); "
+                          f"checkpoints hold no env state, so a resumed serial run starts new episodes", flush=True)
                     self._warned_env_state = True
         save_checkpoint(path, self.model, self.optimizer, counters, self.rng, self.files.config_text, extra=extra,
                         policies=self._other_policies)

@@ -1,0 +1,209 @@
+"""Serial-mode env state as data (hpcrl/envs/state.py, issue 25): a checkpoint is never code.
+Captured state continues bit-identically in envs built fresh; a checkpoint holding the old pickle
+runs nothing; state that is not plain data is refused with a warning; nothing under hpcrl/ reads
+data with a loader that can run code."""
+import ast
+import json
+import os
+import pickle
+import threading
+from pathlib import Path
+
+import gymnasium as gym
+import h5py
+import numpy as np
+import pytest
+
+from hpcrl.core.config import parse_config
+from hpcrl.envs import make_vector_env, state
+from hpcrl.io.checkpoint import _digest
+from tests.conftest import REPO, mpirun, run_dir, small_config, write_config
+
+
+def twins(yaml_text: str, warm_up: int = 30):
+    """A vector stepped `warm_up` random steps, and one built fresh with other seeds into which its
+    captured state is restored; also the actions' generator."""
+    cfg = parse_config(yaml_text).env
+    envs, _ = make_vector_env(cfg, seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(warm_up):
+        envs.step(valid_actions(envs, rng))
+    copy, _ = make_vector_env(cfg, seed=1000)
+    state.restore(copy, *state.capture(envs))
+    return envs, copy, rng
+
+
+def valid_actions(envs, rng: np.random.Generator) -> np.ndarray:
+    mask = getattr(envs.unwrapped, "action_mask", None)
+    if mask is not None:
+        return np.array([rng.choice(np.flatnonzero(row)) for row in mask])
+    return rng.integers(0, envs.single_action_space.n, envs.num_envs)
+
+
+def assert_same_steps(a, b, rng, steps: int) -> None:
+    for _ in range(steps):  # through episode ends, their autoresets and the generators they draw from
+        actions = valid_actions(a, rng)
+        (obs_a, r_a, term_a, trunc_a, info_a), (obs_b, r_b, term_b, trunc_b, info_b) = a.step(actions), b.step(actions)
+        for x, y in ((obs_a, obs_b), (r_a, r_b), (term_a, term_b), (trunc_a, trunc_b)):
+            np.testing.assert_array_equal(x, y)
+        for key in ("active", "action_mask", "raw_reward"):
+            if key in info_a:
+                np.testing.assert_array_equal(info_a[key], info_b[key])
+
+
+def test_cartpole_through_hpcrls_wrappers_continues_bit_identically():
+    envs, copy, rng = twins("env: {id: CartPole-v1, num_envs: 3, normalize_reward: true}")
+    np.testing.assert_array_equal(envs.unwrapped.envs[1].unwrapped.state, copy.unwrapped.envs[1].unwrapped.state)
+    assert copy.unwrapped.envs[0].spec.max_episode_steps == 500  # config stays as built
+    assert_same_steps(envs, copy, rng, 400)
+    # the return statistics hpcrl's DiscountedReturns wrapper keeps came along too
+    np.testing.assert_array_equal(envs.take_moments(), copy.take_moments())
+
+
+def test_a_pettingzoo_vector_with_masks_continues_bit_identically():
+    envs, copy, rng = twins("env: {id: 'tests.ma_envs:MaskedRelay', num_envs: 2}", warm_up=4)
+    np.testing.assert_array_equal(envs.unwrapped.action_mask, copy.unwrapped.action_mask)
+    np.testing.assert_array_equal(envs.unwrapped.active, copy.unwrapped.active)  # mid-episode: an agent has left
+    assert_same_steps(envs, copy, rng, 40)
+
+
+def test_a_state_that_does_not_fit_the_fresh_envs_is_refused_before_anything_is_written():
+    cfg = parse_config("env: {id: CartPole-v1, num_envs: 3}").env
+    saved = state.capture(make_vector_env(cfg, seed=3)[0])
+    fresh, untouched = (make_vector_env(parse_config("env: {id: CartPole-v1, num_envs: 2}").env, seed=5)[0]
+                        for _ in range(2))
+    with pytest.raises(state.StateMismatch, match=r"state\.env\.envs: the checkpoint holds 3 items that are not "
+                                                  r"all plain data, this run's env 2 items"):
+        state.restore(fresh, *saved)
+    rng = np.random.default_rng(0)
+    assert_same_steps(fresh, untouched, rng, 50)  # the sub-envs it walked first are still as built
+
+
+@pytest.mark.parametrize("tree", [
+    '{"$object": "os.system", "vars": {}}',  # a class the fresh graph does not hold there: never made
+    '{"$dict": [["x", {"$hook": "builtins.eval", "state": "1"}]]}',
+    '{"$array": "0000"}',  # an array the checkpoint does not hold
+])
+def test_restore_builds_nothing_the_data_names(tree):
+    fresh = {"x": None}
+    with pytest.raises(state.StateMismatch):
+        state.restore(fresh, tree, {})
+    assert fresh == {"x": None}
+
+
+class CartPoleWithALock(gym.Wrapper):
+    """CartPole holding a lock: state that is not plain data, as a C object (MjData, a Box2D world) is."""
+
+    def __init__(self, **kwargs):
+        super().__init__(gym.make("CartPole-v1", **kwargs))
+        self.lock = threading.Lock()
+
+
+def test_state_that_is_not_plain_data_is_named_where_it_sits():
+    envs, _ = make_vector_env(parse_config("env: {id: 'tests.test_env_state:CartPoleWithALock'}").env, seed=0)
+    with pytest.raises(state.NotCapturable, match=r"state\.env\.envs\[0\]\.env\.env\.lock: a _thread\.lock holds state"):
+        state.capture(envs)
+
+
+def test_a_serial_run_of_an_env_that_cannot_be_captured_warns_and_finishes(tmp_path):
+    cfg = small_config(tmp_path, env={"id": "tests.test_env_state:CartPoleWithALock"}, run={"total_frames": 256})
+    result = mpirun(1, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("cannot be saved as data (state['groups'][0]['envs'].env.envs[0].env.env.lock") == 1
+    assert "a resumed serial run starts new episodes" in result.stdout
+
+
+class RunsACommand:
+    """What a crafted pickle does when loaded: here, create a file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def put_env_state(checkpoint: Path, blob: np.ndarray) -> None:
+    """Replace the checkpoint's extra/env_state by `blob`, checksum and all (an attacker can)."""
+    with h5py.File(checkpoint, "r+") as f:
+        extra = f["extra"]
+        keys = [key for _, key in json.loads(extra.attrs["_keys"])]
+        name = f"{keys.index('env_state'):04d}"
+        del extra[name]
+        extra.create_dataset(name, data=blob)
+        f.attrs["sha256"] = _digest(f)
+
+
+def test_a_checkpoint_holding_a_pickled_env_state_resumes_without_running_it(tmp_path):
+    marker = tmp_path / "MARKER"
+    cfg = small_config(tmp_path, run={"total_frames": 640})
+    path = str(write_config(tmp_path, cfg))
+    assert mpirun(1, "run", path).returncode == 0
+    put_env_state(run_dir(cfg) / "checkpoint.h5", np.frombuffer(pickle.dumps(RunsACommand(marker)), dtype=np.uint8))
+    result = mpirun(1, "run", path, "--set", "run.total_frames=1280")
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists()
+    assert "the checkpoint's env state was not restored: it is in the old pickled format, which runs code " \
+           "when loaded" in result.stdout
+    assert "policy version 10, 640 frames" in result.stdout  # the rest of the checkpoint was used
+
+
+# --- no loader that runs code reads data under hpcrl/ ----------------------------------------------
+
+CODE_RUNNING_CALLS = {
+    "pickle.load", "pickle.loads", "pickle.Unpickler", "_pickle.load", "_pickle.loads", "_pickle.Unpickler",
+    "marshal.load", "marshal.loads", "shelve.open", "joblib.load",
+    "yaml.load", "yaml.load_all", "yaml.unsafe_load", "yaml.unsafe_load_all", "yaml.full_load", "yaml.full_load_all",
+}
+CODE_RUNNING_MODULES = {"dill", "cloudpickle", "jsonpickle"}
+
+
+def _keyword_is(call: ast.Call, name: str, value) -> bool:
+    return any(k.arg == name and isinstance(k.value, ast.Constant) and k.value.value is value for k in call.keywords)
+
+
+def code_running_loads(source: str, filename: str) -> list[str]:
+    """file:line of each call under `source` that can run code from the data it reads."""
+    tree = ast.parse(source, filename)
+    names: dict[str, str] = {}  # local name -> what it was imported as ("np" -> "numpy")
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+                if alias.name.split(".")[0] in CODE_RUNNING_MODULES:
+                    found.append(f"{filename}:{node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            if node.module.split(".")[0] in CODE_RUNNING_MODULES:
+                found.append(f"{filename}:{node.lineno}: from {node.module} import ...")
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func, parts = node.func, []
+        while isinstance(func, ast.Attribute):
+            parts.insert(0, func.attr)
+            func = func.value
+        if not isinstance(func, ast.Name):
+            continue
+        called = ".".join([names.get(func.id, func.id), *parts])
+        if called in CODE_RUNNING_CALLS \
+                or called == "torch.load" and not _keyword_is(node, "weights_only", True) \
+                or called == "numpy.load" and _keyword_is(node, "allow_pickle", True):
+            found.append(f"{filename}:{node.lineno}: {called}(...)")
+    return found
+
+
+def test_the_guard_finds_each_kind_of_code_running_load():
+    source = ("import pickle as p\nimport numpy as np\nimport torch, yaml, marshal, shelve\nfrom pickle import loads\n"
+              "import dill\np.loads(b'')\nnp.load('a', allow_pickle=True)\nnp.load('a')\ntorch.load('m')\n"
+              "torch.load('m', weights_only=True)\nyaml.load(t)\nyaml.safe_load(t)\nmarshal.loads(b'')\n"
+              "shelve.open('s')\nloads(b'')\np.Unpickler(f).load()\n")
+    assert sorted(int(hit.split(":")[1]) for hit in code_running_loads(source, "x.py")) == [5, 6, 7, 9, 11, 13, 14, 15, 16]
+
+
+def test_nothing_under_hpcrl_reads_data_with_a_loader_that_runs_code():
+    found = [hit for path in sorted((REPO / "hpcrl").rglob("*.py"))
+             for hit in code_running_loads(path.read_text(), str(path.relative_to(REPO)))]
+    assert not found, "loaders that can run code from the data they read (issue 25):\n" + "\n".join(found)
