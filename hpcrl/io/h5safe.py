@@ -23,6 +23,7 @@ import ctypes
 import math
 import os
 import stat
+from typing import Callable
 
 import h5py
 
@@ -42,7 +43,7 @@ class RefusedFileError(OSError):
         self.path, self.reason = path, reason
 
 
-def _set_metadata_read_attempts() -> ctypes._CFuncPtr:
+def _set_metadata_read_attempts() -> Callable[[int, int], int]:
     """HDF5's H5Pset_metadata_read_attempts, which h5py does not wrap, from the HDF5 library h5py
     itself is linked against (a symbol looked up in an extension module is found in the
     libraries it loaded), so the property list ids agree."""

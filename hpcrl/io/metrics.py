@@ -32,7 +32,7 @@ import h5py
 import numpy as np
 
 from hpcrl.core.faults import pause_point
-from hpcrl.io.h5safe import DAMAGE_ERRORS, check_contents, open_for_reading, unlink_if_link
+from hpcrl.io.h5safe import DAMAGE_ERRORS, RefusedFileError, check_contents, open_for_reading, unlink_if_link
 
 CHUNK_ROWS = 256
 
@@ -214,10 +214,10 @@ def _read_all(path: str) -> tuple[dict[str, np.ndarray], dict]:
         with open_for_reading(path, swmr=True) as f:
             check_contents(f, path, written_whole=False)  # a live writer grows a series before filling it
             return {key: f[key][()] for key in f if isinstance(f[key], h5py.Dataset)}, dict(f.attrs)
-    except OSError:
-        raise
-    except DAMAGE_ERRORS as exc:
-        raise OSError(f"{path}: unreadable HDF5 file ({type(exc).__name__}: {exc})") from None
+    except (RefusedFileError, FileNotFoundError):
+        raise  # they name the file already
+    except DAMAGE_ERRORS as exc:  # h5py's own errors do not
+        raise OSError(f"{path}: unreadable HDF5 file ({exc})") from None
 
 
 @dataclass
