@@ -7,12 +7,22 @@ A checkpoint is written to a temporary name in the same directory, flushed, and 
 old one, so a crash mid-write never leaves a half checkpoint as the latest. A run killed inside a
 write leaves that temporary file behind: `recover_temporaries` removes it when the run resumes,
 or installs it when it is complete and newer than the latest (killed between fsync and rename).
+
+Every file carries a sha256 of its content. It detects corruption (a write cut short, flipped
+bits, a copy gone wrong), not tampering: it is unkeyed, so whoever edits a file can recompute it.
+A run directory is data that may come from anyone, so reading a checkpoint never trusts it further
+than its checksum: io/h5safe.py bounds the read in time and memory (regular files only, datasets
+no larger than the file, no links out of it), counters must be whole numbers, and `check_fits`
+refuses weights that do not fit the model a run builds or that are not finite. Checkpoints are
+never written through a symbolic link: temporary files replace any link at their name, and the
+rename replaces a link at the checkpoint's name with the file itself.
 """
 from __future__ import annotations
 
 import glob
 import hashlib
 import json
+import math
 import os
 import random
 import time
@@ -22,8 +32,12 @@ import h5py
 import numpy as np
 
 from hpcrl.core.faults import pause_point
+from hpcrl.io.h5safe import DAMAGE_ERRORS, RefusedFileError, check_contents, open_for_reading, unlink_if_link
 
 FORMAT_VERSION = 1
+# Counters a run converts with int(): a checkpoint holding anything else there is unusable.
+WHOLE_NUMBER_COUNTERS = ("policy_version", "frames", "updates")
+DIGEST_SLICE_BYTES = 1 << 24  # hashing reads a dataset in slices of about this size
 
 
 def _tag_tuples(value: Any) -> Any:
@@ -98,11 +112,14 @@ def restore_rng_states(states: dict, np_rng: np.random.Generator) -> None:
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint file that cannot be used: unreadable, truncated, or its checksum does not match."""
+    """A checkpoint file that cannot be used: unreadable, truncated, its checksum does not match,
+    or its content does not fit (`check_fits`)."""
 
 
 def _digest(f: h5py.File) -> str:
-    """sha256 over every dataset and attribute (names, dtypes, shapes, bytes), in a fixed order."""
+    """sha256 over every dataset and attribute (names, dtypes, shapes, bytes), in a fixed order;
+    a dataset is read in slices, so memory stays bounded whatever its size. It detects corruption,
+    not tampering (see the module's docstring)."""
     h = hashlib.sha256()
 
     def attrs(obj) -> None:
@@ -117,9 +134,18 @@ def _digest(f: h5py.File) -> str:
         item = f[name]
         attrs(item)
         if isinstance(item, h5py.Dataset):
-            data = np.ascontiguousarray(item[()])
-            h.update(f"{name}:{data.dtype.str}:{data.shape}".encode())
-            h.update(data.tobytes())
+            if not item.shape:  # a scalar: read whole, as its bytes were always hashed
+                data = np.ascontiguousarray(item[()])
+                h.update(f"{name}:{data.dtype.str}:{data.shape}".encode())
+                h.update(data.tobytes())
+                continue
+            # the header and the bytes of the whole array in C order, as one read would give them
+            rows = max(1, DIGEST_SLICE_BYTES // max(1, math.prod(item.shape[1:]) * item.dtype.itemsize))
+            for start in range(0, max(item.shape[0], 1), rows):
+                data = np.ascontiguousarray(item[start:start + rows])
+                if start == 0:
+                    h.update(f"{name}:{data.dtype.str}:{item.shape}".encode())
+                h.update(data.tobytes())
     return h.hexdigest()
 
 
@@ -171,6 +197,7 @@ def _write_whole(path: str, fill: Callable[[h5py.File], None], install: Callable
     """`fill` a new file at a temporary name, add its checksum, sync it, `install` it at `path`:
     a crash leaves the old file or the new one, never half of one."""
     tmp = f"{path}.tmp.{os.getpid()}"
+    unlink_if_link(tmp)
     try:
         with h5py.File(tmp, "w") as f:
             fill(f)
@@ -230,14 +257,19 @@ def recover_temporaries(path: str) -> list[str]:
 
 
 def _read_verified(path: str, read: Callable[[h5py.File], Any]) -> Any:
-    """`read(file)` on a checkpoint whose content matches its checksum; CheckpointError otherwise."""
+    """`read(file)` on a checkpoint whose content matches its checksum, read within bounds of
+    time and memory (io/h5safe.py); CheckpointError otherwise."""
     try:
-        with h5py.File(path, "r") as f:
+        with open_for_reading(path) as f:
+            check_contents(f, path, written_whole=True)  # before the digest reads every byte
             if f.attrs.get("sha256") != _digest(f):
                 raise CheckpointError(f"{path}: checksum mismatch (the file is corrupt)")
             return read(f)
-    except (OSError, KeyError, ValueError, RuntimeError) as exc:
-        # RuntimeError: damaged HDF5 metadata fails inside h5py's object visit ("message not aligned")
+    except CheckpointError:
+        raise
+    except RefusedFileError as exc:
+        raise CheckpointError(f"{path}: not a usable checkpoint: {exc.reason}") from None
+    except DAMAGE_ERRORS as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from None
 
 
@@ -256,18 +288,36 @@ def _newest_usable(path: str, read: Callable[[str], Any]) -> tuple[str | None, A
 
 def load_checkpoint(path: str) -> dict:
     """{'model', 'optimizer', 'counters', 'rng', 'extra', 'config', 'policies'}; tensors as torch tensors.
-    Raises CheckpointError if the file is unreadable or its content does not match its checksum."""
+    Raises CheckpointError if the file is unreadable, its content does not match its checksum or
+    a counter is not a whole number (whether the weights fit a model: `check_fits`)."""
     return _read_verified(path, lambda f: {
         "model": _read_tree(f["model"], as_torch=True), "optimizer": _read_tree(f["optimizer"], as_torch=True),
-        "counters": _read_tree(f["counters"], as_torch=False), "rng": _read_tree(f["rng"], as_torch=False),
+        "counters": _read_counters(f, path), "rng": _read_tree(f["rng"], as_torch=False),
         "extra": _read_tree(f["extra"], as_torch=False), "config": str(f.attrs["config"]),
         "policies": _read_tree(f["policies"], as_torch=True) if "policies" in f else {}})
 
 
 def read_summary(path: str) -> tuple[str, dict]:
     """(config text, counters) of one checkpoint, read without torch; CheckpointError if the file
-    is unreadable or its content does not match its checksum."""
-    return _read_verified(path, lambda f: (str(f.attrs["config"]), _read_tree(f["counters"], as_torch=False)))
+    is unreadable, its content does not match its checksum or a counter is not a whole number."""
+    return _read_verified(path, lambda f: (str(f.attrs["config"]), _read_counters(f, path)))
+
+
+def _read_counters(f: h5py.File, path: str) -> dict:
+    counters = _read_tree(f["counters"], as_torch=False)
+    _check_counters(counters, path)
+    return counters
+
+
+def _check_counters(counters: dict, path: str) -> None:
+    """CheckpointError unless each of WHOLE_NUMBER_COUNTERS present is a whole number >= 0."""
+    for key in WHOLE_NUMBER_COUNTERS:
+        value = counters.get(key, 0)
+        whole = (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+                 or isinstance(value, float) and value.is_integer())
+        if not whole or value < 0:
+            raise CheckpointError(f"{path}: counter {key!r} is {value!r}; a checkpoint's {key} is a whole number "
+                                  f">= 0 (the file was written by something else, or edited)")
 
 
 def inspect_latest(path: str) -> tuple[str | None, str, dict, list[str]]:
@@ -282,3 +332,60 @@ def load_latest(path: str) -> tuple[dict | None, str | None, list[str]]:
     """The newest usable checkpoint among `path` and its previous one: (checkpoint, file, warnings)."""
     found, checkpoint, problems = _newest_usable(path, load_checkpoint)
     return checkpoint, found, problems
+
+
+def check_fits(checkpoint: dict, shapes: dict[str, dict[str, tuple[int, ...]]], path: str) -> None:
+    """CheckpointError, one message naming `path`, unless `checkpoint` (as `load_checkpoint`
+    returns it) holds weights a run can use: for each policy in `shapes` ({policy name: {state
+    dict key: shape}} of the model the run builds; the first name is the checkpoint's own model,
+    every other one checkpoint["policies"][name]) the same keys with the same shapes, only finite
+    values in every floating tensor of its model and optimizer state, and whole-number counters.
+    A checksum only says the file is as written: a run that diverged writes NaN weights faithfully."""
+    _check_counters(checkpoint.get("counters", {}), path)
+    first, *others = shapes
+    stored = checkpoint.get("policies", {})
+    if set(stored) != set(others):
+        raise CheckpointError(f"{path}: holds the policies {[first, *stored]}, the run has {list(shapes)}; "
+                              f"resume with the policies it was trained with, or start a new run")
+    for name, expected in shapes.items():
+        state = checkpoint if name == first else stored[name]
+        model = state.get("model", {})
+        missing, extra = [k for k in expected if k not in model], [k for k in model if k not in expected]
+        if missing or extra:
+            differences = ([f"lacks {missing}"] if missing else []) + ([f"has {extra} besides"] if extra else [])
+            raise CheckpointError(f"{path}: policy {name!r}: the saved model is not the one this run builds: it "
+                                  f"{' and '.join(differences)}; resume with the model settings it was trained "
+                                  f"with, or start a new run")
+        for key, shape in expected.items():
+            found = getattr(model[key], "shape", None)
+            if found is None or tuple(found) != tuple(shape):
+                found_text = tuple(found) if found is not None else f"a {type(model[key]).__name__}, not a tensor"
+                raise CheckpointError(f"{path}: policy {name!r}: {key} is {found_text} in the checkpoint, the "
+                                      f"model this run builds has {tuple(shape)}; resume with the model settings "
+                                      f"it was trained with, or start a new run")
+        for part in ("model", "optimizer"):
+            bad = _first_non_finite(state.get(part, {}), part)
+            if bad:
+                raise CheckpointError(f"{path}: policy {name!r}: {bad} holds NaN or infinite values (training "
+                                      f"diverged before this checkpoint was written); resume from an earlier "
+                                      f"checkpoint or start a new run")
+
+
+def _first_non_finite(tree: Any, where: str) -> str | None:
+    """The key path of the first floating tensor (torch or numpy) in `tree` with a value that is
+    not finite, or None."""
+    if isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, (list, tuple)):
+        items = enumerate(tree)
+    else:
+        if hasattr(tree, "is_floating_point"):  # a torch tensor (torch is imported only where they are made)
+            return where if tree.is_floating_point() and not bool(tree.isfinite().all()) else None
+        if isinstance(tree, np.ndarray) and np.issubdtype(tree.dtype, np.inexact):
+            return where if not np.isfinite(tree).all() else None
+        return None
+    for key, value in items:
+        found = _first_non_finite(value, f"{where}.{key}")
+        if found:
+            return found
+    return None

@@ -14,6 +14,10 @@ A run that was killed (kill -9, the OOM killer, a dead node) leaves SWMR's "open
 flags in the file, which make HDF5 refuse to open it for writing again. `rebuild_metrics`, run
 when a run resumes, reads what can be read (an SWMR reader ignores those flags) and writes it
 back as a new, closed file, cut to the checkpoint's rows.
+
+A run directory is data (io/h5safe.py): reading metrics.h5 is bounded in time and memory, and a
+symbolic link at the metrics path is replaced by a new file, never written through (its target
+is left as it is); `write_crossed_nodes` refuses one.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import h5py
 import numpy as np
 
 from hpcrl.core.faults import pause_point
+from hpcrl.io.h5safe import DAMAGE_ERRORS, RefusedFileError, check_contents, open_for_reading, unlink_if_link
 
 CHUNK_ROWS = 256
 
@@ -51,6 +56,7 @@ class MetricsWriter:
         self.flush_interval_s = flush_interval_s
         self._pending: list[dict[str, np.ndarray]] = []
         self._last_flush = time.perf_counter()
+        unlink_if_link(path)  # rundir.prepare has rebuilt a linked file as the run's own already
         if not resume or not os.path.exists(path):
             self.file = h5py.File(path, "w", libver="latest")
             self.rows = 0
@@ -165,6 +171,8 @@ CROSSED_NODES = "crossed_nodes"  # attributes: what the run's last launch sent a
 def write_crossed_nodes(path: str, streams: tuple[str, ...], sums: np.ndarray) -> None:
     """Attributes of metrics.h5 (not series: they are totals of the launch, not rows):
     crossed_nodes_streams, crossed_nodes_messages and crossed_nodes_bytes, in the same order."""
+    if os.path.islink(path):  # appending cannot replace the link without losing the rows behind it
+        raise OSError(f"{path} is a symbolic link (to {os.readlink(path)!r}); hpcrl writes only the run's own file")
     with h5py.File(path, "a", libver="latest") as f:
         f.attrs[f"{CROSSED_NODES}_streams"] = list(streams)
         f.attrs[f"{CROSSED_NODES}_messages"] = sums[:, 0].astype(np.int64)
@@ -173,7 +181,7 @@ def write_crossed_nodes(path: str, streams: tuple[str, ...], sums: np.ndarray) -
 
 def read_crossed_nodes(path: str) -> dict[str, tuple[int, int]]:
     """{stream: (messages, bytes)} that crossed nodes in the run's last launch ({} if not recorded)."""
-    with h5py.File(path, "r", libver="latest", swmr=True) as f:
+    with open_for_reading(path, swmr=True) as f:
         if f"{CROSSED_NODES}_streams" not in f.attrs:
             return {}
         names = [str(n) for n in f.attrs[f"{CROSSED_NODES}_streams"]]
@@ -181,10 +189,35 @@ def read_crossed_nodes(path: str) -> dict[str, tuple[int, int]]:
                                                        f.attrs[f"{CROSSED_NODES}_bytes"])}
 
 
+# The series every row of a learner holds, which a report of a run's progress reads.
+PROGRESS_SERIES = ("frames", "policy_version", "wall_time")
+
+
 def read_metrics(path: str) -> dict[str, np.ndarray]:
-    """Every series of a metrics file, also while its run is still writing it."""
-    with h5py.File(path, "r", libver="latest", swmr=True) as f:
-        return {key: f[key][()] for key in f}
+    """Every series of a metrics file, also while its run is still writing it: the series that
+    are there, which may lack some that hpcrl writes (a damaged file, or one from elsewhere; see
+    `missing_series`) and may differ in length by a row (a kill inside an append). OSError if
+    the file cannot be read, RefusedFileError (an OSError) if it is not one to read."""
+    return _read_all(path)[0]
+
+
+def missing_series(metrics: dict[str, np.ndarray], names: tuple[str, ...] = PROGRESS_SERIES) -> list[str]:
+    """The `names` that `metrics` (from `read_metrics`) lacks: a caller reporting progress says
+    which series are missing instead of failing on the first."""
+    return [name for name in names if name not in metrics]
+
+
+def _read_all(path: str) -> tuple[dict[str, np.ndarray], dict]:
+    """(series, attributes) of a metrics file, as an SWMR reader: it ignores the "open for
+    writing" flags of a live or killed writer. Any failure is an OSError naming the file."""
+    try:
+        with open_for_reading(path, swmr=True) as f:
+            check_contents(f, path, written_whole=False)  # a live writer grows a series before filling it
+            return {key: f[key][()] for key in f if isinstance(f[key], h5py.Dataset)}, dict(f.attrs)
+    except (RefusedFileError, FileNotFoundError):
+        raise  # they name the file already
+    except DAMAGE_ERRORS as exc:  # h5py's own errors do not
+        raise OSError(f"{path}: unreadable HDF5 file ({exc})") from None
 
 
 @dataclass
@@ -209,6 +242,7 @@ def rebuild_metrics(path: str, through_version: int) -> Rebuilt:
         os.replace(path, damaged)
     rows = _rows_through(series, through_version)
     tmp = f"{path}.tmp.{os.getpid()}"
+    unlink_if_link(tmp)
     with h5py.File(tmp, "w", libver="latest") as f:
         for key, value in attrs.items():
             f.attrs[key] = value
@@ -224,10 +258,9 @@ def _salvage(path: str) -> tuple[dict[str, np.ndarray], dict, str]:
     """(series, attributes, problem) of a metrics file; nothing and the problem if any part is
     unreadable (a series cannot be left out: every row has every key)."""
     try:
-        with h5py.File(path, "r", libver="latest", swmr=True) as f:  # SWMR readers ignore a dead writer's flags
-            return {key: f[key][()] for key in f}, dict(f.attrs), ""
-    except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:
-        return {}, {}, f"{type(exc).__name__}: {exc}"
+        return (*_read_all(path), "")
+    except OSError as exc:
+        return {}, {}, str(exc)
 
 
 def _rows_through(series: dict[str, np.ndarray], through_version: int) -> int:
