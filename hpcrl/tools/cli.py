@@ -160,7 +160,8 @@ def _inspect(args) -> int:
         info = describe(args.run_dir)
     except RunDirError as exc:
         return _user_error(f"hpcrl: inspect: {exc}")
-    print(json.dumps(info, indent=2) if args.json else format_report(info, full_config=args.config))
+    # default=str: a config.yaml may hold YAML's dates and other values JSON has no type for
+    print(json.dumps(info, indent=2, default=str) if args.json else format_report(info, full_config=args.config))
     return 0
 
 
