@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import re
 import sys
 from dataclasses import dataclass
 
@@ -25,8 +26,8 @@ from hpcrl.envs.pomdp import register as _register_pomdp
 from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, DiscountedReturns, SyncVector,
                                envpool_vector, numpy_vector)
 
-__all__ = ["EnvSpaces", "make_env", "probe_spaces", "make_vector_env", "random_actions", "RAW_REWARD",
-           "GAME_OVER"]
+__all__ = ["EnvSpaces", "make_env", "probe_spaces", "make_vector_env", "random_actions", "imports_of_env_id",
+           "KNOWN_ENV_FAMILIES", "RAW_REWARD", "GAME_OVER"]
 
 _register_pomdp()  # hpcrl/CartPolePositions-v1 and friends, by id like gymnasium's own
 
@@ -63,6 +64,38 @@ class EnvSpaces:
     def multiagent(self) -> bool:
         """A PettingZoo env (rows are agents, which may be inactive), even as a policy of one agent sees it."""
         return bool(self.agents)
+
+
+# --- which env ids import code -------------------------------------------------------------------
+
+_REGISTERED_ID = r"(?:[\w.-]+/)?[\w.-]+-v\d+"  # an id the module registers: looked up, never an attribute called
+_ENV_MODULE = r"[a-z][a-z0-9_]*_v\d+"  # a PettingZoo env module (connect_four_v3): its env or parallel_env made
+# 'module:name' ids of the installed env families hpcrl supports, by module: importing such a
+# module only registers its envs, and a name of this form only looks an env up, so a run
+# directory that names one runs no code of its author's choosing (issue 25)
+_KNOWN_ENV_MODULES = {
+    "gymnasium": re.compile(_REGISTERED_ID), "ale_py": re.compile(_REGISTERED_ID),
+    "minigrid": re.compile(_REGISTERED_ID),
+    "pettingzoo": re.compile(r"[a-z_]+/[a-z0-9_]+-v\d+"),  # its registry: classic/connect_four-v3
+    **{f"pettingzoo.{family}": re.compile(_ENV_MODULE)
+       for family in ("atari", "butterfly", "classic", "mpe", "sisl")},  # pettingzoo.classic:connect_four_v3
+    "mpe2": re.compile(_ENV_MODULE),
+}
+KNOWN_ENV_FAMILIES = ("gymnasium ids (CartPole-v1, ALE/Breakout-v5, hpcrl/...), minigrid:<id>, "
+                      "pettingzoo:<family>/<env>, pettingzoo.<family>:<env>, mpe2:<env>")
+
+
+def imports_of_env_id(env_id: str) -> str | None:
+    """The module that making `env_id` imports to call a name of it, outside the env families
+    hpcrl supports ('os' for 'os:system', 'tests.ma_envs' for 'tests.ma_envs:Relay'); None when
+    it imports nothing of the kind. An id without ':' is looked up in gymnasium's registry, whose
+    entry points only installed packages and hpcrl register; gymnasium, PettingZoo and hpcrl
+    itself import the module before the ':' of any other id."""
+    if ":" not in env_id:
+        return None
+    module_name, name = env_id.split(":", 1)
+    form = _KNOWN_ENV_MODULES.get(module_name)
+    return None if form is not None and form.fullmatch(name) else module_name
 
 
 # --- one env -------------------------------------------------------------------------------------

@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="seed of the env and of action sampling (default 0)")
     ev.add_argument("--video", metavar="OUT.mp4", help="render every step of every episode into this video")
     ev.add_argument("--json", action="store_true", help="print the result as JSON (every episode's return too)")
+    ev.add_argument("--trust-env-code", action="store_true",
+                    help="make the run's env even where its env.id names a module outside the env families hpcrl "
+                         "supports (mypackage:MyEnv): that module is imported and what the id names in it called "
+                         "with env.kwargs. A run directory is data: pass this only for runs whose author you trust")
     ev.add_argument("--opponent", metavar="random|RUN_DIR",
                     help="multi-agent games: play one seat (each in turn) against a uniform player of valid "
                          "actions, or against another run's latest checkpoint; counts wins, draws and losses")
@@ -127,11 +131,13 @@ def _eval(args) -> int:
     from hpcrl.core.config import ConfigError
     if args.episodes < 1:
         return _user_error(f"hpcrl: eval: --episodes: expected at least 1, got {args.episodes}")
+    from hpcrl.io.checkpoint import CheckpointError
     from hpcrl.tools.evaluate import evaluate, format_result
     from hpcrl.tools.inspect import RunDirError
     try:
-        result = evaluate(args.run_dir, args.episodes, args.deterministic, args.seed, args.video, args.opponent)
-    except (RunDirError, ConfigError) as exc:
+        result = evaluate(args.run_dir, args.episodes, args.deterministic, args.seed, args.video, args.opponent,
+                          args.trust_env_code)
+    except (RunDirError, ConfigError, CheckpointError) as exc:
         return _user_error(f"hpcrl: eval: {exc}")
     print(json.dumps(result.summary(), indent=2) if args.json else format_result(result, args.run_dir))
     return 0
@@ -160,7 +166,8 @@ def _inspect(args) -> int:
         info = describe(args.run_dir)
     except RunDirError as exc:
         return _user_error(f"hpcrl: inspect: {exc}")
-    print(json.dumps(info, indent=2) if args.json else format_report(info, full_config=args.config))
+    # default=str: a config.yaml may hold YAML's dates and other values JSON has no type for
+    print(json.dumps(info, indent=2, default=str) if args.json else format_report(info, full_config=args.config))
     return 0
 
 

@@ -6,6 +6,11 @@ Multi-agent games can be played against an opponent (`--opponent random`, a unif
 valid actions, or another run's latest checkpoint, such as an early snapshot): the run's policy
 takes one seat, in turn every seat from game to game, the opponent all the others, and the result
 counts the run's wins, draws and losses.
+
+A run directory is data (issue 25): eval imports no module its config names outside the env
+families hpcrl supports (`imports_of_env_id`) unless the caller trusts it (`--trust-env-code`),
+refuses weights that do not fit the network or are not finite (`check_fits`), and writes nothing
+but the video it was asked for.
 """
 from __future__ import annotations
 
@@ -18,14 +23,14 @@ import numpy as np
 import torch
 
 from hpcrl.core.observations import apply, take
-from hpcrl.io.checkpoint import load_latest
+from hpcrl.io.checkpoint import CheckpointError, check_fits, load_latest
 from hpcrl.core.config import Config, ConfigError, parse_config
-from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env, probe_spaces
+from hpcrl.envs import GAME_OVER, KNOWN_ENV_FAMILIES, RAW_REWARD, imports_of_env_id, make_vector_env, probe_spaces
 from hpcrl.envs.multiagent import ENV_DONE, episode_starts
 from hpcrl.io.rundir import CHECKPOINT_FILE
 from hpcrl.core.policies import policy_spaces, row_policies
 from hpcrl.models import build_policy
-from hpcrl.tools.inspect import RunDirError, open_run_dir
+from hpcrl.tools.inspect import RunDirError, check_counters, open_run_dir
 
 
 @dataclass
@@ -60,6 +65,7 @@ def load_run(run_dir: str) -> tuple[Config, dict, str, list[str]]:
         why = f" ({'; '.join(problems)})" if problems else ""
         raise RunDirError(f"{run_dir!r} holds no usable checkpoint{why}; a run writes one every "
                           f"run.checkpoint_interval_s and at its end")
+    check_counters(checkpoint["counters"], found)
     try:
         cfg = parse_config(checkpoint["config"], source=f"{found} (its config)")
     except ConfigError as exc:
@@ -67,14 +73,43 @@ def load_run(run_dir: str) -> tuple[Config, dict, str, list[str]]:
     return cfg, checkpoint, found, problems
 
 
-def _policy(cfg: Config, checkpoint: dict, spaces):
-    """The run's network (an actor-critic, or a Q-network); with several policies, all of them,
-    each acting for its own agents."""
-    if len(cfg.policies) > 1:
-        return _Policies(cfg, checkpoint, spaces)
-    model = build_policy(spaces, cfg)
-    model.load_state_dict(checkpoint["model"])
-    return _Recurrent(model.eval(), spaces.num_agents) if model.recurrent else model.eval()
+def refuse_untrusted_env(cfg: Config, run_dir: str) -> None:
+    """RunDirError if making the run's env would import a module its config names outside the env
+    families hpcrl supports, and call what the config names in it with the config's kwargs."""
+    module = imports_of_env_id(cfg.env.id)
+    if module is not None:
+        name = cfg.env.id.split(":", 1)[1]
+        raise RunDirError(f"{run_dir}: env.id {cfg.env.id!r} would import module {module!r} and make the env from "
+                          f"its {name!r} with env.kwargs {cfg.env.kwargs}; a run directory is data, so eval "
+                          f"imports no module it names beyond {KNOWN_ENV_FAMILIES}. If you trust the run's "
+                          f"author, pass --trust-env-code")
+
+
+def _networks(cfg: Config, spaces) -> dict:
+    """The run's networks as its learners build them, untrained: one per policy (an actor-critic,
+    or a Q-network), the first one's weights being the checkpoint's 'model'."""
+    if len(cfg.policies) <= 1:
+        return {next(iter(cfg.policies), "model"): build_policy(spaces, cfg)}
+    return {name: build_policy(own, cfg) for name, own in zip(cfg.policies, policy_spaces(spaces, cfg.policies))}
+
+
+def _policy(cfg: Config, checkpoint: dict, found: str, spaces):
+    """The run's network with the checkpoint's weights; with several policies, all of them, each
+    acting for its own agents. CheckpointError for weights that do not fit or are not finite."""
+    networks = _networks(cfg, spaces)
+    check_fits(checkpoint, {name: {key: tuple(value.shape) for key, value in net.state_dict().items()}
+                            for name, net in networks.items()}, found)
+    for p, (name, net) in enumerate(networks.items()):
+        try:
+            net.load_state_dict(checkpoint["model"] if p == 0 else checkpoint["policies"][name]["model"])
+        except (RuntimeError, KeyError) as exc:  # what check_fits leaves: weights the network has no place for
+            raise CheckpointError(f"{found}: its weights do not fit the network of its config: "
+                                  f"{' '.join(str(exc).split())}") from None
+        net.eval()
+    if len(networks) > 1:
+        return _Policies(cfg, list(networks.values()), spaces)
+    model = next(iter(networks.values()))
+    return _Recurrent(model, spaces.num_agents) if model.recurrent else model
 
 
 class _Recurrent:
@@ -98,17 +133,15 @@ class _Recurrent:
 
 class _Policies:
     """A run of several policies (core/policies.py) in one env: each policy's network acts for
-    the rows of its agents; the checkpoint holds the first policy's weights and a group per other."""
+    the rows of its agents."""
 
-    def __init__(self, cfg: Config, checkpoint: dict, spaces):
+    def __init__(self, cfg: Config, models: list, spaces):
         ids = row_policies(cfg.policies, spaces.agents, 1)
         self.rows = len(ids)
         self.parts = []
-        for p, (name, own) in enumerate(zip(cfg.policies, policy_spaces(spaces, cfg.policies))):
-            model = build_policy(own, cfg)
-            model.load_state_dict(checkpoint["model"] if p == 0 else checkpoint["policies"][name]["model"])
+        for p, model in enumerate(models):
             rows = np.flatnonzero(ids == p)
-            self.parts.append((_Recurrent(model.eval(), len(rows)) if model.recurrent else model.eval(), rows))
+            self.parts.append((_Recurrent(model, len(rows)) if model.recurrent else model, rows))
 
     def _combine(self, act) -> torch.Tensor:
         out = None
@@ -136,23 +169,28 @@ def _opponent(opponent: str | None, cfg: Config, spaces):
     """None, 'random', or the policy of another run (its latest checkpoint) for the same env."""
     if opponent is None or opponent == "random":
         return opponent
-    other, checkpoint, _, _ = load_run(opponent)
+    other, checkpoint, found, _ = load_run(opponent)
     if other.env.id != cfg.env.id:
         raise RunDirError(f"--opponent {opponent}: its env is {other.env.id}, this run's is {cfg.env.id}")
-    return _policy(other, checkpoint, spaces)
+    return _policy(other, checkpoint, found, spaces)
 
 
 def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int = 0,
-             video: str | None = None, opponent: str | None = None) -> EvalResult:
+             video: str | None = None, opponent: str | None = None, trust_env_code: bool = False) -> EvalResult:
+    """Play the run's latest checkpoint. `trust_env_code`: make its env even where env.id names a
+    module outside the env families hpcrl supports (tests.ma_envs:Relay, mypackage:MyEnv), which is
+    imported and called with env.kwargs; without it such a run is refused (RunDirError)."""
     if video and not os.path.isdir(os.path.dirname(os.path.abspath(video))):
         raise RunDirError(f"--video {video}: directory {os.path.dirname(video)!r} does not exist")
     cfg, checkpoint, found, problems = load_run(run_dir)
+    if not trust_env_code:
+        refuse_untrusted_env(cfg, run_dir)
     env_cfg = dataclasses.replace(cfg.env, num_envs=1,
                                   kwargs={**cfg.env.kwargs, **({"render_mode": "rgb_array"} if video else {})})
     spaces = probe_spaces(cfg.env)
     if opponent is not None and not spaces.multiagent:
         raise RunDirError(f"--opponent: {cfg.env.id} has one agent; an opponent needs a multi-agent game")
-    model = _policy(cfg, checkpoint, spaces)
+    model = _policy(cfg, checkpoint, found, spaces)
     rival = _opponent(opponent, cfg, spaces)
     counters = checkpoint["counters"]
     result = EvalResult([], [], found, int(counters.get("policy_version", 0)), int(counters.get("frames", 0)),

@@ -1,7 +1,19 @@
 """A run directory read back: `hpcrl inspect`, and the opening of run directories that `hpcrl plot`
-and `hpcrl eval` share. No MPI and no torch (checkpoints are read with h5py)."""
+and `hpcrl eval` share. No MPI and no torch (checkpoints are read with h5py).
+
+A run directory is data, possibly from someone else (issue 25): whatever its files hold, reading
+them ends in a report or in one RunDirError (CheckpointError for a checkpoint) that says what is
+wrong where, never in a traceback, and nothing here writes into it or imports what it names.
+- config.yaml that is not UTF-8, not YAML or not a mapping: RunDirError (`hpcrl inspect` and
+  `hpcrl plot` exit 2: the config heads the report, and plot groups runs by it).
+- metrics.h5 unreadable, without a series every row has, or with a series that is not numbers:
+  RunDirError; `hpcrl inspect` still reports the rest, its progress line saying why there is none.
+- a checkpoint whose counters are not numbers: CheckpointError; `hpcrl inspect` still reports the
+  rest, its checkpoint line marking that file NOT USABLE as it does a corrupt one.
+"""
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -16,6 +28,11 @@ CONFIG_FILE = "config.yaml"
 FINISHED = {"total_frames": "finished: it reached run.total_frames",
             "target_return": "finished: it reached run.target_return",
             "preempted": "preempted: a checkpoint was written; run the same command again to resume"}
+
+
+# Series every metrics row has (workers/trainer_stats.py); the rest are optional to a reader
+SERIES_OF_EVERY_ROW = ("frames", "wall_time", "policy_version")
+NUMERIC_COUNTERS = ("frames", "updates", "policy_version", "wall_time")  # as the trainer saves them
 
 
 class RunDirError(ValueError):
@@ -40,23 +57,77 @@ def load_metrics(run_dir: str) -> dict[str, np.ndarray]:
         raise RunDirError(f"{run_dir!r} holds no {METRICS_FILE} yet (the run writes it after its first update)")
     try:
         metrics = read_metrics(path)
-    except OSError as exc:
-        raise RunDirError(f"cannot read {path!r}: {exc}") from None
-    if not len(metrics.get("frames", ())):
+    except (OSError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+        # not HDF5, damaged, or holding a group or a scalar where a series belongs
+        raise RunDirError(f"cannot read {path!r}: {type(exc).__name__}: {exc}") from None
+    missing = [key for key in SERIES_OF_EVERY_ROW if key not in metrics]
+    if missing:
+        raise RunDirError(f"{path!r} has no series {', '.join(missing)} (it has: {', '.join(metrics) or 'none'}); "
+                          f"every metrics file hpcrl writes has {', '.join(SERIES_OF_EVERY_ROW)}")
+    for key, series in metrics.items():
+        if series.ndim == 0 or not (np.issubdtype(series.dtype, np.number) or series.dtype == bool):
+            raise RunDirError(f"{path!r}: series {key!r} is {series.dtype} of shape {series.shape}, not a "
+                              f"column of numbers, one per row, as hpcrl writes")
+        if key in SERIES_OF_EVERY_ROW and (series.ndim != 1 or not np.isfinite(series).all()):
+            raise RunDirError(f"{path!r}: series {key!r} is not one finite number a row (shape {series.shape}), "
+                              f"as hpcrl writes it")
+    # while a run writes, a reader may see some series a row longer than others: keep whole rows
+    rows = min(len(series) for series in metrics.values())
+    if not rows:
         raise RunDirError(f"{path!r} has no rows yet (the run writes one after every update)")
-    return metrics
+    return {key: series[:rows] for key, series in metrics.items()}
 
 
 def load_config_dict(run_dir: str) -> dict:
     """The run's resolved config as plain data: config.yaml, else the latest checkpoint's copy."""
     path = os.path.join(open_run_dir(run_dir), CONFIG_FILE)
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as fh:
-            return yaml.safe_load(fh) or {}
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise RunDirError(f"cannot read {path!r}: {exc.strerror}") from None
+        return _config_mapping(data, path)
     found, text, _, _ = inspect_latest(os.path.join(run_dir, CHECKPOINT_FILE))
     if found is None:
         raise RunDirError(f"{run_dir!r} holds neither {CONFIG_FILE} nor a usable checkpoint")
-    return yaml.safe_load(text) or {}
+    return _config_mapping(text.encode("utf-8", "surrogateescape"), f"{found} (its config)")
+
+
+def _config_mapping(data: bytes, where: str) -> dict:
+    """A config file's content as a mapping; RunDirError naming `where` if it is not UTF-8, not
+    YAML, or not a mapping of sections."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunDirError(f"{where!r} is not UTF-8 text (byte {exc.start}); hpcrl writes its config as UTF-8 "
+                          f"YAML") from None
+    try:
+        cfg = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        why = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise RunDirError(f"{where!r} is not valid YAML ({at}{why})") from None
+    if cfg is None:
+        return {}
+    if not isinstance(cfg, dict):
+        raise RunDirError(f"{where!r} holds a YAML {type(cfg).__name__}, not a mapping of config sections "
+                          f"(run:, env:, algo:, ...)")
+    return cfg
+
+
+def check_counters(counters: dict, path: str) -> dict:
+    """`counters` of the checkpoint at `path`, if they are what hpcrl saves there (a finite number
+    each, stopped_by text); CheckpointError otherwise."""
+    for key in NUMERIC_COUNTERS:
+        value = counters.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise CheckpointError(f"{path}: counter {key!r} is {value!r}, not a number; hpcrl saves "
+                                  f"{', '.join(NUMERIC_COUNTERS)} as numbers")
+    if not isinstance(counters.get("stopped_by", ""), str):
+        raise CheckpointError(f"{path}: counter 'stopped_by' is {counters['stopped_by']!r}, not text")
+    return counters
 
 
 def _checkpoint_file(path: str) -> dict | None:
@@ -66,7 +137,7 @@ def _checkpoint_file(path: str) -> dict | None:
     info = {"file": path, "bytes": os.path.getsize(path), "written": os.path.getmtime(path)}
     try:
         _, counters = read_summary(path)
-        info.update(digest_ok=True, counters=counters)
+        info.update(digest_ok=True, counters=check_counters(counters, path))
     except CheckpointError as exc:
         info.update(digest_ok=False, problem=str(exc))
     return info
@@ -77,24 +148,27 @@ def describe(run_dir: str) -> dict:
     open_run_dir(run_dir)
     checkpoint = os.path.join(run_dir, CHECKPOINT_FILE)
     found, _, counters, _ = inspect_latest(checkpoint)
+    try:
+        check_counters(counters, found)
+    except CheckpointError:
+        counters = {}  # the checkpoint's own line says why it is not usable
     info: dict = {"run_dir": run_dir, "config": load_config_dict(run_dir),
                   "checkpoint": _checkpoint_file(checkpoint),
                   "previous_checkpoint": _checkpoint_file(previous_path(checkpoint)),
-                  "resumes_from": found, "progress": None, "repairs": _repairs(run_dir)}
+                  "resumes_from": found, "progress": None, "no_progress": "", "repairs": _repairs(run_dir)}
     try:
         m = load_metrics(run_dir)
-    except RunDirError:
-        m = None
+    except RunDirError as exc:
+        m, info["no_progress"] = None, str(exc)
     if m is not None:
         last = len(m["frames"]) - 1
         info["progress"] = {
             "frames": int(m["frames"][last]), "updates": last + 1,
             "policy_version": int(m["policy_version"][last]), "wall_time": float(m["wall_time"][last]),
-            "return_window_mean": _number(m.get("return_window_mean", [np.nan])[-1]),
-            "return_mean": _number(m.get("return_mean", [np.nan])[-1]),
-            "episodes": int(np.sum(m["episodes"])) if "episodes" in m else None,
+            "return_window_mean": _last(m, "return_window_mean"), "return_mean": _last(m, "return_mean"),
+            "episodes": _episodes(m),
             "last_write_age_s": time.time() - os.path.getmtime(os.path.join(run_dir, METRICS_FILE))}
-    stopped_by = counters.get("stopped_by", "") if found else ""
+    stopped_by = counters.get("stopped_by", "")
     info["stopped_by"] = stopped_by
     info["finished"] = stopped_by in ("total_frames", "target_return")
     return info
@@ -109,18 +183,43 @@ def _repairs(run_dir: str) -> list[str]:
         return []
 
 
-def _number(value) -> float | None:
-    value = float(value)
-    return None if np.isnan(value) else value
+def _last(metrics: dict[str, np.ndarray], key: str) -> float | None:
+    """The last value of an optional series of one number a row; None if there is none."""
+    series = metrics.get(key)
+    if series is None or series.ndim != 1:
+        return None
+    value = float(series[-1])
+    return value if math.isfinite(value) else None
+
+
+def _episodes(metrics: dict[str, np.ndarray]) -> int | None:
+    """Episodes finished over all rows; None without a series of them."""
+    series = metrics.get("episodes")
+    total = float(np.nansum(series)) if series is not None and series.ndim == 1 else math.nan
+    return int(total) if math.isfinite(total) else None
+
+
+def _section(cfg: dict, key: str) -> dict:
+    """A config section as a mapping: an edited config may hold anything there, and a summary
+    shows what it can rather than fail."""
+    value = cfg.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _count(value) -> str:
+    """A count with thousands separators, or as it is when it is not a number."""
+    if value is None:
+        return "n/a"
+    return f"{value:,}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
 def _config_summary(cfg: dict) -> list[str]:
-    run, env, algo, model, roles = (cfg.get(k, {}) or {} for k in ("run", "env", "algo", "model", "roles"))
+    run, env, algo, model, roles = (_section(cfg, k) for k in ("run", "env", "algo", "model", "roles"))
     role_counts = ", ".join(f"{name} {_role_count(spec)}" for name, spec in roles.items() if isinstance(spec, dict))
     target = run.get("target_return")
     if algo.get("name") == "dqn":  # its step's own settings, not PPO's epochs
-        dqn, replay = algo.get("dqn", {}) or {}, algo.get("replay", {}) or {}
-        step = (f"{dqn.get('n_step')}-step, batch {dqn.get('batch_size')}, replay {replay.get('capacity', 0):,} "
+        dqn, replay = _section(algo, "dqn"), _section(algo, "replay")
+        step = (f"{dqn.get('n_step')}-step, batch {dqn.get('batch_size')}, replay {_count(replay.get('capacity', 0))} "
                 f"ratio {replay.get('replay_ratio') or 'null'}")
     else:
         step = f"epochs {algo.get('epochs')}"
@@ -129,7 +228,7 @@ def _config_summary(cfg: dict) -> list[str]:
     net = "Nature CNN" if cnn else f"{model.get('hidden_sizes')} {model.get('activation')}"
     return [f"{env.get('id')} x {env.get('num_envs')} per env rank; {algo.get('name')} {algo.get('mode')}, rollout "
             f"{algo.get('rollout_length')}, lr {algo.get('lr')} {algo.get('lr_schedule')}, {step}, model {net}",
-            f"roles: {role_counts}; seed {run.get('seed')}; total_frames {run.get('total_frames', 0):,}"
+            f"roles: {role_counts}; seed {run.get('seed')}; total_frames {_count(run.get('total_frames', 0))}"
             + (f"; target_return {target}" if target is not None else "")]
 
 
@@ -177,14 +276,15 @@ def format_report(info: dict, full_config: bool = False) -> str:
     lines.append(f"status       {_status(info)}")
     p = info["progress"]
     if p is None:
-        lines.append("progress     no metrics rows yet")
+        lines.append(f"progress     none: {info['no_progress']}")
     else:
-        total = (info["config"].get("run") or {}).get("total_frames")
-        share = f" ({100 * p['frames'] / total:.1f}% of run.total_frames)" if total else ""
+        total = _section(info["config"], "run").get("total_frames")
+        share = (f" ({100 * p['frames'] / total:.1f}% of run.total_frames)"
+                 if isinstance(total, (int, float)) and total > 0 else "")
         ret = "n/a" if p["return_window_mean"] is None else f"{p['return_window_mean']:.1f}"
         lines += [f"progress     {p['frames']:,} frames{share}, {p['updates']:,} updates, policy version "
                   f"{p['policy_version']}, wall time {_duration(p['wall_time'])}",
-                  f"             last return {ret} (mean of the last >= 20 episodes), {p['episodes']:,} episodes"]
+                  f"             last return {ret} (mean of the last >= 20 episodes), {_count(p['episodes'])} episodes"]
     lines.append(f"checkpoint   {_checkpoint_line(info['checkpoint'], run_dir)}")
     lines.append(f"previous     {_checkpoint_line(info['previous_checkpoint'], run_dir)}")
     if info["resumes_from"] is not None and info["checkpoint"] and info["resumes_from"] != info["checkpoint"]["file"]:

@@ -6,7 +6,6 @@ own curve. No MPI and no torch.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -45,7 +44,8 @@ def load_curve(run_dir: str, metric: str | None = None) -> Curve:
     name = metric or next((k for k in ("return_window_mean", "return_mean") if k in m), None)
     if name not in m or m[name].ndim != 1:
         valid = ", ".join(k for k, v in m.items() if v.ndim == 1)
-        raise RunDirError(f"{run_dir!r}: metrics.h5 has no series {name!r} (it has: {valid})")
+        wanted = f"series {name!r}" if name else "return_window_mean nor return_mean"
+        raise RunDirError(f"{run_dir!r}: metrics.h5 has no {wanted} (it has: {valid}); pick one with --metric")
     values = m[name].astype(np.float64)
     keep = np.isfinite(values)
     if not keep.any():
@@ -73,7 +73,8 @@ def group_runs(run_dirs: list[str], group_by: str = "config") -> list[tuple[str,
     """[(label, run dirs)] in the order the runs were given. 'config': runs whose resolved configs
     are equal but for the run's name, seed and logging keys; 'name': runs whose directory names are
     equal once a trailing seed suffix (_s1, -seed2, _3) is removed; 'none': every run alone."""
-    groups: dict = {}
+    # (key, run dirs), keys compared with ==: json.dumps of a config fails on YAML dates and mixed key types
+    groups: list[tuple[object, list[str]]] = []
     for run_dir in run_dirs:
         base = os.path.basename(os.path.normpath(run_dir))
         if group_by == "none":
@@ -82,10 +83,16 @@ def group_runs(run_dirs: list[str], group_by: str = "config") -> list[tuple[str,
             key = SEED_SUFFIX.sub("", base) or base
         else:
             cfg = load_config_dict(run_dir)
-            run = {k: v for k, v in (cfg.get("run") or {}).items() if k not in NOT_LEARNING}
-            key = json.dumps({**cfg, "run": run}, sort_keys=True)
-        groups.setdefault(key, []).append(run_dir)
-    return [(_label(dirs, group_by), dirs) for dirs in groups.values()]
+            run = cfg.get("run")
+            if isinstance(run, dict):
+                run = {k: v for k, v in run.items() if k not in NOT_LEARNING}
+            key = {**cfg, "run": run}
+        same = next((dirs for other, dirs in groups if other == key), None)
+        if same is None:
+            groups.append((key, [run_dir]))
+        else:
+            same.append(run_dir)
+    return [(_label(dirs, group_by), dirs) for _, dirs in groups]
 
 
 def _label(run_dirs: list[str], group_by: str) -> str:
