@@ -310,14 +310,23 @@ def _read_counters(f: h5py.File, path: str) -> dict:
 
 
 def _check_counters(counters: dict, path: str) -> None:
-    """CheckpointError unless each of WHOLE_NUMBER_COUNTERS present is a whole number >= 0."""
+    """CheckpointError unless the counters are what the trainer saves: each of
+    WHOLE_NUMBER_COUNTERS present a whole number >= 0, wall_time a finite number, stopped_by text."""
+    def refuse(key: str, what: str):
+        return CheckpointError(f"{path}: counter {key!r} is {counters[key]!r}, not {what} (the file was written by "
+                               f"something else, or edited)")
+
     for key in WHOLE_NUMBER_COUNTERS:
         value = counters.get(key, 0)
         whole = (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
                  or isinstance(value, float) and value.is_integer())
         if not whole or value < 0:
-            raise CheckpointError(f"{path}: counter {key!r} is {value!r}; a checkpoint's {key} is a whole number "
-                                  f">= 0 (the file was written by something else, or edited)")
+            raise refuse(key, "a whole number >= 0")
+    wall_time = counters.get("wall_time", 0.0)
+    if isinstance(wall_time, bool) or not isinstance(wall_time, (int, float, np.number)) or not np.isfinite(wall_time):
+        raise refuse("wall_time", "a finite number")
+    if not isinstance(counters.get("stopped_by", ""), str):
+        raise refuse("stopped_by", "text")
 
 
 def inspect_latest(path: str) -> tuple[str | None, str, dict, list[str]]:

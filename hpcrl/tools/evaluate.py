@@ -30,7 +30,7 @@ from hpcrl.envs.multiagent import ENV_DONE, episode_starts
 from hpcrl.io.rundir import CHECKPOINT_FILE
 from hpcrl.core.policies import policy_spaces, row_policies
 from hpcrl.models import build_policy
-from hpcrl.tools.inspect import RunDirError, check_counters, open_run_dir
+from hpcrl.tools.inspect import RunDirError, open_run_dir
 
 
 @dataclass
@@ -65,7 +65,6 @@ def load_run(run_dir: str) -> tuple[Config, dict, str, list[str]]:
         why = f" ({'; '.join(problems)})" if problems else ""
         raise RunDirError(f"{run_dir!r} holds no usable checkpoint{why}; a run writes one every "
                           f"run.checkpoint_interval_s and at its end")
-    check_counters(checkpoint["counters"], found)
     try:
         cfg = parse_config(checkpoint["config"], source=f"{found} (its config)")
     except ConfigError as exc:

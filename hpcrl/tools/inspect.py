@@ -32,7 +32,6 @@ FINISHED = {"total_frames": "finished: it reached run.total_frames",
 
 # Series every metrics row has (workers/trainer_stats.py); the rest are optional to a reader
 SERIES_OF_EVERY_ROW = ("frames", "wall_time", "policy_version")
-NUMERIC_COUNTERS = ("frames", "updates", "policy_version", "wall_time")  # as the trainer saves them
 
 
 class RunDirError(ValueError):
@@ -117,19 +116,6 @@ def _config_mapping(data: bytes, where: str) -> dict:
     return cfg
 
 
-def check_counters(counters: dict, path: str) -> dict:
-    """`counters` of the checkpoint at `path`, if they are what hpcrl saves there (a finite number
-    each, stopped_by text); CheckpointError otherwise."""
-    for key in NUMERIC_COUNTERS:
-        value = counters.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise CheckpointError(f"{path}: counter {key!r} is {value!r}, not a number; hpcrl saves "
-                                  f"{', '.join(NUMERIC_COUNTERS)} as numbers")
-    if not isinstance(counters.get("stopped_by", ""), str):
-        raise CheckpointError(f"{path}: counter 'stopped_by' is {counters['stopped_by']!r}, not text")
-    return counters
-
-
 def _checkpoint_file(path: str) -> dict | None:
     """Size, time and counters of one checkpoint file, and whether its checksum holds."""
     if not os.path.exists(path):
@@ -137,7 +123,7 @@ def _checkpoint_file(path: str) -> dict | None:
     info = {"file": path, "bytes": os.path.getsize(path), "written": os.path.getmtime(path)}
     try:
         _, counters = read_summary(path)
-        info.update(digest_ok=True, counters=check_counters(counters, path))
+        info.update(digest_ok=True, counters=counters)
     except CheckpointError as exc:
         info.update(digest_ok=False, problem=str(exc))
     return info
@@ -147,11 +133,7 @@ def describe(run_dir: str) -> dict:
     """What `hpcrl inspect` shows, as plain data (also its --json output)."""
     open_run_dir(run_dir)
     checkpoint = os.path.join(run_dir, CHECKPOINT_FILE)
-    found, _, counters, _ = inspect_latest(checkpoint)
-    try:
-        check_counters(counters, found)
-    except CheckpointError:
-        counters = {}  # the checkpoint's own line says why it is not usable
+    found, _, counters, _ = inspect_latest(checkpoint)  # (counters checked there: io/checkpoint.py)
     info: dict = {"run_dir": run_dir, "config": load_config_dict(run_dir),
                   "checkpoint": _checkpoint_file(checkpoint),
                   "previous_checkpoint": _checkpoint_file(previous_path(checkpoint)),
