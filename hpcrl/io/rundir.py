@@ -1,7 +1,8 @@
 """The run directory: start a new run, or resume the one already there from its latest checkpoint.
 
 Runs on rank 0 before any role exists; no MPI and no torch (a checkpoint is inspected with h5py).
-A run directory holds config.yaml, metrics.h5, checkpoint.h5 and checkpoint.prev.h5.
+A run directory holds config.yaml, metrics.h5, checkpoint.h5 and checkpoint.prev.h5, and run.lock:
+one run writes it at a time (`_lock`).
 
 A run may have been stopped hard (kill -9, the OOM killer, a dead node, a full disk) at any
 moment. Resuming repairs what that leaves: temporary checkpoint files (removed, or installed when
@@ -10,9 +11,12 @@ the repair did is printed and appended to `recovery.log` in the run directory.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
 import shutil
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +29,10 @@ from hpcrl.io.metrics import rebuild_metrics, remove_temporaries
 CHECKPOINT_FILE = "checkpoint.h5"
 METRICS_FILE = "metrics.h5"
 RECOVERY_LOG = "recovery.log"
+LOCK_FILE = "run.lock"
+# A relaunch by a self-healing job script may find the lock of the run it replaces still held: on
+# NFS a lost node's lock lasts until its lease runs out (90 s by default). It waits this long.
+RELAUNCH_LOCK_WAIT_S = 180.0
 # Exit statuses of `hpcrl run` (README, "Exit statuses"): 0 done, 1 a failure (a rank crashed).
 EXIT_CONFIG_ERROR = 2  # a user mistake found at start-up: one message, nothing written
 EXIT_PREEMPTED = 3  # stopped by SIGTERM/SIGUSR1 after writing a checkpoint: resubmit or requeue to go on
@@ -69,9 +77,13 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "") -> RunStart:
     checkpoint = os.path.join(run_dir, CHECKPOINT_FILE)
     start = RunStart(run_dir=run_dir, config_text=to_yaml(cfg))
     _check_inside(run_dir, cfg.run.output_dir)
-    if overwrite and os.path.isdir(run_dir):
-        shutil.rmtree(run_dir)
-    elif os.path.isdir(run_dir):
+    existed = os.path.isdir(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    _check_inside(run_dir, cfg.run.output_dir)  # (again: a link put there meanwhile)
+    start.warnings += _lock(run_dir, RELAUNCH_LOCK_WAIT_S if relaunch else 0.0)
+    if overwrite and existed:
+        _empty(run_dir)
+    elif existed:
         repairs = recover_temporaries(checkpoint)  # a kill inside a checkpoint write
         found, old_text, counters, problems = inspect_latest(checkpoint)
         start.warnings += problems
@@ -97,7 +109,6 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "") -> RunStart:
             repairs += _repair_metrics(metrics, start.start_version, int(counters.get("updates", 0)))
         _log_repairs(run_dir, repairs)
         start.warnings += repairs
-    os.makedirs(run_dir, exist_ok=True)
     if relaunch:
         where = (f"resuming from {start.resume_file}: policy version {start.start_version}, "
                  f"{start.start_frames:,} frames" if start.resume_file else
@@ -117,6 +128,68 @@ def _check_inside(run_dir: str, output_dir: str) -> None:
     if os.path.dirname(os.path.realpath(run_dir)) != os.path.realpath(output_dir):
         raise ConfigError(f"run directory {run_dir!r} resolves to {os.path.realpath(run_dir)!r}, outside "
                           f"run.output_dir {output_dir!r}; choose another run.name")
+
+
+_held: dict[str, int] = {}  # run directory -> the open lock file's descriptor, held until the process ends
+
+
+def _lock(run_dir: str, wait_s: float) -> list[str]:
+    """Make this process the run directory's one writer: an exclusive flock on run.lock, released
+    by the kernel when the process ends however it ends (kill -9 leaves nothing stale). The file
+    names the holder (host, pid, start, SLURM job) for the message a second run gets. Busy: wait
+    up to `wait_s` (a relaunch), then a ConfigError. Returns warnings (a file system without locks)."""
+    path = os.path.join(run_dir, LOCK_FILE)
+    if os.path.realpath(run_dir) in _held:  # this process holds it already (a second prepare)
+        return []
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    deadline, said = time.monotonic() + wait_s, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)  # ENOLCK, EOPNOTSUPP...: Lustre mounted without -o flock, some NFS set-ups
+                return [f"cannot lock {path} ({os.strerror(exc.errno)}): this file system has no file locks, so "
+                        f"nothing stops a second run on {run_dir!r} from writing it at the same time"]
+            holder = _holder(path)
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise ConfigError(f"run directory {run_dir!r} is in use by another run ({holder}); one run writes "
+                                  f"a run directory at a time: wait for that run to end or stop it, or choose "
+                                  f"another run.name") from None
+            if not said:
+                print(f"[hpcrl] waiting up to {wait_s:.0f} s for the lock on {run_dir!r}, held by {holder} "
+                      f"(a run on a lost node holds it until its file-system lease runs out)", flush=True)
+                said = True
+            time.sleep(1.0)
+    os.ftruncate(fd, 0)
+    job = os.environ.get("SLURM_JOB_ID")
+    os.pwrite(fd, (f"host {socket.gethostname()}, pid {os.getpid()}, started "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S')}{f', SLURM job {job}' if job else ''}\n").encode(), 0)
+    _held[os.path.realpath(run_dir)] = fd
+    return []
+
+
+def _holder(path: str) -> str:
+    """Who holds run.lock, as its holder wrote it ('host n0, pid 42, started ...')."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(300).strip() or "a run still starting"
+    except OSError:
+        return "a run that did not say who it is"
+
+
+def _empty(run_dir: str) -> None:
+    """--overwrite: remove everything in the run directory but the lock this run holds (removing
+    that would let a second run take a new lock on a new file)."""
+    for entry in os.scandir(run_dir):
+        if entry.name == LOCK_FILE:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
 
 
 def _replace_text(path: str, text: str) -> None:
