@@ -57,3 +57,48 @@ def test_config_yaml_and_recovery_log_are_never_written_through_links(tmp_path):
     with pytest.raises(ConfigError, match=r"recovery.log is a symbolic link .* never through a link: remove the link"):
         rundir.prepare(config(tmp_path), overwrite=False, relaunch="relaunch 1 of at most 3")
     assert target.read_text() == "mine"
+
+
+def snapshot(directory) -> dict:
+    """Every file under `directory`, but the lock (each run that takes it names itself there): its
+    bytes and modification time."""
+    return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != "run.lock"}
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("nan", "holds NaN or infinite values (training diverged before this checkpoint was written)"),
+    ("shape", "in the checkpoint, the model this run builds has"),
+])
+def test_a_checkpoint_that_does_not_fit_is_refused_before_anything_is_changed(tmp_path, damage, says):
+    """Weights that are NaN, or of another shape than the config's model (with a valid checksum:
+    whoever edits a file can recompute it): exit 2, one message, every file of the run as it was
+    (config.yaml, metrics.h5, recovery.log untouched; no repair ran)."""
+    import h5py
+    import numpy as np
+    from hpcrl.io.checkpoint import _digest
+    from tests.conftest import run_dir
+    cfg = small_config(tmp_path, run={"total_frames": 256}, roles={"inference": {"ranks": 0}})
+    path = str(write_config(tmp_path, cfg))
+    assert run_hpcrl("run", path).returncode == 0
+    checkpoint = run_dir(cfg) / "checkpoint.h5"
+    with h5py.File(checkpoint, "r+") as f:
+        name = next(n for n in f["model"] if isinstance(f["model"][n], h5py.Dataset) and f["model"][n].ndim == 2)
+        weights = f["model"][name][()]
+        del f["model"][name]
+        f["model"].create_dataset(name, data=np.full_like(weights, np.nan) if damage == "nan" else weights[:, :-1])
+        f.attrs["sha256"] = _digest(f)
+    before = snapshot(run_dir(cfg))
+    result = run_hpcrl("run", path, "--set", "run.total_frames=512")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stdout + result.stderr
+    assert says in result.stderr and "nothing in the run directory was changed" in result.stderr
+    assert snapshot(run_dir(cfg)) == before
+
+
+def test_a_device_error_writes_nothing(tmp_path):
+    """roles.learner.device: cuda on a machine without one is refused before the run directory
+    (or output_dir) exists."""
+    cfg = small_config(tmp_path, roles={"inference": {"ranks": 0}, "learner": {"ranks": 1, "device": "cuda"}})
+    result = run_hpcrl("run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 2 and "device is 'cuda' but rank 0 sees no CUDA device" in result.stderr
+    assert not (tmp_path / "runs").exists()

@@ -19,10 +19,11 @@ import shutil
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import yaml
 
-from hpcrl.io.checkpoint import inspect_latest, previous_path, recover_temporaries
+from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, recover_temporaries
 from hpcrl.core.config import Config, ConfigError, parse_config, to_dict, to_yaml
 from hpcrl.io.metrics import rebuild_metrics, remove_temporaries
 
@@ -69,10 +70,13 @@ def _resolved(config_text: str) -> dict:
         return yaml.safe_load(config_text) or {}
 
 
-def prepare(cfg: Config, overwrite: bool, relaunch: str = "") -> RunStart:
+def prepare(cfg: Config, overwrite: bool, relaunch: str = "",
+            check_checkpoint: Callable[[str], None] | None = None) -> RunStart:
     """Create or reopen output_dir/name; a ConfigError says what stands in the way and what to do.
     `relaunch`: why a self-healing job script started the run again (HPCRL_RELAUNCH), for
-    recovery.log."""
+    recovery.log. `check_checkpoint(path)`: raises CheckpointError when the checkpoint to resume
+    does not fit this run (shapes, non-finite values); checked before anything is changed but the
+    lock and the repair of a checkpoint write a kill interrupted."""
     run_dir = os.path.join(cfg.run.output_dir, cfg.run.name)
     checkpoint = os.path.join(run_dir, CHECKPOINT_FILE)
     start = RunStart(run_dir=run_dir, config_text=to_yaml(cfg))
@@ -101,6 +105,13 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "") -> RunStart:
                     raise ConfigError(f"cannot resume {run_dir!r}: its checkpoint was trained with {key} = "
                                       f"{_lookup(old, key)!r}, the config now says {_lookup(new, key)!r}; put it "
                                       f"back, or start a new run (another run.name, or --overwrite)")
+            if check_checkpoint is not None:
+                try:
+                    check_checkpoint(found)
+                except CheckpointError as exc:
+                    raise ConfigError(f"cannot resume {run_dir!r}: {exc}; nothing in the run directory was "
+                                      f"changed. Move the file aside to resume from the one before it, or "
+                                      f"start a new run (another run.name, or --overwrite)") from None
             start.resume_file = found
             start.start_version = int(counters.get("policy_version", 0))
             start.start_frames = int(counters.get("frames", 0))

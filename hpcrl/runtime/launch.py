@@ -20,7 +20,7 @@ from hpcrl.io.metrics import write_crossed_nodes
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.core.layout import Layout, env_groups, fragments_per_env_rank, plan_layout, sample_slots
-from hpcrl.core.policies import num_policies, policy_spaces
+from hpcrl.core.policies import num_policies, policy_names, policy_spaces
 from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED
 from hpcrl.io.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
 from hpcrl.runtime.control import ControlStream, build_control_stream
@@ -32,20 +32,39 @@ CONTROL_POLL_EVERY = 64  # passes of the poll loop between control-stream polls 
 CONTROL_POLL_IDLE_EVERY = 16  # idle passes between control-stream polls on a waiting rank
 
 
-def _prepare(config_path: str, overrides: tuple[str, ...], overwrite: bool, size: int) -> dict:
-    """Rank 0's start-up checks: config, layout fit, env, run directory. Returns state or an error."""
+def _check(config_path: str, overrides: tuple[str, ...], size: int) -> dict:
+    """Rank 0's start-up checks, before anything is written: config, layout fit, env, memory, the
+    policies' sizes. Returns state, or an error."""
     try:
         cfg, _ = load_config(config_path, overrides)
         # role counts must fit this world size, and algo.batch_frames the role counts
         fragments_per_env_rank(cfg, plan_layout(cfg.roles, size, policies=num_policies(cfg.policies)))
         spaces = probe_spaces(cfg.env)
+        from hpcrl.tools.plan import memory_problem
+        problem = memory_problem(cfg, size, spaces)  # before any model or buffer is allocated
+        if problem:
+            raise ConfigError(f"{config_path}: {problem}")
         from hpcrl.models import build_policy, num_params  # torch, on rank 0 only
         # each policy's size, once: it sizes the weights messages on every rank, and a model that
         # cannot take the observations (or a policies table that does not fit the env's agents) is
         # a ConfigError now, not on every rank later
-        n_params = [num_params(build_policy(s, cfg)) for s in policy_spaces(spaces, cfg.policies)]
-        start = rundir.prepare(cfg, overwrite, os.environ.get("HPCRL_RELAUNCH", ""))
-        return {"cfg": cfg, "spaces": spaces, "num_params": n_params, "start": start}
+        models = [build_policy(s, cfg) for s in policy_spaces(spaces, cfg.policies)]
+        # what a checkpoint to resume must hold (rundir.prepare checks it before it changes anything)
+        shapes = {name: {key: tuple(value.shape) for key, value in model.state_dict().items()}
+                  for name, model in zip(policy_names(cfg.policies), models)}
+        return {"cfg": cfg, "spaces": spaces, "num_params": [num_params(m) for m in models], "shapes": shapes}
+    except ConfigError as exc:
+        return {"error": str(exc)}
+
+
+def _prepare(cfg: Config, overwrite: bool, shapes: dict) -> dict:
+    """Rank 0, once every rank's checks have passed: lock, create or resume the run directory."""
+    def fits(path: str) -> None:
+        from hpcrl.io.checkpoint import check_fits, load_checkpoint
+        check_fits(load_checkpoint(path), shapes, path)
+
+    try:
+        return {"start": rundir.prepare(cfg, overwrite, os.environ.get("HPCRL_RELAUNCH", ""), check_checkpoint=fits)}
     except ConfigError as exc:
         return {"error": str(exc)}
     except OSError as exc:  # a full disk or an unwritable output_dir: not a config mistake
@@ -74,17 +93,14 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
         return ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up"
 
     comm.install_abort_hook(describe)
-    state = _prepare(config_path, overrides, overwrite, size) if rank == 0 else None
-    state = comm.broadcast_object(state)  # MPI: rank 0's verdict reaches every rank
+    # Nothing is written until every check has passed on every rank: rank 0's (config, env,
+    # memory), then every rank's (layout, devices); only then does rank 0 prepare the run directory.
+    checked = _check(config_path, overrides, size) if rank == 0 else None
+    shapes = checked.pop("shapes", None) if checked else None
+    state = comm.broadcast_object(checked)  # MPI: rank 0's verdict reaches every rank
     if "error" in state:
-        return _refuse(rank, state["error"], state.get("status", EXIT_CONFIG_ERROR))
+        return _refuse(rank, state["error"])
     cfg: Config = state["cfg"]
-    start: rundir.RunStart = state["start"]
-    if start.finished:
-        if rank == 0:
-            print(f"[hpcrl] nothing to do: the run in {start.run_dir} is complete: {start.finished} "
-                  f"(or pass --overwrite to start it again)", flush=True)
-        return 0
     nodes, hosts = comm.node_of_rank(), comm.host_names()
     traffic.locate(comm.WORLD, nodes)
     try:
@@ -96,6 +112,15 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     if problems:  # MPI: every rank sees the same list, so every rank stops
         more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
         return _refuse(rank, problems[0] + more)
+    prepared = comm.broadcast_object(_prepare(cfg, overwrite, shapes) if rank == 0 else None)
+    if "error" in prepared:
+        return _refuse(rank, prepared["error"], prepared.get("status", EXIT_CONFIG_ERROR))
+    start: rundir.RunStart = prepared["start"]
+    if start.finished:
+        if rank == 0:
+            print(f"[hpcrl] nothing to do: the run in {start.run_dir} is complete: {start.finished} "
+                  f"(or pass --overwrite to start it again)", flush=True)
+        return 0
     if rank == 0:
         _announce(cfg, layout, start, state["spaces"], state["num_params"], hosts)
     watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
