@@ -175,7 +175,7 @@ def _vector(cfg: EnvConfig, num_envs: int, seed: int, gamma: float) -> gym.vecto
                               f"env.preset (got backend {cfg.backend!r}, preset {cfg.preset!r})")
         envs = agent_rows(cfg.kwargs, num_envs, global_state=bool(cfg.global_state))
     elif cfg.backend == "sync":
-        # partial, not a lambda: the vector stays picklable, so serial-mode checkpoints can hold it
+        # partial, not a lambda: a config value, which a serial checkpoint's env state leaves as built
         envs = SyncVector([functools.partial(make_env, cfg) for _ in range(num_envs)],
                           autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         envs = LiftEpisodeInfo(envs)

@@ -201,15 +201,14 @@ def _plan(args) -> int:
     from hpcrl.envs import probe_spaces
     from hpcrl.core.layout import plan_layout, simulated_nodes
     from hpcrl.core.policies import num_policies
-    from hpcrl.tools.plan import format_plan, memory, traffic
+    from hpcrl.tools.plan import format_plan, memory, policy_params, traffic
     try:
         cfg, _ = load_config(args.config, tuple(args.overrides))
         nodes = simulated_nodes(args.world_size, args.ranks_per_node or max(args.world_size, 1))
         gpus = None if args.gpus_per_node is None else np.full(args.world_size, args.gpus_per_node)
         layout = plan_layout(cfg.roles, args.world_size, nodes, gpus, num_policies(cfg.policies))
         spaces = probe_spaces(cfg.env)
-        from hpcrl.models import build_policy, num_params  # torch: only to count the policy's parameters
-        n_params = num_params(build_policy(spaces, cfg))  # ConfigError: model.encoder unfit for the obs
+        n_params = policy_params(cfg, spaces)  # counted, not allocated; ConfigError: model.encoder unfit
         mem = memory(cfg, layout, spaces, n_params)  # ConfigError: sample slots that cannot hold a batch
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")
