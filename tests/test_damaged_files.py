@@ -169,7 +169,7 @@ def test_counters_that_are_not_whole_numbers_make_a_checkpoint_unusable(tmp_path
     """frames stored as a string passed the checksum and failed later in int() as a ValueError."""
     path = tmp_path / "checkpoint.h5"
     write_checkpoint(path, counters={"frames": "12", "policy_version": 1})
-    message = f"{path}: counter 'frames' is '12'; a checkpoint's frames is a whole number >= 0"
+    message = f"{path}: counter 'frames' is '12', not a whole number >= 0"
     with pytest.raises(CheckpointError, match=message):
         read_summary(str(path))
     found, _, _, problems = inspect_latest(str(path))

@@ -67,6 +67,13 @@ def test_a_pettingzoo_vector_with_masks_continues_bit_identically():
     assert_same_steps(envs, copy, rng, 40)
 
 
+def test_a_pettingzoo_board_game_continues_bit_identically():
+    """PettingZoo's connect four (an AEC game behind its wrappers): the board, whose turn it is and
+    the agent selector come back, so a serial resume goes on with the games in progress."""
+    envs, copy, rng = twins("env: {id: 'pettingzoo:classic/connect_four-v3', num_envs: 3}", warm_up=9)
+    assert_same_steps(envs, copy, rng, 60)
+
+
 def test_a_state_that_does_not_fit_the_fresh_envs_is_refused_before_anything_is_written():
     cfg = parse_config("env: {id: CartPole-v1, num_envs: 3}").env
     saved = state.capture(make_vector_env(cfg, seed=3)[0])
