@@ -10,10 +10,9 @@ from typing import Callable
 
 from hpcrl.io.checkpoint import inspect_latest
 from hpcrl.io.metrics import MetricsWriter
-from hpcrl.io.rundir import CHECKPOINT_FILE, EXIT_OUTPUT_FAILED, METRICS_FILE, free_space, os_reason
+from hpcrl.core.stop import EXIT_OUTPUT_FAILED, StopReason
+from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE, free_space, os_reason
 
-# how an update ends the run (0: it goes on), shared with the trainer that decides it
-FRAMES_CODE, TARGET_CODE, PREEMPTED_CODE, OUTPUT_FAILED_CODE = 1, 2, 3, 4
 # Metrics rows reach metrics.h5 (and TensorBoard) within this long, and before every checkpoint:
 # written one by one, they cost small-batch async learners a large share of their core.
 METRICS_FLUSH_S = 1.0
@@ -46,7 +45,7 @@ class RunFiles:
     def report(self, row: dict, code: int, save: Callable[[str], None], checkpoint: bool | None = None) -> int:
         """Add the metrics row (written within METRICS_FLUSH_S), write a checkpoint via `save(path)`
         when one is due (`checkpoint`, when the caller decided already) or the run stops, and print
-        the progress line; returns `code`, or OUTPUT_FAILED_CODE when an output could not be
+        the progress line; returns `code`, or StopReason.OUTPUT_FAILED when an output could not be
         written: the run then stops on every rank with one message."""
         if row.get("replica_digest") is not None:
             row["replica_digest"] = row["replica_digest"].reshape(-1)
@@ -72,7 +71,7 @@ class RunFiles:
                 return self.output_failed("the checkpoint", self.checkpoint_path, exc)
             self._last_ckpt = now
             self.saved = True  # the trainers save what they hold beside it (replay shards)
-        if code == PREEMPTED_CODE:
+        if code == StopReason.PREEMPTED:
             print(f"[hpcrl] preempted: checkpoint of policy version {row['policy_version']} at {row['frames']:,} "
                   f"frames written; run the same command again to resume", flush=True)
         return code
@@ -90,7 +89,7 @@ class RunFiles:
         path = exc.filename or path  # the TensorBoard events file names itself; h5py's errors do not
         print(f"hpcrl: cannot write {what} to {path}: {os_reason(exc)}{free_space(path)}. Stopping the job "
               f"(exit status {EXIT_OUTPUT_FAILED}); {valid}.", file=sys.stderr, flush=True)
-        return OUTPUT_FAILED_CODE
+        return StopReason.OUTPUT_FAILED
 
     def close(self) -> None:
         try:

@@ -34,10 +34,6 @@ LOCK_FILE = "run.lock"
 # A relaunch by a self-healing job script may find the lock of the run it replaces still held: on
 # NFS a lost node's lock lasts until its lease runs out (90 s by default). It waits this long.
 RELAUNCH_LOCK_WAIT_S = 180.0
-# Exit statuses of `hpcrl run` (README, "Exit statuses"): 0 done, 1 a failure (a rank crashed).
-EXIT_CONFIG_ERROR = 2  # a user mistake found at start-up: one message, nothing written
-EXIT_PREEMPTED = 3  # stopped by SIGTERM/SIGUSR1 after writing a checkpoint: resubmit or requeue to go on
-EXIT_OUTPUT_FAILED = 4  # an output could not be written (full disk): fix it, then run again to resume
 # What a resumed run may not change: the policy's shape and what it was trained on.
 MUST_MATCH = ("env.id", "env.kwargs", "model.hidden_sizes", "model.activation", "model.encoder", "model.obs_norm",
               "model.core", "model.core_size",

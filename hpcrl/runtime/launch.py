@@ -21,8 +21,7 @@ from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.core.layout import Layout, env_groups, fragments_per_env_rank, plan_layout, sample_slots
 from hpcrl.core.policies import num_policies, policy_names, policy_spaces
-from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED
-from hpcrl.io.rundir import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
+from hpcrl.core.stop import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, StopReason
 from hpcrl.runtime.control import ControlStream, build_control_stream
 from hpcrl.runtime.liveness import start_peer_watch
 from hpcrl.runtime.watchdog import Watchdog
@@ -134,21 +133,18 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     _report_crossed_nodes(rank, start, control.stop_flags, len(set(nodes.tolist())))
     watchdog.stop()
     peers.close()  # after the watchdog: waiting for the neighbours' BYE is watched by the peers' clock
-    flags = control.stop_flags  # why the run stopped, the same word on every rank: the exit status
-    if flags & OUTPUT_FAILED:
-        return EXIT_OUTPUT_FAILED
-    if flags & PREEMPTED:
-        return EXIT_PREEMPTED
-    if rank == 0:
+    # why the run stopped, the same word on every rank: the exit status
+    status = StopReason.from_flags(control.stop_flags).exit_status
+    if rank == 0 and status == 0:
         print(f"[hpcrl] done: {start.run_dir}", flush=True)
-    return 0
+    return status
 
 
 def _report_crossed_nodes(rank: int, start: rundir.RunStart, flags: int, n_nodes: int) -> None:
     """Every rank's cross-node counts summed on rank 0 (collective), which prints them for a
     multi-node run and writes them to metrics.h5."""
     sums = traffic.total(comm.WORLD, 0)
-    if rank != 0 or flags & OUTPUT_FAILED:
+    if rank != 0 or StopReason.from_flags(flags) is StopReason.OUTPUT_FAILED:
         return
     if n_nodes > 1:
         print(f"[hpcrl] crossed nodes (messages): {traffic.describe(sums)}", flush=True)

@@ -20,14 +20,12 @@ import time
 import numpy as np
 import yaml
 
+from hpcrl.core.stop import StopReason
 from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, read_summary
 from hpcrl.io.metrics import read_metrics
 from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE, RECOVERY_LOG
 
 CONFIG_FILE = "config.yaml"
-FINISHED = {"total_frames": "finished: it reached run.total_frames",
-            "target_return": "finished: it reached run.target_return",
-            "preempted": "preempted: a checkpoint was written; run the same command again to resume"}
 
 
 # Series every metrics row has (workers/trainer_stats.py); the rest are optional to a reader
@@ -152,7 +150,7 @@ def describe(run_dir: str) -> dict:
             "last_write_age_s": time.time() - os.path.getmtime(os.path.join(run_dir, METRICS_FILE))}
     stopped_by = counters.get("stopped_by", "")
     info["stopped_by"] = stopped_by
-    info["finished"] = stopped_by in ("total_frames", "target_return")
+    info["finished"] = StopReason.from_text(stopped_by) in (StopReason.TOTAL_FRAMES, StopReason.TARGET_RETURN)
     return info
 
 
@@ -220,7 +218,8 @@ def _role_count(spec: dict) -> str:
 
 def _status(info: dict) -> str:
     if info["stopped_by"]:
-        return FINISHED.get(info["stopped_by"], info["stopped_by"])
+        reason = StopReason.from_text(info["stopped_by"])
+        return reason.description if reason is not None else info["stopped_by"]
     p = info["progress"]
     age = f"; metrics.h5 last written {_duration(p['last_write_age_s'])} ago" if p else ""
     if info["resumes_from"] is None:

@@ -23,12 +23,12 @@ import torch
 from hpcrl.core.config import Config
 from hpcrl.core.faults import pause_point
 from hpcrl.core.layout import batch_share, sample_slots
-from hpcrl.core.messages import OUTPUT_FAILED, PREEMPTED, STOP
 from hpcrl.core.policies import policy_names
 from hpcrl.core.seeds import seed_for
+from hpcrl.core.stop import StopReason
 from hpcrl.envs.state import NotCapturable
 from hpcrl.io.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
-from hpcrl.io.run_files import FRAMES_CODE, OUTPUT_FAILED_CODE, PREEMPTED_CODE, TARGET_CODE, RunFiles
+from hpcrl.io.run_files import RunFiles
 from hpcrl.models import build_optimizer, build_policy, copy_params_to, policy_digest
 from hpcrl.runtime import comm
 from hpcrl.runtime.control import ControlStream
@@ -73,12 +73,6 @@ def averaging_hooks(optimizer: torch.optim.Optimizer, after_step: Callable[[], N
             optimizer.step()
         after_step()
     return {"average_gradients": optimizer.synchronize, "apply_step": apply_step}
-
-
-STOP_REASONS = {0: "", FRAMES_CODE: "total_frames", TARGET_CODE: "target_return", PREEMPTED_CODE: "preempted",
-                OUTPUT_FAILED_CODE: "output_failed"}
-STOP_FLAGS = {0: 0, FRAMES_CODE: STOP, TARGET_CODE: STOP, PREEMPTED_CODE: STOP | PREEMPTED,
-              OUTPUT_FAILED_CODE: STOP | OUTPUT_FAILED}
 
 
 class LearnerRole:
@@ -251,15 +245,15 @@ class LearnerRole:
         if self.cfg.run.replica_digests:
             row["replica_digest"] = comm.gather_to_root(self.comm, np.array([policy_digest(self.model)],
                                                                            dtype=np.int64))
-        code = 0
+        code = StopReason.GOING_ON
         if self.root:
             if self.preempt_requested():
-                code = PREEMPTED_CODE
+                code = StopReason.PREEMPTED
             elif row["frames"] >= self.cfg.run.total_frames:
-                code = FRAMES_CODE
+                code = StopReason.TOTAL_FRAMES
             elif self.stats.target_reached(self.cfg.run.target_return):
-                code = TARGET_CODE
-            self.stopped_by = STOP_REASONS[code]
+                code = StopReason.TARGET_RETURN
+            self.stopped_by = code.text
         due = None  # several policies: whether this update checkpoints, decided before the others' states travel
         if len(self.policy_names) > 1:  # MPI: the other policies' states reach the root for its checkpoint
             code, due = comm.broadcast_ints(self.comm, [code, int(self.root and self.files.checkpoint_due(code))])
@@ -270,8 +264,8 @@ class LearnerRole:
         code, saved = comm.broadcast_ints(self.comm, [code, self.files.saved if self.root else 0])
         if saved:
             self.source.save(self.run_dir, self.version)
-        self.stopped_by = STOP_REASONS[code]
-        self.stop_flags = STOP_FLAGS[code]
+        reason = StopReason(code)
+        self.stopped_by, self.stop_flags = reason.text, reason.flags
         if code and self.control.is_controller:
             self.control.stop(self.stop_flags, self.version)  # every rank hears why the run ends
         self._publish()
