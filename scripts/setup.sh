@@ -3,7 +3,7 @@
 #   Open MPI from Debian -> .venv with torch (CPU), mpi4py built against that MPI,
 #   numpy/gymnasium/h5py/pyyaml/pytest -> Horovod 0.28.1 (PyTorch + MPI) from a wheel cache
 #   -> hpcrl itself (editable) with every extra of pyproject.toml (test, atari, mujoco, box2d,
-#   envpool, bench). A second run only checks and returns in seconds.
+#   envpool, multiagent, bench, docs). A second run only checks and returns in seconds.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -89,7 +89,8 @@ if ! "$py" -c "import horovod.torch" 2>/dev/null; then
 fi
 
 # --- hpcrl itself (editable; builds the C kernels of src_ext/ in place) with every extra of
-#     pyproject.toml: tests, env families (atari, mujoco, box2d, envpool) and the benchmarks' baseline.
+#     pyproject.toml: tests, env families (atari, mujoco, box2d, envpool, multiagent), the benchmarks'
+#     baseline and the documentation site's MkDocs (pinned there).
 #     The constraint keeps torch at its pin: no extra may swap it for another build. ---
 extras=$("$py" -c 'import sys, tomllib; print(",".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]))' \
     "$repo/pyproject.toml")
@@ -100,7 +101,7 @@ pip install --no-build-isolation -c "$venv/hpcrl-constraints.txt" -e "$repo[$ext
 # asks for pygame, whose module files pygame-ce (the box2d extra, which mpe2 needs) already provides,
 # and two distributions of one module break each other. Its other needs (numpy, gymnasium) are in.
 pip install --no-deps "minigrid==3.2.0"
-"$py" -c "import horovod.torch, mpi4py, hpcrl, torch; assert torch.__version__.split('+')[0] == '$torch_version'" \
+"$py" -c "import horovod.torch, mkdocs, mpi4py, hpcrl, torch; assert torch.__version__.split('+')[0] == '$torch_version'" \
     || { log "set-up finished but imports fail (or torch is not $torch_version)"; exit 1; }
 fingerprint > "$stamp"
 log "ready: $venv"

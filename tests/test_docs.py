@@ -1,5 +1,15 @@
-"""docs/config.md is generated from hpcrl/core/config.py and cannot drift from it."""
+"""The documentation cannot rot: docs/config.md is generated from hpcrl/core/config.py and cannot
+drift from it; the site (mkdocs.yml over docs/) builds in strict mode, so no link, anchor or page
+is broken; and the README stays a short entrance whose links land on real pages and headings."""
 import dataclasses
+import os
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
 
 from hpcrl.core.config import Config
 from hpcrl.tools.docs import COMMAND, config_reference
@@ -30,3 +40,60 @@ def test_every_config_key_is_in_the_reference_with_its_doc():
         assert row.startswith(f"| `{name}` |") and row.endswith(f"| {doc.replace('|', chr(92) + '|')} |")
     assert "| `run.total_frames` | an integer | `100000` |" in text
     assert "| `roles.env.ranks` | an integer or a string or null | `rest` |" in text  # resolved default
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site as `mkdocs build --strict` writes it, outside the repository."""
+    out = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # Material's end-of-life banner, not a build warning
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+                          str(REPO / "mkdocs.yml"), "--site-dir", str(out)],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    return out, run
+
+
+def test_site_builds_in_strict_mode_without_a_warning(site):
+    out, run = site
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log
+    assert not [line for line in log.splitlines() if line.startswith(("WARNING", "ERROR"))], log
+    pages = sorted(p.relative_to(REPO / "docs").with_suffix(".html") for p in (REPO / "docs").rglob("*.md"))
+    assert pages and all((out / page).is_file() for page in pages)
+
+
+class _Ids(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids = set()
+
+    def handle_starttag(self, tag, attrs):
+        self.ids.update(value for name, value in attrs if name == "id")
+
+
+README_LINK = re.compile(r"\]\((?!https?:)([^)#\s]+)(?:#([^)\s]+))?\)")
+
+
+def test_readme_links_land_on_pages_and_headings_of_the_site(site):
+    out, _ = site
+    links = README_LINK.findall((REPO / "README.md").read_text(encoding="utf-8"))
+    assert links
+    for target, anchor in links:
+        assert (REPO / target).exists(), f"README.md links to {target}, which does not exist"
+        if anchor:
+            assert target.startswith("docs/") and target.endswith(".md"), target
+            page = out / Path(target).relative_to("docs").with_suffix(".html")
+            ids = _Ids()
+            ids.feed(page.read_text(encoding="utf-8"))
+            assert anchor in ids.ids, f"README.md links to {target}#{anchor}: no such heading"
+
+
+def test_readme_is_a_short_entrance_that_names_every_job():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    assert "make demo" in readme and "make test" in readme  # .ci/run calls the README's test command
+    jobs_page = (REPO / "docs" / "running.md").read_text(encoding="utf-8")
+    for job in sorted((REPO / "jobs").glob("*.yaml")):
+        row = f"| `{job.name}`"
+        assert row in readme, f"README.md's table of jobs lacks {job.name}"
+        assert row in jobs_page, f"docs/running.md's table of jobs lacks {job.name}"
