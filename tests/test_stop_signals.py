@@ -1,4 +1,4 @@
-"""Stop signals end a run with a checkpoint and status 3, never a death (README, "Signals"): a
+"""Stop signals end a run with a checkpoint and status 3, never a death (docs/clusters.md, "Signals"): a
 second signal while the checkpoint is written, Ctrl-C, a signal in the first moments of the run,
 and SIGTERM to the launcher of a multi-rank job. And one writer per run directory: a second run
 on a busy directory exits 2 naming the holder, and changes nothing."""

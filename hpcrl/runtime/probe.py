@@ -2,7 +2,7 @@
 through the inference stream's channels, and a record through the sample stream with its
 credits, this process at both ends. Both ends' Python and MPI work land on this one core, which
 is what the tuner's model charges per message (the wire between nodes comes on top; see
-README's notes on the model). MPI starts as a singleton when the process was not launched by
+docs/plan-and-tune.md's notes on the model). MPI starts as a singleton when the process was not launched by
 mpirun.
 """
 from __future__ import annotations
