@@ -1,15 +1,15 @@
 """`hpcrl tune CONFIG --ranks-per-node C [--nodes N] [-o tuned.yaml] [--budget-s S]`: measure this
 machine for the config (env steps, policy forwards, trainer updates, stream messages), then choose
 the role counts, envs per env rank, env groups and inline or remote inference that the throughput
-model (tools/tune_model.py) predicts fastest for the target nodes, keeping the algorithm as the
+model (tools/tune/model.py) predicts fastest for the target nodes, keeping the algorithm as the
 config has it: the frames per update stay the config's own (algo.batch_frames, or what its roles
 table gives at the target size), and algo.rollout_length and every other setting are untouched.
 
 Layouts come from `hpcrl plan`'s planner (`plan_layout`: counts, node-aware routing, fan-in) and
 are checked as a run would check them (batch_frames fitting, memory per rank); nothing is planned
-twice. Measured in this one process (tools/tune_measure.py; stream messages through runtime/probe.py),
+twice. Measured in this one process (tools/tune/measure.py; stream messages through runtime/probe.py),
 but for the cost of averaging gradients between learners: two ranks under mpirun
-(tools/tune_probe.py). DQN's layouts keep algo.dqn.batch_size (shared by the learners) and, without
+(tools/tune/averaging.py). DQN's layouts keep algo.dqn.batch_size (shared by the learners) and, without
 a replay ratio (Ape-X), the config's learner count.
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.layout import plan_layout, replay_shard, simulated_nodes, update_frames
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.tools.plan import DEFAULT_MEMORY_PER_RANK, memory
-from hpcrl.tools.tune_measure import fitted, measure, replays
-from hpcrl.tools.tune_model import Measured, Prediction, Shape, predict
+from hpcrl.tools.tune.measure import fitted, measure, replays
+from hpcrl.tools.tune.model import Measured, Prediction, Shape, predict
 
 ENV_SIZES = (4, 8, 16, 32, 64, 128, 256)  # envs per env rank the tuner tries
 TIE = 0.02  # layouts predicted within 2% of the best tie with it (the config's own layout wins a tie)
@@ -277,7 +277,7 @@ class Tuned:
 
 
 class ProbeError(RuntimeError):
-    """The two-learner probe (tools/tune_probe.py) did not run: its launcher and what it printed."""
+    """The two-learner probe (tools/tune/averaging.py) did not run: its launcher and what it printed."""
 
 
 PROBE_LAUNCHER = "mpirun -n 2"
@@ -285,17 +285,18 @@ PROBE_LAUNCHER = "mpirun -n 2"
 
 def probe_averaging(config_path: str, overrides: tuple[str, ...], seconds: float,
                     launcher: str = PROBE_LAUNCHER) -> float:
-    """Wall seconds Horovod's averaging adds to a gradient step of 2 learners: tools/tune_probe.py
+    """Wall seconds Horovod's averaging adds to a gradient step of 2 learners: tools/tune/averaging.py
     started with `launcher` (2 ranks of this machine)."""
     import json
     import shlex
     import subprocess
     import sys
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import hpcrl
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(hpcrl.__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
     if os.geteuid() == 0:  # Open MPI refuses root unless told (containers, CI machines)
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd = [*shlex.split(launcher), sys.executable, "-m", "hpcrl.tools.tune_probe", config_path,
+    cmd = [*shlex.split(launcher), sys.executable, "-m", "hpcrl.tools.tune.averaging", config_path,
            "--seconds", str(seconds), *[arg for kv in overrides for arg in ("--set", kv)]]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300 + 4 * seconds)
@@ -304,7 +305,7 @@ def probe_averaging(config_path: str, overrides: tuple[str, ...], seconds: float
     last = proc.stdout.strip().splitlines()[-1:] or [""]
     if proc.returncode or not last[0].startswith("{"):
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
-        raise ProbeError(f"{launcher} ... hpcrl.tools.tune_probe exited {proc.returncode}:\n{tail}")
+        raise ProbeError(f"{launcher} ... hpcrl.tools.tune.averaging exited {proc.returncode}:\n{tail}")
     return float(json.loads(last[0])["step_s"])
 
 

@@ -1,7 +1,7 @@
 """What `hpcrl tune` measures on the machine it runs on, in one process (CPU seconds on one core):
 an env rank's step as the algorithm's own actor takes it, the policy forward, the trainer's update
 (DQN: a gradient step, and taking records into a replay shard) and hpcrl's stream messages. The
-update's cost with two learners averaging gradients needs two processes: tools/tune_probe.py.
+update's cost with two learners averaging gradients needs two processes: tools/tune/averaging.py.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hpcrl.core.config import Config
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.observations import zeros
 from hpcrl.envs import EnvSpaces
-from hpcrl.tools.tune_model import Measured, fit_line
+from hpcrl.tools.tune.model import Measured, fit_line
 
 FORWARD_ROWS = (1, 8, 64, 512)
 
@@ -90,7 +90,7 @@ def measure_forward(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[lis
 
 class UpdateBench:
     """The algorithm's own trainer update on made-up samples, to time (here, and with two learners
-    in tools/tune_probe.py): PPO's step on k whole fragments, or one DQN gradient step of `rows`
+    in tools/tune/averaging.py): PPO's step on k whole fragments, or one DQN gradient step of `rows`
     rows sampled from a real, filled replay shard, its priorities written back. `wrap`: what the
     trainer does to its optimizer (the probe: Horovod's averaging), `hooks` how its step then
     averages and applies gradients (workers/trainer.py: averaging_hooks)."""
