@@ -9,8 +9,8 @@ import yaml
 
 from hpcrl.core.config import parse_config
 from hpcrl.envs import EnvSpaces
-from hpcrl.tools.tune import candidates
 from hpcrl.tools.tune.model import Measured, fit_line
+from hpcrl.tools.tune.search import candidates
 from tests.conftest import REPO, mpirun, run_hpcrl
 
 CARTPOLE = EnvSpaces((4,), "float32", 2)
@@ -187,8 +187,8 @@ def test_with_gpus_learners_go_on_them_when_their_update_is_faster_there_never_m
 
 
 def test_of_layouts_the_model_cannot_tell_apart_the_one_with_fewest_envs_per_rank_is_picked():
-    from hpcrl.tools.tune import Choice, pick
     from hpcrl.tools.tune.model import Prediction
+    from hpcrl.tools.tune.search import Choice, pick
     cfg = parse_config(CONFIG)
 
     def choice(frames, envs):

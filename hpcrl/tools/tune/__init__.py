@@ -1,270 +1,32 @@
 """`hpcrl tune CONFIG --ranks-per-node C [--nodes N] [-o tuned.yaml] [--budget-s S]`: measure this
 machine for the config (env steps, policy forwards, trainer updates, stream messages), then choose
 the role counts, envs per env rank, env groups and inline or remote inference that the throughput
-model (tools/tune/model.py) predicts fastest for the target nodes, keeping the algorithm as the
-config has it: the frames per update stay the config's own (algo.batch_frames, or what its roles
-table gives at the target size), and algo.rollout_length and every other setting are untouched.
+model predicts fastest for the target nodes, keeping the algorithm as the config has it: the
+frames per update stay the config's own (algo.batch_frames, or what its roles table gives at the
+target size), and algo.rollout_length and every other setting are untouched.
 
-Layouts come from `hpcrl plan`'s planner (`plan_layout`: counts, node-aware routing, fan-in) and
-are checked as a run would check them (batch_frames fitting, memory per rank); nothing is planned
-twice. Measured in this one process (tools/tune/measure.py; stream messages through runtime/probe.py),
-but for the cost of averaging gradients between learners: two ranks under mpirun
-(tools/tune/averaging.py). DQN's layouts keep algo.dqn.batch_size (shared by the learners) and, without
-a replay ratio (Ape-X), the config's learner count.
+One idea per module; `tune` below runs them in order:
+- measure.py: what is measured, in this one process (stream messages through runtime/probe.py),
+  but for the cost of averaging gradients between learners, which averaging.py measures on two
+  ranks under mpirun;
+- costs.py: the measurements saved to a file, and read back instead of measuring;
+- model.py: the throughput model, from measured costs to a layout's frames per second;
+- search.py: the layouts to try, from `hpcrl plan`'s planner and checked as a run would check
+  them (nothing is planned twice), and the one chosen;
+- report.py: the tuned config's header, and what the command prints.
 """
 from __future__ import annotations
 
-import dataclasses
-import os
-import time
 from dataclasses import dataclass
 
-import numpy as np
-
-from hpcrl.core.config import Config, ConfigError, load_config, to_dict
-from hpcrl.core.dataflow import ALGORITHMS, inference_messages
-from hpcrl.core.layout import plan_layout, replay_shard, simulated_nodes, update_frames
-from hpcrl.envs import EnvSpaces, probe_spaces
-from hpcrl.tools.plan import DEFAULT_MEMORY_PER_RANK, memory
-from hpcrl.tools.tune.measure import fitted, measure, replays
-from hpcrl.tools.tune.model import Measured, Prediction, Shape, predict
-
-ENV_SIZES = (4, 8, 16, 32, 64, 128, 256)  # envs per env rank the tuner tries
-TIE = 0.02  # layouts predicted within 2% of the best tie with it (the config's own layout wins a tie)
-
-
-# --- choosing ---------------------------------------------------------------------------------------
-
-@dataclass
-class Choice:
-    cfg: Config  # the config with the chosen layout
-    prediction: Prediction
-    counts: tuple[int, int, int]  # learner, inference, env ranks
-
-
-def fixed_learners(cfg: Config, own) -> int | None:
-    """The learner count every layout keeps (None: the tuner chooses it). DQN without a replay
-    ratio (Ape-X): the learners train flat out, so more of them never means more frames; their count
-    stays the config's own layout's `own` (how much to train is the user's choice)."""
-    return len(own.learners) if replays(cfg) and cfg.algo.replay.replay_ratio is None else None
-
-
-def _counts(world: int, fixed_learners: int | None = None) -> list[tuple[int, int]]:
-    """(learners, inference ranks) to try: the counts of _steps (`fixed_learners`: that many
-    learners only)."""
-    learners = [fixed_learners] if fixed_learners else _steps(world)
-    return [(L, I) for L in learners for I in [0, *_steps(world)] if world - L - I >= max(L, I, 1)]
-
-
-def _steps(world: int) -> list[int]:
-    """1, powers of two and three times them, up to half the job."""
-    powers = [2 ** k for k in range(int(np.log2(max(world, 1))) + 1)]
-    return sorted(c for c in {1, *powers, *(3 * p for p in powers)} if c <= world // 2)
-
-
-def pick(choices: list[Choice]) -> Choice:
-    """Of the layouts predicted within TIE of the fastest, the one with the fewest envs per env rank
-    (less memory, a fresher policy, a quicker start), then the fastest."""
-    top = max(c.prediction.frames_per_s for c in choices)
-    return min((c for c in choices if c.prediction.frames_per_s >= (1 - TIE) * top),
-               key=lambda c: (c.cfg.env.num_envs, -c.prediction.frames_per_s))
-
-
-def _role_tables(cfg: Config, world: int, nodes: int, fixed_learners: int | None, gpus_per_node: int):
-    """The roles tables to try: learner and inference counts on CPUs (_counts), and with GPUs,
-    inference ranks on them (j per node) beside CPU learners, and k learners per node on GPUs
-    (k = 1..gpus_per_node) beside inference ranks on CPUs, or j per node on the GPUs left (one GPU
-    per rank, every node alike)."""
-    pairs = _counts(world, fixed_learners)
-    for L, I in pairs:
-        yield _roles(cfg, ("ranks", L, "cpu"), ("ranks", I, "cpu"))
-    for L in sorted({L for L, _ in pairs}):
-        for j in range(1, gpus_per_node + 1):
-            if world - L - j * nodes >= L:
-                yield _roles(cfg, ("ranks", L, "cpu"), ("per_node", j, "cuda"))
-    for k in range(1, gpus_per_node + 1):
-        L = k * nodes
-        if L > world // 2 or fixed_learners not in (None, L):
-            continue
-        for I in [0, *_steps(world)]:  # CPU inference ranks beside them
-            if world - L - I >= max(L, I, 1):
-                yield _roles(cfg, ("per_node", k, "cuda"), ("ranks", I, "cpu"))
-        for j in range(1, gpus_per_node - k + 1):
-            if world - L - j * nodes >= L:
-                yield _roles(cfg, ("per_node", k, "cuda"), ("per_node", j, "cuda"))
-
-
-def candidates(cfg: Config, spaces: EnvSpaces, m: Measured, ranks_per_node: int, nodes: int, cores: float,
-               memory_per_rank: int = DEFAULT_MEMORY_PER_RANK, gpus_per_node: int = 0
-               ) -> tuple[list[Choice], Choice | None]:
-    """Every layout the tuner considers for `nodes` x `ranks_per_node` ranks (and `gpus_per_node`
-    GPUs, where `m` has GPU costs), with its prediction, fastest first, and the config's own layout
-    predicted alike (None if it does not fit). The frames per update stay the config's (see the
-    module's docstring)."""
-    from hpcrl.models import build_policy, num_params
-    world = nodes * ranks_per_node
-    plan = _Planner(cfg, spaces, m, world, ranks_per_node, cores, memory_per_rank, num_params(build_policy(spaces, cfg)),
-                    gpus_per_node)
-    out = []
-    gpus = gpus_per_node if m.update_cuda is not None else 0
-    for roles in _role_tables(cfg, world, nodes, plan.fixed_learners, gpus):
-        for n in ENV_SIZES:
-            for G in ((1, 2) if roles.inference.ranks != 0 else (1,)):
-                if n % G:
-                    continue
-                choice = plan(dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=n, groups=G),
-                                                  roles=roles))
-                if choice is not None:
-                    out.append(choice)
-    if not out:
-        raise ConfigError(plan.why_none())
-    return sorted(out, key=lambda ch: -ch.prediction.frames_per_s), plan(cfg)
-
-
-@dataclass
-class _Planner:
-    """A candidate config -> its Choice, through plan_layout and the run's own checks (None when
-    the layout does not fit: counts, batch_frames, memory per rank)."""
-
-    cfg: Config
-    spaces: EnvSpaces
-    measured: Measured
-    world: int
-    ranks_per_node: int
-    cores: float
-    memory_per_rank: int
-    n_params: int
-    gpus_per_node: int = 0
-
-    def __post_init__(self):
-        self.node_map = simulated_nodes(self.world, self.ranks_per_node)
-        self.gpus = np.full(self.world, self.gpus_per_node) if self.gpus_per_node else None
-        # the algorithm's frames per update: the config's, or what its roles table gives at this size
-        own = plan_layout(self.cfg.roles, self.world, self.node_map, self.gpus)
-        # (DQN's batch is algo.dqn.batch_size, shared by the learners: the config's own count may not
-        # split it, and others do)
-        self.batch = 0 if replays(self.cfg) else self.cfg.algo.batch_frames or update_frames(self.cfg, own)
-        self.fixed_learners = fixed_learners(self.cfg, own)
-        self.tried = 0  # layouts tried
-        self.rejected: dict[str, int] = {"batch": 0, "memory": 0}  # layouts that did not fit, by why
-        self.least_memory = (float("inf"), "")  # of those over the memory per rank: the least a rank needed
-
-    def why_none(self) -> str:
-        """Why no layout fitted: the batch, or the memory per rank (what a user can change)."""
-        c, gib = self.cfg, 2 ** 30
-        parts = [f"no layout of {self.world} ranks fits"]
-        if not self.tried:
-            need = (f"the config's {self.fixed_learners} learner(s) (Ape-X keeps the config's learner count) and at "
-                    f"least as many env ranks" if self.fixed_learners else "a learner and an env rank")
-            return f"{parts[0]}: it needs {need}; give the job more ranks"
-        if self.rejected["memory"]:
-            most, role = self.least_memory
-            parts.append(f"{self.rejected['memory']} need more than {self.memory_per_rank / gib:g} GiB on a rank (at "
-                         f"least {most / gib:.1f} GiB on a {role} rank; --memory-per-rank-gib raises the limit"
-                         + ("; algo.replay.capacity sets the replay shards)" if replays(c) else
-                            "; learners hold their batch: more learners, or a smaller algo.batch_frames)"))
-        if self.rejected["batch"]:
-            parts.append(f"{self.rejected['batch']} do not split " + (
-                f"algo.dqn.batch_size {c.algo.dqn.batch_size} evenly over the learners" if replays(c) else
-                f"algo.batch_frames {self.batch:,} into whole fragments of algo.rollout_length "
-                f"{c.algo.rollout_length} x a power-of-two env.num_envs per learner (a multiple of "
-                f"{c.algo.rollout_length * 64:,} splits for most)"))
-        return parts[0] + ": " + "; ".join(parts[1:])
-
-    def __call__(self, c: Config) -> Choice | None:
-        self.tried += 1
-        replay = replays(c)
-        if not replay:  # DQN's batch is algo.dqn.batch_size, shared by the learners
-            c = dataclasses.replace(c, algo=dataclasses.replace(c.algo, batch_frames=self.batch))
-        try:
-            layout = plan_layout(c.roles, self.world, self.node_map, self.gpus)
-            update_frames(c, layout)  # batch_frames in whole fragments of every env rank (sync) or learner (async)
-            need = memory(c, layout, self.spaces, self.n_params)
-        except ConfigError:
-            self.rejected["batch"] += 1
-            return None
-        role, most = max(dataclasses.asdict(need).items(), key=lambda item: item[1])
-        if most > self.memory_per_rank:
-            self.rejected["memory"] += 1
-            self.least_memory = min(self.least_memory, (most, role))
-            return None
-        G, remote = c.env.groups, not layout.inline_inference
-        request, reply = inference_messages(c, self.spaces, G)
-        record = ALGORITHMS[c.algo.name].record(c, self.spaces)
-        shape = Shape(learners=len(layout.learners), inference=len(layout.inference), envs=len(layout.envs),
-                      num_envs=c.env.num_envs, groups=G, rollout=c.algo.rollout_length, batch_frames=self.batch,
-                      envs_per_inference=int(layout.fan_in("inference").max()) if remote else 0,
-                      envs_per_learner=int(layout.fan_in("learner").max()),
-                      request_bytes=request.group_offset("final_obs"), reply_bytes=reply.nbytes,
-                      fragment_bytes=record.nbytes, sync=c.algo.mode == "sync",
-                      gradient_steps=c.algo.dqn.gradient_steps if replay else c.algo.epochs * c.algo.num_minibatches,
-                      gradient_bytes=4 * self.n_params, replay=replay, replay_ratio=c.algo.replay.replay_ratio,
-                      step_rows=replay_shard(c, layout)[2] if replay else 0,
-                      **(_record_size(c, record, G) if replay else {}),
-                      learner_cuda=c.roles.learner.device == "cuda", inference_cuda=c.roles.inference.device == "cuda")
-        return Choice(c, predict(self.measured, shape, self.cores),
-                      (len(layout.learners), len(layout.inference), len(layout.envs)))
-
-
-def _record_size(c: Config, record, groups: int) -> dict[str, int]:
-    """DQN: the rows and env steps a record holds as its actor ships it. Transitions: one per env
-    step, shipped once another group step might not fit (workers/q_actor.py: a step may write n_step
-    + 1 rows per env); sequences: one per env every sequence_period steps, shipped full."""
-    rows, per_group, d = record.field("priorities").shape[0], c.env.num_envs // groups, c.algo.dqn
-    if "state0" in (f.name for f in record.fields):
-        return {"record_rows": rows, "record_frames": rows * d.sequence_period}
-    filled = max(rows - d.n_step * per_group, per_group)
-    return {"record_rows": filled, "record_frames": filled}
-
-
-def _roles(cfg: Config, learner: tuple[str, int, str], inference: tuple[str, int, str]):
-    """The config's roles with learner and inference as (`ranks` or `per_node`, count, device), and
-    the env ranks the rest."""
-    r = cfg.roles
-
-    def role(spec, how):
-        key, count, device = how
-        return dataclasses.replace(spec, ranks=count if key == "ranks" else None,
-                                   per_node=count if key == "per_node" else None, device=device)
-    return dataclasses.replace(r, learner=role(r.learner, learner), inference=role(r.inference, inference),
-                               env=dataclasses.replace(r.env, ranks="rest", per_node=None))
-
-
-# --- reporting ----------------------------------------------------------------------------------------
-
-def header(config_path: str, points: dict, best: Choice, shipped: Prediction | None, nodes: int,
-           ranks_per_node: int, cores: float, gpus_per_node: int = 0, source: str = "") -> str:
-    """The comment block of a tuned config: what was measured, what is predicted, what bounds it."""
-    p = best.prediction
-    gpus = f", {gpus_per_node} GPU(s)" if gpus_per_node else ""
-    lines = [f"tuned by hpcrl tune from {config_path} for {nodes} node(s) x {ranks_per_node} ranks "
-             f"({cores:g} cores{gpus}) on {os.uname().nodename}, {time.strftime('%Y-%m-%d %H:%M')}",
-             f"measured (CPU seconds on one core{', wall seconds on a GPU' if 'update_cuda' in points else ''}"
-             f"{source or ' of this machine'}):"]
-    update = "rows" if replays(best.cfg) else "frames"
-    for name, (xs, ys) in points.items():
-        unit = {"actor_step": "envs", "forward": "rows", "update": update, "insert": "rows", "message": "bytes",
-                "averaging": "learners", "forward_cuda": "rows", "update_cuda": update}[name]
-        what = {"update": "update (a gradient step)" if replays(best.cfg) else "update",
-                "averaging": "averaging (wall seconds added to a gradient step)"}.get(name, name)
-        lines.append(f"  {what} " + ", ".join(f"{x:,} {unit}: {y * 1e6:,.0f} us" for x, y in zip(xs, ys)))
-    L, I, E = best.counts
-    a = best.cfg.algo
-    batch = (f"algo.dqn.batch_size {a.dqn.batch_size:,} ({a.dqn.batch_size // L:,} per learner)" if replays(best.cfg)
-             else f"algo.batch_frames {a.batch_frames:,}")
-    on = {role: " on GPUs" if getattr(best.cfg.roles, role).device == "cuda" else "" for role in ("learner", "inference")}
-    lines.append(f"chosen: {L} learner{on['learner']}, {I} inference{' (inline)' if not I else on['inference']}, "
-                 f"{E} env ranks x "
-                 f"{best.cfg.env.num_envs} envs in {best.cfg.env.groups} group(s); {batch}")
-    lines.append(f"predicted: {p.frames_per_s:,.0f} frames/s, bound by {p.bound}; each role alone: "
-                 + ", ".join(f"{r} {v:,.0f}" for r, v in p.per_role.items()))
-    if replays(best.cfg):
-        ratio = "algo.replay.replay_ratio" if a.replay.replay_ratio is not None else "predicted, Ape-X"
-        lines.append(f"predicted: {p.gradient_steps_per_s:,.1f} gradient steps/s, replay ratio {p.replay_ratio:,.2f} "
-                     f"({ratio})")
-    if shipped is not None:
-        lines.append(f"the config's own layout, predicted: {shipped.frames_per_s:,.0f} frames/s, bound by {shipped.bound}")
-    return "".join(f"# {line}\n" for line in lines)
+from hpcrl.core.config import ConfigError, load_config, to_dict
+from hpcrl.core.layout import plan_layout, simulated_nodes
+from hpcrl.envs import probe_spaces
+from hpcrl.tools.plan import DEFAULT_MEMORY_PER_RANK
+from hpcrl.tools.tune.costs import load_costs, save_costs
+from hpcrl.tools.tune.measure import PROBE_LAUNCHER, fitted, measure_all, probe_averaging
+from hpcrl.tools.tune.report import header
+from hpcrl.tools.tune.search import Choice, candidates, choose, fixed_learners
 
 
 @dataclass
@@ -274,72 +36,6 @@ class Tuned:
     ranked: list[Choice]  # every candidate, fastest first
     own: Choice | None  # the config's own layout, predicted alike (None: it does not fit)
     points: dict  # the measurements: name -> (sizes, CPU seconds)
-
-
-class ProbeError(RuntimeError):
-    """The two-learner probe (tools/tune/averaging.py) did not run: its launcher and what it printed."""
-
-
-PROBE_LAUNCHER = "mpirun -n 2"
-
-
-def probe_averaging(config_path: str, overrides: tuple[str, ...], seconds: float,
-                    launcher: str = PROBE_LAUNCHER) -> float:
-    """Wall seconds Horovod's averaging adds to a gradient step of 2 learners: tools/tune/averaging.py
-    started with `launcher` (2 ranks of this machine)."""
-    import json
-    import shlex
-    import subprocess
-    import sys
-    import hpcrl
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(hpcrl.__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
-    if os.geteuid() == 0:  # Open MPI refuses root unless told (containers, CI machines)
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd = [*shlex.split(launcher), sys.executable, "-m", "hpcrl.tools.tune.averaging", config_path,
-           "--seconds", str(seconds), *[arg for kv in overrides for arg in ("--set", kv)]]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300 + 4 * seconds)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ProbeError(f"{launcher}: {exc}") from None
-    last = proc.stdout.strip().splitlines()[-1:] or [""]
-    if proc.returncode or not last[0].startswith("{"):
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
-        raise ProbeError(f"{launcher} ... hpcrl.tools.tune.averaging exited {proc.returncode}:\n{tail}")
-    return float(json.loads(last[0])["step_s"])
-
-
-def _costs_key(cfg: Config, spaces: EnvSpaces) -> dict:
-    """What measured costs belong to: the env, the algorithm, the network's size."""
-    from hpcrl.models import build_policy, num_params
-    return {"env": cfg.env.id, "algo": cfg.algo.name, "params": num_params(build_policy(spaces, cfg))}
-
-
-def save_costs(path: str, cfg: Config, spaces: EnvSpaces, points: dict) -> None:
-    import json
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"hpcrl_tune_costs": 1, **_costs_key(cfg, spaces), "host": os.uname().nodename,
-                   "measured": time.strftime("%Y-%m-%d %H:%M"),
-                   "points": {name: [list(xs), list(ys)] for name, (xs, ys) in points.items()}}, fh, indent=1)
-
-
-def load_costs(path: str, cfg: Config, spaces: EnvSpaces) -> tuple[dict, str]:
-    """Costs saved by `hpcrl tune --save-costs` (on a compute node, say) for this config's env,
-    algorithm and network, and where and when they were measured; a ConfigError when they belong
-    to another."""
-    import json
-    try:
-        with open(path, encoding="utf-8") as fh:
-            saved = json.load(fh)
-        points = {name: (xs, ys) for name, (xs, ys) in saved["points"].items()}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"--costs {path}: not costs saved by hpcrl tune --save-costs ({exc})") from None
-    want = _costs_key(cfg, spaces)
-    have = {key: saved.get(key) for key in want}
-    if have != want:
-        raise ConfigError(f"--costs {path}: measured for {have}, but this config is {want}; measure it again "
-                          f"(without --costs)")
-    return points, f"{saved.get('host', '?')} at {saved.get('measured', '?')}"
 
 
 def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: float | None = None,
@@ -364,7 +60,7 @@ def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: 
             raise ConfigError("GPU costs are measured on a GPU, and this machine has none (torch.cuda.is_available() "
                               "is False): run hpcrl tune --save-costs FILE on a node with a GPU, then --costs FILE "
                               "here")
-        points = measure(cfg, spaces, budget_s, gpu)
+        points = measure_all(cfg, spaces, budget_s, gpu)
         if probe_launcher and world >= 4 and fixed_learners(
                 cfg, plan_layout(cfg.roles, world, simulated_nodes(world, ranks_per_node))) != 1:
             # layouts of several learners are candidates
@@ -377,8 +73,7 @@ def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: 
     measured = fitted(points, spaces.num_agents)
     cores = float(cores_per_node or ranks_per_node) * nodes
     ranked, own = candidates(cfg, spaces, measured, ranks_per_node, nodes, cores, memory_per_rank, gpus_per_node)
-    best = own if own is not None and own.prediction.frames_per_s >= (1 - TIE) * ranked[0].prediction.frames_per_s \
-        else pick(ranked)  # nothing predicted faster by more than the model can tell apart: keep the config's
+    best = choose(ranked, own)
     text = header(config_path, points, best, own.prediction if own else None, nodes, ranks_per_node, cores,
                   gpus_per_node, source)
     return Tuned(text + yaml.safe_dump(to_dict(best.cfg), sort_keys=False), best, ranked, own, points)

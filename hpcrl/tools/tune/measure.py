@@ -1,15 +1,22 @@
 """What `hpcrl tune` measures on the machine it runs on, in one process (CPU seconds on one core):
 an env rank's step as the algorithm's own actor takes it, the policy forward, the trainer's update
 (DQN: a gradient step, and taking records into a replay shard) and hpcrl's stream messages. The
-update's cost with two learners averaging gradients needs two processes: tools/tune/averaging.py.
+update's cost with two learners averaging gradients needs two processes: `probe_averaging` starts
+tools/tune/averaging.py on two ranks under mpirun and reads back what it measured.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
 import time
 
 import numpy as np
 
+import hpcrl
 from hpcrl.core.config import Config
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.observations import zeros
@@ -194,7 +201,7 @@ def on_devices(cfg: Config, device: str) -> Config:
         r, learner=dataclasses.replace(r.learner, device=device), inference=dataclasses.replace(r.inference, device=device)))
 
 
-def measure(cfg: Config, spaces: EnvSpaces, budget_s: float, gpu: bool = False) -> dict:
+def measure_all(cfg: Config, spaces: EnvSpaces, budget_s: float, gpu: bool = False) -> dict:
     """Every measurement, within about `budget_s` seconds (`gpu`: the forward and the update on
     this machine's GPU too, in wall seconds): name -> (sizes, seconds)."""
     share = budget_s / (5 if gpu else 4)
@@ -215,3 +222,33 @@ def fitted(points: dict, rows_per_env: int) -> Measured:
     fits = {name: fit_line([float(x) for x in xs], ys) for name, (xs, ys) in points.items() if name != "averaging"}
     averaging = points["averaging"][1][0] if "averaging" in points else None
     return Measured(rows_per_env=rows_per_env, averaging_step=averaging, **fits)
+
+
+# --- two learners, under mpirun -------------------------------------------------------------------
+
+class ProbeError(RuntimeError):
+    """The two-learner probe (tools/tune/averaging.py) did not run: its launcher and what it printed."""
+
+
+PROBE_LAUNCHER = "mpirun -n 2"
+
+
+def probe_averaging(config_path: str, overrides: tuple[str, ...], seconds: float,
+                    launcher: str = PROBE_LAUNCHER) -> float:
+    """Wall seconds Horovod's averaging adds to a gradient step of 2 learners: tools/tune/averaging.py
+    started with `launcher` (2 ranks of this machine)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(hpcrl.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    if os.geteuid() == 0:  # Open MPI refuses root unless told (containers, CI machines)
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [*shlex.split(launcher), sys.executable, "-m", "hpcrl.tools.tune.averaging", config_path,
+           "--seconds", str(seconds), *[arg for kv in overrides for arg in ("--set", kv)]]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300 + 4 * seconds)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ProbeError(f"{launcher}: {exc}") from None
+    last = proc.stdout.strip().splitlines()[-1:] or [""]
+    if proc.returncode or not last[0].startswith("{"):
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        raise ProbeError(f"{launcher} ... hpcrl.tools.tune.averaging exited {proc.returncode}:\n{tail}")
+    return float(json.loads(last[0])["step_s"])
