@@ -221,7 +221,7 @@ def _plan(args) -> int:
 def _tune(args) -> int:
     from hpcrl.core.config import ConfigError
     from hpcrl.tools.tune import tune
-    from hpcrl.tools.tune.measure import ProbeError
+    from hpcrl.tools.tune.measure import AveragingRunError
     from hpcrl.tools.tune.report import summary
     for name in ("ranks_per_node", "nodes", "budget_s", "memory_per_rank_gib"):
         if getattr(args, name) <= 0:
@@ -234,7 +234,7 @@ def _tune(args) -> int:
                      args.gpus_per_node, args.costs, args.save_costs, int(args.memory_per_rank_gib * 2**30))
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")
-    except ProbeError as exc:
+    except AveragingRunError as exc:
         return _user_error(f"hpcrl tune: the probe of two learners failed: {exc}\n(--probe-launcher sets how it "
                            f"starts; --no-learner-probe skips it)")
     print(summary(tuned.text, tuned.ranked, args.top), end="")

@@ -6,9 +6,9 @@ frames per update stay the config's own (algo.batch_frames, or what its roles ta
 target size), and algo.rollout_length and every other setting are untouched.
 
 One idea per module; `tune` below runs them in order:
-- measure.py: what is measured, in this one process (stream messages through runtime/probe.py),
-  but for the cost of averaging gradients between learners, which averaging.py measures on two
-  ranks under mpirun;
+- measure.py: the costs measured in this one process (stream messages through runtime/probe.py),
+  and the start of averaging.py, which measures on two ranks under mpirun what averaging
+  gradients between learners adds to a gradient step;
 - costs.py: the measurements saved to a file, and read back instead of measuring;
 - model.py: the throughput model, from measured costs to a layout's frames per second;
 - search.py: the layouts to try, from `hpcrl plan`'s planner and checked as a run would check
@@ -24,13 +24,15 @@ from hpcrl.core.layout import plan_layout, simulated_nodes
 from hpcrl.envs import probe_spaces
 from hpcrl.tools.plan import DEFAULT_MEMORY_PER_RANK
 from hpcrl.tools.tune.costs import load_costs, save_costs
-from hpcrl.tools.tune.measure import PROBE_LAUNCHER, fitted, measure_all, probe_averaging
+from hpcrl.tools.tune.measure import AVERAGING_LAUNCHER, fitted, measure_all, measure_averaging
 from hpcrl.tools.tune.report import header
 from hpcrl.tools.tune.search import Choice, candidates, choose, fixed_learners
 
 
 @dataclass
 class Tuned:
+    """What `tune` returns: the tuned config and what led to it."""
+
     text: str  # the tuned config: its header and YAML
     best: Choice
     ranked: list[Choice]  # every candidate, fastest first
@@ -39,12 +41,14 @@ class Tuned:
 
 
 def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: float | None = None,
-         budget_s: float = 60.0, overrides: tuple[str, ...] = (), probe_launcher: str | None = PROBE_LAUNCHER,
+         budget_s: float = 60.0, overrides: tuple[str, ...] = (),
+         averaging_launcher: str | None = AVERAGING_LAUNCHER,
          gpus_per_node: int = 0, costs: str | None = None, costs_out: str | None = None,
          memory_per_rank: int = DEFAULT_MEMORY_PER_RANK) -> Tuned:
-    """Measure, choose, and return the tuned config with what led to it. `probe_launcher`: how to
-    start the two-learner probe (None: no probe; several learners are charged the ring's messages).
-    `costs`: a file of costs saved with `costs_out` instead of measuring."""
+    """Measure, choose, and return the tuned config with what led to it. `averaging_launcher`: how
+    to start the two-rank run that measures averaging between learners (None: not measured; several
+    learners are charged the ring's messages). `costs`: a file of costs saved with `costs_out`
+    instead of measuring."""
     import torch
     import yaml
     cfg, _ = load_config(config_path, overrides)
@@ -61,10 +65,10 @@ def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: 
                               "is False): run hpcrl tune --save-costs FILE on a node with a GPU, then --costs FILE "
                               "here")
         points = measure_all(cfg, spaces, budget_s, gpu)
-        if probe_launcher and world >= 4 and fixed_learners(
+        if averaging_launcher and world >= 4 and fixed_learners(
                 cfg, plan_layout(cfg.roles, world, simulated_nodes(world, ranks_per_node))) != 1:
             # layouts of several learners are candidates
-            points["averaging"] = ([2], [probe_averaging(config_path, overrides, budget_s / 8, probe_launcher)])
+            points["averaging"] = ([2], [measure_averaging(config_path, overrides, budget_s / 8, averaging_launcher)])
     if gpu and "update_cuda" not in points:
         raise ConfigError(f"--costs {costs}: measured without a GPU, so GPU layouts cannot be predicted; save them "
                           f"on a node with a GPU")

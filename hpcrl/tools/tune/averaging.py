@@ -1,7 +1,8 @@
-"""`hpcrl tune`'s probe of two learners: under `mpirun -n 2`, both ranks time the algorithm's own
-update (tools/tune/measure.UpdateBench) on the same per-learner batch, first alone, then with the
-trainers' Horovod averaging (workers/trainer.py: start_horovod, averaging_optimizer), and rank 0
-prints, as one JSON line, the wall seconds that averaging adds to a gradient step.
+"""`hpcrl tune`'s measurement of averaging between two learners: under `mpirun -n 2`, both ranks
+time the algorithm's own update (tools/tune/measure.UpdateBench) on the same per-learner batch,
+first alone, then with the trainers' Horovod averaging (workers/trainer.py: start_horovod,
+averaging_optimizer), and rank 0 prints, as one JSON line, the wall seconds that averaging adds to
+a gradient step.
 
 That wait is more than the allreduce's messages: each step waits for Horovod's background thread
 and for the other learner, which on a busy node shares the cores with other threads and ranks

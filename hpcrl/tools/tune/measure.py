@@ -1,7 +1,7 @@
 """What `hpcrl tune` measures on the machine it runs on, in one process (CPU seconds on one core):
 an env rank's step as the algorithm's own actor takes it, the policy forward, the trainer's update
 (DQN: a gradient step, and taking records into a replay shard) and hpcrl's stream messages. The
-update's cost with two learners averaging gradients needs two processes: `probe_averaging` starts
+update's cost with two learners averaging gradients needs two processes: `measure_averaging` starts
 tools/tune/averaging.py on two ranks under mpirun and reads back what it measured.
 """
 from __future__ import annotations
@@ -99,7 +99,7 @@ class UpdateBench:
     """The algorithm's own trainer update on made-up samples, to time (here, and with two learners
     in tools/tune/averaging.py): PPO's step on k whole fragments, or one DQN gradient step of `rows`
     rows sampled from a real, filled replay shard, its priorities written back. `wrap`: what the
-    trainer does to its optimizer (the probe: Horovod's averaging), `hooks` how its step then
+    trainer does to its optimizer (averaging.py: Horovod's averaging), `hooks` how its step then
     averages and applies gradients (workers/trainer.py: averaging_hooks)."""
 
     def __init__(self, cfg: Config, spaces: EnvSpaces, wrap=lambda model, optimizer: optimizer,
@@ -226,15 +226,16 @@ def fitted(points: dict, rows_per_env: int) -> Measured:
 
 # --- two learners, under mpirun -------------------------------------------------------------------
 
-class ProbeError(RuntimeError):
-    """The two-learner probe (tools/tune/averaging.py) did not run: its launcher and what it printed."""
+class AveragingRunError(RuntimeError):
+    """The two-rank run that measures averaging (tools/tune/averaging.py) failed: its launcher and
+    what it printed."""
 
 
-PROBE_LAUNCHER = "mpirun -n 2"
+AVERAGING_LAUNCHER = "mpirun -n 2"
 
 
-def probe_averaging(config_path: str, overrides: tuple[str, ...], seconds: float,
-                    launcher: str = PROBE_LAUNCHER) -> float:
+def measure_averaging(config_path: str, overrides: tuple[str, ...], seconds: float,
+                      launcher: str = AVERAGING_LAUNCHER) -> float:
     """Wall seconds Horovod's averaging adds to a gradient step of 2 learners: tools/tune/averaging.py
     started with `launcher` (2 ranks of this machine)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(hpcrl.__file__)))
@@ -246,9 +247,9 @@ def probe_averaging(config_path: str, overrides: tuple[str, ...], seconds: float
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300 + 4 * seconds)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ProbeError(f"{launcher}: {exc}") from None
+        raise AveragingRunError(f"{launcher}: {exc}") from None
     last = proc.stdout.strip().splitlines()[-1:] or [""]
     if proc.returncode or not last[0].startswith("{"):
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
-        raise ProbeError(f"{launcher} ... hpcrl.tools.tune.averaging exited {proc.returncode}:\n{tail}")
+        raise AveragingRunError(f"{launcher} ... hpcrl.tools.tune.averaging exited {proc.returncode}:\n{tail}")
     return float(json.loads(last[0])["step_s"])
