@@ -60,7 +60,9 @@ def plot(reports: list[dict], path: str, within: float = 0.25) -> None:
 
 def main() -> None:
     from hpcrl.core.config import to_dict
-    from hpcrl.tools.tune import pick, replays, tune
+    from hpcrl.tools.tune import tune
+    from hpcrl.tools.tune.measure import replays
+    from hpcrl.tools.tune.search import pick
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=["jobs/cartpole_ppo.yaml", "jobs/cartpole_appo.yaml",
                                                           "jobs/cartpole_dqn.yaml"])

@@ -9,8 +9,8 @@ import yaml
 
 from hpcrl.core.config import parse_config
 from hpcrl.envs import EnvSpaces
-from hpcrl.tools.tune import candidates
-from hpcrl.tools.tune_model import Measured, fit_line
+from hpcrl.tools.tune.model import Measured, fit_line
+from hpcrl.tools.tune.search import candidates
 from tests.conftest import REPO, mpirun, run_hpcrl
 
 CARTPOLE = EnvSpaces((4,), "float32", 2)
@@ -108,7 +108,7 @@ def test_hpcrl_tune_measures_writes_a_config_that_runs(tmp_path):
 def test_sync_sampling_shares_the_cores_and_several_learners_pay_an_allreduce_per_gradient_step():
     """Sync mode on 4 ranks of 2 cores: the 3 sampling ranks (2 env, 1 inference) poll between
     steps, so sampling runs at 2/3 of their rates; two learners add a ring allreduce per step."""
-    from hpcrl.tools.tune_model import Shape, predict
+    from hpcrl.tools.tune.model import Shape, predict
     m = Measured(actor_step=(5e-4, 0.0), forward=(2e-4, 0.0), update=(0.1, 0.0), message=(3e-6, 1e-9))
     shape = dict(learners=1, inference=1, envs=2, num_envs=8, groups=2, rollout=32, batch_frames=512,
                  envs_per_inference=2, envs_per_learner=2, request_bytes=400, reply_bytes=100, fragment_bytes=10_000,
@@ -187,8 +187,8 @@ def test_with_gpus_learners_go_on_them_when_their_update_is_faster_there_never_m
 
 
 def test_of_layouts_the_model_cannot_tell_apart_the_one_with_fewest_envs_per_rank_is_picked():
-    from hpcrl.tools.tune import Choice, pick
-    from hpcrl.tools.tune_model import Prediction
+    from hpcrl.tools.tune.model import Prediction
+    from hpcrl.tools.tune.search import Choice, pick
     cfg = parse_config(CONFIG)
 
     def choice(frames, envs):

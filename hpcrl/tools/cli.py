@@ -220,7 +220,9 @@ def _plan(args) -> int:
 
 def _tune(args) -> int:
     from hpcrl.core.config import ConfigError
-    from hpcrl.tools.tune import ProbeError, tune
+    from hpcrl.tools.tune import tune
+    from hpcrl.tools.tune.measure import AveragingRunError
+    from hpcrl.tools.tune.report import summary
     for name in ("ranks_per_node", "nodes", "budget_s", "memory_per_rank_gib"):
         if getattr(args, name) <= 0:
             return _user_error(f"hpcrl tune: --{name.replace('_', '-')} must be above 0, got {getattr(args, name)}")
@@ -230,23 +232,15 @@ def _tune(args) -> int:
         tuned = tune(args.config, args.ranks_per_node, args.nodes, args.cores_per_node, args.budget_s,
                      tuple(args.overrides), None if args.no_learner_probe else args.probe_launcher,
                      args.gpus_per_node, args.costs, args.save_costs, int(args.memory_per_rank_gib * 2**30))
-        text, ranked = tuned.text, tuned.ranked
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")
-    except ProbeError as exc:
+    except AveragingRunError as exc:
         return _user_error(f"hpcrl tune: the probe of two learners failed: {exc}\n(--probe-launcher sets how it "
                            f"starts; --no-learner-probe skips it)")
-    print("".join(line[2:] + "\n" for line in text.splitlines() if line.startswith("# ")), end="")  # the header
-    print(f"the {min(args.top, len(ranked))} best of {len(ranked)} layouts (learner, inference, env ranks; envs per "
-          f"env rank, groups; g: on GPUs): predicted frames/s, bound")
-    for ch in ranked[:args.top]:
-        L, I, E = ch.counts
-        gpu = {role: "g" if getattr(ch.cfg.roles, role).device == "cuda" else " " for role in ("learner", "inference")}
-        print(f"  {L:>4}{gpu['learner']} {I:>4}{gpu['inference']} {E:>6}   {ch.cfg.env.num_envs:>4} x {ch.cfg.env.groups}   "
-              f"{ch.prediction.frames_per_s:>12,.0f}   {ch.prediction.bound}")
+    print(summary(tuned.text, tuned.ranked, args.top), end="")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            fh.write(tuned.text)
         print(f"[hpcrl] wrote {args.output}")
     return 0
 

@@ -1,39 +1,28 @@
-"""`hpcrl tune CONFIG --ranks-per-node C [--nodes N] [-o tuned.yaml] [--budget-s S]`: measure this
-machine for the config (env steps, policy forwards, trainer updates, stream messages), then choose
-the role counts, envs per env rank, env groups and inline or remote inference that the throughput
-model (tools/tune_model.py) predicts fastest for the target nodes, keeping the algorithm as the
-config has it: the frames per update stay the config's own (algo.batch_frames, or what its roles
-table gives at the target size), and algo.rollout_length and every other setting are untouched.
-
-Layouts come from `hpcrl plan`'s planner (`plan_layout`: counts, node-aware routing, fan-in) and
-are checked as a run would check them (batch_frames fitting, memory per rank); nothing is planned
-twice. Measured in this one process (tools/tune_measure.py; stream messages through runtime/probe.py),
-but for the cost of averaging gradients between learners: two ranks under mpirun
-(tools/tune_probe.py). DQN's layouts keep algo.dqn.batch_size (shared by the learners) and, without
-a replay ratio (Ape-X), the config's learner count.
+"""The layout search of `hpcrl tune`: every layout it considers for the target nodes, from `hpcrl
+plan`'s planner (`plan_layout`: counts, node-aware routing, fan-in) and checked as a run would check
+it (batch_frames fitting, memory per rank), each predicted by the throughput model (model.py); and
+the choice among them. The frames per update stay the config's own (algo.batch_frames, or what its
+roles table gives at the target size); DQN's layouts keep algo.dqn.batch_size (shared by the
+learners) and, without a replay ratio (Ape-X), the config's learner count.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from hpcrl.core.config import Config, ConfigError, load_config, to_dict
+from hpcrl.core.config import Config, ConfigError
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.layout import plan_layout, replay_shard, simulated_nodes, update_frames
-from hpcrl.envs import EnvSpaces, probe_spaces
+from hpcrl.envs import EnvSpaces
 from hpcrl.tools.plan import DEFAULT_MEMORY_PER_RANK, memory
-from hpcrl.tools.tune_measure import fitted, measure, replays
-from hpcrl.tools.tune_model import Measured, Prediction, Shape, predict
+from hpcrl.tools.tune.measure import replays
+from hpcrl.tools.tune.model import Measured, Prediction, Shape, predict
 
 ENV_SIZES = (4, 8, 16, 32, 64, 128, 256)  # envs per env rank the tuner tries
 TIE = 0.02  # layouts predicted within 2% of the best tie with it (the config's own layout wins a tie)
 
-
-# --- choosing ---------------------------------------------------------------------------------------
 
 @dataclass
 class Choice:
@@ -68,6 +57,14 @@ def pick(choices: list[Choice]) -> Choice:
     top = max(c.prediction.frames_per_s for c in choices)
     return min((c for c in choices if c.prediction.frames_per_s >= (1 - TIE) * top),
                key=lambda c: (c.cfg.env.num_envs, -c.prediction.frames_per_s))
+
+
+def choose(ranked: list[Choice], own: Choice | None) -> Choice:
+    """The layout to write: the config's own (`own`) unless a layout of `ranked` (fastest first) is
+    predicted faster by more than the model can tell apart (TIE), else `pick`."""
+    if own is not None and own.prediction.frames_per_s >= (1 - TIE) * ranked[0].prediction.frames_per_s:
+        return own
+    return pick(ranked)
 
 
 def _role_tables(cfg: Config, world: int, nodes: int, fixed_learners: int | None, gpus_per_node: int):
@@ -228,156 +225,3 @@ def _roles(cfg: Config, learner: tuple[str, int, str], inference: tuple[str, int
                                    per_node=count if key == "per_node" else None, device=device)
     return dataclasses.replace(r, learner=role(r.learner, learner), inference=role(r.inference, inference),
                                env=dataclasses.replace(r.env, ranks="rest", per_node=None))
-
-
-# --- reporting ----------------------------------------------------------------------------------------
-
-def header(config_path: str, points: dict, best: Choice, shipped: Prediction | None, nodes: int,
-           ranks_per_node: int, cores: float, gpus_per_node: int = 0, source: str = "") -> str:
-    """The comment block of a tuned config: what was measured, what is predicted, what bounds it."""
-    p = best.prediction
-    gpus = f", {gpus_per_node} GPU(s)" if gpus_per_node else ""
-    lines = [f"tuned by hpcrl tune from {config_path} for {nodes} node(s) x {ranks_per_node} ranks "
-             f"({cores:g} cores{gpus}) on {os.uname().nodename}, {time.strftime('%Y-%m-%d %H:%M')}",
-             f"measured (CPU seconds on one core{', wall seconds on a GPU' if 'update_cuda' in points else ''}"
-             f"{source or ' of this machine'}):"]
-    update = "rows" if replays(best.cfg) else "frames"
-    for name, (xs, ys) in points.items():
-        unit = {"actor_step": "envs", "forward": "rows", "update": update, "insert": "rows", "message": "bytes",
-                "averaging": "learners", "forward_cuda": "rows", "update_cuda": update}[name]
-        what = {"update": "update (a gradient step)" if replays(best.cfg) else "update",
-                "averaging": "averaging (wall seconds added to a gradient step)"}.get(name, name)
-        lines.append(f"  {what} " + ", ".join(f"{x:,} {unit}: {y * 1e6:,.0f} us" for x, y in zip(xs, ys)))
-    L, I, E = best.counts
-    a = best.cfg.algo
-    batch = (f"algo.dqn.batch_size {a.dqn.batch_size:,} ({a.dqn.batch_size // L:,} per learner)" if replays(best.cfg)
-             else f"algo.batch_frames {a.batch_frames:,}")
-    on = {role: " on GPUs" if getattr(best.cfg.roles, role).device == "cuda" else "" for role in ("learner", "inference")}
-    lines.append(f"chosen: {L} learner{on['learner']}, {I} inference{' (inline)' if not I else on['inference']}, "
-                 f"{E} env ranks x "
-                 f"{best.cfg.env.num_envs} envs in {best.cfg.env.groups} group(s); {batch}")
-    lines.append(f"predicted: {p.frames_per_s:,.0f} frames/s, bound by {p.bound}; each role alone: "
-                 + ", ".join(f"{r} {v:,.0f}" for r, v in p.per_role.items()))
-    if replays(best.cfg):
-        ratio = "algo.replay.replay_ratio" if a.replay.replay_ratio is not None else "predicted, Ape-X"
-        lines.append(f"predicted: {p.gradient_steps_per_s:,.1f} gradient steps/s, replay ratio {p.replay_ratio:,.2f} "
-                     f"({ratio})")
-    if shipped is not None:
-        lines.append(f"the config's own layout, predicted: {shipped.frames_per_s:,.0f} frames/s, bound by {shipped.bound}")
-    return "".join(f"# {line}\n" for line in lines)
-
-
-@dataclass
-class Tuned:
-    text: str  # the tuned config: its header and YAML
-    best: Choice
-    ranked: list[Choice]  # every candidate, fastest first
-    own: Choice | None  # the config's own layout, predicted alike (None: it does not fit)
-    points: dict  # the measurements: name -> (sizes, CPU seconds)
-
-
-class ProbeError(RuntimeError):
-    """The two-learner probe (tools/tune_probe.py) did not run: its launcher and what it printed."""
-
-
-PROBE_LAUNCHER = "mpirun -n 2"
-
-
-def probe_averaging(config_path: str, overrides: tuple[str, ...], seconds: float,
-                    launcher: str = PROBE_LAUNCHER) -> float:
-    """Wall seconds Horovod's averaging adds to a gradient step of 2 learners: tools/tune_probe.py
-    started with `launcher` (2 ranks of this machine)."""
-    import json
-    import shlex
-    import subprocess
-    import sys
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
-    if os.geteuid() == 0:  # Open MPI refuses root unless told (containers, CI machines)
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd = [*shlex.split(launcher), sys.executable, "-m", "hpcrl.tools.tune_probe", config_path,
-           "--seconds", str(seconds), *[arg for kv in overrides for arg in ("--set", kv)]]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300 + 4 * seconds)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ProbeError(f"{launcher}: {exc}") from None
-    last = proc.stdout.strip().splitlines()[-1:] or [""]
-    if proc.returncode or not last[0].startswith("{"):
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
-        raise ProbeError(f"{launcher} ... hpcrl.tools.tune_probe exited {proc.returncode}:\n{tail}")
-    return float(json.loads(last[0])["step_s"])
-
-
-def _costs_key(cfg: Config, spaces: EnvSpaces) -> dict:
-    """What measured costs belong to: the env, the algorithm, the network's size."""
-    from hpcrl.models import build_policy, num_params
-    return {"env": cfg.env.id, "algo": cfg.algo.name, "params": num_params(build_policy(spaces, cfg))}
-
-
-def save_costs(path: str, cfg: Config, spaces: EnvSpaces, points: dict) -> None:
-    import json
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"hpcrl_tune_costs": 1, **_costs_key(cfg, spaces), "host": os.uname().nodename,
-                   "measured": time.strftime("%Y-%m-%d %H:%M"),
-                   "points": {name: [list(xs), list(ys)] for name, (xs, ys) in points.items()}}, fh, indent=1)
-
-
-def load_costs(path: str, cfg: Config, spaces: EnvSpaces) -> tuple[dict, str]:
-    """Costs saved by `hpcrl tune --save-costs` (on a compute node, say) for this config's env,
-    algorithm and network, and where and when they were measured; a ConfigError when they belong
-    to another."""
-    import json
-    try:
-        with open(path, encoding="utf-8") as fh:
-            saved = json.load(fh)
-        points = {name: (xs, ys) for name, (xs, ys) in saved["points"].items()}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"--costs {path}: not costs saved by hpcrl tune --save-costs ({exc})") from None
-    want = _costs_key(cfg, spaces)
-    have = {key: saved.get(key) for key in want}
-    if have != want:
-        raise ConfigError(f"--costs {path}: measured for {have}, but this config is {want}; measure it again "
-                          f"(without --costs)")
-    return points, f"{saved.get('host', '?')} at {saved.get('measured', '?')}"
-
-
-def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: float | None = None,
-         budget_s: float = 60.0, overrides: tuple[str, ...] = (), probe_launcher: str | None = PROBE_LAUNCHER,
-         gpus_per_node: int = 0, costs: str | None = None, costs_out: str | None = None,
-         memory_per_rank: int = DEFAULT_MEMORY_PER_RANK) -> Tuned:
-    """Measure, choose, and return the tuned config with what led to it. `probe_launcher`: how to
-    start the two-learner probe (None: no probe; several learners are charged the ring's messages).
-    `costs`: a file of costs saved with `costs_out` instead of measuring."""
-    import torch
-    import yaml
-    cfg, _ = load_config(config_path, overrides)
-    spaces = probe_spaces(cfg.env)
-    gpu = gpus_per_node > 0 or "cuda" in (cfg.roles.learner.device, cfg.roles.inference.device)
-    world = nodes * ranks_per_node
-    source = ""  # where the costs were measured, when not here and now
-    if costs:
-        points, saved_on = load_costs(costs, cfg, spaces)
-        source = f" on {saved_on}, from {costs}"
-    else:
-        if gpu and not torch.cuda.is_available():
-            raise ConfigError("GPU costs are measured on a GPU, and this machine has none (torch.cuda.is_available() "
-                              "is False): run hpcrl tune --save-costs FILE on a node with a GPU, then --costs FILE "
-                              "here")
-        points = measure(cfg, spaces, budget_s, gpu)
-        if probe_launcher and world >= 4 and fixed_learners(
-                cfg, plan_layout(cfg.roles, world, simulated_nodes(world, ranks_per_node))) != 1:
-            # layouts of several learners are candidates
-            points["averaging"] = ([2], [probe_averaging(config_path, overrides, budget_s / 8, probe_launcher)])
-    if gpu and "update_cuda" not in points:
-        raise ConfigError(f"--costs {costs}: measured without a GPU, so GPU layouts cannot be predicted; save them "
-                          f"on a node with a GPU")
-    if costs_out:
-        save_costs(costs_out, cfg, spaces, points)
-    measured = fitted(points, spaces.num_agents)
-    cores = float(cores_per_node or ranks_per_node) * nodes
-    ranked, own = candidates(cfg, spaces, measured, ranks_per_node, nodes, cores, memory_per_rank, gpus_per_node)
-    best = own if own is not None and own.prediction.frames_per_s >= (1 - TIE) * ranked[0].prediction.frames_per_s \
-        else pick(ranked)  # nothing predicted faster by more than the model can tell apart: keep the config's
-    text = header(config_path, points, best, own.prediction if own else None, nodes, ranks_per_node, cores,
-                  gpus_per_node, source)
-    return Tuned(text + yaml.safe_dump(to_dict(best.cfg), sort_keys=False), best, ranked, own, points)

@@ -1,7 +1,8 @@
-"""`hpcrl tune`'s probe of two learners: under `mpirun -n 2`, both ranks time the algorithm's own
-update (tools/tune_measure.UpdateBench) on the same per-learner batch, first alone, then with the
-trainers' Horovod averaging (workers/trainer.py: start_horovod, averaging_optimizer), and rank 0
-prints, as one JSON line, the wall seconds that averaging adds to a gradient step.
+"""`hpcrl tune`'s measurement of averaging between two learners: under `mpirun -n 2`, both ranks
+time the algorithm's own update (tools/tune/measure.UpdateBench) on the same per-learner batch,
+first alone, then with the trainers' Horovod averaging (workers/trainer.py: start_horovod,
+averaging_optimizer), and rank 0 prints, as one JSON line, the wall seconds that averaging adds to
+a gradient step.
 
 That wait is more than the allreduce's messages: each step waits for Horovod's background thread
 and for the other learner, which on a busy node shares the cores with other threads and ranks
@@ -10,7 +11,7 @@ ms for the allreduce's messages alone; the Nature CNN's steps of about 0.1 s hid
 per gradient step. It is measured with both learners on CPUs of this machine, and charged as it is
 to the target's learners, GPUs or not, wherever they are.
 
-    mpirun -n 2 python -m hpcrl.tools.tune_probe CONFIG [--set KEY=VALUE ...] [--seconds S]
+    mpirun -n 2 python -m hpcrl.tools.tune.averaging CONFIG [--set KEY=VALUE ...] [--seconds S]
 """
 from __future__ import annotations
 
@@ -43,11 +44,11 @@ def main(argv: list[str] | None = None) -> None:
     from hpcrl.runtime import comm  # MPI at THREAD_MULTIPLE before Horovod starts its thread
     from hpcrl.core.config import load_config
     from hpcrl.envs import probe_spaces
-    from hpcrl.tools.tune_measure import UpdateBench, on_devices, replays
+    from hpcrl.tools.tune.measure import UpdateBench, on_devices, replays
     from hpcrl.workers.trainer import averaging_hooks, averaging_optimizer, start_horovod
     world = comm.WORLD
     if world.Get_size() != 2:
-        raise SystemExit(f"hpcrl.tools.tune_probe: run it on 2 ranks (mpirun -n 2), not {world.Get_size()}")
+        raise SystemExit(f"hpcrl.tools.tune.averaging: run it on 2 ranks (mpirun -n 2), not {world.Get_size()}")
     cfg, _ = load_config(args.config, tuple(args.overrides))
     cfg = on_devices(cfg, "cpu")  # learners on CPUs (two on one GPU would share it)
     spaces = probe_spaces(cfg.env)

@@ -13,7 +13,7 @@ role its CPU per frame, at the busiest rank of the role:
   waiting: the saturated case), and the messages of each request;
 - a learner: its share of each update (the algorithm's own step on its part of the batch), the
   receipt of its fragments, and with several learners what averaging the gradient adds to each
-  gradient step: as probed with two learners under mpirun (tools/tune_probe.py: Horovod's wait
+  gradient step: as measured with two learners under mpirun (tools/tune/averaging.py: Horovod's wait
   for its thread and the other learner), plus the ring's further messages beyond two.
 The run's frames per second is the least of: the cores of the job over the CPU a frame costs in
 all roles together (a saturated machine), and each role's ranks over the CPU a frame costs there
@@ -66,8 +66,8 @@ class Measured:
     message: Fit  # one message through hpcrl's streams, both ends together, by bytes
     rows_per_env: int = 1  # agents per env (PettingZoo): a frame is an env step, a row an agent
     insert: Fit = (0.0, 0.0)  # DQN: one record's rows into a replay shard, by rows
-    # the wall seconds Horovod's averaging adds to a gradient step of 2 learners (tools/tune_probe.py);
-    # None: not probed, so only the ring's messages and half of Horovod's cycle are charged
+    # the wall seconds Horovod's averaging adds to a gradient step of 2 learners (tools/tune/averaging.py);
+    # None: not measured, so only the ring's messages and half of Horovod's cycle are charged
     averaging_step: float | None = None
     # on a GPU (wall seconds, measured there): the forward of an inference rank, a learner's update
     forward_cuda: Fit | None = None
@@ -117,8 +117,8 @@ class Prediction:
 
 def _allreduce(m: Measured, s: Shape) -> float:
     """What averaging the gradient between the learners adds to one gradient step (0 with one
-    learner): as probed with 2 learners, and for more the ring's further messages (2(L-1) of
-    bytes/L each); not probed, those messages and half of Horovod's cycle."""
+    learner): as measured with 2 learners, and for more the ring's further messages (2(L-1) of
+    bytes/L each); not measured, those messages and half of Horovod's cycle."""
     L = s.learners
     if L == 1:
         return 0.0

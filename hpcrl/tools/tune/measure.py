@@ -1,20 +1,27 @@
 """What `hpcrl tune` measures on the machine it runs on, in one process (CPU seconds on one core):
 an env rank's step as the algorithm's own actor takes it, the policy forward, the trainer's update
 (DQN: a gradient step, and taking records into a replay shard) and hpcrl's stream messages. The
-update's cost with two learners averaging gradients needs two processes: tools/tune_probe.py.
+update's cost with two learners averaging gradients needs two processes: `measure_averaging` starts
+tools/tune/averaging.py on two ranks under mpirun and reads back what it measured.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
 import time
 
 import numpy as np
 
+import hpcrl
 from hpcrl.core.config import Config
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.observations import zeros
 from hpcrl.envs import EnvSpaces
-from hpcrl.tools.tune_model import Measured, fit_line
+from hpcrl.tools.tune.model import Measured, fit_line
 
 FORWARD_ROWS = (1, 8, 64, 512)
 
@@ -90,9 +97,9 @@ def measure_forward(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[lis
 
 class UpdateBench:
     """The algorithm's own trainer update on made-up samples, to time (here, and with two learners
-    in tools/tune_probe.py): PPO's step on k whole fragments, or one DQN gradient step of `rows`
+    in tools/tune/averaging.py): PPO's step on k whole fragments, or one DQN gradient step of `rows`
     rows sampled from a real, filled replay shard, its priorities written back. `wrap`: what the
-    trainer does to its optimizer (the probe: Horovod's averaging), `hooks` how its step then
+    trainer does to its optimizer (averaging.py: Horovod's averaging), `hooks` how its step then
     averages and applies gradients (workers/trainer.py: averaging_hooks)."""
 
     def __init__(self, cfg: Config, spaces: EnvSpaces, wrap=lambda model, optimizer: optimizer,
@@ -194,7 +201,7 @@ def on_devices(cfg: Config, device: str) -> Config:
         r, learner=dataclasses.replace(r.learner, device=device), inference=dataclasses.replace(r.inference, device=device)))
 
 
-def measure(cfg: Config, spaces: EnvSpaces, budget_s: float, gpu: bool = False) -> dict:
+def measure_all(cfg: Config, spaces: EnvSpaces, budget_s: float, gpu: bool = False) -> dict:
     """Every measurement, within about `budget_s` seconds (`gpu`: the forward and the update on
     this machine's GPU too, in wall seconds): name -> (sizes, seconds)."""
     share = budget_s / (5 if gpu else 4)
@@ -215,3 +222,34 @@ def fitted(points: dict, rows_per_env: int) -> Measured:
     fits = {name: fit_line([float(x) for x in xs], ys) for name, (xs, ys) in points.items() if name != "averaging"}
     averaging = points["averaging"][1][0] if "averaging" in points else None
     return Measured(rows_per_env=rows_per_env, averaging_step=averaging, **fits)
+
+
+# --- two learners, under mpirun -------------------------------------------------------------------
+
+class AveragingRunError(RuntimeError):
+    """The two-rank run that measures averaging (tools/tune/averaging.py) failed: its launcher and
+    what it printed."""
+
+
+AVERAGING_LAUNCHER = "mpirun -n 2"
+
+
+def measure_averaging(config_path: str, overrides: tuple[str, ...], seconds: float,
+                      launcher: str = AVERAGING_LAUNCHER) -> float:
+    """Wall seconds Horovod's averaging adds to a gradient step of 2 learners: tools/tune/averaging.py
+    started with `launcher` (2 ranks of this machine)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(hpcrl.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    if os.geteuid() == 0:  # Open MPI refuses root unless told (containers, CI machines)
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [*shlex.split(launcher), sys.executable, "-m", "hpcrl.tools.tune.averaging", config_path,
+           "--seconds", str(seconds), *[arg for kv in overrides for arg in ("--set", kv)]]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300 + 4 * seconds)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AveragingRunError(f"{launcher}: {exc}") from None
+    last = proc.stdout.strip().splitlines()[-1:] or [""]
+    if proc.returncode or not last[0].startswith("{"):
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        raise AveragingRunError(f"{launcher} ... hpcrl.tools.tune.averaging exited {proc.returncode}:\n{tail}")
+    return float(json.loads(last[0])["step_s"])
