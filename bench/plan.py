@@ -20,7 +20,7 @@ from report import emit, median_seconds  # noqa: E402
 from hpcrl.core.config import parse_config  # noqa: E402
 from hpcrl.envs import EnvSpaces  # noqa: E402
 from hpcrl.core.layout import plan_layout, simulated_nodes  # noqa: E402
-from hpcrl.tools.plan import traffic, warnings  # noqa: E402
+from hpcrl.core.sizing import traffic, warnings  # noqa: E402
 
 ROLES = "roles: {learner: {ranks: 64}, inference: {per_node: 2}, env: {ranks: rest}}"
 

@@ -85,7 +85,7 @@ def test_plan_memory_counts_the_batch_of_algo_batch_frames():
     from hpcrl.core.layout import plan_layout
     from hpcrl.core.messages import fragment_spec
     from hpcrl.envs import probe_spaces
-    from hpcrl.tools.plan import memory
+    from hpcrl.core.sizing import memory
 
     def learner_bytes(batch_frames):
         cfg = parse_config(f"algo: {{rollout_length: 32, batch_frames: {batch_frames}}}\nenv: {{num_envs: 8}}")

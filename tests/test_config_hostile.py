@@ -110,16 +110,21 @@ def test_merged_keys_may_still_be_overridden():
 
 
 def test_memory_beyond_the_limit_names_the_key_that_drives_it():
-    from hpcrl.tools.plan import memory_problem
+    from hpcrl.core.sizing import memory_problem
+    from hpcrl.models import policy_params
+
+    def problem_of(cfg):
+        spaces = probe_spaces(cfg.env)
+        return memory_problem(cfg, 4, spaces, policy_params(cfg, spaces))
     cfg = parse_config("run: {memory_limit_gib: 1}\nmodel: {hidden_sizes: [65536, 65536]}")
-    problem = memory_problem(cfg, 4, probe_spaces(cfg.env))
+    problem = problem_of(cfg)
     assert problem.startswith("model.hidden_sizes: each learner rank would need about 192.0 GiB")
     assert "(8,590,917,635 parameters), more than the 1.0 GiB one rank may use (run.memory_limit_gib)" in problem
     cfg = parse_config("run: {memory_limit_gib: 1}\nenv: {num_envs: 4096}\nalgo: {rollout_length: 4096}")
-    assert memory_problem(cfg, 4, probe_spaces(cfg.env)).startswith(
+    assert problem_of(cfg).startswith(
         "env.num_envs x algo.rollout_length: each learner rank would need about")
     cfg = parse_config("run: {memory_limit_gib: 1}")
-    assert memory_problem(cfg, 4, probe_spaces(cfg.env)) is None
+    assert problem_of(cfg) is None
 
 
 @pytest.mark.parametrize("how", ["layer of 10**9", "not utf-8"])

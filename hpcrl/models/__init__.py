@@ -18,6 +18,7 @@ from torch.nn import functional as F
 
 from hpcrl.algos.moments import merge_moments
 from hpcrl.core.config import Config, ConfigError, ModelConfig
+from hpcrl.core.policies import policy_spaces
 # the runners and the weights message (models/runner.py), importable from here as before
 from hpcrl.models.runner import (PolicyRunner, Runner, copy_params_to, load_params_from, make_runner,  # noqa: F401
                                  num_params, policy_digest, policy_tensors)
@@ -382,3 +383,11 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
                           f"mpe2:simple_spread_v3), and {cfg.env.id} is a single-agent env; use algo.name: ppo")
     return build_model(spaces, cfg.model, central_critic=algorithm.policy == "central_critic",
                        value_norm=bool(cfg.algo.value_norm))
+
+
+def policy_params(cfg: Config, spaces: EnvSpaces) -> int:
+    """Parameters (and normaliser buffers: the weights message's length) of the largest policy,
+    counted on a model built on torch's meta device: it allocates nothing, so absurd layer widths
+    cost nothing to count. A ConfigError if model.encoder cannot take the observations."""
+    with torch.device("meta"):
+        return max(num_params(build_policy(s, cfg)) for s in policy_spaces(spaces, cfg.policies))

@@ -20,6 +20,7 @@ from hpcrl.io.metrics import write_crossed_nodes
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.core.layout import Layout, env_groups, fragments_per_env_rank, plan_layout, sample_slots
+from hpcrl.core.sizing import memory, memory_problem, warnings
 from hpcrl.core.policies import num_policies, policy_names, policy_spaces
 from hpcrl.core.stop import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, StopReason
 from hpcrl.runtime.control import ControlStream, build_control_stream
@@ -39,8 +40,8 @@ def _check(config_path: str, overrides: tuple[str, ...], size: int) -> dict:
         # role counts must fit this world size, and algo.batch_frames the role counts
         fragments_per_env_rank(cfg, plan_layout(cfg.roles, size, policies=num_policies(cfg.policies)))
         spaces = probe_spaces(cfg.env)
-        from hpcrl.tools.plan import memory_problem
-        problem = memory_problem(cfg, size, spaces)  # before any model or buffer is allocated
+        from hpcrl.models import policy_params  # torch, on rank 0 only: counted on the meta device
+        problem = memory_problem(cfg, size, spaces, policy_params(cfg, spaces))  # before any allocation
         if problem:
             raise ConfigError(f"{config_path}: {problem}")
         from hpcrl.models import build_policy, num_params  # torch, on rank 0 only
@@ -236,7 +237,6 @@ def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSp
     if start.resume_file:
         print(f"[hpcrl] resuming from {start.resume_file}: policy version {start.start_version}, "
               f"{start.start_frames:,} frames", flush=True)
-    from hpcrl.tools.plan import memory, warnings
     if layout.policies > 1:
         print("[hpcrl] policies: " + "; ".join(
             f"{name} acts for {', '.join(s.agents)} (learner ranks {_ranges(layout.learners_of_policy(p))})"

@@ -201,7 +201,9 @@ def _plan(args) -> int:
     from hpcrl.envs import probe_spaces
     from hpcrl.core.layout import plan_layout, simulated_nodes
     from hpcrl.core.policies import num_policies
-    from hpcrl.tools.plan import format_plan, memory, policy_params, traffic
+    from hpcrl.core.sizing import memory, traffic
+    from hpcrl.models import policy_params
+    from hpcrl.tools.plan import format_plan
     try:
         cfg, _ = load_config(args.config, tuple(args.overrides))
         nodes = simulated_nodes(args.world_size, args.ranks_per_node or max(args.world_size, 1))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from hpcrl.core.config import ConfigError, load_config, to_dict
 from hpcrl.core.layout import plan_layout, simulated_nodes
 from hpcrl.envs import probe_spaces
-from hpcrl.tools.plan import DEFAULT_MEMORY_PER_RANK
+from hpcrl.core.sizing import DEFAULT_MEMORY_PER_RANK
 from hpcrl.tools.tune.costs import load_costs, save_costs
 from hpcrl.tools.tune.measure import AVERAGING_LAUNCHER, fitted, measure_all, measure_averaging
 from hpcrl.tools.tune.report import header

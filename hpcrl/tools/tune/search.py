@@ -16,7 +16,7 @@ from hpcrl.core.config import Config, ConfigError
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.layout import plan_layout, replay_shard, simulated_nodes, update_frames
 from hpcrl.envs import EnvSpaces
-from hpcrl.tools.plan import DEFAULT_MEMORY_PER_RANK, memory
+from hpcrl.core.sizing import DEFAULT_MEMORY_PER_RANK, memory
 from hpcrl.tools.tune.measure import replays
 from hpcrl.tools.tune.model import Measured, Prediction, Shape, predict
 
