@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hpcrl.core.config import ConfigError, parse_config
-from hpcrl.algos.moments import ReturnScaler
+from hpcrl.core.moments import ReturnScaler
 from hpcrl.envs import EnvSpaces, make_vector_env, probe_spaces, random_actions
 
 

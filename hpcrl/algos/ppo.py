@@ -12,7 +12,7 @@ from torch import nn
 
 from hpcrl.algos.gae import OwnSteps, successor_values
 from hpcrl.algos.kernels import gae, vtrace
-from hpcrl.algos.moments import ReturnScaler
+from hpcrl.core.moments import ReturnScaler
 from hpcrl.core.config import AlgoConfig, Config
 from hpcrl.core.observations import apply, combine, take
 

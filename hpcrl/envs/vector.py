@@ -19,7 +19,7 @@ import numpy as np
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
-from hpcrl.algos.moments import merge_moments
+from hpcrl.core.moments import merge_moments
 from hpcrl.core.config import ConfigError
 
 RAW_REWARD = "raw_reward"  # the reward before clipping / normalising
@@ -109,7 +109,7 @@ class ClipActions(gym.vector.VectorWrapper):
 class DiscountedReturns(gym.vector.VectorWrapper):
     """env.normalize_reward, actor side: the discounted return of every env (gamma = algo.gamma)
     and the moments (count, mean, M2) of the returns seen since the last `take_moments()`, which
-    ride with each fragment to the trainers; they scale the rewards (algos.moments.ReturnScaler)
+    ride with each fragment to the trainers; they scale the rewards (core.moments.ReturnScaler)
     with statistics merged over every env rank. Rewards pass through unchanged."""
 
     def __init__(self, env: gym.vector.VectorEnv, gamma: float):

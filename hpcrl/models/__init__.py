@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hpcrl.algos.moments import merge_moments
+from hpcrl.core.moments import merge_moments
 from hpcrl.core.config import Config, ConfigError, ModelConfig
 from hpcrl.core.policies import policy_spaces
 # the runners and the weights message (models/runner.py), importable from here as before

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from hpcrl.algos.moments import combine_moments
+from hpcrl.core.moments import combine_moments
 from hpcrl.runtime.comm import RequestClient
 from hpcrl.runtime.streams import SampleSender
 from hpcrl.core.config import Config

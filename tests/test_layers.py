@@ -1,0 +1,83 @@
+"""The package's layer order, as docs/architecture.md draws it: every `hpcrl.*` import of every
+module (function-level imports too: a lazy import is still a dependency of design) goes to a
+lower layer, or stays inside the module's own package. test_packaging.py guards the third-party
+rules (mpi4py, horovod, torch); this guards hpcrl's own order."""
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+# layer of each package; higher layers may import lower ones, never the reverse, and packages of
+# one layer do not import each other (siblings stay independent)
+LAYERS = {
+    "core": 0,  # config, layout, sizing, messages, moments, stop: pure numpy + yaml
+    "runtime": 1,  # the transport: comm, streams, params, control, liveness, watchdog, signals
+    "envs": 1,
+    "io": 1,
+    "algos": 1,
+    "models": 2,  # builds on the env spaces
+    "workers": 3,
+    "launch": 4,  # the launch and the wiring of workers into a topology
+    "tools": 5,
+    "__main__": 6,
+}
+# modules that sit in a package directory but belong to another layer
+MODULE_LAYER = {"hpcrl.runtime.launch": "launch", "hpcrl.runtime.wiring": "launch"}
+
+
+def layer_of(module: str) -> str:
+    if module in MODULE_LAYER:
+        return MODULE_LAYER[module]
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__init__":
+        return "core"  # hpcrl/__init__.py: the version, nothing imported
+    if parts[1] == "_kernels":
+        return "core"  # the C kernels (src_ext/): they import nothing
+    return parts[1]
+
+
+def hpcrl_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute hpcrl import in the file, at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("hpcrl.")]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("hpcrl"):
+            if node.module == "hpcrl" or node.module.count(".") == 1 and node.module.split(".")[1] in LAYERS:
+                # `from hpcrl.runtime import comm`: the imported names are modules
+                found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, node.module))
+    return found
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def test_every_import_goes_down_the_layers_or_stays_in_its_package():
+    wrong = []
+    for path in sorted((REPO / "hpcrl").rglob("*.py")):
+        here = module_name(path)
+        mine = layer_of(here)
+        assert mine in LAYERS, f"{path}: package {mine!r} has no layer in this test (and docs/architecture.md)"
+        for line, target in hpcrl_imports(path):
+            theirs = layer_of(target)
+            if theirs == mine:
+                continue
+            if LAYERS[theirs] >= LAYERS[mine]:
+                wrong.append(f"{path.relative_to(REPO)}:{line}: {here} ({mine}, layer {LAYERS[mine]}) imports "
+                             f"{target} ({theirs}, layer {LAYERS[theirs]})")
+    assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
+
+
+def test_the_guard_sees_a_wrong_import(tmp_path):
+    """The walk finds imports inside functions and `from hpcrl.x import module` forms."""
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from hpcrl.tools import plan\n    import hpcrl.workers.actor\n")
+    assert hpcrl_imports(source) == [(2, "hpcrl.tools.plan"), (3, "hpcrl.workers.actor")]
+    assert layer_of("hpcrl.runtime.wiring") == "launch" and layer_of("hpcrl.core.sizing") == "core"
