@@ -3,7 +3,8 @@ PolicyRunner for PPO, models.q:QRunner for DQN) on fresh weights and fill the re
 
 Sync mode: a request names the policy version it must be answered with. An inference rank holds
 requests for a version it does not have yet, and serves them in one batched forward pass once
-the learner root's broadcast of that version has arrived.
+that version has come down the parameter stream (a tree from the learner root over node leaders
+to the holders of each node, runtime/params.py).
 Async mode: a request names the oldest version it accepts, and is answered with the newest
 weights at hand: inference never waits for the learner.
 The stop word comes on the control stream: each actor group's next request is then answered with
