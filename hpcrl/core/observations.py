@@ -122,7 +122,8 @@ def leaves(tree: Tree) -> list:
     return list(tree.values()) if isinstance(tree, dict) else [tree]
 
 
-def rows(tree: Tree) -> int:
+def count_rows(tree: Tree) -> int:
+    """How many rows (envs, agents, samples) a tree of observations holds: its leaves' length."""
     return len(leaves(tree)[0])
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from hpcrl.core.config import ConfigError, ModelConfig
-from hpcrl.core.observations import rows as count_rows
+from hpcrl.core.observations import count_rows
 from hpcrl.core.observations import take
 from hpcrl.models import ObservationInput, Runner, _linear
 from hpcrl.models.recurrent import RecurrentCore

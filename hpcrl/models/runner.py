@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from hpcrl.core.observations import apply
-from hpcrl.core.observations import rows as count_rows
+from hpcrl.core.observations import count_rows
 
 if TYPE_CHECKING:
     from hpcrl.models import ObservationInput

@@ -17,7 +17,7 @@ from hpcrl.core.layout import INLINE, fragments_per_env_rank
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env, state
 from hpcrl.core.seeds import env_seeds, seed_for
 from hpcrl.core.observations import apply, assign, combine, fit, take
-from hpcrl.core.observations import rows as count_rows
+from hpcrl.core.observations import count_rows
 from hpcrl.core.messages import EPISODE_STATS, STOP, VALUES_ONLY, Message, MessageSpec, take_rows
 from hpcrl.core.policies import row_policies
 from hpcrl.envs.multiagent import ENV_DONE, episode_starts

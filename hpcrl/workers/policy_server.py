@@ -18,7 +18,7 @@ import numpy as np
 from hpcrl.runtime.comm import RequestServer
 from hpcrl.core.messages import STOP, VALUES_ONLY, Message
 from hpcrl.core.observations import apply, assign, take
-from hpcrl.core.observations import rows as count_rows
+from hpcrl.core.observations import count_rows
 from hpcrl.runtime.params import END
 from hpcrl.core.seeds import seed_for
 from hpcrl.models import Runner
