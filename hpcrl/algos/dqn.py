@@ -75,7 +75,7 @@ class DQNStep:
     the trainer's replay shard (the batch source, workers/replay_source.py), its TD errors written
     back as priorities before the next sample."""
 
-    # the progress line's part (io/run_files.py)
+    # the progress line's part (io/learner_outputs.py)
     progress = "loss {loss:.3f} td {td_error:.3f} q {q_mean:.2f} | replay {replay_size:,.0f} eps {eps_min:.3f}"
 
     def __init__(self, cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,

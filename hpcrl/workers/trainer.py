@@ -6,7 +6,7 @@ the on-policy queue; workers/replay_source.py, a prioritized replay shard) hands
 the algorithm's step (algos/ppo.py: PPOStep; algos/dqn.py: DQNStep; named by the algorithm's
 declaration in core/dataflow.py) turns one into an update; statistics are summed
 over trainers (workers/trainer_stats.py); the root writes metrics and checkpoints
-(io/run_files.py), publishes weights and, when the run ends, sends the stop word on the control
+(io/learner_outputs.py), publishes weights and, when the run ends, sends the stop word on the control
 stream. Every trainer takes the same optimizer steps on the same averaged gradients, so their
 weights stay bit-identical.
 """
@@ -28,7 +28,7 @@ from hpcrl.core.seeds import seed_for
 from hpcrl.core.stop import StopReason
 from hpcrl.envs.state import NotCapturable
 from hpcrl.io.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
-from hpcrl.io.run_files import RunFiles
+from hpcrl.io.learner_outputs import LearnerOutputs
 from hpcrl.models import build_optimizer, build_policy, copy_params_to, policy_digest
 from hpcrl.runtime import comm
 from hpcrl.runtime.control import ControlStream
@@ -89,7 +89,7 @@ class LearnerRole:
         source = w.algorithm.load("batch_source").from_config(cfg, layout, stream, actors)
         root = w.rank == layout.learner_root
         publishes = w.rank == int(layout.learners_of_policy(policy)[0])  # its policy's first learner
-        files = (RunFiles(w.start.run_dir, w.start.config_text, cfg.run.log_interval_s, cfg.run.checkpoint_interval_s,
+        files = (LearnerOutputs(w.start.run_dir, w.start.config_text, cfg.run.log_interval_s, cfg.run.checkpoint_interval_s,
                           start_frames=w.start.start_frames, resume=w.start.resume_file is not None,
                           tensorboard=cfg.run.tensorboard, progress=w.algorithm.load("step").progress)
                  if root else None)
@@ -101,7 +101,7 @@ class LearnerRole:
                    policy_comm=w.policy_comm)
 
     def __init__(self, cfg: Config, spaces, trainer_comm, source, publisher: ParameterPublisher | None,
-                 files: RunFiles | None, control: ControlStream, step: type, batch_share: float = 1.0,
+                 files: LearnerOutputs | None, control: ControlStream, step: type, batch_share: float = 1.0,
                  run_dir: str = ".", resume_path: str | None = None,
                  preempt_requested: Callable[[], bool] = lambda: False, heartbeat: Callable[[], None] = lambda: None,
                  policy: int = 0, policy_comm=None):

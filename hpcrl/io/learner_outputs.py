@@ -18,7 +18,7 @@ from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE, free_space, os_reason
 METRICS_FLUSH_S = 1.0
 
 
-class RunFiles:
+class LearnerOutputs:
     def __init__(self, run_dir: str, config_text: str, log_interval_s: float, checkpoint_interval_s: float,
                  start_frames: int = 0, resume: bool = False, tensorboard: bool = False,
                  progress: str = "loss {loss:.3f}"):
