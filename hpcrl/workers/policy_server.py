@@ -130,6 +130,7 @@ class InlinePolicy:
         self.request, self.reply = request, reply
         states = holder_states(policies, 1, count_rows(request["obs"]))
         self.states = None if states is None else states[0]  # a recurrent policy's, of this rank's env rows
+        self.batch = RequestBatch(policies, request, reply, 1, state_size(policies))
         self.stopped = False
         self._wanted: int | None = None
 
@@ -178,7 +179,7 @@ class InlinePolicy:
             return self.reply
         if not can_answer(self.policies.version, self._wanted, self.sync):
             return None
-        answer(self.policies, self.request, self.reply, self.states)
+        self.batch.answer([(self.request, self.reply, self.states)])
         self._wanted = None
         return self.reply
 
@@ -204,17 +205,53 @@ def can_answer(have: int, wanted: int, sync: bool) -> bool:
     return have == wanted or (not sync and have > wanted)
 
 
-def answer(policies: PolicySet, request: Message, reply: Message, states: np.ndarray | None = None) -> None:
-    """Fill one reply for one request (no batching across env ranks). `states`: a recurrent
-    policy's hidden states of the request's rows, kept by the holder and advanced here."""
-    final_values(policies, request, reply, states)
-    acting = None
-    if states is not None:
-        begin_states(request, reply, states)
-        acting = states if advances(request) else states.copy()
-    policies.act(request["obs"], {name: reply[name] for name in policies.outputs}, request.arrays.get("action_mask"),
-                 request.arrays.get("policy"), acting)
-    reply.set(version=policies.version, flags=0)
+class RequestBatch:
+    """Requests answered together: their rows gathered into one batch, one forward pass per
+    policy, the outputs scattered back into each reply. A policy server batches every ready
+    request; an inline policy is a batch of one, through the same code. Before the actions, each
+    request's final observations get their values and a recurrent policy's rows their start
+    states; after them, the states of requests that advance move on."""
+
+    def __init__(self, policies: PolicySet, request: Message, reply: Message, capacity: int, state_size: int = 0):
+        """Room for `capacity` requests shaped like `request` and `reply`."""
+        self.policies = policies
+        self.per_request = count_rows(request["obs"])
+        rows = capacity * self.per_request
+        self.obs = apply(lambda leaf: np.zeros((rows, *leaf.shape[1:]), dtype=leaf.dtype), request["obs"])
+        self.mask = (np.zeros((rows, *request["action_mask"].shape[1:]), dtype=np.uint8)
+                     if "action_mask" in request.arrays else None)  # envs that give action masks
+        self.policy = (np.zeros(rows, dtype=np.int16)
+                       if "policy" in request.arrays else None)  # the policy of each row (several policies)
+        self.state = np.zeros((rows, state_size), np.float32) if state_size else None
+        self.out = {name: np.zeros((rows, *reply[name].shape[1:]), dtype=reply[name].dtype)
+                    for name in policies.outputs}
+
+    def answer(self, items: list[tuple[Message, Message, np.ndarray | None]]) -> None:
+        """Fill the reply of each (request, reply, the request's hidden states or None)."""
+        policies, spans, start = self.policies, [], 0
+        for request, reply, states in items:
+            end = start + self.per_request
+            assign(self.obs, request["obs"], slice(start, end))
+            if self.mask is not None:
+                self.mask[start:end] = request["action_mask"]
+            if self.policy is not None:
+                self.policy[start:end] = request["policy"]
+            final_values(policies, request, reply, states)
+            if states is not None:
+                begin_states(request, reply, states)
+                self.state[start:end] = states
+            spans.append((start, end))
+            start = end
+        policies.act(take(self.obs, slice(0, start)), {name: out[:start] for name, out in self.out.items()},
+                     None if self.mask is None else self.mask[:start],
+                     None if self.policy is None else self.policy[:start],
+                     None if self.state is None else self.state[:start])
+        for (request, reply, states), (a, b) in zip(items, spans):
+            for name, out in self.out.items():
+                reply[name][...] = out[a:b]
+            if states is not None and advances(request):
+                states[...] = self.state[a:b]
+            reply.set(version=policies.version, flags=0)
 
 
 def final_values(policies: PolicySet, request: Message, reply: Message, states: np.ndarray | None) -> None:
@@ -245,8 +282,13 @@ def advances(request: Message) -> bool:
 def holder_states(policies: PolicySet, channels: int, rows: int) -> np.ndarray | None:
     """The hidden states a holder of a recurrent policy keeps: [channels, rows, state_size], zero at
     first (every row starts an episode); None for a feed-forward policy."""
-    size = policies.runners[0].model.state_size
+    size = state_size(policies)
     return np.zeros((channels, rows, size), dtype=np.float32) if size else None
+
+
+def state_size(policies: PolicySet) -> int:
+    """A recurrent policy's hidden state width (0: feed-forward)."""
+    return policies.runners[0].model.state_size
 
 
 # Async mode: poll passes between looks for new weights. A version comes every few milliseconds and a
@@ -272,20 +314,10 @@ class InferenceRole:
         self.stopped_envs: set[int] = set()
         self.done = False
         self.status = "waiting for the first weights"
-        first = server.requests[0]
-        self.per_request = per_request = count_rows(first["obs"])
-        rows = len(server.requests) * per_request
-        self.batch_obs = apply(lambda leaf: np.zeros((rows, *leaf.shape[1:]), dtype=leaf.dtype), first["obs"])
-        self.batch_mask = (np.zeros((rows, *first["action_mask"].shape[1:]), dtype=np.uint8)
-                           if "action_mask" in first.arrays else None)  # envs that give action masks
-        self.batch_policy = (np.zeros(rows, dtype=np.int16)
-                             if "policy" in first.arrays else None)  # the policy of each row (several policies)
-        # a recurrent policy's hidden states: every served row's, and a batch's
-        self.states = holder_states(policies, len(server.requests), per_request)
-        self.batch_state = None if self.states is None else np.zeros((rows, self.states.shape[-1]), np.float32)
-        reply = server.replies[0]  # the runner's outputs for every request at once, then split per reply
-        self.batch_out = {name: np.zeros((rows, *reply[name].shape[1:]), dtype=reply[name].dtype)
-                          for name in policies.outputs}
+        # a recurrent policy's hidden states: every served row's
+        self.states = holder_states(policies, len(server.requests), count_rows(server.requests[0]["obs"]))
+        self.batch = RequestBatch(policies, server.requests[0], server.replies[0], len(server.requests),
+                                  state_size(policies))
 
     @classmethod
     def build(cls, w) -> "InferenceRole":
@@ -331,34 +363,10 @@ class InferenceRole:
         return taken
 
     def _serve(self, serve: list[int]) -> None:
-        requests, states = self.server.requests, self.states
-        spans, start = [], 0
+        states = self.states
+        self.batch.answer([(self.server.requests[i], self.server.reply_buffer(i), None if states is None else states[i])
+                           for i in serve])
         for i in serve:
-            request, reply = requests[i], self.server.reply_buffer(i)
-            end = start + self.per_request
-            assign(self.batch_obs, request["obs"], slice(start, end))
-            if self.batch_mask is not None:
-                self.batch_mask[start:end] = request["action_mask"]
-            if self.batch_policy is not None:
-                self.batch_policy[start:end] = request["policy"]
-            final_values(self.policies, request, reply, None if states is None else states[i])
-            if states is not None:
-                begin_states(request, reply, states[i])
-                self.batch_state[start:end] = states[i]
-            spans.append((i, start, end))
-            start = end
-        self.policies.act(take(self.batch_obs, slice(0, start)),
-                          {name: out[:start] for name, out in self.batch_out.items()},
-                          None if self.batch_mask is None else self.batch_mask[:start],
-                          None if self.batch_policy is None else self.batch_policy[:start],
-                          None if states is None else self.batch_state[:start])
-        for i, a, b in spans:
-            reply = self.server.replies[i]
-            for name, out in self.batch_out.items():
-                reply[name][...] = out[a:b]
-            if states is not None and advances(requests[i]):
-                states[i] = self.batch_state[a:b]
-            reply.set(version=self.policies.version, flags=0)
             self.server.reply(i)
             self.server.rearm(i)
 
