@@ -8,7 +8,7 @@ import torch
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.layout import plan_layout
 from hpcrl.core.messages import fragment_spec, take_rows
-from hpcrl.core.observations import Leaf, ObsLayout
+from hpcrl.core.observations import Leaf, ObsLeaves
 from hpcrl.core.policies import agent_policies, policy_spaces, row_policies
 from hpcrl.envs import probe_spaces
 from hpcrl.io.checkpoint import load_latest
@@ -84,7 +84,7 @@ def test_a_policy_record_takes_its_agents_columns_of_the_whole_fragment():
     assert np.array_equal(part["last_obs"], whole["last_obs"][rows])
     assert np.array_equal(part["episode_stats"], whole["episode_stats"])
     # Dict observations (a field per leaf, last_obs.* too) and a recurrent policy's fields
-    layout = ObsLayout((Leaf("pos", (2,), "float32"), Leaf("who", (), "int64", 3)))
+    layout = ObsLeaves((Leaf("pos", (2,), "float32"), Leaf("who", (), "int64", 3)))
     whole = fragment_spec(3, 6, layout, None, (), np.int64, active=True, state_size=4).allocate()
     for f in whole.spec.fields:
         whole[f.name][...] = np.arange(whole[f.name].size).reshape(whole[f.name].shape)

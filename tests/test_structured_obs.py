@@ -8,8 +8,8 @@ import torch
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.dataflow import fragment_record, inference_messages
 from hpcrl.core.messages import request_spec
-from hpcrl.core.observations import Leaf, ObsLayout
-from hpcrl.envs.layouts import layout_of
+from hpcrl.core.observations import Leaf, ObsLeaves
+from hpcrl.envs.obs_leaves import leaves_of
 from hpcrl.envs import probe_spaces
 from hpcrl.io.metrics import read_metrics
 from hpcrl.models import build_policy
@@ -23,7 +23,7 @@ def test_a_nested_dict_space_becomes_leaves_and_text_is_left_out_with_a_warning(
     space = gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (2, 3), np.float32), "b": gym.spaces.Discrete(5),
                              "c": gym.spaces.Tuple((gym.spaces.MultiBinary(4), gym.spaces.Text(8)))})
     said = []
-    layout = layout_of(space, warn=said.append)
+    layout = leaves_of(space, warn=said.append)
     assert layout.leaves == (Leaf("a", (2, 3), "float32"), Leaf("b", (), "int64", categories=5),
                              Leaf("c.0", (4,), "int8"))
     assert layout.dropped == ("c.1",) and "c.1" in said[0]
@@ -31,11 +31,11 @@ def test_a_nested_dict_space_becomes_leaves_and_text_is_left_out_with_a_warning(
     flat = layout.flatten(obs)
     assert set(flat) == {"a", "b", "c.0"} and np.array_equal(flat["c.0"], obs["c"][0])
     with pytest.raises(ValueError, match="observation key 'x' has space"):
-        layout_of(gym.spaces.Dict({"x": gym.spaces.Graph(gym.spaces.Box(0, 1, (1,)), None)}))
+        leaves_of(gym.spaces.Dict({"x": gym.spaces.Graph(gym.spaces.Box(0, 1, (1,)), None)}))
 
 
 def test_dict_messages_have_a_field_per_leaf_and_round_trip_over_mpi():
-    layout = ObsLayout((Leaf("image", (3, 4), "uint8"), Leaf("dir", (), "int64", categories=4),
+    layout = ObsLeaves((Leaf("image", (3, 4), "uint8"), Leaf("dir", (), "int64", categories=4),
                         Leaf("pos.0", (2,), "float32")))
     spec = request_spec(5, layout, None)
     names = [f.name for f in spec.fields]
@@ -61,7 +61,7 @@ def test_dict_messages_have_a_field_per_leaf_and_round_trip_over_mpi():
 def test_each_key_gets_its_own_encoder_and_normaliser():
     cfg = parse_config(f"env: {DICT_ENV}\nmodel: {{hidden_sizes: [8], obs_norm: true}}")
     spaces = probe_spaces(cfg.env)
-    assert [leaf.key for leaf in spaces.obs_layout.leaves] == ["cart", "parity", "pole.0", "pole.1"]  # Dict sorts
+    assert [leaf.key for leaf in spaces.obs_leaves.leaves] == ["cart", "parity", "pole.0", "pole.1"]  # Dict sorts
     model = build_policy(spaces, cfg)
     kinds = dict(zip(model.structured.keys, model.structured.kinds))
     assert kinds == {"cart": "numbers", "pole.0": "numbers", "pole.1": "numbers", "parity": "discrete"}
@@ -77,7 +77,7 @@ def test_each_key_gets_its_own_encoder_and_normaliser():
                                batch["pole.0"].double().var(0, unbiased=False), atol=1e-6)
     logp, entropy, values = model.evaluate(batch, torch.zeros(500, dtype=torch.long))
     assert logp.shape == values.shape == (500,)
-    image = ObsLayout((Leaf("frame", (4, 84, 84), "uint8"), Leaf("speed", (1,), "float32")))
+    image = ObsLeaves((Leaf("frame", (4, 84, 84), "uint8"), Leaf("speed", (1,), "float32")))
     from hpcrl.models.structured import StructuredInput
     assert StructuredInput(image, obs_norm=False).kinds == ["image", "numbers"]  # the Nature CNN for frames
 
@@ -132,15 +132,15 @@ def test_minigrid_runs_with_its_dict_observations(tmp_path):
     cfg = small_config(tmp_path, run={"total_frames": 512}, env={"id": "minigrid:MiniGrid-DoorKey-5x5-v0"},
                        roles={"learner": {"ranks": 1}, "inference": {"ranks": 0}, "env": {"ranks": "rest"}})
     spaces = probe_spaces(parse_config(f"env: {{id: 'minigrid:MiniGrid-DoorKey-5x5-v0'}}").env)
-    assert [leaf.key for leaf in spaces.obs_layout.leaves] == ["direction", "image"]
-    assert spaces.obs_layout.dropped == ("mission",)
+    assert [leaf.key for leaf in spaces.obs_leaves.leaves] == ["direction", "image"]
+    assert spaces.obs_leaves.dropped == ("mission",)
     result = mpirun(1, "run", str(write_config(tmp_path, cfg)))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_a_scalar_leaf_is_one_number_with_its_own_normaliser():
     from hpcrl.models.structured import StructuredInput
-    encoder = StructuredInput(ObsLayout((Leaf("speed", (), "float32"), Leaf("grid", (2, 3), "uint8"))), obs_norm=True)
+    encoder = StructuredInput(ObsLeaves((Leaf("speed", (), "float32"), Leaf("grid", (2, 3), "uint8"))), obs_norm=True)
     speed = torch.randn(64) * 3.0 + 1.0
     encoder.update_norms({"speed": speed, "grid": torch.zeros(64, 2, 3, dtype=torch.uint8)}, lambda m: m)
     assert float(encoder.norms["leaf0"].mean) == pytest.approx(float(speed.double().mean()))

@@ -12,7 +12,7 @@ from typing import Iterable
 
 import numpy as np
 
-from hpcrl.core.observations import ObsLayout
+from hpcrl.core.observations import ObsLeaves
 
 ALIGN = 8
 
@@ -123,8 +123,8 @@ EPISODE_STATS = ("episodes", "return_sum", "return_sqsum", "return_min", "return
 
 def obs_fields(name: str, lead: tuple, obs_shape, obs_dtype=None) -> list:
     """The message fields of observations `name` with leading axes `lead`: one field of `obs_shape`
-    and `obs_dtype`, or (`obs_shape` an ObsLayout) one per leaf of a structured observation."""
-    if isinstance(obs_shape, ObsLayout):
+    and `obs_dtype`, or (`obs_shape` an ObsLeaves) one per leaf of a structured observation."""
+    if isinstance(obs_shape, ObsLeaves):
         return obs_shape.fields(name, lead)
     return [(name, obs_dtype, (*lead, *obs_shape))]
 
@@ -187,7 +187,7 @@ def transition_spec(rows: int, obs_shape: tuple, obs_dtype, action_shape: tuple,
     s_t, a_t, the discounted n-step return G, the discount of its bootstrap (gamma^k, 0 after a
     terminal step), s_t+k, and the actor's initial priority |G + discount max_a Q(s_t+k, a) -
     Q(s_t, a_t)|. The header words after `flags` are those of a fragment (timings; `frames`: env
-    steps since the last record), so trainers count both alike. `obs_shape` may be an ObsLayout
+    steps since the last record), so trainers count both alike. `obs_shape` may be an ObsLeaves
     (Dict observations: a field per leaf of s and of s')."""
     k = rows
     return MessageSpec(

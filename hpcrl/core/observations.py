@@ -5,7 +5,7 @@ Messages get one field per leaf ('obs', or 'obs.image', 'obs.direction', ...), s
 observations travel without pickling, and `Message[name]` gives the leaves back as a dict. Code that
 moves observations goes through the functions here, which take an array (one leaf) or a dict of
 arrays (several) alike: a "tree". Text leaves (MiniGrid's mission) cannot travel as arrays and are
-left out with a warning (hpcrl/envs/layouts.py reads a gymnasium space into a layout). Pure numpy:
+left out with a warning (hpcrl/envs/obs_leaves.py reads a gymnasium space into its leaves). Pure numpy:
 env ranks, policy servers and `hpcrl plan` all read this.
 """
 from __future__ import annotations
@@ -30,14 +30,14 @@ class Leaf:
 
 
 @dataclass(frozen=True)
-class ObsLayout:
+class ObsLeaves:
     """The leaves of an env's observation, in a fixed order, and the keys left out (text)."""
 
     leaves: tuple
     dropped: tuple = ()
 
     @classmethod
-    def box(cls, shape: tuple, dtype: str) -> "ObsLayout":
+    def box(cls, shape: tuple, dtype: str) -> "ObsLeaves":
         return cls((Leaf("", tuple(shape), dtype),))
 
     @property
@@ -50,15 +50,15 @@ class ObsLayout:
         return [(field_name(name, leaf.key), leaf.dtype, (*lead, *leaf.shape)) for leaf in self.leaves]
 
     def flatten(self, obs) -> Tree:
-        """An env's (or a vector's) observation -> this layout's tree: the array itself, or the
+        """An env's (or a vector's) observation -> its tree: the array itself, or the
         leaves by key (nested dicts and tuples flattened, dropped keys left out)."""
         return _select(obs, [leaf.key for leaf in self.leaves]) if self.structured else obs
 
 
-def zeros(layout: ObsLayout, lead: tuple) -> Tree:
+def zeros(obs: ObsLeaves, lead: tuple) -> Tree:
     """Zero observations with leading axes `lead`: an array, or a dict of leaves (structured)."""
-    arrays = {leaf.key: np.zeros((*lead, *leaf.shape), dtype=leaf.dtype) for leaf in layout.leaves}
-    return arrays if layout.structured else arrays[""]
+    arrays = {leaf.key: np.zeros((*lead, *leaf.shape), dtype=leaf.dtype) for leaf in obs.leaves}
+    return arrays if obs.structured else arrays[""]
 
 
 def field_name(name: str, key: str) -> str:

@@ -19,8 +19,8 @@ import gymnasium as gym
 import numpy as np
 
 from hpcrl.core.config import ConfigError, EnvConfig
-from hpcrl.core.observations import ObsLayout
-from hpcrl.envs.layouts import layout_of
+from hpcrl.core.observations import ObsLeaves
+from hpcrl.envs.obs_leaves import leaves_of
 from hpcrl.envs.multiagent import pettingzoo_vector
 from hpcrl.envs.pomdp import register as _register_pomdp
 from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, DiscountedReturns, SyncVector,
@@ -48,13 +48,13 @@ class EnvSpaces:
     num_agents: int = 1       # PettingZoo: agents per env, each a row of the vector (envs/multiagent.py)
     agents: tuple = ()        # PettingZoo: the agent names, in row order
     # Dict or Tuple observations: their leaves (core/observations.py); obs_shape is then () and
-    # obs_dtype 'structured', and everything that moves or encodes observations reads the layout
-    obs_layout: ObsLayout | None = None
+    # obs_dtype 'structured', and everything that moves or encodes observations reads its leaves
+    obs_leaves: ObsLeaves | None = None
 
     @property
-    def observation(self) -> ObsLayout:
+    def observation(self) -> ObsLeaves:
         """The observation's leaves: one for a Box observation."""
-        return self.obs_layout if self.obs_layout is not None else ObsLayout.box(self.obs_shape, self.obs_dtype)
+        return self.obs_leaves if self.obs_leaves is not None else ObsLeaves.box(self.obs_shape, self.obs_dtype)
 
     @property
     def continuous(self) -> bool:
@@ -228,14 +228,14 @@ def probe_spaces(cfg: EnvConfig) -> EnvSpaces:
     finally:
         envs.close()
     if isinstance(obs, gym.spaces.Box):
-        shape, dtype, layout = tuple(obs.shape), np.dtype(obs.dtype).name, None
+        shape, dtype, leaves = tuple(obs.shape), np.dtype(obs.dtype).name, None
     else:
         try:
-            layout = layout_of(obs, warn=lambda message: _warn_once(f"env.id {cfg.id}: {message}"))
+            leaves = leaves_of(obs, warn=lambda message: _warn_once(f"env.id {cfg.id}: {message}"))
         except ValueError as exc:
             raise ConfigError(f"env.id: {cfg.id!r}: {exc}") from None
         shape, dtype = (), "structured"
-    spaces = EnvSpaces(obs_shape=shape, obs_dtype=dtype, num_actions=0, obs_layout=layout,
+    spaces = EnvSpaces(obs_shape=shape, obs_dtype=dtype, num_actions=0, obs_leaves=leaves,
                        num_agents=max(len(agents), 1), agents=agents, action_mask=masked, state_dim=state_dim)
     if masked and not agents and (not isinstance(act, gym.spaces.Discrete) or mask_width != int(act.n)):
         raise ConfigError(f"env.id: {cfg.id!r} gives info['action_mask'] of {mask_width} entries for action space "

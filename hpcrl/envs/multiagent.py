@@ -37,7 +37,7 @@ import numpy as np
 
 from hpcrl.core.config import ConfigError
 from hpcrl.core.observations import apply, assign, leaves, zeros
-from hpcrl.envs.layouts import layout_of
+from hpcrl.envs.obs_leaves import leaves_of
 
 ACTIVE = "active"  # info key: the rows whose agent acts on the returned observations
 ACTION_MASK = "action_mask"  # info key (and observation-dict key): the valid actions of each row
@@ -189,7 +189,7 @@ class ParallelVector(gym.vector.VectorEnv):
         self.state_dim = _state_dim(self.envs[0], leaf) if global_state else 0
         self.single_observation_space = _with_state(leaf, self.envs[0]) if self.state_dim else leaf
         # Dict and Tuple observations: rows of each leaf (core/observations.py), no state appended
-        self._layout = None if isinstance(leaf, gym.spaces.Box) else layout_of(leaf, warn=lambda message: None)
+        self._layout = None if isinstance(leaf, gym.spaces.Box) else leaves_of(leaf, warn=lambda message: None)
         self._obs_dim = 0 if self._layout is not None else int(np.prod(leaf.shape))
         n_actions = int(getattr(self.single_action_space, "n", 0))
         # each agent's own actions (padded action spaces: the rest are masked out for it)

@@ -51,7 +51,7 @@ def _is_config(value) -> bool:
     if isinstance(value, CONFIG):
         return True
     params = getattr(type(value), "__dataclass_params__", None)
-    return params is not None and params.frozen  # an immutable value (ObsLayout, EnvConfig)
+    return params is not None and params.frozen  # an immutable value (ObsLeaves, EnvConfig)
 
 
 # the instance size of a class written in Python: a larger one keeps state in C (an envpool pool,

@@ -71,7 +71,7 @@ def _nature_cnn(obs_shape: tuple) -> nn.Sequential:
 def encoder_for(spaces: EnvSpaces, cfg: ModelConfig) -> str:
     """'mlp' or 'cnn' for these observations; a ConfigError if model.encoder cannot take them."""
     shape = tuple(spaces.obs_shape)
-    if spaces.obs_layout is not None:
+    if spaces.obs_leaves is not None:
         if cfg.encoder == "cnn":
             raise ConfigError("model.encoder: cnn reads Box image observations; this env's are a Dict or Tuple, "
                               "whose leaves choose their own encoders (images: the CNN): use encoder: auto or mlp")
@@ -149,9 +149,9 @@ class ObservationInput(nn.Module):
 
     def __init__(self, spaces: EnvSpaces, cfg: ModelConfig):
         super().__init__()
-        if spaces.obs_layout is not None:  # a Dict or Tuple observation: each leaf its own way
+        if spaces.obs_leaves is not None:  # a Dict or Tuple observation: each leaf its own way
             from hpcrl.models.structured import StructuredInput
-            self.structured = StructuredInput(spaces.obs_layout, cfg.obs_norm)
+            self.structured = StructuredInput(spaces.obs_leaves, cfg.obs_norm)
             self.obs_scale, self.obs_norm = None, None
             return
         self.structured = None

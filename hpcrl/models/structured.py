@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcrl.core.observations import Leaf, ObsLayout
+from hpcrl.core.observations import Leaf, ObsLeaves
 
 EMBEDDING_WIDTH = 16
 
@@ -29,13 +29,13 @@ def _is_image(leaf: Leaf) -> bool:
 class StructuredInput(nn.Module):
     """Observations as a dict of leaf tensors -> [B, width] features."""
 
-    def __init__(self, layout: ObsLayout, obs_norm: bool):
+    def __init__(self, obs: ObsLeaves, obs_norm: bool):
         from hpcrl.models import NATURE_CNN_FEATURES, RunningNorm, _nature_cnn
         super().__init__()
-        self.keys = [leaf.key for leaf in layout.leaves]
-        self.names = [f"leaf{i}" for i in range(len(layout.leaves))]  # module names cannot hold '.'
+        self.keys = [leaf.key for leaf in obs.leaves]
+        self.names = [f"leaf{i}" for i in range(len(obs.leaves))]  # module names cannot hold '.'
         self.kinds, encoders, norms, self.width = [], {}, {}, 0
-        for name, leaf in zip(self.names, layout.leaves):
+        for name, leaf in zip(self.names, obs.leaves):
             if leaf.categories:
                 kind, width = "discrete", EMBEDDING_WIDTH
                 encoders[name] = nn.Embedding(leaf.categories, EMBEDDING_WIDTH)

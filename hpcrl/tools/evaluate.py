@@ -212,8 +212,8 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
         mask = getattr(envs.unwrapped, "action_mask", None)
         while len(result.returns) < episodes:
             with torch.no_grad():
-                obs_t = (torch.as_tensor(obs, dtype=torch.float32) if spaces.obs_layout is None
-                         else apply(torch.as_tensor, spaces.obs_layout.flatten(obs)))  # Dict observations' leaves
+                obs_t = (torch.as_tensor(obs, dtype=torch.float32) if spaces.obs_leaves is None
+                         else apply(torch.as_tensor, spaces.obs_leaves.flatten(obs)))  # Dict observations' leaves
                 mask_t = None if mask is None else torch.as_tensor(mask)
                 actions = model.mode(obs_t, mask_t) if deterministic else model.sample(obs_t, generator, mask_t)[0]
                 actions = actions.numpy()

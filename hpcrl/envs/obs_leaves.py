@@ -1,4 +1,4 @@
-"""A gymnasium observation space -> its leaves (hpcrl.core.observations.ObsLayout)."""
+"""A gymnasium observation space -> its leaves (hpcrl.core.observations.ObsLeaves)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -6,10 +6,10 @@ from typing import Callable
 import gymnasium as gym
 import numpy as np
 
-from hpcrl.core.observations import Leaf, ObsLayout
+from hpcrl.core.observations import Leaf, ObsLeaves
 
 
-def layout_of(space, warn: Callable[[str], None] = lambda message: None) -> ObsLayout:
+def leaves_of(space, warn: Callable[[str], None] = lambda message: None) -> ObsLeaves:
     """The leaves of a gymnasium observation space: Box, Discrete, MultiBinary leaves of Dict and
     Tuple spaces (nested). Text leaves are dropped (with `warn`); other spaces raise ValueError."""
     leaves, dropped = [], []
@@ -38,7 +38,7 @@ def layout_of(space, warn: Callable[[str], None] = lambda message: None) -> ObsL
         warn(f"observation keys {', '.join(dropped)} are text, which hpcrl does not encode: left out")
     if not leaves:
         raise ValueError(f"observation space {space} has no array leaves")
-    return ObsLayout(tuple(leaves), tuple(dropped))
+    return ObsLeaves(tuple(leaves), tuple(dropped))
 
 
 def _text_like(space) -> bool:
