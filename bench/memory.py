@@ -22,7 +22,7 @@ import sys
 from hpcrl.runtime import comm
 from hpcrl.core.config import parse_config
 from hpcrl.envs import make_vector_env, probe_spaces
-import hpcrl.workers.actor
+import hpcrl.workers.env_rank
 cfg = parse_config("env: {id: CartPole-v1, num_envs: 8}")
 envs, obs = make_vector_env(cfg.env, seed=0)
 """

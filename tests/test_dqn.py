@@ -13,13 +13,14 @@ from hpcrl.core.messages import transition_spec
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.models import build_policy
 from hpcrl.models.q import QNetwork, QRunner
-from hpcrl.workers.q_actor import NStepWindow, TransitionWriter
+from hpcrl.workers.replay_writer import RecordRows
+from hpcrl.workers.transition_writer import NStepWindow
 
 G = 0.5
 
 
 def window_and_writer(n=3, envs=1, rows=32):
-    writer = TransitionWriter(transition_spec(rows, (1,), "float32", (), "int64").allocate())
+    writer = RecordRows(transition_spec(rows, (1,), "float32", (), "int64").allocate())
     window = NStepWindow(n, G, envs, np.zeros((envs, 1), np.float32), np.zeros(envs, np.int64))
     return window, writer
 

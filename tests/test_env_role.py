@@ -1,4 +1,4 @@
-"""EnvRole end to end in one process (the serial-mode plumbing, real MPI self-messages), checked
+"""An env rank writing fragments end to end in one process (the serial-mode plumbing, real MPI self-messages), checked
 against an independent replay of the same seeded environments."""
 import gymnasium as gym
 import numpy as np
@@ -12,7 +12,8 @@ from hpcrl.core.config import parse_config
 from hpcrl.envs import probe_spaces
 from hpcrl.core.messages import EPISODE_STATS, fragment_spec, reply_spec, request_spec, weights_spec
 from hpcrl.models import PolicyRunner, build_model, copy_params_to, num_params
-from hpcrl.workers.actor import EnvRole
+from hpcrl.workers.env_rank import EnvRank
+from hpcrl.workers.fragment_writer import FragmentWriter
 from hpcrl.workers.policy_server import InlinePolicy, PolicySet
 from hpcrl.core.seeds import env_seeds
 
@@ -34,8 +35,8 @@ def collect_fragment(env: str = f"{{id: CartPole-v1, num_envs: {N}, kwargs: {{ma
     me = comm.world_rank()
     stream = comm.stream_communicator()
     receiver = SampleReceiver(stream, [me], [frag.allocate()])
-    role = EnvRole(cfg, rank=me, index=0, policies=[policy],
-                   senders=[SampleSender(stream, me, [frag.allocate(), frag.allocate()])])
+    role = EnvRank(cfg, rank=me, index=0, policies=[policy],
+                   senders=[SampleSender(stream, me, [frag.allocate(), frag.allocate()])], writer=FragmentWriter(cfg))
     for _ in range(10 * T):
         role.poll()
         if (ready := receiver.ready()):
@@ -58,7 +59,7 @@ def test_fragment_matches_a_replay_and_truncation_bootstraps_from_the_final_obs(
     truncated_at_end, episodes, returns = 0, 0, []
     for i in range(N):
         env = gym.make("CartPole-v1", max_episode_steps=LIMIT)
-        obs, _ = env.reset(seed=env_seeds(cfg.run.seed, 0, 0, N)[i])  # the seeds EnvRole gives env rank 0
+        obs, _ = env.reset(seed=env_seeds(cfg.run.seed, 0, 0, N)[i])  # the seeds EnvRank gives env rank 0
         ep_return = 0.0
         for t in range(T):
             np.testing.assert_array_equal(f["obs"][t, i], obs)

@@ -4,7 +4,7 @@ the record layout its samples travel in, and where its trainer step and batch so
 The wiring (`hpcrl.runtime.wiring.build_workers`) reads the declaration and builds exactly the
 streams it names; the layout (ranks per role, per node, devices) comes from the config alone and
 never changes an algorithm. PPO and APPO are one algorithm in two modes; Ape-X DQN is another entry
-(transition records, a replay batch source, its own actor and step) on the same streams, and
+(transition records, a replay batch source, its own record writer and step) on the same streams, and
 MAPPO is meant to be one more (an agent axis), not new wiring. Pure: numpy and the message layouts only (every rank and `hpcrl plan` read this).
 Trainer steps and batch sources are named by import path, so actors never import torch.
 """
@@ -45,6 +45,8 @@ class Algorithm:
     each ('module:Class', imported only on ranks that play the role: actors with remote inference
     never import torch, only the trainer imports horovod). `record(cfg, spaces)`: the sample
     stream's record layout; `reply(cfg, spaces, num_envs)`: the inference stream's reply layout.
+    `writer(cfg)`: the env rank's record writer for the config ('module:Class', one of
+    RECORD_WRITERS; loaded on env ranks only), which fills that record from the replies.
     `policy`: the network policy holders and trainers build ('actor_critic', 'central_critic' (the
     critic reads every agent of the env) or 'q', see hpcrl.models.build_policy). `batch_source` and `step`: 'module:Name' paths, loaded on trainers."""
 
@@ -54,6 +56,7 @@ class Algorithm:
     streams: tuple[Stream, ...]
     record: Callable[..., MessageSpec]
     reply: Callable[..., MessageSpec]
+    writer: Callable[..., str]
     policy: str
     batch_source: str
     step: str
@@ -65,12 +68,20 @@ class Algorithm:
 
     def load(self, what: str):
         """The trainer step's or the batch source's class (imported on trainer ranks only)."""
-        module, name = getattr(self, what).split(":")
-        return getattr(importlib.import_module(module), name)
+        return _imported(getattr(self, what))
 
     def worker_class(self, role: str) -> type:
-        module, name = self.workers[role].split(":")
-        return getattr(importlib.import_module(module), name)
+        return _imported(self.workers[role])
+
+    def writer_class(self, cfg) -> type:
+        """The env rank's record writer for `cfg` (imported on env ranks only)."""
+        return _imported(self.writer(cfg))
+
+
+def _imported(path: str):
+    """The object a 'module:Name' path names, its module imported now."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def state_size(model_cfg) -> int:
@@ -113,6 +124,11 @@ def policy_reply(cfg, spaces, n: int) -> MessageSpec:
     return reply_spec(n, spaces.action_shape, spaces.action_dtype, state_size(cfg.model))
 
 
+def fragment_writer(cfg) -> str:
+    """PPO/APPO's (and MAPPO's, IPPO's) record writer: fragments."""
+    return RECORD_WRITERS["fragments"]
+
+
 def replay_record(cfg, spaces) -> MessageSpec:
     """DQN's record: rollout_length x num_envs n-step transitions (one per env step on average); with
     a recurrent Q-network (R2D2), sequences of algo.dqn.sequence_length steps, as many per env as
@@ -129,15 +145,28 @@ def sequences_per_env(cfg) -> int:
     return max(1, -(-cfg.algo.rollout_length // cfg.algo.dqn.sequence_period))
 
 
+def replay_writer(cfg) -> str:
+    """DQN's record writer: n-step transitions; with a recurrent Q-network (R2D2), sequences."""
+    return RECORD_WRITERS["sequences" if state_size(cfg.model) else "transitions"]
+
+
 def q_reply(cfg, spaces, n: int) -> MessageSpec:
     """DQN's reply: every action's Q-value (the actor explores and computes priorities), and with a
     recurrent Q-network the hidden state they came from."""
     return q_reply_spec(n, spaces.num_actions, state_size(cfg.model))
 
 
-# The roles' worker classes that PPO and DQN share.
+# The roles' worker classes, which every algorithm shares: its record writer and its
+# trainer step make the difference.
 LEARNER = "hpcrl.workers.trainer:LearnerRole"
 POLICY_SERVER = "hpcrl.workers.policy_server:InferenceRole"
+ENV_RANK = "hpcrl.workers.env_rank:EnvRank"
+# The env ranks' record writers (strategies of EnvRank), by the records they write.
+RECORD_WRITERS = {
+    "fragments": "hpcrl.workers.fragment_writer:FragmentWriter",  # PPO, APPO, MAPPO, IPPO
+    "transitions": "hpcrl.workers.transition_writer:TransitionWriter",  # Ape-X DQN
+    "sequences": "hpcrl.workers.sequence_writer:SequenceWriter",  # R2D2 (DQN with model.core)
+}
 # The streams of an actor -> policy server -> trainer dataflow (PPO and DQN alike).
 ACTOR_LEARNER_STREAMS = (
     # actors ask a policy server (or, with inference ranks: 0, their inline policy) for actions
@@ -153,10 +182,11 @@ ACTOR_LEARNER_STREAMS = (
 PPO = Algorithm(
     name="ppo",
     modes=("sync", "async"),
-    workers={"learner": LEARNER, "inference": POLICY_SERVER, "env": "hpcrl.workers.actor:EnvRole"},
+    workers={"learner": LEARNER, "inference": POLICY_SERVER, "env": ENV_RANK},
     streams=ACTOR_LEARNER_STREAMS,
     record=fragment_record,
     reply=policy_reply,
+    writer=fragment_writer,
     policy="actor_critic",
     batch_source="hpcrl.workers.batch_source:FragmentQueue",
     step="hpcrl.algos.ppo:PPOStep",
@@ -168,23 +198,26 @@ PPO = Algorithm(
 # The two differ only in what the critic reads (Yu et al. 2022; de Witt et al. 2020 for IPPO).
 MAPPO = Algorithm(
     name="mappo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
-    reply=policy_reply, policy="central_critic", batch_source=PPO.batch_source, step=PPO.step, multiagent=True,
+    reply=policy_reply, writer=fragment_writer, policy="central_critic", batch_source=PPO.batch_source, step=PPO.step,
+    multiagent=True,
     doc="MAPPO: PPO whose critic reads the observations of every agent of the env (and the agent's index), "
         "with value normalisation; one policy shared by all agents, or one per entry of the policies table")
 
 IPPO = Algorithm(
     name="ippo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
-    reply=policy_reply, policy="actor_critic", batch_source=PPO.batch_source, step=PPO.step, multiagent=True,
+    reply=policy_reply, writer=fragment_writer, policy="actor_critic", batch_source=PPO.batch_source, step=PPO.step,
+    multiagent=True,
     doc="IPPO: PPO on every agent's own observations (decentralised critic), with value normalisation; one "
         "policy shared by all agents, or one per entry of the policies table")
 
 DQN = Algorithm(
     name="dqn",
     modes=("async",),
-    workers={"learner": LEARNER, "inference": POLICY_SERVER, "env": "hpcrl.workers.q_actor:ReplayActor"},
+    workers={"learner": LEARNER, "inference": POLICY_SERVER, "env": ENV_RANK},
     streams=ACTOR_LEARNER_STREAMS,
     record=replay_record,
     reply=q_reply,
+    writer=replay_writer,
     policy="q",
     batch_source="hpcrl.workers.replay_source:ReplaySource",
     step="hpcrl.algos.dqn:DQNStep",

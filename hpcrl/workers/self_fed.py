@@ -17,7 +17,7 @@ from hpcrl.workers.policy_server import InlinePolicy, PolicySet
 
 @dataclass
 class SelfFed:
-    actor: object  # the algorithm's actor (workers/actor.py, q_actor.py, sequence_actor.py)
+    actor: object  # an env rank (workers/env_rank.py) with the algorithm's record writer
     receiver: SampleReceiver  # of its records
     model: object  # the network whose weights the inline policy acts with
     publisher: ParameterPublisher  # of those weights: `publish` a new version (sync mode waits for one)
@@ -66,8 +66,9 @@ def self_fed(cfg: Config, spaces, model=None, sampler_seed: int = 0, receiver_sl
     me, stream = comm.world_rank(), comm.stream_communicator()
     receiver = SampleReceiver(stream, [me], [record.allocate() for _ in range(receiver_slots)],
                               per_sender=receiver_slots)
-    actor = algorithm.worker_class("env").actor_class(cfg)(
-        cfg, me, 0, [policy], [SampleSender(stream, me, [record.allocate() for _ in range(sender_slots)])])
+    actor = algorithm.worker_class("env")(
+        cfg, me, 0, [policy], [SampleSender(stream, me, [record.allocate() for _ in range(sender_slots)])],
+        algorithm.writer_class(cfg)(cfg))
     fed = SelfFed(actor, receiver, model, publisher)
     fed.publish(0)
     return fed

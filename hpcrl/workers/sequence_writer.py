@@ -1,6 +1,7 @@
-"""R2D2's actor (env rank; DQN with model.core): epsilon-greedy on a recurrent Q-network's values,
-fixed-length sequences of every env with the recurrent state they start from, and their initial
-priorities (Kapturowski et al. 2019), shipped in records to its trainer's replay shard.
+"""R2D2's record writer (an env rank's; DQN with model.core): fixed-length sequences of every env
+with the recurrent state they start from, and their initial priorities (Kapturowski et al. 2019),
+for the trainers' replay shards. Exploration and shipping are every DQN writer's
+(workers/replay_writer.py).
 
 Never imports torch: the policy holder (a policy server, or the inline policy) keeps every env's
 hidden state, zeroes it where an episode begins (the request's `starts`), and sends back with
@@ -17,9 +18,10 @@ import numpy as np
 
 from hpcrl.algos.sequences import sequence_priorities, sequence_targets
 from hpcrl.core.config import Config
+from hpcrl.core.messages import Message
 from hpcrl.core.observations import apply, assign, fit, leaves
-from hpcrl.workers.actor import EnvGroup
-from hpcrl.workers.q_actor import ReplayActor, TransitionWriter
+from hpcrl.workers.env_group import EnvGroup
+from hpcrl.workers.replay_writer import RecordRows, ReplayWriter
 
 
 class SequenceWindow:
@@ -78,12 +80,12 @@ class SequenceWindow:
                                    self.gamma, self.n, b, self.value_rescale)
         return sequence_priorities(np.abs(targets - self.q_taken[b:]), self.eta)
 
-    def emit(self, writer: TransitionWriter) -> None:
+    def emit(self, out: RecordRows) -> None:
         """One sequence per env into the record (rows [envs, L(+1), ...]), then slide by the period."""
-        a = writer.rows
+        a = out.rows
         envs = self.actions.shape[1]
-        assign(writer.record["obs"], apply(lambda x: np.swapaxes(x, 0, 1), self.obs), slice(a, a + envs))
-        writer.write_fields(self.priorities(), actions=self.actions.swapaxes(0, 1),
+        assign(out.record["obs"], apply(lambda x: np.swapaxes(x, 0, 1), self.obs), slice(a, a + envs))
+        out.write_fields(self.priorities(), actions=self.actions.swapaxes(0, 1),
                             rewards=self.rewards.T, terminated=self.terminated.T, truncated=self.truncated.T,
                             final_values=self.final_values.T, state0=self.states[0])
         self.emitted += 1
@@ -93,39 +95,33 @@ class SequenceWindow:
         self.i = self.L - p
 
 
-class SequenceActor(ReplayActor):
-    """Collects R2D2 sequences from its env groups; a record carries the sequences that start in
-    rollout_length steps of every env (core/dataflow.py's replay_record), and ships once another
-    group's emission might not fit."""
+class SequenceWriter(ReplayWriter):
+    """R2D2's records: a record carries the sequences that start in rollout_length steps of every
+    env (core/dataflow.py's replay_record), and ships once another group's emission might not fit."""
 
     record_name = "sequences"
 
-    def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list, env_ranks: int = 1,
-                 start_version: int = 0, control=None):
-        super().__init__(cfg, rank, index, policies, senders, env_ranks, start_version=start_version, control=control)
-        state_size = self.fragment["state0"].shape[1]
-        self.windows = [SequenceWindow(cfg, self.per_group, g.request["obs"], self.fragment["actions"].dtype,
+    def attach(self, env_rank) -> None:
+        super().attach(env_rank)
+        self.rows_per_step = self.per_group  # a group's step emits at most one sequence per env
+        state_size = self.record["state0"].shape[1]
+        self.windows = [SequenceWindow(self.cfg, self.per_group, g.request["obs"], self.record["actions"].dtype,
                                        state_size) for g in self.groups]
 
-    def _record_full(self) -> bool:
-        """No group may step on until the record ships: its next step might emit its sequences."""
-        return self.writer.room() < self.per_group
-
-    def _step(self, group: EnvGroup, reply) -> None:
-        g = self.groups.index(group)
-        window, q = self.windows[g], reply["q"]
+    def step(self, group: EnvGroup, reply: Message) -> None:
+        window, q = self.windows[group.index], reply["q"]
         if len(group.final_rows):  # the last step truncated episodes: their final observations' values
             window.finals(*group.truncation_values(reply))
         if window.observe(group.request["obs"], q, reply["state"]):
-            window.emit(self.writer)
-        actions = self.explore(g, q)
+            window.emit(self.out)
+        actions = self.explore(group, q)
         window.acted(actions, q[np.arange(self.per_group), actions])
-        self.status = f"stepping envs (sequence {window.emitted}, step {window.i})"
+        self.env_rank.status = f"stepping envs (sequence {window.emitted}, step {window.i})"
         next_obs, rewards, terminated, truncated, info = group.envs.step(actions)
         window.stepped(rewards, terminated, truncated)
         obs = fit(group.request["obs"], next_obs)
         assign(group.request["obs"], obs)
-        self._final_rows(group, truncated & ~terminated, obs, info)  # their values: from the ended episodes' states
+        group.carry_final_obs(truncated & ~terminated, obs, info)  # their values: from the ended episodes' states
         done = terminated | truncated
-        self._tally(group, rewards, done, info)
+        self.tally.add(group, rewards, done, info)
         group.request["starts"][...] = done
