@@ -18,13 +18,6 @@ from pathlib import Path
 from tests.conftest import REPO
 
 PACKAGE = REPO / "hpcrl"
-# Cycles known and not yet taken apart, by the package they lie in (each cycle wholly inside it).
-KNOWN_CYCLES = {
-    # models/__init__.py holds the shared layers (_linear, _mlp, ObservationInput, ActorCritic, ...)
-    # that models/q.py, recurrent.py and structured.py import, and imports those modules back inside
-    # its build functions (runner.py's make_runner imports q.py the same way).
-    "hpcrl.models": "the network modules and the package's __init__ import each other",
-}
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -135,21 +128,10 @@ def describe(cycle: list[str], graph: dict[str, dict[str, int]], root: Path) -> 
     return " -> ".join([*steps, cycle[-1]])
 
 
-def _within(cycle: list[str], package: str) -> bool:
-    return all(m == package or m.startswith(package + ".") for m in cycle)
-
-
 def test_the_package_imports_without_a_cycle():
     graph = import_graph(PACKAGE)
-    found = [c for c in cycles(graph) if not any(_within(c, p) for p in KNOWN_CYCLES)]
+    found = cycles(graph)
     assert not found, "import cycles:\n" + "\n".join(describe(c, graph, PACKAGE) for c in found)
-
-
-def test_each_known_cycle_is_still_there():
-    """An entry of KNOWN_CYCLES goes as soon as its cycle is gone, so that none comes back unseen."""
-    found = cycles(import_graph(PACKAGE))
-    for package in KNOWN_CYCLES:
-        assert any(_within(c, package) for c in found), f"{package} imports without a cycle now: drop it from KNOWN_CYCLES"
 
 
 def test_the_graph_holds_lazy_imports():

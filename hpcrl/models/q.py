@@ -10,7 +10,9 @@ import torch
 from hpcrl.core.config import ConfigError, ModelConfig
 from hpcrl.core.observations import count_rows
 from hpcrl.core.observations import take
-from hpcrl.models import ObservationInput, Runner, _linear
+from hpcrl.models.layers import _linear
+from hpcrl.models.networks import ObservationInput
+from hpcrl.models.runner import Runner
 from hpcrl.models.recurrent import RecurrentCore
 
 

@@ -14,7 +14,8 @@ from torch import nn
 
 from hpcrl.core.dataflow import state_size
 from hpcrl.core.observations import leaves
-from hpcrl.models import ACTIVATIONS, ActorCritic, _linear, _masked_log_softmax, _mlp
+from hpcrl.models.layers import ACTIVATIONS, _linear, _masked_log_softmax, _mlp
+from hpcrl.models.networks import ActorCritic
 
 
 class RecurrentCore:

@@ -14,13 +14,7 @@ from hpcrl.core.observations import apply
 from hpcrl.core.observations import count_rows
 
 if TYPE_CHECKING:
-    from hpcrl.models import ObservationInput
-
-
-def make_runner(model: ObservationInput, device: str, seed: int) -> "Runner":
-    """The runner that answers requests with `model`: PolicyRunner or QRunner."""
-    from hpcrl.models.q import QNetwork, QRunner
-    return (QRunner if isinstance(model, QNetwork) else PolicyRunner)(model, device, seed)
+    from hpcrl.models.networks import ObservationInput
 
 
 # --- the weights message: parameters, then buffers (the normaliser's stats) ---------------------------

@@ -22,7 +22,7 @@ EMBEDDING_WIDTH = 16
 
 
 def _is_image(leaf: Leaf) -> bool:
-    from hpcrl.models import CNN_MIN_SIZE
+    from hpcrl.models.layers import CNN_MIN_SIZE
     return leaf.dtype == "uint8" and len(leaf.shape) == 3 and min(leaf.shape[1:]) >= CNN_MIN_SIZE
 
 
@@ -30,7 +30,7 @@ class StructuredInput(nn.Module):
     """Observations as a dict of leaf tensors -> [B, width] features."""
 
     def __init__(self, obs: ObsLeaves, obs_norm: bool):
-        from hpcrl.models import NATURE_CNN_FEATURES, RunningNorm, _nature_cnn
+        from hpcrl.models.layers import NATURE_CNN_FEATURES, RunningNorm, _nature_cnn
         super().__init__()
         self.keys = [leaf.key for leaf in obs.leaves]
         self.names = [f"leaf{i}" for i in range(len(obs.leaves))]  # module names cannot hold '.'
