@@ -139,7 +139,7 @@ class DQNStep:
         return metrics
 
     def epsilon_range(self, frames: int) -> tuple[float, float]:
-        """The actors' exploration now (workers/q_actor.py): apex, fixed per env, from eps^(1 +
+        """The actors' exploration now (workers/replay_writer.py): apex, fixed per env, from eps^(1 +
         eps_alpha) to eps; linear, one epsilon for all."""
         d = self.d
         if d.eps_schedule == "apex":

@@ -1,4 +1,4 @@
-"""DQN's exploration, in one place for the actors that explore (workers/q_actor.py) and the
+"""DQN's exploration, in one place for the actors that explore (workers/replay_writer.py) and the
 trainer step that reports it (algos/dqn.py). Pure numpy: actors import no torch."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """DQN's targets and priorities: n-step transitions' and R2D2's sequences' (Kapturowski et al. 2019),
-in one place for the actors that compute initial priorities (workers/q_actor.py,
-workers/sequence_actor.py: numpy, no torch) and the trainer step that learns from them
+in one place for the actors that compute initial priorities (workers/transition_writer.py,
+workers/sequence_writer.py: numpy, no torch) and the trainer step that learns from them
 (algos/dqn.py, which hands a sequence's bootstrap values over as numpy).
 
 A stored sequence is L steps of one env: observations 0..L (L+1 of them, the last for the

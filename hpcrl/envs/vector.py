@@ -7,7 +7,7 @@ numpy vector envs, envpool) are adapted in one place, `SameStepAutoreset`.
 
 Episode statistics count raw rewards over whole episodes. When training sees something else (clipped
 or normalised rewards, an Atari life loss treated as terminal), the step's info carries
-info[RAW_REWARD] (float [N]) and info[GAME_OVER] (bool [N]); workers/actor.py reads them when present.
+info[RAW_REWARD] (float [N]) and info[GAME_OVER] (bool [N]); workers/env_group.py reads them when present.
 
 No MPI and no torch here (env ranks with remote inference import only numpy and gymnasium).
 """

@@ -205,7 +205,7 @@ class _Planner:
 
 def _record_size(c: Config, record, groups: int) -> dict[str, int]:
     """DQN: the rows and env steps a record holds as its actor ships it. Transitions: one per env
-    step, shipped once another group step might not fit (workers/q_actor.py: a step may write n_step
+    step, shipped once another group step might not fit (workers/replay_writer.py: a step may write n_step
     + 1 rows per env); sequences: one per env every sequence_period steps, shipped full."""
     rows, per_group, d = record.field("priorities").shape[0], c.env.num_envs // groups, c.algo.dqn
     if "state0" in (f.name for f in record.fields):
