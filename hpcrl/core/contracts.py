@@ -15,7 +15,7 @@ import numpy as np
 
 class Worker(Protocol):
     """One role's work on a rank (an actor, a policy server, a trainer, a replay shard). Built from
-    the wiring (`build(w)`, runtime/wiring.py), then polled by `launch.poll_until_done` until done."""
+    the wiring (`build(w)`, launch/wiring.py), then polled by `launch.run.poll_until_done` until done."""
 
     name: str  # the role, as in the config's roles: section
     done: bool  # finished: the poll loop stops polling it

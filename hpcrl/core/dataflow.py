@@ -1,7 +1,7 @@
 """An algorithm's dataflow, declared as data: the workers it needs, the streams that join them,
 the record layout its samples travel in, and where its trainer step and batch source live.
 
-The wiring (`hpcrl.runtime.wiring.build_workers`) reads the declaration and builds exactly the
+The wiring (`hpcrl.launch.wiring.build_workers`) reads the declaration and builds exactly the
 streams it names; the layout (ranks per role, per node, devices) comes from the config alone and
 never changes an algorithm. PPO and APPO are one algorithm in two modes; Ape-X DQN is another entry
 (transition records, a replay batch source, its own record writer and step) on the same streams, and

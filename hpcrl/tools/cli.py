@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         return _config_reference(args)
     if args.command == "tune":
         return _tune(args)
-    from hpcrl.runtime.launch import run  # imports mpi4py, which initialises MPI
+    from hpcrl.launch.run import run  # imports mpi4py, which initialises MPI
     return run(args.config, tuple(args.overrides), args.overwrite)
 
 

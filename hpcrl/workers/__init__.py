@@ -1,5 +1,5 @@
 """The workers a rank can run: actor (env), policy server (inference), trainer (learner).
 
-Submodules are imported by the launch (hpcrl.runtime.launch) only where needed, so actors with
+Submodules are imported by the launch (hpcrl.launch.run) only where needed, so actors with
 remote inference never import torch, and only the trainer imports horovod.
 """

@@ -109,7 +109,7 @@ class EnvRank:
 
     @classmethod
     def build(cls, w) -> EnvRank:
-        """From the wiring (hpcrl.runtime.wiring.Wiring): its policy (a policy server's channels, one
+        """From the wiring (hpcrl.launch.wiring.Wiring): its policy (a policy server's channels, one
         per env group, or an inline policy), its senders to the trainers, and the algorithm's writer."""
         index = w.layout.index_in("env", w.rank)
         writer = w.algorithm.writer_class(w.cfg).build(w)

@@ -39,7 +39,7 @@ class FragmentWriter:
 
     @classmethod
     def build(cls, w) -> FragmentWriter:
-        """From the wiring (hpcrl.runtime.wiring.Wiring): the layout of a fragment of every row."""
+        """From the wiring (hpcrl.launch.wiring.Wiring): the layout of a fragment of every row."""
         return cls(w.cfg, whole_record=w.algorithm.record(w.cfg, w.spaces))
 
     def attach(self, env_rank) -> None:

@@ -340,7 +340,7 @@ class InferenceRole:
 
     @classmethod
     def build(cls, w) -> "InferenceRole":
-        """From the wiring (hpcrl.runtime.wiring.Wiring): a request channel per (actor, env group)
+        """From the wiring (hpcrl.launch.wiring.Wiring): a request channel per (actor, env group)
         it serves, its parameter-stream subscription and its policy."""
         clients = [(env, g) for env in w.layout.envs_of_inference(w.rank) for g in range(w.groups)]
         policies = build_policies(w, w.cfg.roles.inference.device, "inference", w.layout.index_in("inference", w.rank))

@@ -61,7 +61,7 @@ class ReplayWriter:
 
     @classmethod
     def build(cls, w) -> ReplayWriter:
-        """From the wiring (hpcrl.runtime.wiring.Wiring): the env-rank count and where a resume starts."""
+        """From the wiring (hpcrl.launch.wiring.Wiring): the env-rank count and where a resume starts."""
         env_ranks = len(w.layout.envs)
         return cls(w.cfg, env_ranks=env_ranks, frames=w.start.start_frames // env_ranks)
 

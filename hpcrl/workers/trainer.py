@@ -80,7 +80,7 @@ class LearnerRole:
 
     @classmethod
     def build(cls, w) -> "LearnerRole":
-        """From the wiring (hpcrl.runtime.wiring.Wiring): its sample-stream receiver and the
+        """From the wiring (hpcrl.launch.wiring.Wiring): its sample-stream receiver and the
         algorithm's batch source over it; on the root, the parameter publisher and the run files."""
         cfg, layout = w.cfg, w.layout
         policy = layout.policy_of_learner(w.rank)

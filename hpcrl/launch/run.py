@@ -26,7 +26,7 @@ from hpcrl.core.stop import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, StopReason
 from hpcrl.runtime.control import ControlStream, build_control_stream
 from hpcrl.runtime.liveness import start_peer_watch
 from hpcrl.runtime.watchdog import Watchdog
-from hpcrl.runtime.wiring import build_workers
+from hpcrl.launch.wiring import build_workers
 
 CONTROL_POLL_EVERY = 64  # passes of the poll loop between control-stream polls on a busy rank
 CONTROL_POLL_IDLE_EVERY = 16  # idle passes between control-stream polls on a waiting rank
