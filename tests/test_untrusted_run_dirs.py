@@ -104,6 +104,9 @@ def test_the_env_families_hpcrl_supports_import_nothing_else():
     (b"run: {name: [unclosed\n", "config.yaml' is not valid YAML (line 2, column 1: expected ',' or ']'"),
     (b"- run\n- env\n", "config.yaml' holds a YAML list, not a mapping of config sections"),
     (b"run: {name: caf\xe9}\n", "config.yaml' is not UTF-8 text (byte 15)"),
+    # an alias bomb (10**9 values expanded) and a key given twice: refused as a config would be
+    (b"a: &a [x,x,x,x,x,x,x,x,x,x]\n" + b"".join(b"%c: &%c [" % (98 + i, 98 + i) + b",".join([b"*%c" % (97 + i)] * 10) + b"]\n" for i in range(8)), "config.yaml: line 5: e: holds more than 100,000 values once its aliases"),
+    (b"run: {name: a}\nrun: {name: b}\n", "config.yaml: run: given twice, at lines 1 and 2"),
 ])
 @pytest.mark.parametrize("command", ["inspect", "plot"])
 def test_a_config_yaml_that_is_no_config_is_one_message(tmp_path, capsys, content, message, command):

@@ -66,6 +66,16 @@ def load_yaml(text: str, source: str) -> Any:
     (safe_load keeps the last quietly), holds more than MAX_YAML_VALUES values once its aliases are
     expanded (a "billion laughs" would exhaust memory in whatever walks it), or an alias inside the
     value it names, or an integer literal longer than MAX_INT_CHARS."""
+    try:
+        return load_bounded_yaml(text, source)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+
+
+def load_bounded_yaml(text: str, source: str) -> Any:
+    """`load_yaml` for callers that word a syntax error themselves (`hpcrl inspect` on a run
+    directory's config.yaml): yaml.YAMLError for YAML that does not parse, ConfigError for the
+    rest of load_yaml's refusals."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -73,8 +83,6 @@ def load_yaml(text: str, source: str) -> Any:
             return None
         _YamlGraph(loader, source).size(node, "")
         return loader.construct_document(node)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{source}: not valid YAML for a config: its values are nested too deeply") from None
     finally:

@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import yaml
 
 from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, recover_temporaries
 from hpcrl.core.config import Config, ConfigError, parse_config, to_dict, to_yaml
+from hpcrl.core.config_base import load_yaml
 from hpcrl.io.metrics import rebuild_metrics, remove_temporaries
 
 CHECKPOINT_FILE = "checkpoint.h5"
@@ -62,8 +62,8 @@ def _resolved(config_text: str) -> dict:
     written compares as its default rather than as missing."""
     try:
         return to_dict(parse_config(config_text))
-    except ConfigError:  # written by another version: compare what it says
-        return yaml.safe_load(config_text) or {}
+    except ConfigError:  # written by another version: compare what it says (read as bounded as any config)
+        return load_yaml(config_text, "the checkpoint's config") or {}
 
 
 def prepare(cfg: Config, overwrite: bool, relaunch: str = "",

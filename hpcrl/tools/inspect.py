@@ -20,6 +20,7 @@ import time
 import numpy as np
 import yaml
 
+from hpcrl.core.config_base import ConfigError, load_bounded_yaml
 from hpcrl.core.stop import StopReason
 from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, read_summary
 from hpcrl.io.metrics import read_metrics
@@ -100,7 +101,9 @@ def _config_mapping(data: bytes, where: str) -> dict:
         raise RunDirError(f"{where!r} is not UTF-8 text (byte {exc.start}); hpcrl writes its config as UTF-8 "
                           f"YAML") from None
     try:
-        cfg = yaml.safe_load(text)
+        cfg = load_bounded_yaml(text, where)  # a run directory's file: no alias bomb, no duplicate keys
+    except ConfigError as exc:
+        raise RunDirError(str(exc)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
