@@ -29,11 +29,8 @@ class FragmentQueue:
         self.sync = sync
         self.max_policy_lag = max_policy_lag
         self.batch_fragments = len(self.actors) if batch_fragments is None else batch_fragments
-        if len(stream.slots) < self.batch_fragments:
-            raise ValueError(f"{len(stream.slots)} sample slots cannot hold a batch of {self.batch_fragments} fragments")
-        if sync and self.batch_fragments % len(self.actors):
-            raise ValueError(f"sync mode: a batch of {self.batch_fragments} fragments is not the same number from "
-                             f"each of {len(self.actors)} actors")
+        # Sizes.of refuses a config that breaks these (roles.learner.sample_slots, algo.batch_frames)
+        assert len(stream.slots) >= self.batch_fragments and not (sync and self.batch_fragments % len(self.actors))
         self.per_actor = self.batch_fragments // len(self.actors)  # sync: fragments per actor and version
         self.have: dict[int, list[int]] = {}  # sync: actor position -> slots of its fragments, in index order
         self.complete = 0  # sync: actors whose fragments of this version are all in
