@@ -20,7 +20,7 @@ from report import emit, median_seconds  # noqa: E402
 from hpcrl.core.config import parse_config  # noqa: E402
 from hpcrl.envs import EnvSpaces  # noqa: E402
 from hpcrl.core.layout import plan_layout, simulated_nodes  # noqa: E402
-from hpcrl.core.sizing import traffic, warnings  # noqa: E402
+from hpcrl.core.sizing import Sizes, traffic, warnings  # noqa: E402
 
 ROLES = "roles: {learner: {ranks: 64}, inference: {per_node: 2}, env: {ranks: rest}}"
 
@@ -38,7 +38,7 @@ def main() -> None:
     def plan():
         layout = plan_layout(cfg.roles, args.world_size, nodes)
         warnings(cfg, layout)
-        traffic(cfg, layout, spaces, 9_155, 1000.0)
+        traffic(cfg, layout, Sizes.of(cfg, layout), spaces, 9_155, 1000.0)
 
     plan_s = median_seconds(plan)
     baseline_s = median_seconds(lambda: np.argsort(np.random.default_rng(0).random(args.world_size)))

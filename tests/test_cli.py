@@ -85,11 +85,12 @@ def test_plan_memory_counts_the_batch_of_algo_batch_frames():
     from hpcrl.core.layout import plan_layout
     from hpcrl.core.messages import fragment_spec
     from hpcrl.envs import probe_spaces
-    from hpcrl.core.sizing import memory
+    from hpcrl.core.sizing import Sizes, memory
 
     def learner_bytes(batch_frames):
         cfg = parse_config(f"algo: {{rollout_length: 32, batch_frames: {batch_frames}}}\nenv: {{num_envs: 8}}")
-        return memory(cfg, plan_layout(cfg.roles, 5), probe_spaces(cfg.env), 1000).learner
+        layout = plan_layout(cfg.roles, 5)
+        return memory(cfg, layout, Sizes.of(cfg, layout), probe_spaces(cfg.env), 1000).learner
 
     spaces = probe_spaces(parse_config("").env)
     frag = fragment_spec(32, 8, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype).nbytes

@@ -110,12 +110,13 @@ def test_merged_keys_may_still_be_overridden():
 
 
 def test_memory_beyond_the_limit_names_the_key_that_drives_it():
-    from hpcrl.core.sizing import memory_problem
+    from hpcrl.core.layout import plan_layout
+    from hpcrl.core.sizing import Sizes, memory_problem
     from hpcrl.models import policy_params
 
     def problem_of(cfg):
-        spaces = probe_spaces(cfg.env)
-        return memory_problem(cfg, 4, spaces, policy_params(cfg, spaces))
+        spaces, layout = probe_spaces(cfg.env), plan_layout(cfg.roles, 4)
+        return memory_problem(cfg, layout, Sizes.of(cfg, layout), spaces, policy_params(cfg, spaces))
     cfg = parse_config("run: {memory_limit_gib: 1}\nmodel: {hidden_sizes: [65536, 65536]}")
     problem = problem_of(cfg)
     assert problem.startswith("model.hidden_sizes: each learner rank would need about 192.0 GiB")

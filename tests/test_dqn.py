@@ -8,8 +8,9 @@ from hpcrl.algos.dqn import dqn_loss, td_errors
 from hpcrl.algos.exploration import apex_epsilons
 from hpcrl.algos.sequences import rescale, unrescale
 from hpcrl.core.config import ConfigError, parse_config
-from hpcrl.core.layout import plan_layout, replay_shard
+from hpcrl.core.layout import plan_layout
 from hpcrl.core.messages import transition_spec
+from hpcrl.core.sizing import ReplayShard, Sizes
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.models import build_policy
 from hpcrl.models.q import QNetwork, QRunner
@@ -157,9 +158,9 @@ def test_dqn_config_defaults_and_mistakes():
     three = parse_config("roles: {learner: {ranks: 3}}\nalgo: {name: dqn, dqn: {batch_size: 64}}")
     with pytest.raises(ConfigError, match=r"algo.dqn.batch_size: 64 .* 3 learners; use a multiple of 3 "
                                           r"\(nearest: 63 or 66\)"):
-        replay_shard(three, plan_layout(three.roles, 8))
+        Sizes.of(three, plan_layout(three.roles, 8))
     two = parse_config("roles: {learner: {ranks: 2}}\nalgo: {name: dqn, replay: {capacity: 1001, warmup: 501}}")
-    assert replay_shard(two, plan_layout(two.roles, 8)) == (501, 251, 32)
+    assert Sizes.of(two, plan_layout(two.roles, 8)).busiest.replay == ReplayShard(501, 251, 32)
 
 
 def test_dqn_refuses_continuous_actions_with_the_way_out():

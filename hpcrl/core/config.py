@@ -408,7 +408,7 @@ def validate(cfg: Config) -> None:
     _check(1 <= a.rollout_length <= MAX_ROLLOUT_LENGTH,
            f"algo.rollout_length: expected 1 to {MAX_ROLLOUT_LENGTH:,}, got {a.rollout_length}")
     # whether it is a whole number of fragments per learner or env rank depends on the layout:
-    # hpcrl.core.layout.batch_fragments checks that
+    # hpcrl.core.sizing.Sizes.of checks that
     _check(a.batch_frames is None or a.batch_frames >= 1,
            f"algo.batch_frames: expected a positive number of frames or null, got {a.batch_frames}")
     for key in ("gamma", "gae_lambda"):

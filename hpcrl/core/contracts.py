@@ -34,7 +34,9 @@ class BatchSource(Protocol):
     order (FragmentQueue), or a prioritized replay shard (ReplaySource)."""
 
     @classmethod
-    def from_config(cls, cfg: Any, layout: Any, stream: Any, actors: list[int]) -> BatchSource: ...
+    def from_config(cls, cfg: Any, layout: Any, sizes: Any, stream: Any, actors: list[int]) -> BatchSource:
+        """`sizes`: this trainer's (core/sizing.py, LearnerSizes): its batch, or its replay shard."""
+        ...
 
     def poll(self, version: int, frames: int = 0) -> tuple[int, Any]:
         """(work done, a batch for the trainer step or None)."""

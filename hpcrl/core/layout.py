@@ -9,6 +9,8 @@ Pure numpy (no MPI), so it can be tested with simulated node maps, and vectorise
 - the role with `ranks: rest` takes every rank left over.
 Each env rank talks to one inference rank and one learner, on its own node where the node has
 one, else to the least-loaded one elsewhere, so fan-in stays balanced.
+What a layout implies for batches, sample slots and replay shards is worked out once from it, in
+`hpcrl.core.sizing.Sizes`.
 """
 from __future__ import annotations
 
@@ -16,12 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcrl.core.config import REST, ROLE_NAMES, Config, ConfigError, RolesConfig
+from hpcrl.core.config import REST, ROLE_NAMES, ConfigError, RolesConfig
 
 INLINE = -1  # env_inference entry for an env rank that runs its policy itself
-# Fragment buffers per env rank (one fills while the previous is in flight), and so the most
-# sample-stream credits it holds at once
-FRAGMENT_BUFFERS = 2
 
 
 def _role_table(roles: RolesConfig) -> str:
@@ -282,135 +281,3 @@ def simulated_nodes(world_size: int, ranks_per_node: int) -> np.ndarray:
     if ranks_per_node < 1:
         raise ConfigError(f"--ranks-per-node: expected >= 1, got {ranks_per_node}")
     return np.arange(world_size, dtype=np.int64) // ranks_per_node
-
-
-def env_groups(cfg: Config, layout: Layout) -> int:
-    """Env groups per env rank (`env.groups`): double buffering hides a remote inference round
-    trip; an inline policy answers at once, so there is nothing to hide and one vector is kept."""
-    return 1 if layout.inline_inference else cfg.env.groups
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n} {what}{'s' if n != 1 else ''}"
-
-
-def _nearest(value: int, step: int) -> str:
-    """The multiples of `step` nearest `value` (which is not one), for an error message."""
-    low = value // step * step
-    return f"nearest: {low:,} or {low + step:,}" if low else f"smallest: {step:,}"
-
-
-def replay_shard(cfg: Config, layout: Layout) -> tuple[int, int, int]:
-    """DQN: (capacity, warm-up, batch per gradient step) of one learner's replay shard, the
-    config's totals over the learners; a ConfigError when algo.dqn.batch_size is not the same
-    whole number for every learner."""
-    d, r, L = cfg.algo.dqn, cfg.algo.replay, len(layout.learners)
-    if d.batch_size % L:
-        low = d.batch_size // L * L
-        rows = f"{d.batch_size} transitions (sequences, with model.core) per gradient step"
-        raise ConfigError(f"algo.dqn.batch_size: {rows} are not the same number for each of the "
-                          f"{_count(L, 'learner')}; use a multiple of {L} ({_nearest(d.batch_size, L)})" if low else
-                          f"algo.dqn.batch_size: {rows} cannot be shared by {_count(L, 'learner')}; use at least "
-                          f"{L} (a multiple of {L})")
-    return -(-r.capacity // L), -(-r.warmup // L), d.batch_size // L
-
-
-def fragments_per_env_rank(cfg: Config, layout: Layout) -> int:
-    """Sync mode: fragments every env rank collects with one policy version, algo.batch_frames /
-    (env ranks x frames per fragment); 1 when batch_frames is null, and in async mode (env ranks
-    never wait for a version there). A ConfigError when batch_frames (or DQN's batch_size) does
-    not fit the layout."""
-    a, E = cfg.algo, len(layout.envs)
-    if a.name == "dqn":
-        replay_shard(cfg, layout)
-        return 1
-    F = a.rollout_length * cfg.env.num_envs
-    if a.batch_frames is None:
-        return 1
-    if a.mode == "async":
-        L = layout.learners_per_policy
-        if a.batch_frames % (L * F):
-            raise ConfigError(
-                f"algo.batch_frames: {a.batch_frames:,} frames are not a whole number of fragments per learner: in "
-                f"async mode each learner's batch is batch_frames / {_count(L, 'learner')}, in fragments of {F:,} "
-                f"frames (algo.rollout_length {a.rollout_length} x env.num_envs {cfg.env.num_envs}), so "
-                f"batch_frames must be a multiple of {L} x {F:,} = {L * F:,} ({_nearest(a.batch_frames, L * F)})")
-        return 1
-    if a.batch_frames % (E * F):
-        raise ConfigError(
-            f"algo.batch_frames: {a.batch_frames:,} frames are not a whole number of fragments per env rank: in "
-            f"sync mode the batch is the same whole number of fragments of {F:,} frames (algo.rollout_length "
-            f"{a.rollout_length} x env.num_envs {cfg.env.num_envs}) from each env rank, and this job has "
-            f"{_count(E, 'env rank')}, so batch_frames must be a multiple of {E} x {F:,} = {E * F:,} "
-            f"({_nearest(a.batch_frames, E * F)}; or use an env-rank count that divides it)")
-    return a.batch_frames // (E * F)
-
-
-def update_frames(cfg: Config, layout: Layout) -> int:
-    """Frames per update, all learners of a policy together: algo.batch_frames, or a fragment per
-    env rank (every policy gets one from each env rank: a frame is an env step)."""
-    fragments_per_env_rank(cfg, layout)  # a ConfigError if batch_frames does not fit the layout
-    F = cfg.algo.rollout_length * cfg.env.num_envs
-    return cfg.algo.batch_frames if cfg.algo.batch_frames is not None else len(layout.envs) * F
-
-
-def batch_fragments(cfg: Config, layout: Layout, fan_in: int) -> int:
-    """Fragments in one batch of a learner that trains on `fan_in` env ranks: one per env rank
-    (batch_frames null), algo.batch_frames / learners in async mode (the same for every learner),
-    or fragments_per_env_rank per env rank in sync mode. A ConfigError when batch_frames does not
-    fit the layout."""
-    k = fragments_per_env_rank(cfg, layout)
-    if cfg.algo.batch_frames is not None and cfg.algo.mode == "async":
-        F = cfg.algo.rollout_length * cfg.env.num_envs
-        return cfg.algo.batch_frames // (layout.learners_per_policy * F)
-    return k * fan_in
-
-
-def batch_share(cfg: Config, layout: Layout, fan_in: int) -> float:
-    """A learner's share of the global batch times the number of learners: its gradient's weight
-    in the average, so that the average is the mean over all samples (1.0 when every learner's
-    batch is as large as the others', as in async mode with batch_frames)."""
-    total = update_frames(cfg, layout) // (cfg.algo.rollout_length * cfg.env.num_envs)
-    return batch_fragments(cfg, layout, fan_in) * layout.learners_per_policy / total
-
-
-def sample_slots(cfg: Config, layout: Layout, fan_in: int) -> int:
-    """Fragment slots of a learner that trains on `fan_in` env ranks (roles.learner.sample_slots);
-    a ConfigError if they cannot hold one batch.
-
-    Sync mode with k > FRAGMENT_BUFFERS fragments per env rank and version needs more: an env rank
-    that has sent its k may still hold up to FRAGMENT_BUFFERS credits, and their slots stay
-    reserved until the batch is trained, so a slow env rank could be left without a credit for
-    its last fragments (with k <= FRAGMENT_BUFFERS every env rank holds credits for its whole
-    share when a version starts). The default adds a fragment per env rank to a batch, so the
-    next batch arrives while one trains (two per env rank when batch_frames is null)."""
-    batch = batch_fragments(cfg, layout, fan_in)
-    k = fragments_per_env_rank(cfg, layout)
-    minimum = batch + (FRAGMENT_BUFFERS * (fan_in - 1) if cfg.algo.mode == "sync" and k > FRAGMENT_BUFFERS else 0)
-    slots = cfg.roles.learner.sample_slots
-    if slots is None and cfg.algo.name == "dqn":
-        # a replay takes records in as they come, unless it holds them back to keep its replay
-        # ratio: then every slot more is a record that waits and grows older (policy lag)
-        return fan_in
-    default = max(2 * fan_in, batch + fan_in, minimum)
-    if cfg.algo.mode == "async":
-        # env ranks that stall (a stopped or throttled node) keep the credits they hold, and their
-        # slots with them; async mode trains on whoever delivers, so one env rank alone must still
-        # be able to fill a batch (measured: without this, APPO stopped while a node was frozen)
-        default = max(default, batch + FRAGMENT_BUFFERS * (fan_in - 1))
-    if slots is None:
-        return default
-    if slots >= minimum:
-        return slots
-    if cfg.algo.batch_frames is None:
-        raise ConfigError(f"roles.learner.sample_slots: {slots} slots cannot hold a batch of one fragment from "
-                          f"each of the {fan_in} env ranks a learner trains on; use at least {fan_in} (or more "
-                          f"learners)")
-    why = (f"a batch of {batch} fragments (algo.batch_frames {cfg.algo.batch_frames:,} over "
-           + (f"{_count(layout.learners_per_policy, 'learner')})" if cfg.algo.mode == "async" else
-              f"{_count(len(layout.envs), 'env rank')}: {k} from each env rank a learner trains on, {fan_in} here)"))
-    if minimum > batch:
-        why += (f" plus the {FRAGMENT_BUFFERS} credits each of the other {fan_in - 1} env ranks may still hold once "
-                f"it has sent its {k} fragments of a policy version")
-    raise ConfigError(f"roles.learner.sample_slots: {slots} slots cannot hold {why}; use at least {minimum} (or "
-                      f"leave it unset for the default, {default})")

@@ -19,8 +19,8 @@ from hpcrl.io import rundir
 from hpcrl.io.metrics import write_crossed_nodes
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
-from hpcrl.core.layout import Layout, env_groups, fragments_per_env_rank, plan_layout, sample_slots
-from hpcrl.core.sizing import memory, memory_problem, warnings
+from hpcrl.core.layout import Layout, plan_layout
+from hpcrl.core.sizing import Sizes, memory, memory_problem, warnings
 from hpcrl.core.policies import num_policies, policy_names, policy_spaces
 from hpcrl.core.stop import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, StopReason
 from hpcrl.runtime.control import ControlStream, build_control_stream
@@ -37,11 +37,13 @@ def _check(config_path: str, overrides: tuple[str, ...], size: int) -> dict:
     policies' sizes. Returns state, or an error."""
     try:
         cfg, _ = load_config(config_path, overrides)
-        # role counts must fit this world size, and algo.batch_frames the role counts
-        fragments_per_env_rank(cfg, plan_layout(cfg.roles, size, policies=num_policies(cfg.policies)))
+        # role counts must fit this world size, and algo.batch_frames the role counts (every rank
+        # derives the sizes again from the layout of the real node map)
+        layout = plan_layout(cfg.roles, size, policies=num_policies(cfg.policies))
+        sizes = Sizes.of(cfg, layout)
         spaces = probe_spaces(cfg.env)
         from hpcrl.models import policy_params  # torch, on rank 0 only: counted on the meta device
-        problem = memory_problem(cfg, size, spaces, policy_params(cfg, spaces))  # before any allocation
+        problem = memory_problem(cfg, layout, sizes, spaces, policy_params(cfg, spaces))  # before any allocation
         if problem:
             raise ConfigError(f"{config_path}: {problem}")
         from hpcrl.models import build_policy, num_params  # torch, on rank 0 only
@@ -105,10 +107,10 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     traffic.locate(comm.WORLD, nodes)
     try:
         layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes), num_policies(cfg.policies))
-        sample_slots(cfg, layout, int(layout.fan_in("learner").max()))  # algo.batch_frames fits; slots hold a batch
+        sizes = Sizes.of(cfg, layout)  # once, for every worker of this rank: algo.batch_frames fits, slots hold a batch
     except ConfigError as exc:  # every rank computed the same layout from the same gathered facts
         return _refuse(rank, str(exc))
-    problems = [p for p in comm.all_gather_objects(_rank_problem(cfg, layout, rank)) if p]
+    problems = [p for p in comm.all_gather_objects(_rank_problem(cfg, layout, sizes, rank)) if p]
     if problems:  # MPI: every rank sees the same list, so every rank stops
         more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
         return _refuse(rank, problems[0] + more)
@@ -122,12 +124,12 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
                   f"(or pass --overwrite to start it again)", flush=True)
         return 0
     if rank == 0:
-        _announce(cfg, layout, start, state["spaces"], state["num_params"], hosts)
+        _announce(cfg, layout, sizes, start, state["spaces"], state["num_params"], hosts)
     watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
     control = build_control_stream(comm.WORLD, rank, layout.learner_root, layout.node_of_rank)
     peers = start_peer_watch(comm.WORLD, rank, control.neighbours, cfg.run.peer_timeout_s,
                              _rank_names(layout, hosts), comm.leave_cut_off_job)
-    roles_here.extend(build_workers(cfg, state["spaces"], state["num_params"], layout, rank, start, control,
+    roles_here.extend(build_workers(cfg, state["spaces"], state["num_params"], layout, sizes, rank, start, control,
                                     signals.requested, heartbeat=lambda: watchdog.tick(True)))
     poll_until_done(roles_here, control, watchdog)
     control.close()
@@ -195,13 +197,13 @@ def _gpus_of_rank(cfg: Config, nodes):
     return np.array([per_node[node] for node in nodes], dtype=np.int64)
 
 
-def _rank_problem(cfg: Config, layout: Layout, rank: int) -> str | None:
+def _rank_problem(cfg: Config, layout: Layout, sizes: Sizes, rank: int) -> str | None:
     """What keeps this rank from its roles, found before any work: a config error on every rank.
     A learner needs MPI_THREAD_MULTIPLE; a rank asked to run its policy on a GPU needs one."""
     roles = layout.roles_of(rank)
     if "learner" in roles and (problem := comm.thread_level_problem(rank)):
         return problem
-    if "env" in roles and (problem := comm.group_tag_problem(env_groups(cfg, layout))):
+    if "env" in roles and (problem := comm.group_tag_problem(sizes.env_groups)):
         return problem
     for role in roles:
         device = getattr(cfg.roles, role).device
@@ -215,8 +217,8 @@ def _rank_problem(cfg: Config, layout: Layout, rank: int) -> str | None:
     return None
 
 
-def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSpaces, n_params: list[int],
-              hosts: list[str]) -> None:
+def _announce(cfg: Config, layout: Layout, sizes: Sizes, start: rundir.RunStart, spaces: EnvSpaces,
+              n_params: list[int], hosts: list[str]) -> None:
     if layout.serial:
         print("[hpcrl] world size 1: serial mode (learner, env and inline inference in one process)", flush=True)
     else:
@@ -241,7 +243,7 @@ def _announce(cfg: Config, layout: Layout, start: rundir.RunStart, spaces: EnvSp
         print("[hpcrl] policies: " + "; ".join(
             f"{name} acts for {', '.join(s.agents)} (learner ranks {_ranges(layout.learners_of_policy(p))})"
             for p, (name, s) in enumerate(zip(cfg.policies, policy_spaces(spaces, cfg.policies)))), flush=True)
-    for warning in warnings(cfg, layout, memory(cfg, layout, spaces, max(n_params))):
+    for warning in warnings(cfg, layout, memory(cfg, layout, sizes, spaces, max(n_params))):
         print(f"[hpcrl] warning: {warning}", flush=True)
 
 

@@ -2,8 +2,9 @@
 then this rank's workers, each built by the class the algorithm names for its role.
 
 A worker only knows its stream endpoints, never who is on the other side; the layout (which
-ranks, how many, on which node and device) comes from the config through `plan_layout`, so the
-same algorithm runs serially, on 4 ranks or on 4,000 with only the roles table different.
+ranks, how many, on which node and device) comes from the config through `plan_layout`, and the
+sizes both imply (batches, sample slots, replay shards) through `Sizes.of`, so the same
+algorithm runs serially, on 4 ranks or on 4,000 with only the roles table different.
 Building the streams is collective over WORLD: every rank takes part in the same order,
 whatever its roles.
 """
@@ -14,9 +15,10 @@ from typing import Callable
 
 from hpcrl.core.config import Config
 from hpcrl.core.dataflow import ALGORITHMS, INFERENCE, PARAMETER, SAMPLE, Algorithm, inference_messages
-from hpcrl.core.layout import FRAGMENT_BUFFERS, Layout, env_groups
+from hpcrl.core.layout import Layout
 from hpcrl.core.messages import MessageSpec, weights_spec
 from hpcrl.core.policies import policy_spaces
+from hpcrl.core.sizing import FRAGMENT_BUFFERS, Sizes
 from hpcrl.io.rundir import RunStart
 from hpcrl.runtime import comm
 from hpcrl.runtime.control import ControlStream
@@ -57,12 +59,15 @@ class SampleStream:
 
 @dataclass
 class Wiring:
-    """What a worker's `build` may use: the config, the layout, this rank, its stream endpoints.
-    Lists run over the policies (core/policies.py; one entry in a run of one policy)."""
+    """What a worker's `build` may use: the config, the layout, the sizes they imply (derived once
+    by launch: a worker reads its batch, slots and shard there, never works them out again), this
+    rank, its stream endpoints. Lists run over the policies (core/policies.py; one entry in a run
+    of one policy)."""
 
     cfg: Config
     spaces: object  # hpcrl.envs.EnvSpaces (not imported: the runtime needs no gymnasium here)
     layout: Layout
+    sizes: Sizes
     rank: int
     start: RunStart
     algorithm: Algorithm
@@ -81,16 +86,17 @@ class Wiring:
 
     @property
     def groups(self) -> int:
-        return env_groups(self.cfg, self.layout)
+        return self.sizes.env_groups
 
 
-def build_workers(cfg: Config, spaces, n_params: list[int], layout: Layout, rank: int, start: RunStart,
-                  control: ControlStream, preempt_requested: Callable[[], bool] = lambda: False,
+def build_workers(cfg: Config, spaces, n_params: list[int], layout: Layout, sizes: Sizes, rank: int,
+                  start: RunStart, control: ControlStream, preempt_requested: Callable[[], bool] = lambda: False,
                   heartbeat: Callable[[], None] = lambda: None) -> list:
     """This rank's workers, connected by the streams the algorithm declares (a sample and a
-    parameter stream per policy). Collective over WORLD. `n_params`: each policy's size."""
+    parameter stream per policy). Collective over WORLD. `n_params`: each policy's size; `sizes`:
+    `Sizes.of(cfg, layout)`, handed to every worker."""
     algorithm = ALGORITHMS[cfg.algo.name]
-    w = Wiring(cfg, spaces, layout, rank, start, algorithm, control, [weights_spec(n) for n in n_params],
+    w = Wiring(cfg, spaces, layout, sizes, rank, start, algorithm, control, [weights_spec(n) for n in n_params],
                policy_spaces=policy_spaces(spaces, cfg.policies), preempt_requested=preempt_requested,
                heartbeat=heartbeat)
     # MPI: the trainers' communicator (Horovod among them), then each declared stream's own communicator

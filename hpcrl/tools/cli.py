@@ -201,7 +201,7 @@ def _plan(args) -> int:
     from hpcrl.envs import probe_spaces
     from hpcrl.core.layout import plan_layout, simulated_nodes
     from hpcrl.core.policies import num_policies
-    from hpcrl.core.sizing import memory, traffic
+    from hpcrl.core.sizing import Sizes, memory, traffic
     from hpcrl.models import policy_params
     from hpcrl.tools.plan import format_plan
     try:
@@ -211,11 +211,12 @@ def _plan(args) -> int:
         layout = plan_layout(cfg.roles, args.world_size, nodes, gpus, num_policies(cfg.policies))
         spaces = probe_spaces(cfg.env)
         n_params = policy_params(cfg, spaces)  # counted, not allocated; ConfigError: model.encoder unfit
-        mem = memory(cfg, layout, spaces, n_params)  # ConfigError: sample slots that cannot hold a batch
+        sizes = Sizes.of(cfg, layout)  # ConfigError: a batch that does not fit, slots that cannot hold one
+        mem = memory(cfg, layout, sizes, spaces, n_params)
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")
-    t = traffic(cfg, layout, spaces, n_params, args.env_steps_per_s)
-    print(format_plan(cfg, layout, t, args.env_steps_per_s, args.per_rank or args.world_size <= 64, mem,
+    t = traffic(cfg, layout, sizes, spaces, n_params, args.env_steps_per_s)
+    print(format_plan(cfg, layout, sizes, t, args.env_steps_per_s, args.per_rank or args.world_size <= 64, mem,
                       int(args.memory_per_rank_gib * 2**30), n_params))
     return 0
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from hpcrl.core.config import Config
-from hpcrl.core.layout import (INLINE, Layout, batch_fragments, fragments_per_env_rank, replay_shard, sample_slots,
-                               update_frames)
-from hpcrl.core.sizing import DEFAULT_MEMORY_PER_RANK, Crossing, Memory, Traffic, crossing, format_bytes, warnings
+from hpcrl.core.layout import INLINE, Layout
+from hpcrl.core.sizing import (DEFAULT_MEMORY_PER_RANK, Crossing, Memory, Sizes, Traffic, crossing, format_bytes,
+                               warnings)
 
 def _crossing_lines(layout: Layout, c: Crossing) -> list[str]:
     envs = len(layout.envs)
@@ -38,30 +38,31 @@ def _rate(x: float) -> str:
     return f"{x:.0f} B/s"
 
 
-def _batch_line(cfg: Config, layout: Layout) -> str:
+def _batch_line(cfg: Config, sizes: Sizes) -> str:
     """The batch of one update: frames over all learners, fragments per env rank and per learner
     (DQN: transitions per gradient step, and the replay shards)."""
     if cfg.algo.name == "dqn":
         d, r = cfg.algo.dqn, cfg.algo.replay
-        capacity, warmup, batch = replay_shard(cfg, layout)
+        shard = sizes.busiest.replay
+        capacity, warmup, batch = shard.capacity, shard.warmup, shard.batch
         ratio = f"replay ratio {r.replay_ratio:g}" if r.replay_ratio else "no replay ratio (as fast as they can)"
         unit = "sequences" if cfg.model.core != "none" else "transitions"  # R2D2's rows are sequences
         return (f"batch: {d.batch_size:,} {unit} per gradient step ({batch:,} per learner), {d.gradient_steps} "
                 f"gradient steps per update, {ratio}; replay shard per learner: {capacity:,} {unit}, warm-up "
                 f"{warmup:,}")
-    fan = layout.fan_in("learner")
-    low, high = batch_fragments(cfg, layout, int(fan.min())), batch_fragments(cfg, layout, int(fan.max()))
+    batches = [learner.batch_fragments for learner in sizes.learners.values()]
+    low, high = min(batches), max(batches)
     per_learner = f"{low}-{high}" if low != high else str(low)
-    F = cfg.algo.rollout_length * cfg.env.num_envs
-    text = f"batch: {update_frames(cfg, layout):,} frames per update"
+    F = sizes.fragment_frames
+    text = f"batch: {sizes.update_frames:,} frames per update"
     text += " (algo.batch_frames)" if cfg.algo.batch_frames is not None else ""
     if cfg.algo.batch_frames is not None and cfg.algo.mode == "async":  # in arrival order, from any env rank
         return text + f": {per_learner} fragments of {F:,} frames per learner"
-    k = fragments_per_env_rank(cfg, layout)
+    k = sizes.fragments_per_version
     return text + f": {k} fragment{'s' if k > 1 else ''} of {F:,} frames per env rank, {per_learner} per learner"
 
 
-def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float, per_rank: bool,
+def format_plan(cfg: Config, layout: Layout, sizes: Sizes, t: Traffic, steps_per_second: float, per_rank: bool,
                 mem: Memory | None = None, memory_per_rank: int = DEFAULT_MEMORY_PER_RANK, num_params: int = 0) -> str:
     n_nodes = len(np.unique(layout.node_of_rank))
     lines = [f"world size {layout.world_size:,} on {n_nodes:,} node{'s' if n_nodes > 1 else ''}; "
@@ -83,7 +84,7 @@ def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float
         fan = layout.fan_in("inference")
         lines.append(f"        each inference rank serves {fan.min()}-{fan.max()} env ranks"
                      if fan.min() != fan.max() else f"        each inference rank serves {fan.min()} env ranks")
-    lines.append(_batch_line(cfg, layout))
+    lines.append(_batch_line(cfg, sizes))
     lines.append(f"traffic at {steps_per_second:,.0f} vector steps/s per env rank (--env-steps-per-s):")
     if not layout.inline_inference:
         lines.append(f"  env rank        sends {_rate(t.env_requests + t.env_fragments)} "
@@ -101,7 +102,7 @@ def format_plan(cfg: Config, layout: Layout, t: Traffic, steps_per_second: float
         lines += _crossing_lines(layout, crossing(layout, num_params))
     if mem is not None:
         lines.append("memory for buffers, batch and model (busiest rank of each role):")
-        lines.append(f"  learner {format_bytes(mem.learner)} ({sample_slots(cfg, layout, int(learner_fan.max()))} sample "
+        lines.append(f"  learner {format_bytes(mem.learner)} ({sizes.busiest.sample_slots} sample "
                      f"slots), inference {format_bytes(mem.inference)}, env {format_bytes(mem.env)}")
     problems = warnings(cfg, layout, mem, memory_per_rank)
     lines += [f"warning: {w}" for w in problems] or ["no warnings"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from hpcrl.core.layout import batch_fragments
 from hpcrl.core.messages import STOP, Message
 from hpcrl.runtime.streams import SampleReceiver
 
@@ -22,19 +21,16 @@ from hpcrl.runtime.streams import SampleReceiver
 class FragmentQueue:
     def __init__(self, stream: SampleReceiver, actors: list[int], sync: bool, max_policy_lag: int,
                  batch_fragments: int | None = None):
-        """`batch_fragments`: fragments per batch (hpcrl.core.layout.batch_fragments; default one
-        per actor); in sync mode a multiple of the actors, each sending its share per version."""
+        """`batch_fragments`: fragments per batch (hpcrl.core.sizing.LearnerSizes; default one per
+        actor); in sync mode a multiple of the actors, each sending its share per version."""
         self.stream = stream
         self.actors = list(actors)
         self.position = {rank: i for i, rank in enumerate(self.actors)}
         self.sync = sync
         self.max_policy_lag = max_policy_lag
         self.batch_fragments = len(self.actors) if batch_fragments is None else batch_fragments
-        if len(stream.slots) < self.batch_fragments:
-            raise ValueError(f"{len(stream.slots)} sample slots cannot hold a batch of {self.batch_fragments} fragments")
-        if sync and self.batch_fragments % len(self.actors):
-            raise ValueError(f"sync mode: a batch of {self.batch_fragments} fragments is not the same number from "
-                             f"each of {len(self.actors)} actors")
+        # Sizes.of refuses a config that breaks these (roles.learner.sample_slots, algo.batch_frames)
+        assert len(stream.slots) >= self.batch_fragments and not (sync and self.batch_fragments % len(self.actors))
         self.per_actor = self.batch_fragments // len(self.actors)  # sync: fragments per actor and version
         self.have: dict[int, list[int]] = {}  # sync: actor position -> slots of its fragments, in index order
         self.complete = 0  # sync: actors whose fragments of this version are all in
@@ -44,10 +40,11 @@ class FragmentQueue:
         self._checked_version = None  # async: the version the queue was last checked for staleness at
 
     @classmethod
-    def from_config(cls, cfg, layout, stream: SampleReceiver, actors: list[int]) -> "FragmentQueue":
-        """The algorithm's batch source for one trainer (named in core/dataflow.py)."""
+    def from_config(cls, cfg, layout, sizes, stream: SampleReceiver, actors: list[int]) -> "FragmentQueue":
+        """The algorithm's batch source for one trainer (named in core/dataflow.py); `sizes`: the
+        trainer's (hpcrl.core.sizing.LearnerSizes)."""
         return cls(stream, actors, sync=cfg.algo.mode == "sync", max_policy_lag=cfg.algo.max_policy_lag,
-                   batch_fragments=batch_fragments(cfg, layout, len(actors)))
+                   batch_fragments=sizes.batch_fragments)
 
     def poll(self, version: int, frames: int = 0) -> tuple[int, list[Message] | None]:
         """(fragments that arrived, the next batch or None). A batch's slots stay taken until

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from hpcrl.core.config import Config
-from hpcrl.core.layout import INLINE, fragments_per_env_rank
+from hpcrl.core.layout import INLINE
 from hpcrl.core.messages import STOP, Message
 from hpcrl.core.policies import row_policies
 from hpcrl.envs import state
@@ -81,7 +81,7 @@ class EnvRank:
         """`policies`: a policy channel per env group. `senders`: one per policy, to the trainer of
         that policy. `writer`: what the replies turn into (fragments, transitions or sequences).
         `fragments_per_version`: sync mode, records collected with each policy version
-        (hpcrl.core.layout.fragments_per_env_rank). `control`: the rank's control stream, whose
+        (hpcrl.core.sizing.Sizes.fragments_per_version). `control`: the rank's control stream, whose
         stop word ends the rollout (None: only a STOP reply does, as in tests that drive an actor
         alone). `agents`: the env's agent names, which cfg.policies maps to policies."""
         self.rank, self.index = rank, index
@@ -115,7 +115,7 @@ class EnvRank:
         writer = w.algorithm.writer_class(w.cfg).build(w)
         return cls(w.cfg, w.rank, index, cls.policies(w, index), cls.senders(w, index), writer,
                    start_version=w.start.start_version,
-                   fragments_per_version=fragments_per_env_rank(w.cfg, w.layout), control=w.control,
+                   fragments_per_version=w.sizes.fragments_per_version, control=w.control,
                    agents=w.spaces.agents)
 
     @staticmethod

@@ -24,7 +24,6 @@ import numpy as np
 
 from hpcrl.algos.replay import PrioritizedReplay
 from hpcrl.io.checkpoint import CheckpointError, load_arrays, save_arrays
-from hpcrl.core.layout import replay_shard
 from hpcrl.core.messages import STOP, Message, MessageSpec, replay_fields
 from hpcrl.core.seeds import seed_for
 from hpcrl.runtime.streams import SampleReceiver
@@ -59,7 +58,7 @@ class ReplaySource:
     def __init__(self, stream: SampleReceiver, actors: list[int], replay: PrioritizedReplay, batch_size: int,
                  warmup: int, gradient_steps: int, replay_ratio: float | None, beta: float, total_frames: int,
                  learners: int, rng: np.random.Generator, index: int = 0, save_shard: bool = False):
-        """`batch_size` and `warmup`: this shard's (hpcrl.core.layout.replay_shard). `index`: the
+        """`batch_size` and `warmup`: this shard's (hpcrl.core.sizing.ReplayShard). `index`: the
         learner's index among the learners; `save_shard`: algo.replay.checkpoint."""
         self.stream, self.actors = stream, list(actors)
         self.replay = replay
@@ -77,10 +76,11 @@ class ReplaySource:
         self.unit = "sequences" if "state0" in replay.fields else "transitions"  # what a shard's rows are
 
     @classmethod
-    def from_config(cls, cfg, layout, stream: SampleReceiver, actors: list[int]) -> "ReplaySource":
-        """The algorithm's batch source for one trainer (named in core/dataflow.py)."""
+    def from_config(cls, cfg, layout, sizes, stream: SampleReceiver, actors: list[int]) -> "ReplaySource":
+        """The algorithm's batch source for one trainer (named in core/dataflow.py); `sizes`: the
+        trainer's (hpcrl.core.sizing.LearnerSizes), which hold its shard's."""
         learners = len(layout.learners)
-        capacity, warmup, batch = replay_shard(cfg, layout)
+        capacity, warmup, batch = sizes.replay.capacity, sizes.replay.warmup, sizes.replay.batch
         r, d = cfg.algo.replay, cfg.algo.dqn
         index = layout.index_in("learner", stream.comm.Get_rank())  # the stream's communicator is a copy of WORLD
         return cls(stream, actors, shard_for(stream.slots[0].spec, capacity, r.alpha), batch, warmup,

@@ -22,7 +22,6 @@ import torch
 
 from hpcrl.core.config import Config
 from hpcrl.core.faults import pause_point
-from hpcrl.core.layout import batch_share, sample_slots
 from hpcrl.core.policies import policy_names
 from hpcrl.core.seeds import seed_for
 from hpcrl.core.stop import StopReason
@@ -85,8 +84,9 @@ class LearnerRole:
         cfg, layout = w.cfg, w.layout
         policy = layout.policy_of_learner(w.rank)
         actors = layout.envs_of_learner(w.rank)
-        stream = w.sample[policy].receiver(actors, sample_slots(cfg, layout, len(actors)))
-        source = w.algorithm.load("batch_source").from_config(cfg, layout, stream, actors)
+        sizes = w.sizes.learner(w.rank)
+        stream = w.sample[policy].receiver(actors, sizes.sample_slots)
+        source = w.algorithm.load("batch_source").from_config(cfg, layout, sizes, stream, actors)
         root = w.rank == layout.learner_root
         publishes = w.rank == int(layout.learners_of_policy(policy)[0])  # its policy's first learner
         files = (LearnerOutputs(w.start.run_dir, w.start.config_text, cfg.run.log_interval_s, cfg.run.checkpoint_interval_s,
@@ -95,7 +95,7 @@ class LearnerRole:
                  if root else None)
         source.resume(w.start.run_dir, w.start.start_version if w.start.resume_file else None)
         return cls(cfg, w.policy_spaces[policy], w.trainer_comm, source, w.params[policy] if publishes else None,
-                   files, w.control, step=w.algorithm.load("step"), batch_share=batch_share(cfg, layout, len(actors)),
+                   files, w.control, step=w.algorithm.load("step"), batch_share=sizes.batch_share,
                    run_dir=w.start.run_dir, resume_path=w.start.resume_file,
                    preempt_requested=w.preempt_requested, heartbeat=w.heartbeat, policy=policy,
                    policy_comm=w.policy_comm)
@@ -107,7 +107,7 @@ class LearnerRole:
                  policy: int = 0, policy_comm=None):
         """`step`: the algorithm's trainer step class. `batch_share`: this trainer's fraction of
         the global batch times the number of trainers (1.0 when every trainer's batch is as large
-        as the others'; hpcrl.core.layout.batch_share), so unequal batches average to the mean
+        as the others'; hpcrl.core.sizing.LearnerSizes.batch_share), so unequal batches average to the mean
         over all samples. `resume_path`: the checkpoint to continue from (every trainer is told; the
         root reads it). `preempt_requested`: polled by the root after every update; True stops
         the run with a checkpoint, marked preempted. `policy`: the policy this trainer trains, with

@@ -14,9 +14,9 @@ import numpy as np
 
 from hpcrl.core.config import Config, ConfigError
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
-from hpcrl.core.layout import plan_layout, replay_shard, simulated_nodes, update_frames
+from hpcrl.core.layout import plan_layout, simulated_nodes
 from hpcrl.envs import EnvSpaces
-from hpcrl.core.sizing import DEFAULT_MEMORY_PER_RANK, memory
+from hpcrl.core.sizing import DEFAULT_MEMORY_PER_RANK, Sizes, memory
 from hpcrl.tools.tune.measure import replays
 from hpcrl.tools.tune.model import Measured, Prediction, Shape, predict
 
@@ -140,7 +140,7 @@ class _Planner:
         own = plan_layout(self.cfg.roles, self.world, self.node_map, self.gpus)
         # (DQN's batch is algo.dqn.batch_size, shared by the learners: the config's own count may not
         # split it, and others do)
-        self.batch = 0 if replays(self.cfg) else self.cfg.algo.batch_frames or update_frames(self.cfg, own)
+        self.batch = 0 if replays(self.cfg) else self.cfg.algo.batch_frames or Sizes.of(self.cfg, own).update_frames
         self.fixed_learners = fixed_learners(self.cfg, own)
         self.tried = 0  # layouts tried
         self.rejected: dict[str, int] = {"batch": 0, "memory": 0}  # layouts that did not fit, by why
@@ -175,8 +175,8 @@ class _Planner:
             c = dataclasses.replace(c, algo=dataclasses.replace(c.algo, batch_frames=self.batch))
         try:
             layout = plan_layout(c.roles, self.world, self.node_map, self.gpus)
-            update_frames(c, layout)  # batch_frames in whole fragments of every env rank (sync) or learner (async)
-            need = memory(c, layout, self.spaces, self.n_params)
+            sizes = Sizes.of(c, layout)  # batch_frames in whole fragments of every env rank (sync) or learner (async)
+            need = memory(c, layout, sizes, self.spaces, self.n_params)
         except ConfigError:
             self.rejected["batch"] += 1
             return None
@@ -196,7 +196,7 @@ class _Planner:
                       fragment_bytes=record.nbytes, sync=c.algo.mode == "sync",
                       gradient_steps=c.algo.dqn.gradient_steps if replay else c.algo.epochs * c.algo.num_minibatches,
                       gradient_bytes=4 * self.n_params, replay=replay, replay_ratio=c.algo.replay.replay_ratio,
-                      step_rows=replay_shard(c, layout)[2] if replay else 0,
+                      step_rows=sizes.busiest.replay.batch if replay else 0,
                       **(_record_size(c, record, G) if replay else {}),
                       learner_cuda=c.roles.learner.device == "cuda", inference_cuda=c.roles.inference.device == "cuda")
         return Choice(c, predict(self.measured, shape, self.cores),
