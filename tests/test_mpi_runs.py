@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from hpcrl.io.checkpoint import load_checkpoint
-from hpcrl.io.metrics import read_crossed_nodes, read_metrics
+from hpcrl.core.startup import FIRST_WORK, MARKS
+from hpcrl.io.metrics import read_crossed_nodes, read_metrics, read_startup
 from tests.conftest import mpirun, run_dir, small_config, write_config
 
 
@@ -34,13 +35,32 @@ def check_finished(result, cfg, min_frames, sync=True):
 ])
 def test_short_training_run(tmp_path, ranks, roles):
     cfg = small_config(tmp_path, roles=roles)
-    result = mpirun(ranks, "run", str(write_config(tmp_path, cfg)))
+    result = mpirun(ranks, "run", str(write_config(tmp_path, cfg)), "--verbose")
     metrics = check_finished(result, cfg, 2048)
     env_ranks = max(ranks - 2, 1) if ranks != 2 else 1
     assert metrics["frames"][0] == env_ranks * 16 * 4  # one fragment per env rank per update
     crossed = read_crossed_nodes(str(run_dir(cfg) / "metrics.h5"))  # one node: nothing crosses
     assert set(crossed.values()) == {(0, 0)}, crossed
     assert "crossed nodes" not in result.stdout
+    check_startup(result, run_dir(cfg) / "metrics.h5", ranks, env_ranks)
+
+
+def check_startup(result, metrics_path, ranks: int, env_ranks: int) -> None:
+    """Every rank's start-up marks reach metrics.h5, in order, each up to its roles' first work;
+    --verbose printed each rank's phases once."""
+    startup = read_startup(str(metrics_path))
+    assert list(startup) == list(MARKS)
+    table = np.stack([startup[m] for m in MARKS], axis=1)
+    assert table.shape == (ranks, len(MARKS))
+    common = MARKS[:MARKS.index("roles") + 1]  # every rank passes these
+    for rank, row in enumerate(table):
+        passed = row[~np.isnan(row)]
+        assert np.all(np.diff(passed) >= 0) and passed[0] > 0, (rank, row)
+        assert not np.isnan(row[:len(common)]).any(), (rank, row)
+    # the ranks that did each role's first piece of work (inline inference answers no batch of requests)
+    works = {role: int((~np.isnan(startup[mark])).sum()) for role, mark in FIRST_WORK.items()}
+    assert works == {"learner": 1, "inference": 1 if ranks == 4 else 0, "env": env_ranks}, works
+    assert result.stdout.count("[hpcrl] start-up of rank") == ranks, result.stdout
 
 
 def test_serial_runs_repeat_exactly_for_a_seed(tmp_path):

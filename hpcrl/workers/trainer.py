@@ -25,6 +25,7 @@ from hpcrl.core.faults import pause_point
 from hpcrl.core.layout import batch_share, sample_slots
 from hpcrl.core.policies import policy_names
 from hpcrl.core.seeds import seed_for
+from hpcrl.core.startup import CLOCK
 from hpcrl.core.stop import StopReason
 from hpcrl.envs.state import NotCapturable
 from hpcrl.io.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
@@ -237,6 +238,7 @@ class LearnerRole:
                                  **averaging_hooks(self.optimizer, self.heartbeat), loss_scale=self.batch_share)
         self.version += 1
         self.updates += 1
+        CLOCK.mark("first_update")
 
     def _after_update(self) -> None:
         """Statistics, the stop decision, the report, and the new weights (or the stop word)."""
