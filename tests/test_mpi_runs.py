@@ -1,5 +1,7 @@
 """Real multi-rank jobs through mpirun: training, replicas, on-policy versions, failure handling."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -35,7 +37,11 @@ def check_finished(result, cfg, min_frames, sync=True):
 ])
 def test_short_training_run(tmp_path, ranks, roles):
     cfg = small_config(tmp_path, roles=roles)
-    result = mpirun(ranks, "run", str(write_config(tmp_path, cfg)), "--verbose")
+    # Python reports every module each rank imports (on stderr): a lone learner averages nothing,
+    # so no rank may import Horovod (the two-learner test below sees it imported)
+    result = mpirun(ranks, "run", str(write_config(tmp_path, cfg)), "--verbose",
+                    extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert not imported("horovod", result.stderr) and imported("torch", result.stderr)
     metrics = check_finished(result, cfg, 2048)
     env_ranks = max(ranks - 2, 1) if ranks != 2 else 1
     assert metrics["frames"][0] == env_ranks * 16 * 4  # one fragment per env rank per update
@@ -43,6 +49,11 @@ def test_short_training_run(tmp_path, ranks, roles):
     assert set(crossed.values()) == {(0, 0)}, crossed
     assert "crossed nodes" not in result.stdout
     check_startup(result, run_dir(cfg) / "metrics.h5", ranks, env_ranks)
+
+
+def imported(module: str, import_times: str) -> bool:
+    """Whether Python's import-time report (PYTHONPROFILEIMPORTTIME, on stderr) names `module`."""
+    return re.search(rf"^import time: .*\|\s+{re.escape(module)}$", import_times, re.MULTILINE) is not None
 
 
 def check_startup(result, metrics_path, ranks: int, env_ranks: int) -> None:
@@ -76,8 +87,9 @@ def test_serial_runs_repeat_exactly_for_a_seed(tmp_path):
 def test_six_ranks_two_learners_stay_bit_identical(tmp_path):
     cfg = small_config(tmp_path, run={"replica_digests": True, "total_frames": 4096},
                        roles={"learner": {"ranks": 2}, "inference": {"ranks": 2}, "env": {"ranks": "rest"}})
-    result = mpirun(6, "run", str(write_config(tmp_path, cfg)))
+    result = mpirun(6, "run", str(write_config(tmp_path, cfg)), extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
     metrics = check_finished(result, cfg, 4096)
+    assert imported("horovod", result.stderr)  # two learners average their gradients with Horovod
     digests = metrics["replica_digest"]
     assert digests.shape == (len(metrics["frames"]), 2)
     assert np.all(digests[:, 0] == digests[:, 1])  # both learners hold the same weights after every update

@@ -164,6 +164,16 @@ def node_of_rank() -> np.ndarray:
     return out
 
 
+def local_rank(comm) -> int:
+    """This rank's place among the ranks of `comm` on its node (what Horovod calls the local rank:
+    a GPU per local rank). Collective over `comm`."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
 def sub_communicator(member: bool, key: int | None = None):
     """Collective over WORLD: a communicator of the ranks with member=True (None elsewhere)."""
     comm = WORLD.Split(0 if member else MPI.UNDEFINED, WORLD.Get_rank() if key is None else key)
