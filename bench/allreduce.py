@@ -97,7 +97,7 @@ def main() -> None:
     import horovod.torch as hvd
     import torch
     torch.set_num_threads(1)
-    os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1")  # as the learner sets it (roles/learner.py)
+    os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1")  # as the learners set it (hpcrl/workers/averaging.py)
     hvd.init(comm=comm.WORLD)
     results = [measure(*m) for m in MODELS]
     if comm.world_rank() == 0:

@@ -1,10 +1,13 @@
 """Real multi-rank jobs through mpirun: training, replicas, on-policy versions, failure handling."""
 
+import re
+
 import numpy as np
 import pytest
 
 from hpcrl.io.checkpoint import load_checkpoint
-from hpcrl.io.metrics import read_crossed_nodes, read_metrics
+from hpcrl.core.startup import FIRST_WORK, MARKS
+from hpcrl.io.metrics import read_crossed_nodes, read_metrics, read_startup
 from tests.conftest import mpirun, run_dir, small_config, write_config
 
 
@@ -34,13 +37,41 @@ def check_finished(result, cfg, min_frames, sync=True):
 ])
 def test_short_training_run(tmp_path, ranks, roles):
     cfg = small_config(tmp_path, roles=roles)
-    result = mpirun(ranks, "run", str(write_config(tmp_path, cfg)))
+    # Python reports every module each rank imports (on stderr): a lone learner averages nothing,
+    # so no rank may import Horovod (the two-learner test below sees it imported)
+    result = mpirun(ranks, "run", str(write_config(tmp_path, cfg)), "--verbose",
+                    extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert not imported("horovod", result.stderr) and imported("torch", result.stderr)
     metrics = check_finished(result, cfg, 2048)
     env_ranks = max(ranks - 2, 1) if ranks != 2 else 1
     assert metrics["frames"][0] == env_ranks * 16 * 4  # one fragment per env rank per update
     crossed = read_crossed_nodes(str(run_dir(cfg) / "metrics.h5"))  # one node: nothing crosses
     assert set(crossed.values()) == {(0, 0)}, crossed
     assert "crossed nodes" not in result.stdout
+    check_startup(result, run_dir(cfg) / "metrics.h5", ranks, env_ranks)
+
+
+def imported(module: str, import_times: str) -> bool:
+    """Whether Python's import-time report (PYTHONPROFILEIMPORTTIME, on stderr) names `module`."""
+    return re.search(rf"^import time: .*\|\s+{re.escape(module)}$", import_times, re.MULTILINE) is not None
+
+
+def check_startup(result, metrics_path, ranks: int, env_ranks: int) -> None:
+    """Every rank's start-up marks reach metrics.h5, in order, each up to its roles' first work;
+    --verbose printed each rank's phases once."""
+    startup = read_startup(str(metrics_path))
+    assert list(startup) == list(MARKS)
+    table = np.stack([startup[m] for m in MARKS], axis=1)
+    assert table.shape == (ranks, len(MARKS))
+    common = MARKS[:MARKS.index("roles") + 1]  # every rank passes these
+    for rank, row in enumerate(table):
+        passed = row[~np.isnan(row)]
+        assert np.all(np.diff(passed) >= 0) and passed[0] > 0, (rank, row)
+        assert not np.isnan(row[:len(common)]).any(), (rank, row)
+    # the ranks that did each role's first piece of work (inline inference answers no batch of requests)
+    works = {role: int((~np.isnan(startup[mark])).sum()) for role, mark in FIRST_WORK.items()}
+    assert works == {"learner": 1, "inference": 1 if ranks == 4 else 0, "env": env_ranks}, works
+    assert result.stdout.count("[hpcrl] start-up of rank") == ranks, result.stdout
 
 
 def test_serial_runs_repeat_exactly_for_a_seed(tmp_path):
@@ -56,8 +87,9 @@ def test_serial_runs_repeat_exactly_for_a_seed(tmp_path):
 def test_six_ranks_two_learners_stay_bit_identical(tmp_path):
     cfg = small_config(tmp_path, run={"replica_digests": True, "total_frames": 4096},
                        roles={"learner": {"ranks": 2}, "inference": {"ranks": 2}, "env": {"ranks": "rest"}})
-    result = mpirun(6, "run", str(write_config(tmp_path, cfg)))
+    result = mpirun(6, "run", str(write_config(tmp_path, cfg)), extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
     metrics = check_finished(result, cfg, 4096)
+    assert imported("horovod", result.stderr)  # two learners average their gradients with Horovod
     digests = metrics["replica_digest"]
     assert digests.shape == (len(metrics["frames"]), 2)
     assert np.all(digests[:, 0] == digests[:, 1])  # both learners hold the same weights after every update

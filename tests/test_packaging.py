@@ -89,8 +89,8 @@ def test_only_the_runtime_imports_mpi4py():
     assert all(path.startswith("runtime/") for path in importers("mpi4py")), importers("mpi4py")
 
 
-def test_only_the_trainer_imports_horovod():
-    assert importers("horovod") == ["workers/trainer.py"]
+def test_only_the_trainers_averaging_imports_horovod():
+    assert importers("horovod") == ["workers/averaging.py"]
 
 
 def test_the_core_is_pure_and_envs_need_neither_mpi_nor_torch():

@@ -43,7 +43,7 @@ class Stream:
 class Algorithm:
     """What an algorithm needs from the runtime. `workers`: its YAML roles and the worker class of
     each ('module:Class', imported only on ranks that play the role: actors with remote inference
-    never import torch, only the trainer imports horovod). `record(cfg, spaces)`: the sample
+    never import torch, only the trainer's averaging imports horovod). `record(cfg, spaces)`: the sample
     stream's record layout; `reply(cfg, spaces, num_envs)`: the inference stream's reply layout.
     `writer(cfg)`: the env rank's record writer for the config ('module:Class', one of
     RECORD_WRITERS; loaded on env ranks only), which fills that record from the replies.

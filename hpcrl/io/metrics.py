@@ -166,6 +166,7 @@ class TensorBoardScalars:
 
 
 CROSSED_NODES = "crossed_nodes"  # attributes: what the run's last launch sent across nodes, per stream
+STARTUP = "startup"  # attributes: each rank's start-up marks in the run's last launch (core/startup.py)
 
 
 def write_crossed_nodes(path: str, streams: tuple[str, ...], sums: np.ndarray) -> None:
@@ -187,6 +188,27 @@ def read_crossed_nodes(path: str) -> dict[str, tuple[int, int]]:
         names = [str(n) for n in f.attrs[f"{CROSSED_NODES}_streams"]]
         return {n: (int(m), int(b)) for n, m, b in zip(names, f.attrs[f"{CROSSED_NODES}_messages"],
                                                        f.attrs[f"{CROSSED_NODES}_bytes"])}
+
+
+def write_startup(path: str, marks: tuple[str, ...], seconds: np.ndarray) -> None:
+    """Attributes of metrics.h5: startup_marks (names, hpcrl.core.startup.MARKS) and
+    startup_seconds [rank, mark], each rank's seconds from its exec to the end of each start-up
+    phase in the run's last launch (NaN where a rank has no such phase)."""
+    if os.path.islink(path):
+        raise OSError(f"{path} is a symbolic link (to {os.readlink(path)!r}); hpcrl writes only the run's own file")
+    with h5py.File(path, "a", libver="latest") as f:
+        f.attrs[f"{STARTUP}_marks"] = list(marks)
+        f.attrs[f"{STARTUP}_seconds"] = np.asarray(seconds, dtype=np.float64)
+
+
+def read_startup(path: str) -> dict[str, np.ndarray]:
+    """{mark: seconds since exec per rank} of the run's last launch ({} if not recorded)."""
+    with open_for_reading(path, swmr=True) as f:
+        if f"{STARTUP}_marks" not in f.attrs:
+            return {}
+        names = [str(n) for n in f.attrs[f"{STARTUP}_marks"]]
+        seconds = np.asarray(f.attrs[f"{STARTUP}_seconds"], dtype=np.float64).reshape(-1, len(names))
+        return {name: seconds[:, i] for i, name in enumerate(names)}
 
 
 # The series every row of a learner holds, which a report of a run's progress reads.

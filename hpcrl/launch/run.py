@@ -16,12 +16,13 @@ import time
 from hpcrl.runtime import comm, signals, traffic
 
 from hpcrl.io import rundir
-from hpcrl.io.metrics import write_crossed_nodes
+from hpcrl.io.metrics import write_crossed_nodes, write_startup
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, probe_spaces
 from hpcrl.core.layout import Layout, plan_layout
 from hpcrl.core.sizing import Sizes, memory, memory_problem, warnings
 from hpcrl.core.policies import num_policies, policy_names, policy_spaces
+from hpcrl.core.startup import CLOCK, MARKS
 from hpcrl.core.stop import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, StopReason
 from hpcrl.runtime.control import ControlStream, build_control_stream
 from hpcrl.runtime.liveness import start_peer_watch
@@ -86,6 +87,7 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
 
 
 def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
+    CLOCK.mark("imports")
     rank, size = comm.world_rank(), comm.world_size()
     roles_here: list = []
 
@@ -114,10 +116,12 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     if problems:  # MPI: every rank sees the same list, so every rank stops
         more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
         return _refuse(rank, problems[0] + more)
+    CLOCK.mark("checks")
     prepared = comm.broadcast_object(_prepare(cfg, overwrite, shapes) if rank == 0 else None)
     if "error" in prepared:
         return _refuse(rank, prepared["error"], prepared.get("status", EXIT_CONFIG_ERROR))
     start: rundir.RunStart = prepared["start"]
+    CLOCK.mark("run_dir")
     if start.finished:
         if rank == 0:
             print(f"[hpcrl] nothing to do: the run in {start.run_dir} is complete: {start.finished} "
@@ -131,9 +135,11 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
                              _rank_names(layout, hosts), comm.leave_cut_off_job)
     roles_here.extend(build_workers(cfg, state["spaces"], state["num_params"], layout, sizes, rank, start, control,
                                     signals.requested, heartbeat=lambda: watchdog.tick(True)))
+    CLOCK.set_roles(f"rank {rank} ({'/'.join(r.name for r in roles_here)})", tuple(r.name for r in roles_here))
+    CLOCK.mark("roles")
     poll_until_done(roles_here, control, watchdog)
     control.close()
-    _report_crossed_nodes(rank, start, control.stop_flags, len(set(nodes.tolist())))
+    _report_launch(rank, start, control.stop_flags, len(set(nodes.tolist())))
     watchdog.stop()
     peers.close()  # after the watchdog: waiting for the neighbours' BYE is watched by the peers' clock
     # why the run stopped, the same word on every rank: the exit status
@@ -143,10 +149,12 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     return status
 
 
-def _report_crossed_nodes(rank: int, start: rundir.RunStart, flags: int, n_nodes: int) -> None:
-    """Every rank's cross-node counts summed on rank 0 (collective), which prints them for a
-    multi-node run and writes them to metrics.h5."""
+def _report_launch(rank: int, start: rundir.RunStart, flags: int, n_nodes: int) -> None:
+    """Totals of this launch on rank 0 (collectives): every rank's cross-node counts summed,
+    printed for a multi-node run, and every rank's start-up marks; both written to metrics.h5."""
+    import numpy as np
     sums = traffic.total(comm.WORLD, 0)
+    marks = comm.gather_polled(comm.WORLD, np.array(CLOCK.row(), dtype=np.float64))
     if rank != 0 or StopReason.from_flags(flags) is StopReason.OUTPUT_FAILED:
         return
     if n_nodes > 1:
@@ -154,8 +162,9 @@ def _report_crossed_nodes(rank: int, start: rundir.RunStart, flags: int, n_nodes
     metrics = os.path.join(start.run_dir, rundir.METRICS_FILE)
     try:
         write_crossed_nodes(metrics, traffic.STREAMS, sums)
-    except OSError as exc:  # the counts are a report: a failed write costs them, not the run
-        print(f"[hpcrl] warning: could not record the cross-node counts in {metrics}: {rundir.os_reason(exc)}",
+        write_startup(metrics, MARKS, marks)
+    except OSError as exc:  # the totals are a report: a failed write costs them, not the run
+        print(f"[hpcrl] warning: could not record the launch's totals in {metrics}: {rundir.os_reason(exc)}",
               flush=True)
 
 

@@ -12,16 +12,21 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from typing import Callable, Sequence
 
 import mpi4py
+
+from hpcrl.core.startup import CLOCK
 
 # MPI: Horovod runs its own background thread that calls MPI, so request full thread support
 # before MPI_Init, which importing mpi4py.MPI performs.
 mpi4py.rc.thread_level = "multiple"
 mpi4py.rc.errors = "exception"  # MPI errors raise (and so reach the abort hook) instead of aborting mutely
 from mpi4py import MPI  # noqa: E402
+
+CLOCK.mark("mpi_init")
 
 import numpy as np  # noqa: E402
 
@@ -157,6 +162,16 @@ def node_of_rank() -> np.ndarray:
     out = np.empty(WORLD.Get_size(), dtype=np.int64)
     WORLD.Allgather(np.array([leader], dtype=np.int64), out)
     return out
+
+
+def local_rank(comm) -> int:
+    """This rank's place among the ranks of `comm` on its node (what Horovod calls the local rank:
+    a GPU per local rank). Collective over `comm`."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
 
 
 def sub_communicator(member: bool, key: int | None = None):
@@ -323,6 +338,16 @@ def allreduce_min_max(comm, low: np.ndarray, high: np.ndarray) -> tuple[np.ndarr
 def gather_to_root(comm, values: np.ndarray) -> np.ndarray | None:
     out = np.empty((comm.Get_size(), *values.shape), dtype=values.dtype) if comm.Get_rank() == 0 else None
     comm.Gather(values, out, root=0)
+    return out
+
+
+def gather_polled(comm, values: np.ndarray, root: int = 0) -> np.ndarray | None:
+    """Every rank's `values` stacked on `root` (None elsewhere), at the end of a run: polled, not
+    waited on, so the watchdog and the liveness threads keep judging while slow ranks arrive."""
+    out = np.empty((comm.Get_size(), *values.shape), dtype=values.dtype) if comm.Get_rank() == root else None
+    request = comm.Igather(np.ascontiguousarray(values), out, root=root)
+    while not request.Test():
+        time.sleep(0.002)
     return out
 
 

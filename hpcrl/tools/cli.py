@@ -15,6 +15,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config value, e.g. --set run.total_frames=20000 (repeatable)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run directory of the same name")
+    run.add_argument("--verbose", action="store_true",
+                     help="each rank prints where its start-up time went (imports, MPI, checks, building its roles, "
+                          "up to its first piece of work), once; metrics.h5 keeps them for every rank either way")
     plan = sub.add_parser("plan", help="print the layout a config gets at a world size (no MPI needed)")
     plan.add_argument("config", help="rank-role YAML config")
     plan.add_argument("--world-size", type=int, required=True, help="number of MPI ranks")
@@ -264,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         return _config_reference(args)
     if args.command == "tune":
         return _tune(args)
+    from hpcrl.core.startup import CLOCK
+    CLOCK.verbose = args.verbose
     from hpcrl.launch.run import run  # imports mpi4py, which initialises MPI
     return run(args.config, tuple(args.overrides), args.overwrite)
 

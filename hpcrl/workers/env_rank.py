@@ -19,6 +19,7 @@ import numpy as np
 from hpcrl.core.config import Config
 from hpcrl.core.layout import INLINE
 from hpcrl.core.messages import STOP, Message
+from hpcrl.core.startup import CLOCK
 from hpcrl.core.policies import row_policies
 from hpcrl.envs import state
 from hpcrl.runtime.streams import SampleSender
@@ -187,6 +188,7 @@ class EnvRank:
             raise RuntimeError(f"env rank {self.rank}: sync mode got actions from policy version "
                                f"{reply.get('version')} while collecting with version {self.version}")
         self.writer.take_reply(group, reply)
+        CLOCK.mark("first_step")
         return 1
 
     def _ship(self) -> None:

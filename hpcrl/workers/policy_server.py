@@ -21,6 +21,7 @@ from hpcrl.core.observations import apply, assign, take
 from hpcrl.core.observations import count_rows
 from hpcrl.runtime.params import END
 from hpcrl.core.seeds import seed_for
+from hpcrl.core.startup import CLOCK
 from hpcrl.models import Runner
 from hpcrl.runtime.comm import LocalWeightSubscriber
 from hpcrl.workers.selfplay import Pool
@@ -388,6 +389,7 @@ class InferenceRole:
         for i in serve:
             self.server.reply(i)
             self.server.rearm(i)
+        CLOCK.mark("first_batch")
 
     def _stop_pending(self) -> int:
         """After the stop word: answer each env group's next request with STOP; close once every

@@ -1,7 +1,8 @@
 """Trainer (learner rank): records from its batch source -> the algorithm's trainer step ->
-statistics, the stop decision, outputs and the next policy version. Horovod averages gradients.
+statistics, the stop decision, outputs and the next policy version. Its averaging
+(workers/averaging.py: Horovod, where a policy has several trainers) averages gradients.
 
-The only importer of horovod. The pieces are separate: the batch source (workers/batch_source.py,
+The pieces are separate: the batch source (workers/batch_source.py,
 the on-policy queue; workers/replay_source.py, a prioritized replay shard) hands over batches;
 the algorithm's step (algos/ppo.py: PPOStep; algos/dqn.py: DQNStep; named by the algorithm's
 declaration in core/dataflow.py) turns one into an update; statistics are summed
@@ -16,7 +17,6 @@ import os
 import time
 from typing import Callable
 
-import horovod.torch as hvd
 import numpy as np
 import torch
 
@@ -24,6 +24,7 @@ from hpcrl.core.config import Config
 from hpcrl.core.faults import pause_point
 from hpcrl.core.policies import policy_names
 from hpcrl.core.seeds import seed_for
+from hpcrl.core.startup import CLOCK
 from hpcrl.core.stop import StopReason
 from hpcrl.envs.state import NotCapturable
 from hpcrl.io.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
@@ -32,47 +33,8 @@ from hpcrl.models import build_optimizer, build_policy, copy_params_to, policy_d
 from hpcrl.runtime import comm
 from hpcrl.runtime.control import ControlStream
 from hpcrl.runtime.params import END, ParameterPublisher
+from hpcrl.workers.averaging import start_averaging
 from hpcrl.workers.trainer_stats import TrainerStats
-
-LONE_TRAINER_CYCLE_MS = "20"  # Horovod's cycle when there is one trainer: nothing to allreduce
-
-
-def start_horovod(trainer_comm, process_sets: list[list[int]] | None = None) -> list | None:
-    """Horovod on the trainers' communicator (never the whole world), with a process set per list
-    of trainer ranks in `process_sets` (several policies); those sets, or None."""
-    # Each minibatch's allreduce waits for the background thread's next cycle; with 0.1 ms instead
-    # of 1 ms a 2-learner CartPole job took 14.0/17.4 s instead of 17.2/21.7 s (seeds 1/3, same
-    # frames). A lone trainer allreduces nothing (Horovod's optimizer skips size 1; only the
-    # start-up broadcast goes through the thread), and a 0.1 ms cycle would cost it 14% of a core
-    # for nothing, taken from the actors on a shared node. A user's HOROVOD_CYCLE_TIME wins.
-    os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1" if trainer_comm.Get_size() > 1 else LONE_TRAINER_CYCLE_MS)
-    sets = [hvd.ProcessSet(ranks) for ranks in process_sets] if process_sets else None
-    hvd.init(comm=trainer_comm, process_sets=sets)
-    return sets
-
-
-def averaging_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, process_set=None,
-                        grouped: bool = True) -> torch.optim.Optimizer:
-    """`optimizer` averaging its gradients over the trainers of `process_set` (default: all) at
-    each step. `grouped`: one group holding every parameter, so the whole gradient goes out as one
-    fused allreduce once backward has produced all of it, instead of one per tensor as each
-    becomes ready (bench/allreduce.py). (Several policies: no group. Horovod 0.28 forms groups by
-    broadcasting the parameter order from global rank 0, which only the first policy's process set
-    holds; the others fail.)"""
-    return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                    groups=[list(model.parameters())] if grouped else None,
-                                    process_set=process_set or hvd.global_process_set)
-
-
-def averaging_hooks(optimizer: torch.optim.Optimizer, after_step: Callable[[], None] = lambda: None) -> dict:
-    """A trainer step's hooks with an averaging optimizer: average the gradients (before the step
-    clips them), then apply the step without averaging again, then `after_step`."""
-    def apply_step() -> None:
-        with optimizer.skip_synchronize():  # Horovod: gradients were averaged before clipping
-            optimizer.step()
-        after_step()
-    return {"average_gradients": optimizer.synchronize, "apply_step": apply_step}
-
 
 class LearnerRole:
     name = "learner"
@@ -129,23 +91,19 @@ class LearnerRole:
         self._warned_env_state = False
         self._other_policies = None  # several policies: the others' states for the next checkpoint (root)
         self.root = trainer_comm.Get_rank() == 0
-        # Horovod: only the trainers, never the whole world; with several policies, a process set
-        # per policy (its block of trainers, in trainer-rank order) averages that policy's gradients
-        P, block = len(self.policy_names), self.policy_comm.Get_size()
-        sets = start_horovod(trainer_comm, [list(range(p * block, (p + 1) * block)) for p in range(P)] if P > 1 else None)
-        process_set = sets[policy] if sets else hvd.global_process_set
+        # only the trainers, never the whole world; with several policies, each policy's block of
+        # trainers averages that policy's gradients (none at all where a block is one trainer)
+        self.averaging = start_averaging(trainer_comm, len(self.policy_names), self.policy_comm.Get_size(), policy)
         device = cfg.roles.learner.device
-        if device == "cuda":
-            torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())  # Horovod: pin by local rank
+        if device == "cuda":  # pinned by the rank among this node's trainers
+            torch.cuda.set_device(comm.local_rank(trainer_comm) % torch.cuda.device_count())
         self.device = torch.device(device)
         # initial weights repeat per seed (the root's; Horovod copies them); each policy its own
         torch.manual_seed(cfg.run.seed if policy == 0 else seed_for(cfg.run.seed, "policy_init", policy))
         self.model = build_policy(spaces, cfg).to(self.device)
         optimizer = build_optimizer(self.model, cfg)
-        self.rng = np.random.default_rng(seed_for(cfg.run.seed, "learner", hvd.rank()))  # minibatch order
-        # The wrapper is a new optimizer over the same parameter groups, so saved state is loaded
-        # into it, after wrapping.
-        self.optimizer = averaging_optimizer(self.model, optimizer, process_set, grouped=sets is None)
+        self.rng = np.random.default_rng(seed_for(cfg.run.seed, "learner", trainer_comm.Get_rank()))  # minibatch order
+        self.optimizer = self.averaging.wrap(self.model, optimizer)
         self.step = step(cfg, self.model, self.optimizer, self.device, self.rng, spaces.obs_dtype,
                          spaces.action_dtype)
         counters = self._start_from(resume_path)
@@ -174,7 +132,7 @@ class LearnerRole:
         if len(self.policy_names) == 1:
             if checkpoint is not None:
                 self.model.load_state_dict(checkpoint["model"])
-            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod: same start everywhere
+            self.averaging.same_start(self.model)
         # (several policies: each block's trainers seeded alike start alike; a resume's weights
         # come with the optimizer state below)
         self.env_state = checkpoint["extra"].get("env_state") if checkpoint else None
@@ -234,9 +192,10 @@ class LearnerRole:
         # observation normaliser (a no-op without model.obs_norm), so all hold identical stats
         pause_point("update")  # tests: a learner stopped here holds the others inside the gradient average
         self._losses = self.step(batch, reduce_moments=lambda moments: comm.allreduce_sum(self.policy_comm, moments),
-                                 **averaging_hooks(self.optimizer, self.heartbeat), loss_scale=self.batch_share)
+                                 **self.averaging.hooks(self.optimizer, self.heartbeat), loss_scale=self.batch_share)
         self.version += 1
         self.updates += 1
+        CLOCK.mark("first_update")
 
     def _after_update(self) -> None:
         """Statistics, the stop decision, the report, and the new weights (or the stop word)."""

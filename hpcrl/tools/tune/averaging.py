@@ -1,6 +1,6 @@
 """`hpcrl tune`'s measurement of averaging between two learners: under `mpirun -n 2`, both ranks
 time the algorithm's own update (tools/tune/measure.UpdateBench) on the same per-learner batch,
-first alone, then with the trainers' Horovod averaging (workers/trainer.py: start_horovod,
+first alone, then with the trainers' Horovod averaging (workers/averaging.py: start_horovod,
 averaging_optimizer), and rank 0 prints, as one JSON line, the wall seconds that averaging adds to
 a gradient step.
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     from hpcrl.core.config import load_config
     from hpcrl.envs import probe_spaces
     from hpcrl.tools.tune.measure import UpdateBench, on_devices, replays
-    from hpcrl.workers.trainer import averaging_hooks, averaging_optimizer, start_horovod
+    from hpcrl.workers.averaging import averaging_hooks, averaging_optimizer, start_horovod
     world = comm.WORLD
     if world.Get_size() != 2:
         raise SystemExit(f"hpcrl.tools.tune.averaging: run it on 2 ranks (mpirun -n 2), not {world.Get_size()}")

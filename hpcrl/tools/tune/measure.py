@@ -100,7 +100,7 @@ class UpdateBench:
     in tools/tune/averaging.py): PPO's step on k whole fragments, or one DQN gradient step of `rows`
     rows sampled from a real, filled replay shard, its priorities written back. `wrap`: what the
     trainer does to its optimizer (averaging.py: Horovod's averaging), `hooks` how its step then
-    averages and applies gradients (workers/trainer.py: averaging_hooks)."""
+    averages and applies gradients (workers/averaging.py: averaging_hooks)."""
 
     def __init__(self, cfg: Config, spaces: EnvSpaces, wrap=lambda model, optimizer: optimizer,
                  hooks=lambda optimizer: {"apply_step": optimizer.step}):

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 Fit = tuple[float, float]  # seconds = a + b * size
-HOROVOD_CYCLE_S = 1e-4  # the trainers' Horovod cycle with several learners (workers/trainer.py)
+HOROVOD_CYCLE_S = 1e-4  # the trainers' Horovod cycle with several learners (workers/averaging.py)
 
 
 def cost(fit: Fit, size: float) -> float:

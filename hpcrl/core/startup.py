@@ -1,0 +1,95 @@
+"""Where a process's start-up time goes: marks at the end of each phase, in seconds since the
+process was created (exec), so the interpreter's own start and the imports count too.
+
+One clock per process (`CLOCK`), marked by the code that ends each phase; a phase's time is its
+mark minus the mark before it. Every rank ends start-up at its first piece of work: an env
+rank's first env step, a policy server's first batch, a learner's first update. With `hpcrl run
+--verbose` each rank prints its phases then, once; at the end of the run rank 0 gathers every
+rank's marks into metrics.h5 (`startup_*` attributes; io/metrics.py).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+# The marks, in the order a rank passes them (a rank passes those of its roles only).
+MARKS = (
+    "interpreter",  # Python is up and starts hpcrl (python -m hpcrl)
+    "mpi_init",  # MPI_Init (importing mpi4py.MPI, with the few imports before it)
+    "imports",  # the rest of hpcrl's modules and their libraries (numpy, yaml, gymnasium, ...)
+    "checks",  # rank 0's config, env and model checks; every rank's layout and device checks
+    "run_dir",  # the run directory locked and created (or the checkpoint to resume found)
+    "roles",  # streams, models, envs and optimizers built; the first weights published
+    "first_batch",  # a policy server answered its first batch of requests
+    "first_step",  # an env rank stepped its envs for the first time (an action came back)
+    "first_update",  # a learner finished its first update
+)
+# The mark that ends a role's start-up: the first piece of its real work.
+FIRST_WORK = {"learner": "first_update", "inference": "first_batch", "env": "first_step"}
+
+
+def _created() -> float:
+    """This process's creation time on CLOCK_BOOTTIME's scale (Linux's /proc/self/stat field 22,
+    in clock ticks since boot); where that is not available, now (the interpreter's start is then
+    left out)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # the name in () may hold spaces
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return _now()
+
+
+def _now() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
+
+
+class StartupClock:
+    def __init__(self) -> None:
+        self.created = _created()
+        self.marks: dict[str, float] = {}
+        self.verbose = False  # `hpcrl run --verbose`: print the phases once start-up ends
+        self.label = ""  # "rank 3 (env)", once the rank's roles are known
+        self.roles: tuple[str, ...] = ()
+        self.printed = False
+
+    def mark(self, name: str) -> None:
+        """The end of phase `name` (one of MARKS), now; a phase ends once (later marks are ignored,
+        so a loop may mark its first pass without a flag of its own)."""
+        if name not in MARKS:
+            raise ValueError(f"unknown start-up mark {name!r}; known: {', '.join(MARKS)}")
+        if name in self.marks:
+            return
+        self.marks[name] = _now() - self.created
+        if self.verbose and not self.printed and self.roles and all(
+                FIRST_WORK[role] in self.marks for role in self.roles):
+            self.printed = True
+            print(f"[hpcrl] start-up of {self.label}: {self.describe()}", flush=True)
+
+    def set_roles(self, label: str, roles: tuple[str, ...]) -> None:
+        """This rank's roles: start-up ends when each has done its first piece of work."""
+        self.label, self.roles = label, tuple(r for r in roles if r in FIRST_WORK)
+
+    def phases(self) -> list[tuple[str, float]]:
+        """(mark, seconds since the mark before it) for the marks passed, in MARKS order."""
+        out, before = [], 0.0
+        for name in MARKS:
+            if name in self.marks:
+                out.append((name, self.marks[name] - before))
+                before = self.marks[name]
+        return out
+
+    def describe(self) -> str:
+        """'interpreter 0.05 s, imports 0.41 s, ... (first_update at 3.90 s)'."""
+        parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.phases())
+        last = max(self.marks.values(), default=0.0)
+        return f"{parts} (ready {last:.2f} s after exec)"
+
+    def row(self) -> list[float]:
+        """Seconds since exec at each of MARKS, NaN for a mark this rank never passed: the row
+        that rank 0 gathers."""
+        return [self.marks.get(name, math.nan) for name in MARKS]
+
+
+CLOCK = StartupClock()
