@@ -144,13 +144,29 @@ def thread_level_problem(rank: int) -> str | None:
             f"MPI4PY_RC_THREAD_LEVEL, or use an MPI built with thread-multiple support")
 
 
+START_UP_POLL_S = 0.002  # the sleep between tests of a start-up wait
+
+
+def wait_sleeping(request) -> None:
+    """Wait for `request`, sleeping between tests. Open MPI's blocking waits spin (yielding when
+    oversubscribed): at start-up every rank waits about a second for rank 0's checks, and 3 ranks
+    spinning beside it on 2 cores took half its CPU (a loop of rank 0's took 0.12-0.24 s beside
+    blocking waits, 0.08 s beside this one, 4 ranks on this 2-core machine)."""
+    while not request.Test():
+        time.sleep(START_UP_POLL_S)
+
+
 def broadcast_object(obj, root: int = 0):
-    """Start-up control message (pickled): the validated config, or the error that stops the job."""
+    """Start-up control message (pickled): the validated config, or the error that stops the job.
+    The ranks wait for `root` in a sleeping barrier; the broadcast then finds it there."""
+    wait_sleeping(WORLD.Ibarrier())
     return WORLD.bcast(obj, root=root)
 
 
 def all_gather_objects(obj) -> list:
-    """Start-up control message (pickled): one small object from every rank, to every rank."""
+    """Start-up control message (pickled): one small object from every rank, to every rank
+    (after a sleeping barrier, as broadcast_object)."""
+    wait_sleeping(WORLD.Ibarrier())
     return WORLD.allgather(obj)
 
 
@@ -345,9 +361,7 @@ def gather_polled(comm, values: np.ndarray, root: int = 0) -> np.ndarray | None:
     """Every rank's `values` stacked on `root` (None elsewhere), at the end of a run: polled, not
     waited on, so the watchdog and the liveness threads keep judging while slow ranks arrive."""
     out = np.empty((comm.Get_size(), *values.shape), dtype=values.dtype) if comm.Get_rank() == root else None
-    request = comm.Igather(np.ascontiguousarray(values), out, root=root)
-    while not request.Test():
-        time.sleep(0.002)
+    wait_sleeping(comm.Igather(np.ascontiguousarray(values), out, root=root))
     return out
 
 
