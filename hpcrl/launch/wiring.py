@@ -114,13 +114,19 @@ def build_workers(cfg: Config, spaces, n_params: list[int], layout: Layout, size
                     [build_parameter_stream(comm.WORLD, rank, int(layout.learners_of_policy(p)[0]),
                                             layout.weight_subscribers(), layout.node_of_rank, w.weights[p])
                      for p in range(layout.policies)])
-    if any(role != "env" or layout.inline_inference for role in layout.roles_of(rank)):
-        import torch  # only ranks that hold a policy; remote-inference actors never import torch
+    if holds_a_policy(layout, rank):
+        import torch  # remote-inference actors never import torch
         torch.set_num_threads(cfg.run.torch_threads)
     workers = [algorithm.worker_class(role).build(w) for role in layout.roles_of(rank)]
     if layout.serial:
         _link_serial(cfg, workers)
     return workers
+
+
+def holds_a_policy(layout: Layout, rank: int) -> bool:
+    """Whether `rank` runs a network (and so imports torch): learners, policy servers, and actors
+    with inline inference; never an actor whose policy lives on an inference rank."""
+    return any(role != "env" or layout.inline_inference for role in layout.roles_of(rank))
 
 
 def _link_serial(cfg: Config, workers: list) -> None:
