@@ -101,6 +101,13 @@ class LearnerRole:
         # initial weights repeat per seed (the root's; Horovod copies them); each policy its own
         torch.manual_seed(cfg.run.seed if policy == 0 else seed_for(cfg.run.seed, "policy_init", policy))
         self.model = build_policy(spaces, cfg).to(self.device)
+        self.stop_flags = 0  # the stop word's flags once the run stops
+        self.version = 0
+        if resume_path is None:
+            # A fresh run's first weights go out before the optimizer is built: torch.optim imports
+            # torch._dynamo then (about 1 s here), while the actors collect the first batch.
+            self.averaging.same_start(self.model)
+            self._publish()
         optimizer = build_optimizer(self.model, cfg)
         self.rng = np.random.default_rng(seed_for(cfg.run.seed, "learner", trainer_comm.Get_rank()))  # minibatch order
         self.optimizer = self.averaging.wrap(self.model, optimizer)
@@ -114,12 +121,12 @@ class LearnerRole:
                                   policy=policy, policy_names=self.policy_names,
                                   selfplay_ages=cfg.algo.selfplay.pool)
         self.start = time.perf_counter() - float(counters.get("wall_time", 0.0))  # wall time continues
-        self.stop_flags = 0  # the stop word's flags once the run stops
         self.stopped_by = ""
         self.draining = False
         self.done = False
         self._set_waiting_status()
-        self._publish()
+        if resume_path is not None:
+            self._publish()
 
     @property
     def frames(self) -> int:
@@ -128,7 +135,13 @@ class LearnerRole:
     def _start_from(self, resume_path: str | None) -> dict:
         """Same weights (and, resuming, optimizer state and counters) on every trainer; returns the
         counters. The root reads the checkpoint; the others receive it."""
-        checkpoint = load_checkpoint(resume_path) if resume_path and self.root else None
+        if not resume_path:
+            # The weights are everywhere the same already (published in __init__). A fresh optimizer
+            # is identical everywhere too; hvd.broadcast_optimizer_state would take a zero-gradient
+            # step to create Adam's state, putting bias correction one step off.
+            self.env_state = None
+            return {}
+        checkpoint = load_checkpoint(resume_path) if self.root else None
         if len(self.policy_names) == 1:
             if checkpoint is not None:
                 self.model.load_state_dict(checkpoint["model"])
@@ -136,10 +149,6 @@ class LearnerRole:
         # (several policies: each block's trainers seeded alike start alike; a resume's weights
         # come with the optimizer state below)
         self.env_state = checkpoint["extra"].get("env_state") if checkpoint else None
-        if not resume_path:
-            # A fresh optimizer is identical everywhere already; hvd.broadcast_optimizer_state would
-            # take a zero-gradient step to create Adam's state, putting bias correction one step off.
-            return {}
         # MPI: the root's optimizer state, counters and step state (with several policies, every
         # policy's weights too), pickled once at start, loaded as saved
         policies = None
