@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from collections import deque
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hpcrl.core.startup import StartupClock  # noqa: E402 (stdlib only: the clock hpcrl's ranks use)
+
+CLOCK = StartupClock()  # seconds since this process was created, as hpcrl's start-up marks
+
+import torch  # noqa: E402
 from stable_baselines3 import DQN, PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.utils import LinearSchedule
+from stable_baselines3.common.utils import LinearSchedule  # noqa: E402
+
+IMPORTED_S = CLOCK.since_created()
 
 # rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1 (tuned). lin_X is X * progress_remaining over
 # n_timesteps, so learn() is given the full budget and the callback stops it early.
@@ -58,6 +68,23 @@ class StopAtTarget(BaseCallback):
         return not (finished and self.reached())
 
 
+def timed_updates(model) -> dict:
+    """Wrap `model.train` (SB3's update: every epoch and minibatch of one rollout) to time each
+    call; the dict fills as learn() runs."""
+    times = {"count": 0, "seconds": 0.0, "first_end": float("nan")}
+    train = model.train
+
+    def timed() -> None:
+        start = time.perf_counter()
+        train()
+        times["seconds"] += time.perf_counter() - start
+        times["count"] += 1
+        if times["count"] == 1:
+            times["first_end"] = CLOCK.since_created()
+    model.train = timed
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=1)
@@ -69,10 +96,18 @@ def main() -> None:
                                        (DQN, 1, DQN_TIMESTEPS, DQN_KWARGS))
     envs = make_vec_env("CartPole-v1", n_envs=n_envs, seed=args.seed)
     model = algo(env=envs, seed=args.seed, device="cpu", verbose=0, **kwargs)
+    built_s = CLOCK.since_created()
+    updates = timed_updates(model)
     stop = StopAtTarget(args.target)
     model.learn(total_timesteps=timesteps, callback=stop)
+    frames_per_update = n_envs * kwargs["n_steps"] if args.algo == "ppo" else None
     print(json.dumps({"seed": args.seed, "frames": int(model.num_timesteps), "solved": stop.reached(),
                       "window_mean": round(stop.window_mean(), 1),
+                      # seconds since exec: imports done, env and model built, the first update done
+                      "startup": {"imports": round(IMPORTED_S, 3), "built": round(built_s, 3),
+                                  "first_update": round(updates["first_end"], 3)},
+                      "update_s_per_frame": (updates["seconds"] / updates["count"] / frames_per_update
+                                             if frames_per_update and updates["count"] else None),
                       "hyperparameters": {"n_envs": n_envs, "n_timesteps": timesteps,
                                           **{k: repr(v) if callable(v) else v for k, v in kwargs.items()}}}))
 

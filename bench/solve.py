@@ -27,11 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from report import emit  # noqa: E402
-from hpcrl.io.metrics import read_metrics  # noqa: E402
+from hpcrl.io.metrics import read_metrics, read_startup  # noqa: E402
 
 TARGET = 475
 LAYOUTS = {  # algo -> key: (description, ranks, job); serial is the baseline of speedup_vs_serial
@@ -64,10 +66,13 @@ def hpcrl_run(ranks: int, job: str, seed: int) -> dict:
                str(REPO / "jobs" / job), "--set", f"run.output_dir={out}", "--set", f"run.seed={seed}",
                "--set", f"run.target_return={TARGET}"]
         seconds, _ = timed(cmd, f"hpcrl {job} on {ranks} ranks, seed {seed}")
-        metrics = read_metrics(str(next(Path(out).iterdir()) / "metrics.h5"))
+        path = str(next(Path(out).iterdir()) / "metrics.h5")
+        metrics, startup = read_metrics(path), read_startup(path)
     return {"seed": seed, "seconds_from_launch": round(seconds, 2), "frames": int(metrics["frames"][-1]),
             "solved": bool(metrics["return_window_mean"][-1] >= TARGET),
-            "train_fps": round(float(metrics["fps"][-1]), 1)}
+            "train_fps": round(float(metrics["fps"][-1]), 1),
+            # per start-up mark (core/startup.py), the last rank's seconds since its exec
+            "startup": {mark: round(float(np.nanmax(s)), 3) for mark, s in startup.items() if not np.isnan(s).all()}}
 
 
 def sb3_run(algo: str, seed: int) -> dict:
@@ -76,13 +81,18 @@ def sb3_run(algo: str, seed: int) -> dict:
     seconds, stdout = timed(cmd, f"SB3 seed {seed}")
     result = json.loads(stdout.strip().splitlines()[-1])
     return {"seed": seed, "seconds_from_launch": round(seconds, 2), "frames": result["frames"],
-            "solved": result["solved"], "hyperparameters": result["hyperparameters"]}
+            "solved": result["solved"], "hyperparameters": result["hyperparameters"],
+            "startup": result["startup"], "update_s_per_frame": result["update_s_per_frame"]}
 
 
 def summary(runs: list[dict]) -> dict:
-    return {"runs": runs, "all_solved": all(r["solved"] for r in runs),
-            "median_seconds": statistics.median(r["seconds_from_launch"] for r in runs),
-            "median_frames": statistics.median(r["frames"] for r in runs)}
+    out = {"runs": runs, "all_solved": all(r["solved"] for r in runs),
+           "median_seconds": statistics.median(r["seconds_from_launch"] for r in runs),
+           "median_frames": statistics.median(r["frames"] for r in runs)}
+    first = [r["startup"].get("first_update") for r in runs if r.get("startup")]
+    if first and None not in first:  # seconds from exec to the first update (hpcrl: its last learner's)
+        out["median_first_update_s"] = round(statistics.median(first), 3)
+    return out
 
 
 def main() -> None:

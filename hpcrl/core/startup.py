@@ -61,11 +61,14 @@ class StartupClock:
             raise ValueError(f"unknown start-up mark {name!r}; known: {', '.join(MARKS)}")
         if name in self.marks:
             return
-        self.marks[name] = _now() - self.created
+        self.marks[name] = self.since_created()
         if self.verbose and not self.printed and self.roles and all(
                 FIRST_WORK[role] in self.marks for role in self.roles):
             self.printed = True
             print(f"[hpcrl] start-up of {self.label}: {self.describe()}", flush=True)
+
+    def since_created(self) -> float:
+        return _now() - self.created
 
     def set_roles(self, label: str, roles: tuple[str, ...]) -> None:
         """This rank's roles: start-up ends when each has done its first piece of work."""
