@@ -13,7 +13,7 @@ from hpcrl.envs import probe_spaces
 from hpcrl.models import build_policy
 from hpcrl.models.q import RecurrentQNetwork
 from hpcrl.io.checkpoint import load_checkpoint
-from hpcrl.workers.self_fed import self_fed
+from hpcrl.workers.solo_actor import solo_actor
 from tests.conftest import mpirun, run_dir, small_config, write_config
 from tests.test_mpi_runs import check_finished
 
@@ -81,15 +81,15 @@ def collect(cfg, records: int = 6):
     self-messages), and that network."""
     spaces = probe_spaces(cfg.env)
     torch.manual_seed(0)
-    fed = self_fed(cfg, spaces)
-    names = [*replay_fields(fed.receiver.slots[0].spec), "priorities"]
+    solo = solo_actor(cfg, spaces)
+    names = [*replay_fields(solo.receiver.slots[0].spec), "priorities"]
     got = []
-    fed.records(records, 200 * records,
-                lambda r: got.append({name: r[name][:r.get("count")].copy() for name in names}))
-    fed.close()
+    solo.records(records, 200 * records,
+                 lambda r: got.append({name: r[name][:r.get("count")].copy() for name in names}))
+    solo.close()
     if len(got) < records:
         pytest.fail(f"{len(got)} of {records} records arrived")
-    return fed.model, {name: np.concatenate([g[name] for g in got]) for name in got[0]}
+    return solo.model, {name: np.concatenate([g[name] for g in got]) for name in got[0]}
 
 
 def unroll(model, seq, length):

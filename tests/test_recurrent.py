@@ -17,7 +17,7 @@ from hpcrl.models import build_policy, make_runner, num_params
 from hpcrl.runtime import comm
 from hpcrl.runtime.params import ParameterPublisher
 from hpcrl.workers.policy_server import InlinePolicy, PolicySet
-from hpcrl.workers.self_fed import self_fed
+from hpcrl.workers.solo_actor import solo_actor
 from tests.conftest import mpirun_probe
 
 T, N, LIMIT = 12, 3, 5  # episodes are cut at 5 steps: every fragment has episode starts inside it
@@ -35,15 +35,15 @@ def collect(cfg, fragments: int = 2, init_seed: int = 0, sampler_seed: int = 0):
     actions drawn from a generator seeded `sampler_seed`)."""
     spaces = probe_spaces(cfg.env)
     torch.manual_seed(init_seed)
-    fed = self_fed(cfg, spaces, sampler_seed=sampler_seed)
+    solo = solo_actor(cfg, spaces, sampler_seed=sampler_seed)
     got = []
-    fed.records(fragments, 20 * T * fragments,
-                lambda r: got.append({name: array.copy() for name, array in r.arrays.items()}),
-                version_due=lambda actor: cfg.algo.mode == "sync" and actor.version_fragments == 0)
-    fed.close()
+    solo.records(fragments, 20 * T * fragments,
+                 lambda r: got.append({name: array.copy() for name, array in r.arrays.items()}),
+                 version_due=lambda actor: cfg.algo.mode == "sync" and actor.version_fragments == 0)
+    solo.close()
     if len(got) < fragments:
         pytest.fail(f"{len(got)} of {fragments} fragments arrived")
-    return fed.model, got
+    return solo.model, got
 
 
 @pytest.mark.parametrize("core", ["gru", "lstm"])
