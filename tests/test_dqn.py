@@ -28,11 +28,11 @@ def window_and_writer(n=3, envs=1, rows=32):
 def step(window, writer, t, reward, max_q, q_taken=0.0, terminated=False, truncated=False, final=None):
     """One env step of one env whose observation at step t is [t]."""
     obs = np.array([[float(t)]], np.float32)
-    window.ripe(obs, np.array([max_q]), writer)
+    window.emit_due(obs, np.array([max_q]), writer)
     window.record(obs, np.array([t % 2]), np.array([q_taken]))
     ended = np.array([terminated or truncated])
-    window.rewarded(np.array([reward]), np.array([terminated]), ended,
-                    None if final is None else np.array([[final]], np.float32), np.array([max_q]), writer)
+    window.record_rewards(np.array([reward]), np.array([terminated]), ended,
+                          None if final is None else np.array([[final]], np.float32), np.array([max_q]), writer)
 
 
 def rows(writer):
