@@ -10,7 +10,7 @@ from hpcrl.algos.sequences import rescale, unrescale
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.layout import plan_layout, replay_shard
 from hpcrl.core.messages import transition_spec
-from hpcrl.envs import EnvSpaces, probe_spaces
+from hpcrl.envs import EnvSpaces, env_spaces
 from hpcrl.models import build_policy
 from hpcrl.models.q import QNetwork, QRunner
 from hpcrl.workers.replay_writer import RecordRows
@@ -123,7 +123,7 @@ def test_double_dqn_values_the_online_networks_choice_with_the_target_network():
 
 def test_the_dueling_q_network_and_its_runner():
     cfg = parse_config("algo: {name: dqn}\nmodel: {hidden_sizes: [16]}")
-    model = build_policy(probe_spaces(cfg.env), cfg)
+    model = build_policy(env_spaces(cfg.env), cfg)
     assert isinstance(model, QNetwork) and model.value is not None
     obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     q = model.q_values(torch.as_tensor(obs))

@@ -10,7 +10,7 @@ from hpcrl.algos.ppo import PPOStep
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.dataflow import inference_messages
 from hpcrl.core.seeds import env_seeds, seed_for
-from hpcrl.envs import probe_spaces
+from hpcrl.envs import env_spaces
 from hpcrl.envs.pomdp import CARTPOLE_POSITIONS
 from hpcrl.core.messages import weights_spec
 from hpcrl.models import build_policy, make_runner, num_params
@@ -33,7 +33,7 @@ def collect(cfg, fragments: int = 2, init_seed: int = 0, sampler_seed: int = 0):
     """`fragments` fragments of one env rank with an inline recurrent policy (in one process, real
     MPI self-messages), and the network that acted (its weights from torch seed `init_seed`, its
     actions drawn from a generator seeded `sampler_seed`)."""
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     torch.manual_seed(init_seed)
     solo = solo_actor(cfg, spaces, sampler_seed=sampler_seed)
     got = []
@@ -152,7 +152,7 @@ def test_the_trainer_replays_whole_fragments_as_sequences_split_at_episode_bound
 def test_hidden_states_reset_only_where_an_episode_starts():
     """A policy holder zeroes the state of rows that start an episode and keeps the others'."""
     cfg = config("gru")
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     runner = make_runner(build_policy(spaces, cfg), "cpu", seed=0)
     request, reply = inference_messages(cfg, spaces, groups=1)
     policy = InlinePolicy(PolicySet([runner], [comm.LocalWeightSubscriber(
@@ -186,7 +186,7 @@ def test_cartpole_positions_hides_the_velocities():
     whole, _ = full.reset(seed=4)
     np.testing.assert_array_equal(obs, whole[[0, 2]])
     assert env.observation_space.shape == (2,)
-    assert probe_spaces(parse_config(f"env: {{id: {CARTPOLE_POSITIONS}}}").env).obs_shape == (2,)
+    assert env_spaces(parse_config(f"env: {{id: {CARTPOLE_POSITIONS}}}").env).obs_shape == (2,)
 
 
 @pytest.mark.parametrize("global_state", [True, False], ids=["env-state-critic", "agents-memory-critic"])

@@ -30,7 +30,7 @@ MAX_SEED = 2**63 - 1  # numpy's SeedSequence takes seeds >= 0, torch.manual_seed
 MAX_NUM_ENVS = 65_536
 MAX_ROLLOUT_LENGTH = 65_536
 MAX_LAYERS, MAX_WIDTH = 64, 65_536  # model.hidden_sizes, model.core_size
-MAX_FRAME_SIZE, MAX_FRAME_STACK = 1024, 64  # one Atari env's frame stack is made to probe the env
+MAX_FRAME_SIZE, MAX_FRAME_STACK = 1024, 64  # one Atari env's frame stack is made to read its spaces
 INT64 = 2**63  # config integers fit int64, as numpy and torch take them: no count needs more
 
 DEFAULT_RANKS = {"learner": 1, "inference": 0, "env": REST}

@@ -198,7 +198,7 @@ def _plan(args) -> int:
     import numpy as np
 
     from hpcrl.core.config import ConfigError, load_config
-    from hpcrl.envs import probe_spaces
+    from hpcrl.envs import env_spaces
     from hpcrl.core.layout import plan_layout, simulated_nodes
     from hpcrl.core.policies import num_policies
     from hpcrl.core.sizing import memory, traffic
@@ -209,7 +209,7 @@ def _plan(args) -> int:
         nodes = simulated_nodes(args.world_size, args.ranks_per_node or max(args.world_size, 1))
         gpus = None if args.gpus_per_node is None else np.full(args.world_size, args.gpus_per_node)
         layout = plan_layout(cfg.roles, args.world_size, nodes, gpus, num_policies(cfg.policies))
-        spaces = probe_spaces(cfg.env)
+        spaces = env_spaces(cfg.env)
         n_params = policy_params(cfg, spaces)  # counted, not allocated; ConfigError: model.encoder unfit
         mem = memory(cfg, layout, spaces, n_params)  # ConfigError: sample slots that cannot hold a batch
     except ConfigError as exc:
