@@ -6,7 +6,7 @@ frames per update stay the config's own (algo.batch_frames, or what its roles ta
 target size), and algo.rollout_length and every other setting are untouched.
 
 One idea per module; `tune` below runs them in order:
-- measure.py: the costs measured in this one process (stream messages through runtime/probe.py),
+- measure.py: the costs measured in this one process (stream messages through runtime/message_costs.py),
   and the start of averaging.py, which measures on two ranks under mpirun what averaging
   gradients between learners adds to a gradient step;
 - costs.py: the measurements saved to a file, and read back instead of measuring;

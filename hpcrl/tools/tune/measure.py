@@ -186,7 +186,7 @@ def measure_insert(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list
 def measure_messages(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
     """Seconds per message by bytes: a request and its reply together (by their bytes together),
     and a fragment with its credit."""
-    from hpcrl.runtime.probe import record_seconds, request_seconds
+    from hpcrl.runtime.message_costs import record_seconds, request_seconds
     request, reply = inference_messages(cfg, spaces, 1)
     record = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
     pair = request_seconds(request, reply, seconds / 2)
