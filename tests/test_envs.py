@@ -78,7 +78,7 @@ def test_class_or_factory_by_import_path_gets_kwargs_and_a_time_limit(name):
 
 
 def test_module_that_registers_an_id_still_works():
-    assert env_spaces(env_cfg(id="tests.probe_envs:HpcrlTest/Exploding-v0")).num_actions == 2
+    assert env_spaces(env_cfg(id="tests.instrumented_envs:HpcrlTest/Exploding-v0")).num_actions == 2
 
 
 def test_import_path_errors_name_the_problem():

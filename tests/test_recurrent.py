@@ -18,7 +18,7 @@ from hpcrl.runtime import comm
 from hpcrl.runtime.params import ParameterPublisher
 from hpcrl.workers.policy_server import InlinePolicy, PolicySet
 from hpcrl.workers.solo_actor import solo_actor
-from tests.conftest import mpirun_probe
+from tests.conftest import mpirun_script
 
 T, N, LIMIT = 12, 3, 5  # episodes are cut at 5 steps: every fragment has episode starts inside it
 
@@ -90,7 +90,7 @@ def test_a_policy_server_on_3_ranks_gives_the_hidden_states_and_actions_of_an_in
                 f"algo: {{rollout_length: {T}, num_minibatches: {N}, mode: sync, train: false}}\n"
                 "model: {core: lstm, core_size: 8, hidden_sizes: [16]}\n")
     (tmp_path / "r.yaml").write_text(cfg_text)
-    result = mpirun_probe(3, "recurrent_probe.py", str(tmp_path), str(tmp_path / "r.yaml"))
+    result = mpirun_script(3, "mpi_recurrent_run.py", str(tmp_path), str(tmp_path / "r.yaml"))
     assert result.returncode == 0, result.stdout + result.stderr
     saved = np.load(tmp_path / "fragments.npz")
     remote = [{name.split("/")[1]: saved[name] for name in saved.files if name.startswith(f"{i}/")} for i in range(3)]

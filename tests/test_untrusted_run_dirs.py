@@ -94,7 +94,7 @@ def test_the_env_families_hpcrl_supports_import_nothing_else():
         assert imports_of_env_id(env_id) is None, env_id
     for env_id, module in (("minigrid:register_minigrid_envs", "minigrid"), ("mpe2:simple_spread_v3:x", "mpe2"),
                            ("pettingzoo:utils", "pettingzoo"), ("gymnasium:make", "gymnasium"),
-                           ("tests.probe_envs:HpcrlTest/Slow-v0", "tests.probe_envs")):
+                           ("tests.instrumented_envs:HpcrlTest/Slow-v0", "tests.instrumented_envs")):
         assert imports_of_env_id(env_id) == module, env_id
 
 
