@@ -3,7 +3,7 @@ rank steps, and the spaces every role sizes buffers by.
 
 No MPI and no torch here: env ranks that use remote inference import only this and numpy.
 The vector's step contract (SAME_STEP autoreset, raw episode rewards) is described in
-hpcrl/vector_envs.py, which adapts every backend to it.
+envs/vector.py, which adapts every backend to it.
 """
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The workers a rank can run: actor (env), policy server (inference), trainer (learner).
+"""The workers a rank can run: actor (env rank, with its algorithm's record writer), policy server
+(inference), trainer (learner, with its batch source).
 
-Submodules are imported by the launch (hpcrl.launch.run) only where needed, so actors with
-remote inference never import torch, and only the trainer imports horovod.
+Submodules are imported through the algorithm registry (core/dataflow.py) by the wiring
+(hpcrl.launch.wiring) only where their role runs, so actors with remote inference never import
+torch, and only the trainer imports horovod.
 """
