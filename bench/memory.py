@@ -21,14 +21,14 @@ COMMON = """
 import sys
 from hpcrl.runtime import comm
 from hpcrl.core.config import parse_config
-from hpcrl.envs import make_vector_env, probe_spaces
+from hpcrl.envs import make_vector_env, env_spaces
 import hpcrl.workers.env_rank
 cfg = parse_config("env: {id: CartPole-v1, num_envs: 8}")
 envs, obs = make_vector_env(cfg.env, seed=0)
 """
 INLINE = """
 from hpcrl.models import PolicyRunner, build_model
-spaces = probe_spaces(cfg.env)
+spaces = env_spaces(cfg.env)
 runner = PolicyRunner(build_model(spaces, cfg.model), "cpu", seed=0)
 """
 REPORT = """

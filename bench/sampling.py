@@ -42,11 +42,11 @@ def tight_loop(config: str, seconds: float) -> float:
     import torch
 
     from hpcrl.core.config import load_config
-    from hpcrl.envs import make_vector_env, probe_spaces
+    from hpcrl.envs import make_vector_env, env_spaces
     from hpcrl.models import PolicyRunner, build_model
     cfg, _ = load_config(config)
     torch.set_num_threads(cfg.run.torch_threads)
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     envs, obs = make_vector_env(cfg.env, seed=0)
     runner = PolicyRunner(build_model(spaces, cfg.model), "cpu", seed=0)
     n = cfg.env.num_envs

@@ -51,8 +51,9 @@ def run_hpcrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           env=env, timeout=timeout)
 
 
-def mpirun_probe(n: int, script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """`mpirun -n N python tests/SCRIPT ARGS`: a probe that drives one piece of the runtime under real MPI."""
+def mpirun_script(n: int, script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`mpirun -n N python tests/SCRIPT ARGS`: a script (tests/mpi_*.py) that drives one piece of the
+    runtime under real MPI."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = ["bash", str(MPIRUN), "-n", str(n), sys.executable, str(REPO / "tests" / script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

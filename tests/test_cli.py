@@ -84,15 +84,15 @@ def test_plan_memory_counts_the_batch_of_algo_batch_frames():
     from hpcrl.core.config import parse_config
     from hpcrl.core.layout import plan_layout
     from hpcrl.core.messages import fragment_spec
-    from hpcrl.envs import probe_spaces
+    from hpcrl.envs import env_spaces
     from hpcrl.core.sizing import Sizes, memory
 
     def learner_bytes(batch_frames):
         cfg = parse_config(f"algo: {{rollout_length: 32, batch_frames: {batch_frames}}}\nenv: {{num_envs: 8}}")
         layout = plan_layout(cfg.roles, 5)
-        return memory(cfg, layout, Sizes.of(cfg, layout), probe_spaces(cfg.env), 1000).learner
+        return memory(cfg, layout, Sizes.of(cfg, layout), env_spaces(cfg.env), 1000).learner
 
-    spaces = probe_spaces(parse_config("").env)
+    spaces = env_spaces(parse_config("").env)
     frag = fragment_spec(32, 8, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype).nbytes
     # 1 learner, 4 env ranks: by default 8 slots and a batch of 4 fragments; with 4 fragments per env rank
     # (sync), 16 + 2 x 3 slots (a batch, and the credits of the other env ranks once done) and 16

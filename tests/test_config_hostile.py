@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from hpcrl.core.config import ConfigError, load_config, parse_config
-from hpcrl.envs import probe_spaces
+from hpcrl.envs import env_spaces
 from tests.conftest import REPO, mpirun, run_dir, small_config, write_config
 
 
@@ -115,7 +115,7 @@ def test_memory_beyond_the_limit_names_the_key_that_drives_it():
     from hpcrl.models import policy_params
 
     def problem_of(cfg):
-        spaces, layout = probe_spaces(cfg.env), plan_layout(cfg.roles, 4)
+        spaces, layout = env_spaces(cfg.env), plan_layout(cfg.roles, 4)
         return memory_problem(cfg, layout, Sizes.of(cfg, layout), spaces, policy_params(cfg, spaces))
     cfg = parse_config("run: {memory_limit_gib: 1}\nmodel: {hidden_sizes: [65536, 65536]}")
     problem = problem_of(cfg)

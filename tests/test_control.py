@@ -8,7 +8,7 @@ import pytest
 from hpcrl.core.layout import simulated_nodes
 from hpcrl.core.messages import PREEMPTED, STOP
 from hpcrl.runtime.control import control_parents
-from tests.conftest import mpirun_probe
+from tests.conftest import mpirun_script
 
 
 def depth_of(parents: np.ndarray) -> np.ndarray:
@@ -39,7 +39,7 @@ def test_the_control_tree_spans_every_rank_with_few_peers_and_one_cross_node_edg
 def test_the_stop_word_reaches_every_rank_from_a_controller_off_rank_0(tmp_path):
     # 7 ranks on 3 synthetic nodes; the controller is rank 4 (as with roles.learner.place: high)
     nodes, root = "0,0,1,1,1,2,2", 4
-    result = mpirun_probe(7, "control_probe.py", str(tmp_path), nodes, str(root))
+    result = mpirun_script(7, "mpi_control_stream.py", str(tmp_path), nodes, str(root))
     assert result.returncode == 0, result.stdout + result.stderr
     records = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(7)}
     for rank, record in records.items():

@@ -11,7 +11,7 @@ from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.layout import plan_layout
 from hpcrl.core.messages import transition_spec
 from hpcrl.core.sizing import ReplayShard, Sizes
-from hpcrl.envs import EnvSpaces, probe_spaces
+from hpcrl.envs import EnvSpaces, env_spaces
 from hpcrl.models import build_policy
 from hpcrl.models.q import QNetwork, QRunner
 from hpcrl.workers.replay_writer import RecordRows
@@ -29,11 +29,11 @@ def window_and_writer(n=3, envs=1, rows=32):
 def step(window, writer, t, reward, max_q, q_taken=0.0, terminated=False, truncated=False, final=None):
     """One env step of one env whose observation at step t is [t]."""
     obs = np.array([[float(t)]], np.float32)
-    window.ripe(obs, np.array([max_q]), writer)
+    window.emit_due(obs, np.array([max_q]), writer)
     window.record(obs, np.array([t % 2]), np.array([q_taken]))
     ended = np.array([terminated or truncated])
-    window.rewarded(np.array([reward]), np.array([terminated]), ended,
-                    None if final is None else np.array([[final]], np.float32), np.array([max_q]), writer)
+    window.record_rewards(np.array([reward]), np.array([terminated]), ended,
+                          None if final is None else np.array([[final]], np.float32), np.array([max_q]), writer)
 
 
 def rows(writer):
@@ -124,7 +124,7 @@ def test_double_dqn_values_the_online_networks_choice_with_the_target_network():
 
 def test_the_dueling_q_network_and_its_runner():
     cfg = parse_config("algo: {name: dqn}\nmodel: {hidden_sizes: [16]}")
-    model = build_policy(probe_spaces(cfg.env), cfg)
+    model = build_policy(env_spaces(cfg.env), cfg)
     assert isinstance(model, QNetwork) and model.value is not None
     obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     q = model.q_values(torch.as_tensor(obs))

@@ -8,7 +8,7 @@ from tests.conftest import mpirun, run_dir, small_config, write_config
 def wait_fraction(tmp_path, groups: int) -> float:
     # a slow env (2 ms per env step) and async mode, so env ranks wait only for inference replies
     cfg = small_config(tmp_path, name=f"groups{groups}", run={"total_frames": 2048},
-                       env={"id": "tests.probe_envs:HpcrlTest/Slow-v0", "num_envs": 4, "groups": groups,
+                       env={"id": "tests.instrumented_envs:HpcrlTest/Slow-v0", "num_envs": 4, "groups": groups,
                             "kwargs": {"step_seconds": 0.002}},
                        algo={"mode": "async"},
                        roles={"learner": {"ranks": 1}, "inference": {"ranks": 1}, "env": {"ranks": 1}})

@@ -9,7 +9,7 @@ from hpcrl.runtime import comm
 from hpcrl.runtime.params import ParameterPublisher
 from hpcrl.runtime.streams import SampleReceiver, SampleSender
 from hpcrl.core.config import parse_config
-from hpcrl.envs import probe_spaces
+from hpcrl.envs import env_spaces
 from hpcrl.core.messages import EPISODE_STATS, fragment_spec, reply_spec, request_spec, weights_spec
 from hpcrl.models import PolicyRunner, build_model, copy_params_to, num_params
 from hpcrl.workers.env_rank import EnvRank
@@ -22,7 +22,7 @@ T, N, LIMIT = 16, 3, 8  # episodes are cut at 8 steps, so truncation falls on t=
 
 def collect_fragment(env: str = f"{{id: CartPole-v1, num_envs: {N}, kwargs: {{max_episode_steps: {LIMIT}}}}}"):
     cfg = parse_config(f"env: {env}\nalgo: {{rollout_length: {T}, num_minibatches: 1}}\nrun: {{seed: 5}}")
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     torch.manual_seed(0)
     model = build_model(spaces, cfg.model)
     publisher = ParameterPublisher(None, weights_spec(num_params(model)))

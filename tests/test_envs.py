@@ -8,7 +8,7 @@ import pytest
 
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.moments import ReturnScaler
-from hpcrl.envs import EnvSpaces, make_vector_env, probe_spaces, random_actions
+from hpcrl.envs import EnvSpaces, make_vector_env, env_spaces, random_actions
 
 
 def env_cfg(**env):
@@ -17,27 +17,27 @@ def env_cfg(**env):
 
 def error_of(**env) -> str:
     with pytest.raises(ConfigError) as info:
-        probe_spaces(env_cfg(**env))
+        env_spaces(env_cfg(**env))
     return str(info.value)
 
 
 # --- spaces -------------------------------------------------------------------------------------
 
 def test_spaces_of_discrete_continuous_and_image_envs():
-    assert probe_spaces(env_cfg(id="CartPole-v1")) == EnvSpaces((4,), "float32", 2)
-    lander = probe_spaces(env_cfg(id="LunarLander-v3"))
+    assert env_spaces(env_cfg(id="CartPole-v1")) == EnvSpaces((4,), "float32", 2)
+    lander = env_spaces(env_cfg(id="LunarLander-v3"))
     assert (lander.obs_shape, lander.num_actions, lander.continuous) == ((8,), 4, False)
-    cheetah = probe_spaces(env_cfg(id="HalfCheetah-v5"))
+    cheetah = env_spaces(env_cfg(id="HalfCheetah-v5"))
     assert cheetah == EnvSpaces((17,), "float64", 0, (6,), "float32", (-1.0,) * 6, (1.0,) * 6)
     assert cheetah.continuous
-    atari = probe_spaces(env_cfg(id="ALE/Breakout-v5", preset="atari"))
+    atari = env_spaces(env_cfg(id="ALE/Breakout-v5", preset="atari"))
     assert (atari.obs_shape, atari.obs_dtype, atari.num_actions) == ((4, 84, 84), "uint8", 4)
 
 
 @pytest.mark.parametrize("env_id, obs_shape", [("HalfCheetah-v5", (17,)), ("LunarLander-v3", (8,))])
 def test_mujoco_and_box2d_step_through_the_vector(env_id, obs_shape):
     cfg = env_cfg(id=env_id, num_envs=3)
-    spaces = probe_spaces(cfg)
+    spaces = env_spaces(cfg)
     envs, obs = make_vector_env(cfg, seed=1)
     rng = np.random.default_rng(0)
     for _ in range(5):
@@ -78,7 +78,7 @@ def test_class_or_factory_by_import_path_gets_kwargs_and_a_time_limit(name):
 
 
 def test_module_that_registers_an_id_still_works():
-    assert probe_spaces(env_cfg(id="tests.probe_envs:HpcrlTest/Exploding-v0")).num_actions == 2
+    assert env_spaces(env_cfg(id="tests.instrumented_envs:HpcrlTest/Exploding-v0")).num_actions == 2
 
 
 def test_import_path_errors_name_the_problem():

@@ -11,7 +11,7 @@ from tests.test_resume import wait_for_rows
 
 
 def test_hung_env_step_ends_the_job_naming_the_rank_and_what_it_did(tmp_path):
-    cfg = small_config(tmp_path, env={"id": "tests.probe_envs:HpcrlTest/Hanging-v0", "num_envs": 2,
+    cfg = small_config(tmp_path, env={"id": "tests.instrumented_envs:HpcrlTest/Hanging-v0", "num_envs": 2,
                                       "kwargs": {"hang_after": 200}},
                        run={"total_frames": 10**7, "hang_timeout_s": 4, "checkpoint_interval_s": 0.01})
     start = time.monotonic()
@@ -53,7 +53,7 @@ def test_killed_env_rank_ends_the_job_within_seconds(tmp_path):
 
 
 def test_rank_that_raises_aborts_the_whole_job(tmp_path):
-    cfg = small_config(tmp_path, env={"id": "tests.probe_envs:HpcrlTest/Exploding-v0", "num_envs": 2},
+    cfg = small_config(tmp_path, env={"id": "tests.instrumented_envs:HpcrlTest/Exploding-v0", "num_envs": 2},
                        run={"total_frames": 10**7})
     start = time.monotonic()
     result = mpirun(4, "run", str(write_config(tmp_path, cfg)), timeout=120)

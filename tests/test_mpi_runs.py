@@ -125,7 +125,7 @@ DQN_SMALL = {"name": "dqn", "rollout_length": 8, "dqn": {"batch_size": 32, "grad
 def test_env_ranks_with_remote_inference_never_import_torch(tmp_path, algo, core):
     report = tmp_path / "modules"
     report.mkdir()
-    cfg = small_config(tmp_path, env={"id": "tests.probe_envs:HpcrlTest/ModuleReporting-v0",
+    cfg = small_config(tmp_path, env={"id": "tests.instrumented_envs:HpcrlTest/ModuleReporting-v0",
                                       "kwargs": {"report_dir": str(report)}}, run={"total_frames": 256},
                        model={"core": core, "core_size": 8})
     if algo:

@@ -10,7 +10,7 @@ import torch
 from hpcrl.tools.inspect import RunDirError
 from tests.conftest import REPO, mpirun, run_dir, small_config, write_config
 from hpcrl.core.config import ConfigError, ModelConfig, parse_config
-from hpcrl.envs import EnvSpaces, make_vector_env, probe_spaces
+from hpcrl.envs import EnvSpaces, make_vector_env, env_spaces
 from hpcrl.envs.multiagent import ParallelVector, pettingzoo_vector
 from hpcrl.io.metrics import read_metrics
 from hpcrl.models import ActorCritic, build_policy
@@ -39,8 +39,8 @@ def test_agents_are_env_major_rows_with_active_masks_and_same_step_resets():
             assert (obs[:, 0] == 0).all()
 
 
-def test_probed_spaces_count_agents_and_agents_that_differ_are_padded_or_refused():
-    spaces = probe_spaces(parse_config(f"env: {SPREAD}".replace("'", '"')).env)
+def test_env_spaces_count_agents_and_agents_that_differ_are_padded_or_refused():
+    spaces = env_spaces(parse_config(f"env: {SPREAD}".replace("'", '"')).env)
     assert spaces.num_agents == 3 and spaces.agents == ("agent_0", "agent_1", "agent_2")
     assert spaces.obs_shape == (18,) and spaces.num_actions == 5
     envs, obs = make_vector_env(parse_config(f"env: {{id: '{RELAY}', num_envs: 4}}").env, seed=0)
@@ -49,7 +49,7 @@ def test_probed_spaces_count_agents_and_agents_that_differ_are_padded_or_refused
     # agent 1 observes 4 numbers and has 3 actions: the others' rows are padded with a zero and
     # their third action is masked out
     cfg = parse_config(f"env: {{id: '{RELAY}', num_envs: 2, kwargs: {{wide_agent: 1, rich_agent: 1}}}}")
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     assert spaces.obs_shape == (4,) and spaces.num_actions == 3 and spaces.action_mask
     envs, obs = make_vector_env(cfg.env, seed=0)
     assert obs[:, 3].tolist() == [0, 7, 0] * 2
@@ -57,7 +57,7 @@ def test_probed_spaces_count_agents_and_agents_that_differ_are_padded_or_refused
     envs.step(np.array([1, 2, 1] * 2))  # within each agent's own space, or Relay raises
     envs.close()
     with pytest.raises(ConfigError, match="agent_0: Box.*Discrete.*agent_1: Box.*Box.*Discrete actions"):
-        probe_spaces(parse_config(f"env: {{id: '{RELAY}', kwargs: {{box_agent: 1}}}}").env)
+        env_spaces(parse_config(f"env: {{id: '{RELAY}', kwargs: {{box_agent: 1}}}}").env)
 
 
 def test_algorithms_refuse_envs_of_the_wrong_kind():
@@ -280,10 +280,10 @@ def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_
 def test_single_agent_envs_that_give_masks_in_info_act_and_learn_under_them(tmp_path):
     """tests.custom_envs:MaskedKeys raises on an invalid key: a run that ends cleanly never took one.
     A random valid key earns about 8/3 an episode, the best valid key every time 8."""
-    spaces = probe_spaces(parse_config("env: {id: 'tests.custom_envs:MaskedKeys'}").env)
+    spaces = env_spaces(parse_config("env: {id: 'tests.custom_envs:MaskedKeys'}").env)
     assert spaces.action_mask and spaces.num_actions == 6 and not spaces.multiagent
     with pytest.raises(ConfigError, match="gives info\\['action_mask'\\] of 5 entries for action space Discrete\\(6\\)"):
-        probe_spaces(parse_config("env: {id: 'tests.custom_envs:MaskedKeys', kwargs: {width: 5}}").env)
+        env_spaces(parse_config("env: {id: 'tests.custom_envs:MaskedKeys', kwargs: {width: 5}}").env)
     cfg = small_config(tmp_path, env={"id": "tests.custom_envs:MaskedKeys", "num_envs": 4},
                        algo={"rollout_length": 16, "epochs": 4, "lr": 0.003}, model={"hidden_sizes": [32]},
                        run={"total_frames": 4096})
@@ -296,7 +296,7 @@ def test_single_agent_envs_that_give_masks_in_info_act_and_learn_under_them(tmp_
 def test_a_centralised_critic_reads_the_env_state_that_ends_each_row_and_the_policy_never_does():
     cfg = parse_config("env: {id: 'tests.ma_envs:StatefulRelay', num_envs: 2}\nalgo: {name: mappo}")
     assert cfg.env.global_state  # resolved: mappo reads the state where the env has one
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     assert spaces.obs_shape == (3 + 2,) and spaces.state_dim == 2
     envs, obs = make_vector_env(cfg.env, seed=0)
     assert obs[:, 3:].tolist() == [[0, 3]] * 6  # every row of every env: step 0, 3 agents in
@@ -311,7 +311,7 @@ def test_a_centralised_critic_reads_the_env_state_that_ends_each_row_and_the_pol
     assert torch.equal(model.log_probs(x), model.log_probs(other))  # the policy never reads the state
     assert not torch.allclose(model.value(x), model.value(other))
     assert torch.equal(model.critic_input(x)[:, :2], x[:, 3:])
-    plain = probe_spaces(parse_config("env: {id: 'tests.ma_envs:Relay'}\nalgo: {name: mappo}").env)
+    plain = env_spaces(parse_config("env: {id: 'tests.ma_envs:Relay'}\nalgo: {name: mappo}").env)
     assert plain.state_dim == 0 and plain.obs_shape == (3,)  # no state(): the agents' observations
     with pytest.raises(ConfigError, match="env.global_state: the env's state is read by a centralised critic"):
         parse_config("env: {id: 'tests.ma_envs:StatefulRelay', global_state: true}\nalgo: {name: ippo}")

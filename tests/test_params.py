@@ -5,14 +5,14 @@ import json
 import numpy as np
 
 from hpcrl.io.metrics import read_metrics
-from tests.conftest import mpirun, mpirun_probe, run_dir, small_config, write_config
+from tests.conftest import mpirun, mpirun_script, run_dir, small_config, write_config
 
 
 def test_every_holder_gets_the_newest_versions_and_the_stop_word_through_a_tree_of_node_leaders(tmp_path):
     # 7 ranks on 4 synthetic nodes: the root alone on node 0, two holders on each other node
     # (leaders 1, 3, 5 in a tree under the root; 2, 4, 6 read their node's shared window); 6 is slow
     nodes, slow = "0,1,1,2,2,3,3", 6
-    result = mpirun_probe(7, "param_tree_probe.py", str(tmp_path), nodes, str(slow))
+    result = mpirun_script(7, "mpi_param_tree.py", str(tmp_path), nodes, str(slow))
     assert result.returncode == 0, result.stdout + result.stderr
     records = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(1, 7)}
     for rank, record in records.items():
@@ -28,7 +28,7 @@ def test_a_slow_policy_holder_does_not_set_the_learners_pace(tmp_path):
     report = tmp_path / "slow_steps.txt"
     cfg = small_config(tmp_path, run={"total_frames": 4800, "log_interval_s": 60},
                        roles={"learner": {"ranks": 1}, "inference": {"ranks": 0}, "env": {"ranks": "rest"}},
-                       env={"id": "tests.probe_envs:HpcrlTest/SlowOnOneRank-v0", "num_envs": 2,
+                       env={"id": "tests.instrumented_envs:HpcrlTest/SlowOnOneRank-v0", "num_envs": 2,
                             "kwargs": {"slow_rank": 3, "step_seconds": 0.2, "report": str(report)}},
                        algo={"mode": "async", "rollout_length": 8, "epochs": 2, "max_policy_lag": 1000})
     result = mpirun(4, "run", str(write_config(tmp_path, cfg)), timeout=300)

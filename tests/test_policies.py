@@ -10,7 +10,7 @@ from hpcrl.core.layout import plan_layout
 from hpcrl.core.messages import fragment_spec, take_rows
 from hpcrl.core.observations import Leaf, ObsLeaves
 from hpcrl.core.policies import agent_policies, policy_spaces, row_policies
-from hpcrl.envs import probe_spaces
+from hpcrl.envs import env_spaces
 from hpcrl.io.checkpoint import load_latest
 from hpcrl.io.metrics import read_metrics
 from hpcrl.models import PolicyRunner, build_policy
@@ -50,7 +50,7 @@ def test_the_config_checks_policy_names_expressions_and_the_algorithm():
 
 def test_each_policy_sees_its_own_agents():
     cfg = parse_config(f"env: {{id: '{RELAY}'}}\nalgo: {{name: mappo}}\npolicies: {{even: 'agent_[02]', odd: '.*'}}")
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     even, odd = policy_spaces(spaces, cfg.policies)
     assert (even.agents, even.num_agents, odd.agents, odd.num_agents) == (("agent_0", "agent_2"), 2, ("agent_1",), 1)
     # MAPPO's critic reads its own team: (obs + one-hot) x the policy's agents
@@ -99,7 +99,7 @@ def test_a_policy_record_takes_its_agents_columns_of_the_whole_fragment():
 
 def test_a_policy_server_runs_each_row_with_its_own_policy():
     cfg = parse_config(f"env: {{id: '{RELAY}'}}\nalgo: {{name: ippo}}\npolicies: {{even: 'agent_[02]', odd: '.*'}}")
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     runners = []
     for p, own in enumerate(policy_spaces(spaces, cfg.policies)):
         torch.manual_seed(p)
@@ -138,7 +138,7 @@ def test_two_policies_train_side_by_side_and_resume(tmp_path):
     assert np.all(m["even.episodes"] + m["odd.episodes"] == m["episodes"])  # the row pools every agent
     assert m["frames"].tolist() == [64 * k for k in range(1, len(m["frames"]) + 1)]  # env steps, counted once
     checkpoint, _, _ = load_latest(str(run_dir(cfg) / "checkpoint.h5"))
-    spaces = policy_spaces(probe_spaces(parse_config(checkpoint["config"]).env), cfg["policies"])
+    spaces = policy_spaces(env_spaces(parse_config(checkpoint["config"]).env), cfg["policies"])
     even, odd = (build_policy(s, parse_config(checkpoint["config"])) for s in spaces)
     even.load_state_dict(checkpoint["model"])  # the first policy at the top, the others in /policies
     odd.load_state_dict(checkpoint["policies"]["odd"]["model"])
@@ -186,7 +186,7 @@ def test_seats_give_one_learning_seat_per_game_against_the_pool_and_judge_it():
 def test_a_holder_snapshots_its_policy_into_the_pool_every_few_versions():
     from hpcrl.workers.selfplay import Pool
     cfg = parse_config(f"env: {{id: '{RELAY}'}}\nalgo: {{name: ippo}}")
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
 
     def runner():
         return PolicyRunner(build_policy(spaces, cfg), "cpu", seed=0)

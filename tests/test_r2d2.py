@@ -9,11 +9,11 @@ from hpcrl.algos.dqn import sequence_td_errors
 from hpcrl.algos.sequences import rescale, sequence_priorities, sequence_targets, unrescale
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.messages import replay_fields
-from hpcrl.envs import probe_spaces
+from hpcrl.envs import env_spaces
 from hpcrl.models import build_policy
 from hpcrl.models.q import RecurrentQNetwork
 from hpcrl.io.checkpoint import load_checkpoint
-from hpcrl.workers.self_fed import self_fed
+from hpcrl.workers.solo_actor import solo_actor
 from tests.conftest import mpirun, run_dir, small_config, write_config
 from tests.test_mpi_runs import check_finished
 
@@ -79,17 +79,17 @@ def config(core: str = "lstm", **dqn):
 def collect(cfg, records: int = 6):
     """`records` records of one env rank with an inline recurrent Q-network (in one process, real MPI
     self-messages), and that network."""
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     torch.manual_seed(0)
-    fed = self_fed(cfg, spaces)
-    names = [*replay_fields(fed.receiver.slots[0].spec), "priorities"]
+    solo = solo_actor(cfg, spaces)
+    names = [*replay_fields(solo.receiver.slots[0].spec), "priorities"]
     got = []
-    fed.records(records, 200 * records,
-                lambda r: got.append({name: r[name][:r.get("count")].copy() for name in names}))
-    fed.close()
+    solo.records(records, 200 * records,
+                 lambda r: got.append({name: r[name][:r.get("count")].copy() for name in names}))
+    solo.close()
     if len(got) < records:
         pytest.fail(f"{len(got)} of {records} records arrived")
-    return fed.model, {name: np.concatenate([g[name] for g in got]) for name in got[0]}
+    return solo.model, {name: np.concatenate([g[name] for g in got]) for name in got[0]}
 
 
 def unroll(model, seq, length):
@@ -142,7 +142,7 @@ def test_stored_sequences_overlap_and_carry_the_states_and_priorities_the_networ
 
 def test_burn_in_steps_warm_the_state_up_without_gradients():
     cfg = config()
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     model = build_policy(spaces, cfg)
     assert isinstance(model, RecurrentQNetwork)
     B = 2
@@ -162,7 +162,7 @@ def test_burn_in_steps_warm_the_state_up_without_gradients():
 
 def test_the_trainers_td_errors_are_the_step_by_step_double_q_targets():
     cfg = config()
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     torch.manual_seed(1)
     online, target = build_policy(spaces, cfg), build_policy(spaces, cfg)
     _, seqs = collect(cfg, records=2)

@@ -10,15 +10,15 @@ from hpcrl.algos.ppo import PPOStep
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.dataflow import inference_messages
 from hpcrl.core.seeds import env_seeds, seed_for
-from hpcrl.envs import probe_spaces
+from hpcrl.envs import env_spaces
 from hpcrl.envs.pomdp import CARTPOLE_POSITIONS
 from hpcrl.core.messages import weights_spec
 from hpcrl.models import build_policy, make_runner, num_params
 from hpcrl.runtime import comm
 from hpcrl.runtime.params import ParameterPublisher
 from hpcrl.workers.policy_server import InlinePolicy, PolicySet
-from hpcrl.workers.self_fed import self_fed
-from tests.conftest import mpirun_probe
+from hpcrl.workers.solo_actor import solo_actor
+from tests.conftest import mpirun_script
 
 T, N, LIMIT = 12, 3, 5  # episodes are cut at 5 steps: every fragment has episode starts inside it
 
@@ -33,17 +33,17 @@ def collect(cfg, fragments: int = 2, init_seed: int = 0, sampler_seed: int = 0):
     """`fragments` fragments of one env rank with an inline recurrent policy (in one process, real
     MPI self-messages), and the network that acted (its weights from torch seed `init_seed`, its
     actions drawn from a generator seeded `sampler_seed`)."""
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     torch.manual_seed(init_seed)
-    fed = self_fed(cfg, spaces, sampler_seed=sampler_seed)
+    solo = solo_actor(cfg, spaces, sampler_seed=sampler_seed)
     got = []
-    fed.records(fragments, 20 * T * fragments,
-                lambda r: got.append({name: array.copy() for name, array in r.arrays.items()}),
-                version_due=lambda actor: cfg.algo.mode == "sync" and actor.version_fragments == 0)
-    fed.close()
+    solo.records(fragments, 20 * T * fragments,
+                 lambda r: got.append({name: array.copy() for name, array in r.arrays.items()}),
+                 version_due=lambda actor: cfg.algo.mode == "sync" and actor.version_fragments == 0)
+    solo.close()
     if len(got) < fragments:
         pytest.fail(f"{len(got)} of {fragments} fragments arrived")
-    return fed.model, got
+    return solo.model, got
 
 
 @pytest.mark.parametrize("core", ["gru", "lstm"])
@@ -90,7 +90,7 @@ def test_a_policy_server_on_3_ranks_gives_the_hidden_states_and_actions_of_an_in
                 f"algo: {{rollout_length: {T}, num_minibatches: {N}, mode: sync, train: false}}\n"
                 "model: {core: lstm, core_size: 8, hidden_sizes: [16]}\n")
     (tmp_path / "r.yaml").write_text(cfg_text)
-    result = mpirun_probe(3, "recurrent_probe.py", str(tmp_path), str(tmp_path / "r.yaml"))
+    result = mpirun_script(3, "mpi_recurrent_run.py", str(tmp_path), str(tmp_path / "r.yaml"))
     assert result.returncode == 0, result.stdout + result.stderr
     saved = np.load(tmp_path / "fragments.npz")
     remote = [{name.split("/")[1]: saved[name] for name in saved.files if name.startswith(f"{i}/")} for i in range(3)]
@@ -152,7 +152,7 @@ def test_the_trainer_replays_whole_fragments_as_sequences_split_at_episode_bound
 def test_hidden_states_reset_only_where_an_episode_starts():
     """A policy holder zeroes the state of rows that start an episode and keeps the others'."""
     cfg = config("gru")
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     runner = make_runner(build_policy(spaces, cfg), "cpu", seed=0)
     request, reply = inference_messages(cfg, spaces, groups=1)
     policy = InlinePolicy(PolicySet([runner], [comm.LocalWeightSubscriber(
@@ -186,7 +186,7 @@ def test_cartpole_positions_hides_the_velocities():
     whole, _ = full.reset(seed=4)
     np.testing.assert_array_equal(obs, whole[[0, 2]])
     assert env.observation_space.shape == (2,)
-    assert probe_spaces(parse_config(f"env: {{id: {CARTPOLE_POSITIONS}}}").env).obs_shape == (2,)
+    assert env_spaces(parse_config(f"env: {{id: {CARTPOLE_POSITIONS}}}").env).obs_shape == (2,)
 
 
 @pytest.mark.parametrize("global_state", [True, False], ids=["env-state-critic", "agents-memory-critic"])

@@ -8,7 +8,7 @@ import pytest
 from hpcrl.core.config import ROLE_NAMES, ConfigError, parse_config
 from hpcrl.core.contracts import BatchSource, TrainerStep, Worker
 from hpcrl.core.dataflow import ALGORITHMS, POLICY_KINDS, STREAM_KINDS, inference_messages
-from hpcrl.envs import probe_spaces
+from hpcrl.envs import env_spaces
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -29,7 +29,7 @@ def test_each_algorithm_declares_a_complete_dataflow(name):
     for stream in algorithm.streams:
         assert stream.source in algorithm.workers and stream.sink in (*algorithm.workers, "*"), stream
     cfg = parse_config(f"algo: {{name: {name}}}")
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     record = algorithm.record(cfg, spaces)
     request, reply = inference_messages(cfg, spaces, groups=2)
     for message in (record, request, reply):

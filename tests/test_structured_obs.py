@@ -10,7 +10,7 @@ from hpcrl.core.dataflow import fragment_record, inference_messages
 from hpcrl.core.messages import request_spec
 from hpcrl.core.observations import Leaf, ObsLeaves
 from hpcrl.envs.obs_leaves import leaves_of
-from hpcrl.envs import probe_spaces
+from hpcrl.envs import env_spaces
 from hpcrl.io.metrics import read_metrics
 from hpcrl.models import build_policy
 from hpcrl.runtime import comm
@@ -60,7 +60,7 @@ def test_dict_messages_have_a_field_per_leaf_and_round_trip_over_mpi():
 
 def test_each_key_gets_its_own_encoder_and_normaliser():
     cfg = parse_config(f"env: {DICT_ENV}\nmodel: {{hidden_sizes: [8], obs_norm: true}}")
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     assert [leaf.key for leaf in spaces.obs_leaves.leaves] == ["cart", "parity", "pole.0", "pole.1"]  # Dict sorts
     model = build_policy(spaces, cfg)
     kinds = dict(zip(model.structured.keys, model.structured.kinds))
@@ -85,7 +85,7 @@ def test_each_key_gets_its_own_encoder_and_normaliser():
 def test_dict_observations_refuse_what_cannot_take_them():
     with pytest.raises(ConfigError, match="model.encoder: cnn reads Box image observations"):
         cfg = parse_config(f"env: {DICT_ENV}\nmodel: {{encoder: cnn}}")
-        build_policy(probe_spaces(cfg.env), cfg)
+        build_policy(env_spaces(cfg.env), cfg)
 
 
 @pytest.mark.parametrize("ranks, mode, core", [(1, "sync", "none"), (3, "async", "gru")])
@@ -131,7 +131,7 @@ def test_a_dict_env_trains_with_dqn_and_r2d2(tmp_path, ranks, core):
 def test_minigrid_runs_with_its_dict_observations(tmp_path):
     cfg = small_config(tmp_path, run={"total_frames": 512}, env={"id": "minigrid:MiniGrid-DoorKey-5x5-v0"},
                        roles={"learner": {"ranks": 1}, "inference": {"ranks": 0}, "env": {"ranks": "rest"}})
-    spaces = probe_spaces(parse_config(f"env: {{id: 'minigrid:MiniGrid-DoorKey-5x5-v0'}}").env)
+    spaces = env_spaces(parse_config(f"env: {{id: 'minigrid:MiniGrid-DoorKey-5x5-v0'}}").env)
     assert [leaf.key for leaf in spaces.obs_leaves.leaves] == ["direction", "image"]
     assert spaces.obs_leaves.dropped == ("mission",)
     result = mpirun(1, "run", str(write_config(tmp_path, cfg)))

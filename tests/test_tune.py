@@ -9,6 +9,7 @@ import yaml
 
 from hpcrl.core.config import parse_config
 from hpcrl.envs import EnvSpaces
+from hpcrl.tools.cli import _parser
 from hpcrl.tools.tune.model import Measured, fit_line
 from hpcrl.tools.tune.search import candidates
 from tests.conftest import REPO, mpirun, run_hpcrl
@@ -74,10 +75,10 @@ def test_hpcrl_tune_measures_writes_a_config_that_runs(tmp_path):
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     run = mpirun(4, "run", str(tmp_path / "run.yaml"))
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "averaging (wall seconds added to a gradient step) 2 learners" in text  # the 2-rank probe ran
+    assert "averaging (wall seconds added to a gradient step) 2 learners" in text  # the 2-rank measurement ran
     costs = tmp_path / "costs.json"
     dqn = run_hpcrl("tune", str(REPO / "jobs/cartpole_dqn.yaml"), "--ranks-per-node", "4", "--budget-s", "2",
-                    "--no-learner-probe", "-o", str(tmp_path / "dqn.yaml"), "--save-costs", str(costs))
+                    "--no-averaging-measure", "-o", str(tmp_path / "dqn.yaml"), "--save-costs", str(costs))
     assert dqn.returncode == 0, dqn.stdout + dqn.stderr
     # costs saved once plan other sizes without measuring again, for the same env, algorithm and network only
     again = run_hpcrl("tune", str(REPO / "jobs/cartpole_dqn.yaml"), "--ranks-per-node", "16", "--nodes", "2",
@@ -86,7 +87,7 @@ def test_hpcrl_tune_measures_writes_a_config_that_runs(tmp_path):
     other = run_hpcrl("tune", str(REPO / "jobs/cartpole_appo.yaml"), "--ranks-per-node", "4", "--costs", str(costs))
     assert other.returncode == 2 and "measured for" in other.stderr and "'algo': 'dqn'" in other.stderr
     no_gpu = run_hpcrl("tune", str(REPO / "jobs/cartpole_appo.yaml"), "--ranks-per-node", "4", "--gpus-per-node", "1",
-                       "--budget-s", "2", "--no-learner-probe")
+                       "--budget-s", "2", "--no-averaging-measure")
     if torch.cuda.is_available():  # GPU costs are measured here
         assert no_gpu.returncode == 0 and "forward_cuda" in no_gpu.stdout, no_gpu.stdout + no_gpu.stderr
     else:
@@ -98,11 +99,25 @@ def test_hpcrl_tune_measures_writes_a_config_that_runs(tmp_path):
     tuned_dqn = parse_config((tmp_path / "dqn.yaml").read_text())  # validates
     assert tuned_dqn.algo.dqn.batch_size == 64 and tuned_dqn.algo.replay.replay_ratio == 32
     failed = run_hpcrl("tune", str(REPO / "jobs/cartpole_appo.yaml"), "--ranks-per-node", "4", "--budget-s", "1",
-                       "--probe-launcher", "false")
-    assert failed.returncode == 2 and "the probe of two learners failed" in failed.stderr
+                       "--averaging-launcher", "false")
+    assert failed.returncode == 2 and "the averaging measurement on two learners failed" in failed.stderr
     assert "Traceback" not in failed.stderr
     zero = run_hpcrl("tune", str(REPO / "jobs/cartpole_appo.yaml"), "--ranks-per-node", "0")
     assert zero.returncode == 2 and "--ranks-per-node must be above 0" in zero.stderr
+
+
+def test_tunes_former_flag_names_still_work_and_are_hidden(capsys):
+    base = ["tune", "c.yaml", "--ranks-per-node", "4"]
+    new = _parser().parse_args([*base, "--averaging-launcher", "srun -n 2", "--no-averaging-measure"])
+    old = _parser().parse_args([*base, "--probe-launcher", "srun -n 2", "--no-learner-probe"])
+    default = _parser().parse_args(base)
+    assert (old.averaging_launcher, old.no_averaging_measure) == (new.averaging_launcher, new.no_averaging_measure)
+    assert (new.averaging_launcher, new.no_averaging_measure) == ("srun -n 2", True)
+    assert (default.averaging_launcher, default.no_averaging_measure) == ("mpirun -n 2", False)
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["tune", "--help"])
+    shown = capsys.readouterr().out
+    assert "--averaging-launcher" in shown and "--no-averaging-measure" in shown and "probe" not in shown
 
 
 def test_sync_sampling_shares_the_cores_and_several_learners_pay_an_allreduce_per_gradient_step():

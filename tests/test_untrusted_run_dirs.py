@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from hpcrl.core.config import parse_config, to_yaml
-from hpcrl.envs import imports_of_env_id, probe_spaces
+from hpcrl.envs import imports_of_env_id, env_spaces
 from hpcrl.io.checkpoint import save_checkpoint
 from hpcrl.io.metrics import MetricsWriter
 from hpcrl.models import build_policy
@@ -26,7 +26,7 @@ def handed_run(root, env=None, counters=None, weights=None, hidden=(8,)):
     `weights(model)`'s weights of a CartPole network with 8 hidden units."""
     root.mkdir(parents=True)
     cartpole = parse_config("env: {id: CartPole-v1}\nmodel: {hidden_sizes: [8]}")
-    model = build_policy(probe_spaces(cartpole.env), cartpole)
+    model = build_policy(env_spaces(cartpole.env), cartpole)
     if weights:
         with torch.no_grad():
             weights(model)
@@ -94,7 +94,7 @@ def test_the_env_families_hpcrl_supports_import_nothing_else():
         assert imports_of_env_id(env_id) is None, env_id
     for env_id, module in (("minigrid:register_minigrid_envs", "minigrid"), ("mpe2:simple_spread_v3:x", "mpe2"),
                            ("pettingzoo:utils", "pettingzoo"), ("gymnasium:make", "gymnasium"),
-                           ("tests.probe_envs:HpcrlTest/Slow-v0", "tests.probe_envs")):
+                           ("tests.instrumented_envs:HpcrlTest/Slow-v0", "tests.instrumented_envs")):
         assert imports_of_env_id(env_id) == module, env_id
 
 

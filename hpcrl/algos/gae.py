@@ -1,6 +1,8 @@
 """Generalised advantage estimation (Schulman et al. 2016) over [T, N] fragments.
 
-The one place GAE lives: the learner, the tests and (later) the C kernel's reference all call it.
+The numpy reference, the one place the recursion is written in Python; `hpcrl.algos.kernels` runs
+the same recursion in C when the extension is built (the learner calls it there), and the tests
+compare the two.
 Episode ends come in two kinds. A terminated episode has no future (its successor value is 0); a
 truncated one (time limit) does, so its successor value is the critic's value of the final
 observation, which env ranks send as `trunc_values`. Both cut the recursion.

@@ -1,2 +1,3 @@
-"""The pure core: config, layout, message layouts, seeds. numpy and yaml only: no MPI, no torch,
-no h5py, so every rank, `hpcrl plan` and the tests can use it anywhere."""
+"""The pure core: config, the algorithm registry (dataflow), layout and sizing, message layouts,
+policies, seeds, why a run stops. numpy and yaml only: no MPI, no torch, no h5py, so every rank,
+`hpcrl plan` and the tests can use it anywhere."""

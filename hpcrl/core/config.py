@@ -2,6 +2,9 @@
 
 Pure Python (no MPI, no torch): every rank can validate a config, and `hpcrl plan` works on a
 laptop. Each field carries its meaning in `metadata["doc"]`; the YAML keys are the field names.
+The roles table (config_roles.py), env (config_env.py), DQN (config_dqn.py) and self-play
+(config_selfplay.py) sections have modules of their own, with the helpers in config_base.py;
+this module assembles the whole Config, checks what crosses sections, and loads it.
 """
 from __future__ import annotations
 
@@ -15,63 +18,25 @@ import yaml
 
 from hpcrl.core.config_base import ConfigError, check, doc, load_yaml, shown
 from hpcrl.core.config_dqn import DQNConfig, ReplayConfig, validate_dqn
+# the env and roles sections have modules of their own; every name they had here is re-exported,
+# so callers still import any config name from hpcrl.core.config
+from hpcrl.core.config_env import (ENV_BACKENDS, ENV_PRESETS, MAX_FRAME_SIZE, MAX_FRAME_STACK,  # noqa: F401
+                                   MAX_NUM_ENVS, AtariConfig, EnvConfig, validate_env)
+from hpcrl.core.config_roles import (DEFAULT_MAX_ENV_RANKS, DEFAULT_RANKS, DEVICES, REST,  # noqa: F401
+                                     ROLE_NAMES, RoleSpec, RolesConfig, validate_roles)
 from hpcrl.core.config_selfplay import SelfPlayConfig, validate_selfplay
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.policies import check_table
 
-REST = "rest"
-ROLE_NAMES = ("learner", "inference", "env")
-DEVICES = ("cpu", "cuda")
 ENCODERS = ("auto", "mlp", "cnn")
 CORES = ("none", "lstm", "gru")
-# Sizes a run allocates from before `hpcrl plan`'s memory estimate can be made (tools/plan.py
-# memory_problem bounds their products against run.memory_limit_gib): far above any real run
+# Sizes a run allocates from before `hpcrl plan`'s memory estimate can be made (core/sizing.py
+# memory_problem bounds their products against run.memory_limit_gib): far above any real run;
+# env.num_envs and the Atari frames are bounded in config_env.py
 MAX_SEED = 2**63 - 1  # numpy's SeedSequence takes seeds >= 0, torch.manual_seed < 2**64; int64 stores it
-MAX_NUM_ENVS = 65_536
 MAX_ROLLOUT_LENGTH = 65_536
 MAX_LAYERS, MAX_WIDTH = 64, 65_536  # model.hidden_sizes, model.core_size
-MAX_FRAME_SIZE, MAX_FRAME_STACK = 1024, 64  # one Atari env's frame stack is made to probe the env
 INT64 = 2**63  # config integers fit int64, as numpy and torch take them: no count needs more
-
-DEFAULT_RANKS = {"learner": 1, "inference": 0, "env": REST}
-DEFAULT_MAX_ENV_RANKS = 256  # per learner or inference rank, when roles.X.max_env_ranks is not set
-
-
-@dataclass
-class RoleSpec:
-    """How many ranks play one role, and on which device."""
-
-    ranks: Union[int, str, None] = doc("number of ranks for this role in total, or 'rest' for all ranks "
-                                       "left over (default: learner 1, inference 0, env rest)", default=None)
-    per_node: Union[int, None] = doc("ranks of this role on every node, instead of a total `ranks`", default=None)
-    device: str = doc("torch device for this role's policy: 'cpu' or 'cuda'", default="cpu")
-    place: str = doc("which ranks the role takes: 'low' (the lowest free ranks; learners are placed first, so "
-                     "the learner root is rank 0) or 'high' (the highest, e.g. when a heterogeneous job lists "
-                     "its GPU nodes last)", default="low")
-    max_env_ranks: Union[int, None] = doc(
-        "learner and inference: the most env ranks one such rank should serve; hpcrl plan and the run warn "
-        "above it (default 256: beyond that one server's per-poll work and buffers dominate; 0 = no limit)",
-        default=None)
-    sample_slots: Union[int, None] = doc(
-        "learner: fragments one learner holds or has in flight at once, its sample stream's memory bound "
-        "(this x the fragment size, whatever the MPI eager limit); an env rank without a free slot waits "
-        "(credit flow control). At least one batch: a fragment per env rank it trains on, or as "
-        "algo.batch_frames sets (sync mode with more than two fragments per env rank and version: also two "
-        "per other env rank, for the credits of env ranks that have sent their share). Default: the larger of "
-        "two per env rank and a batch plus one per env rank (and never below that minimum), so the next batch "
-        "arrives while one trains; async mode: at least a batch plus two per other env rank, so that env ranks "
-        "stalled with their credits (a stopped node) never keep the others from making a batch; DQN: one per "
-        "env rank, since records held back for the replay ratio grow old", default=None)
-
-
-@dataclass
-class RolesConfig:
-    """The rank-role table: learners take the lowest ranks, then inference, then env ranks."""
-
-    learner: RoleSpec = doc("ranks that train (Horovod among them)", default_factory=RoleSpec)
-    inference: RoleSpec = doc("ranks that batch observations and run the policy; 0 = inline on env ranks",
-                              default_factory=RoleSpec)
-    env: RoleSpec = doc("ranks that step gymnasium environments", default_factory=RoleSpec)
 
 
 @dataclass
@@ -107,65 +72,6 @@ class RunConfig:
                                 "bit-identical)", default=False)
     tensorboard: bool = doc("also write every metrics row as TensorBoard scalars (step = frames) in event "
                             "files in the run directory: tensorboard --logdir runs", default=True)
-
-
-ENV_BACKENDS = ("sync", "numpy", "envpool")
-ENV_PRESETS = ("atari",)
-
-
-@dataclass
-class AtariConfig:
-    """DeepMind-style Atari preprocessing, used when env.preset is 'atari' (ids such as ALE/Breakout-v5)."""
-
-    noop_max: int = doc("at most this many no-op actions after each reset (a random number in [1, noop_max]; "
-                        "0 = none)", default=30)
-    frame_skip: int = doc("emulator frames per agent step (the action repeats; the observation is the max "
-                          "of the last two frames)", default=4)
-    frame_size: int = doc("observations are frame_size x frame_size grey frames", default=84)
-    frame_stack: int = doc("the observation stacks this many most recent frames: uint8 [frame_stack, "
-                           "frame_size, frame_size]", default=4)
-    terminal_on_life_loss: bool = doc("a lost life ends the episode for training (the game goes on; "
-                                      "metrics count whole games)", default=True)
-    fire_reset: bool = doc("press FIRE after each reset, in games that have a FIRE action", default=True)
-    clip_rewards: bool = doc("train on the sign of each reward (metrics report the raw game score)",
-                             default=True)
-    repeat_action_probability: float = doc(
-        "sticky actions: chance the emulator repeats the previous action (ALE v5: 0.25; the "
-        "NoFrameskip-v4 setting of SB3/CleanRL results: 0.0)", default=0.25)
-
-
-@dataclass
-class EnvConfig:
-    """The environments every env rank steps."""
-
-    id: str = doc("gymnasium environment id (e.g. CartPole-v1, ALE/Breakout-v5), 'module:EnvId' to import a "
-                  "module that registers EnvId first, or 'module:Name' for a gymnasium.Env subclass (or a "
-                  "function returning an Env) defined in that module", default="CartPole-v1")
-    num_envs: int = doc("environments per env rank", default=8)
-    groups: Union[int, None] = doc(
-        "with remote inference, the env rank's envs are split into this many groups (vectors) that take "
-        "turns: one steps while the others wait for actions, hiding the inference round trip; must divide "
-        "num_envs (default: 2, or 1 for an odd num_envs; inline inference always uses 1)", default=None)
-    kwargs: dict = doc("keyword arguments passed to gymnasium.make (or to the class / function of a "
-                       "'module:Name' id; max_episode_steps adds a time limit in both cases)",
-                       default_factory=dict)
-    backend: str = doc("how an env rank steps its vector: 'sync' (gymnasium envs one after the other, any "
-                       "env), 'numpy' (gymnasium's numpy-vectorised env where the env has one, e.g. "
-                       "CartPole-v1), 'envpool' (envpool's C++ thread pool; pip install hpcrl[envpool])",
-                       default="sync")
-    preset: Union[str, None] = doc("a standard wrapper stack: null (none) or 'atari' (see env.atari)",
-                                   default=None)
-    atari: AtariConfig = doc("Atari preprocessing options (used with preset: atari)", default_factory=AtariConfig)
-    normalize_reward: bool = doc("train on rewards divided by a running std of the discounted return "
-                                 "(gamma = algo.gamma, clipped to +-10, as SB3's VecNormalize): env ranks send "
-                                 "their returns' moments with each fragment, the learners merge them over every "
-                                 "env rank and keep them in the checkpoint (metrics: reward_return_std); metrics "
-                                 "report raw returns", default=False)
-    global_state: Union[bool, None] = doc(
-        "PettingZoo envs with a global state (the env's state()): append it to every agent's row for MAPPO's "
-        "centralised critic, which then reads it (and the agent's index) instead of every agent's observations; "
-        "the policy never sees it. Envs without state() keep the observations. Default: true for mappo",
-        default=None)
 
 
 @dataclass
@@ -317,34 +223,7 @@ _check = check
 
 def validate(cfg: Config) -> None:
     """Range and choice checks that types alone cannot express."""
-    for role in ROLE_NAMES:
-        spec: RoleSpec = getattr(cfg.roles, role)
-        key = f"roles.{role}"
-        _check(spec.ranks is None or spec.per_node is None,
-               f"{key}: set either ranks (a total) or per_node (on every node), not both")
-        if spec.per_node is not None:
-            _check(spec.per_node >= (0 if role == "inference" else 1),
-                   f"{key}.per_node: expected >= {0 if role == 'inference' else 1}, got {spec.per_node}")
-        elif spec.ranks is None:
-            spec.ranks = DEFAULT_RANKS[role]  # resolved, so the run directory's config.yaml says it
-        _check(spec.ranks is None or spec.ranks == REST or (isinstance(spec.ranks, int) and spec.ranks >= 0),
-               f"{key}.ranks: expected a count >= 0 or 'rest', got {spec.ranks!r}")
-        _check(spec.max_env_ranks is None or spec.max_env_ranks >= 0,
-               f"{key}.max_env_ranks: expected >= 0, got {spec.max_env_ranks}")
-        _check(role != "env" or not spec.max_env_ranks,
-               f"{key}.max_env_ranks: only learner and inference ranks serve env ranks")
-        _check(spec.place in ("low", "high"), f"{key}.place: expected 'low' or 'high', got {spec.place!r}")
-        _check(spec.place == "low" or spec.ranks != REST,
-               f"{key}.place: a role with ranks: rest takes every rank left over; give it a count to place it high")
-        _check(spec.sample_slots is None or (role == "learner" and spec.sample_slots >= 1),
-               f"{key}.sample_slots: " + ("expected >= 1 (or null)" if role == "learner"
-                                         else "only learners receive fragments; set roles.learner.sample_slots"))
-        _check(spec.device in DEVICES, f"{key}.device: expected one of {', '.join(DEVICES)}, got {spec.device!r}")
-    rest = [r for r in ROLE_NAMES if getattr(cfg.roles, r).ranks == REST]
-    _check(len(rest) <= 1, f"roles: only one role may use ranks: rest, got {', '.join(rest)}")
-    _check(cfg.roles.learner.ranks != 0, "roles.learner.ranks: at least 1 learner rank is needed")
-    _check(cfg.roles.env.ranks != 0, "roles.env.ranks: at least 1 env rank is needed")
-
+    validate_roles(cfg.roles)
     r, e, a, m = cfg.run, cfg.env, cfg.algo, cfg.model
     # one path component: the run directory is output_dir/name, and --overwrite empties it
     _check(bool(r.name) and r.name not in (".", "..") and "/" not in r.name and "\0" not in r.name,
@@ -361,14 +240,7 @@ def validate(cfg: Config) -> None:
     _check(r.memory_limit_gib is None or r.memory_limit_gib > 0,
            f"run.memory_limit_gib: expected a number of GiB > 0, or null (the node's memory), got {r.memory_limit_gib}")
     _check(r.torch_threads >= 1, f"run.torch_threads: expected >= 1, got {r.torch_threads}")
-    _check(bool(e.id), "env.id: expected a gymnasium environment id such as CartPole-v1")
-    _check(1 <= e.num_envs <= MAX_NUM_ENVS, f"env.num_envs: expected 1 to {MAX_NUM_ENVS:,}, got {e.num_envs}")
-    if e.groups is None:
-        e.groups = 2 if e.num_envs % 2 == 0 else 1  # resolved, so the run directory's config.yaml says it
-    _check(e.groups >= 1 and e.num_envs % e.groups == 0,
-           f"env.groups: expected a divisor of env.num_envs ({e.num_envs}) such as "
-           f"{', '.join(str(d) for d in range(1, min(e.num_envs, 4) + 1) if e.num_envs % d == 0)}, got {e.groups}")
-    _validate_env(e)
+    validate_env(e)
     _check(a.name in ALGORITHMS, f"algo.name: expected one of {', '.join(map(repr, ALGORITHMS))}, got {a.name!r}")
     modes = ALGORITHMS[a.name].modes
     if a.mode is None:
@@ -440,34 +312,6 @@ def validate(cfg: Config) -> None:
            f"algo.num_minibatches: a recurrent core's minibatches are whole sequences of whole envs (a fragment's "
            f"columns of one env: its agents, for PettingZoo envs), so at most env.num_envs ({e.num_envs}) of "
            f"them, got {a.num_minibatches}")
-
-
-def _validate_env(e: EnvConfig) -> None:
-    _check(e.backend in ENV_BACKENDS,
-           f"env.backend: expected one of {', '.join(ENV_BACKENDS)}, got {e.backend!r}")
-    _check(e.preset is None or e.preset in ENV_PRESETS,
-           f"env.preset: expected null or one of {', '.join(ENV_PRESETS)}, got {e.preset!r}")
-    _check(all(isinstance(k, str) for k in e.kwargs),
-           lambda: f"env.kwargs: expected names as keys, got {shown(e.kwargs)}")
-    steps = e.kwargs.get("max_episode_steps")
-    # gymnasium reads -1 as "no time limit" but fails on other values < 1 when it makes the env
-    _check(steps is None or (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1),
-           lambda: f"env.kwargs.max_episode_steps: expected a positive number of steps, or null (the env's own "
-                   f"limit), got {shown(steps)}")
-    if e.preset != "atari":
-        return
-    at = e.atari
-    _check(at.noop_max >= 0, f"env.atari.noop_max: expected >= 0, got {at.noop_max}")
-    for key, most in (("frame_skip", None), ("frame_size", MAX_FRAME_SIZE), ("frame_stack", MAX_FRAME_STACK)):
-        value = getattr(at, key)
-        _check(value >= 1 and (most is None or value <= most),
-               f"env.atari.{key}: expected " + (f"1 to {most:,}" if most else ">= 1") + f", got {value}")
-    _check(0.0 <= at.repeat_action_probability <= 1.0,
-           f"env.atari.repeat_action_probability: expected a number in [0, 1], got {at.repeat_action_probability}")
-    owned = {"frameskip": "env.atari.frame_skip", "repeat_action_probability": "env.atari.repeat_action_probability",
-             "obs_type": "env.atari.frame_size (the preset makes grey frames)"}
-    for key, instead in owned.items():
-        _check(key not in e.kwargs, f"env.kwargs.{key}: the atari preset sets it; use {instead} instead")
 
 
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:

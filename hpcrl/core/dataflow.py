@@ -4,8 +4,10 @@ the record layout its samples travel in, and where its trainer step and batch so
 The wiring (`hpcrl.launch.wiring.build_workers`) reads the declaration and builds exactly the
 streams it names; the layout (ranks per role, per node, devices) comes from the config alone and
 never changes an algorithm. PPO and APPO are one algorithm in two modes; Ape-X DQN is another entry
-(transition records, a replay batch source, its own record writer and step) on the same streams, and
-MAPPO is meant to be one more (an agent axis), not new wiring. Pure: numpy and the message layouts only (every rank and `hpcrl plan` read this).
+(transition records, a replay batch source, its own record writer and step) on the same streams;
+MAPPO and IPPO are two more that reuse PPO's workers (agents are rows of the env vector) and differ
+in the network they ask for, with no new wiring. Pure: numpy and the message layouts only (every
+rank and `hpcrl plan` read this).
 Trainer steps and batch sources are named by import path, so actors never import torch.
 """
 from __future__ import annotations
@@ -194,7 +196,8 @@ PPO = Algorithm(
 )
 
 # Multi-agent PPO on PettingZoo envs: each agent is a row of the actor's vector (envs/multiagent.py),
-# every agent shares one policy (parameter sharing), inactive agents are masked out of the loss.
+# the agents share one policy (parameter sharing) unless the policies table (core/policies.py) gives
+# several; inactive agents are masked out of the loss.
 # The two differ only in what the critic reads (Yu et al. 2022; de Witt et al. 2020 for IPPO).
 MAPPO = Algorithm(
     name="mappo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,

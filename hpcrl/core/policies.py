@@ -7,7 +7,7 @@ policy per team, one per agent a policy per agent. Each policy is trained by its
 learner ranks and published on its own parameter stream; policy servers hold every policy and
 batch each request's rows by the policy of their agent.
 
-Pure (no MPI, no torch): the config, the env probe and every worker read it.
+Pure (no MPI, no torch): the config, `envs.env_spaces` and every worker read it.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ rank steps, and the spaces every role sizes buffers by.
 
 No MPI and no torch here: env ranks that use remote inference import only this and numpy.
 The vector's step contract (SAME_STEP autoreset, raw episode rewards) is described in
-hpcrl/vector_envs.py, which adapts every backend to it.
+envs/vector.py, which adapts every backend to it.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from hpcrl.envs.pomdp import register as _register_pomdp
 from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, DiscountedReturns, SyncVector,
                                envpool_vector, numpy_vector)
 
-__all__ = ["EnvSpaces", "make_env", "probe_spaces", "make_vector_env", "random_actions", "imports_of_env_id",
+__all__ = ["EnvSpaces", "make_env", "env_spaces", "make_vector_env", "random_actions", "imports_of_env_id",
            "KNOWN_ENV_FAMILIES", "RAW_REWARD", "GAME_OVER"]
 
 _register_pomdp()  # hpcrl/CartPolePositions-v1 and friends, by id like gymnasium's own
@@ -214,7 +214,7 @@ def make_vector_env(cfg: EnvConfig, seed: int | list[int], gamma: float = 0.99,
     return envs, obs
 
 
-def probe_spaces(cfg: EnvConfig) -> EnvSpaces:
+def env_spaces(cfg: EnvConfig) -> EnvSpaces:
     """Make the configured vector with one env to read its spaces; a ConfigError if the env or its
     spaces are unsupported."""
     envs = _vector(dataclasses.replace(cfg, num_envs=1), 1, seed=0, gamma=0.99)
@@ -255,7 +255,7 @@ _WARNED: set[str] = set()
 
 
 def _warn_once(message: str) -> None:
-    """A warning about the env, printed once per process (spaces are probed more than once)."""
+    """A warning about the env, printed once per process (spaces are read more than once)."""
     if message not in _WARNED:
         _WARNED.add(message)
         print(f"[hpcrl] warning: {message}", file=sys.stderr, flush=True)

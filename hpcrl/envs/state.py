@@ -56,7 +56,7 @@ def _is_config(value) -> bool:
 
 # the instance size of a class written in Python: a larger one keeps state in C (an envpool pool,
 # a pybind11 or nanobind object with a __dict__ on the side) or in __slots__, out of vars()' sight
-_PYTHON_OBJECT_SIZE = type("_Probe", (), {}).__basicsize__
+_PYTHON_OBJECT_SIZE = type("_Plain", (), {}).__basicsize__
 
 
 def _python_object(value) -> bool:

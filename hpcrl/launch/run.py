@@ -1,6 +1,6 @@
 """`hpcrl run`: start-up checks, then every rank's workers polled until the run ends.
 
-Every rank runs `run()`. Rank 0 validates the config, probes the env and prepares the run
+Every rank runs `run()`. Rank 0 validates the config, reads the env's spaces, prepares the run
 directory (new, or resumed from its checkpoint); the verdict reaches every rank, so a user mistake
 ends the job with one message and status 2 everywhere. Then each rank builds the workers the layout
 gives it (`wiring.build_workers`: the whole topology in one place) and polls them until the stop
@@ -20,7 +20,7 @@ from hpcrl.runtime import comm, signals, traffic
 from hpcrl.io import rundir
 from hpcrl.io.metrics import write_crossed_nodes, write_startup
 from hpcrl.core.config import Config, ConfigError, load_config
-from hpcrl.envs import EnvSpaces, probe_spaces
+from hpcrl.envs import EnvSpaces, env_spaces
 from hpcrl.core.layout import Layout, plan_layout
 from hpcrl.core.sizing import Sizes, memory, memory_problem, warnings
 from hpcrl.core.policies import num_policies, policy_names, policy_spaces
@@ -68,7 +68,7 @@ def _check(cfg: Config, layout: Layout, sizes: Sizes, config_path: str) -> dict:
     """Rank 0's start-up checks, before anything is written: env, memory, the policies' sizes.
     Returns state, or an error."""
     try:
-        spaces = probe_spaces(cfg.env)
+        spaces = env_spaces(cfg.env)
         from hpcrl.models import policy_params  # torch, on rank 0 only: counted on the meta device
         problem = memory_problem(cfg, layout, sizes, spaces, policy_params(cfg, spaces))  # before any allocation
         if problem:

@@ -33,7 +33,7 @@ def locate(world, node_of_world_rank: np.ndarray) -> None:
 
 def remote(comm, peers: Sequence[int]) -> list[bool]:
     """For each peer (a rank of `comm`): is it on another node than this rank? All False before
-    `locate` (a stream built outside `hpcrl run`, e.g. by a test probe)."""
+    `locate` (a stream built outside `hpcrl run`, e.g. by a test script under mpirun)."""
     if _node_of_world_rank is None or comm is None or not len(peers):
         return [False] * len(peers)
     group = comm.Get_group()

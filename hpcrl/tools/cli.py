@@ -77,8 +77,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="multi-agent games: play one seat (each in turn) against a uniform player of valid "
                          "actions, or against another run's latest checkpoint; counts wins, draws and losses")
     tu = sub.add_parser("tune", help="measure this machine for a config and write the layout the throughput "
-                        "model predicts fastest for the target nodes (one process, MPI as a singleton; and a probe of two learners "
-                        "under mpirun)")
+                        "model predicts fastest for the target nodes (one process, MPI as a singleton; and two learners "
+                        "under mpirun to measure gradient averaging)")
     tu.add_argument("config", help="rank-role YAML config")
     tu.add_argument("--ranks-per-node", type=int, required=True, help="MPI ranks per node of the target job")
     tu.add_argument("--nodes", type=int, default=1, help="nodes of the target job (default 1)")
@@ -88,9 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument("-o", "--output", help="write the tuned config here (default: print it)")
     tu.add_argument("--top", type=int, default=5, help="how many of the best layouts to list (default 5)")
     tu.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    tu.add_argument("--probe-launcher", default="mpirun -n 2",
-                    help="how to start the 2-rank probe of averaging gradients between learners (default "
+    tu.add_argument("--averaging-launcher", default="mpirun -n 2",
+                    help="how to start the 2-rank measurement of averaging gradients between learners (default "
                          "'mpirun -n 2'; e.g. 'srun -n 2' in an allocation)")
+    # its former name, hidden: users' scripts still pass it
+    tu.add_argument("--probe-launcher", dest="averaging_launcher", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     tu.add_argument("--gpus-per-node", type=int, default=0,
                     help="GPUs per node of the target job: learners and inference ranks may go on them (one per "
                          "rank); their costs are measured on this machine's GPU, or come from --costs")
@@ -99,8 +101,11 @@ def _parser() -> argparse.ArgumentParser:
                     "say) instead of measuring here")
     tu.add_argument("--memory-per-rank-gib", type=float, default=4.0,
                     help="memory one rank may use (default 4); layouts that need more are left out")
-    tu.add_argument("--no-learner-probe", action="store_true",
-                    help="skip that probe: several learners are charged only the allreduce's messages")
+    tu.add_argument("--no-averaging-measure", action="store_true",
+                    help="skip that measurement: several learners are charged only the allreduce's messages")
+    # its former name, hidden: users' scripts still pass it
+    tu.add_argument("--no-learner-probe", dest="no_averaging_measure", action="store_true",
+                    default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     ref = sub.add_parser("config-reference", help="write the config reference (every key, its type, default "
                          "and meaning) as Markdown")
     ref.add_argument("-o", "--output", help="write it here, e.g. docs/config.md (default: print it)")
@@ -201,7 +206,7 @@ def _plan(args) -> int:
     import numpy as np
 
     from hpcrl.core.config import ConfigError, load_config
-    from hpcrl.envs import probe_spaces
+    from hpcrl.envs import env_spaces
     from hpcrl.core.layout import plan_layout, simulated_nodes
     from hpcrl.core.policies import num_policies
     from hpcrl.core.sizing import Sizes, memory, traffic
@@ -212,7 +217,7 @@ def _plan(args) -> int:
         nodes = simulated_nodes(args.world_size, args.ranks_per_node or max(args.world_size, 1))
         gpus = None if args.gpus_per_node is None else np.full(args.world_size, args.gpus_per_node)
         layout = plan_layout(cfg.roles, args.world_size, nodes, gpus, num_policies(cfg.policies))
-        spaces = probe_spaces(cfg.env)
+        spaces = env_spaces(cfg.env)
         n_params = policy_params(cfg, spaces)  # counted, not allocated; ConfigError: model.encoder unfit
         sizes = Sizes.of(cfg, layout)  # ConfigError: a batch that does not fit, slots that cannot hold one
         mem = memory(cfg, layout, sizes, spaces, n_params)
@@ -236,13 +241,13 @@ def _tune(args) -> int:
         return _user_error(f"hpcrl tune: --gpus-per-node must be 0 or more, got {args.gpus_per_node}")
     try:
         tuned = tune(args.config, args.ranks_per_node, args.nodes, args.cores_per_node, args.budget_s,
-                     tuple(args.overrides), None if args.no_learner_probe else args.probe_launcher,
+                     tuple(args.overrides), None if args.no_averaging_measure else args.averaging_launcher,
                      args.gpus_per_node, args.costs, args.save_costs, int(args.memory_per_rank_gib * 2**30))
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")
     except AveragingRunError as exc:
-        return _user_error(f"hpcrl tune: the probe of two learners failed: {exc}\n(--probe-launcher sets how it "
-                           f"starts; --no-learner-probe skips it)")
+        return _user_error(f"hpcrl tune: the averaging measurement on two learners failed: {exc}\n"
+                           f"(--averaging-launcher sets how it starts; --no-averaging-measure skips it)")
     print(summary(tuned.text, tuned.ranked, args.top), end="")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:

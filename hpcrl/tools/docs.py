@@ -1,5 +1,5 @@
 """The config reference (docs/config.md), generated from the config dataclasses: every key with its
-type, default and meaning, as declared once in hpcrl/core/config.py.
+type, default and meaning, as declared once in hpcrl/core/config.py and its config_*.py sections.
 
     hpcrl config-reference -o docs/config.md
 

@@ -25,7 +25,7 @@ import torch
 from hpcrl.core.observations import apply, take
 from hpcrl.io.checkpoint import CheckpointError, check_fits, load_latest
 from hpcrl.core.config import Config, ConfigError, parse_config
-from hpcrl.envs import GAME_OVER, KNOWN_ENV_FAMILIES, RAW_REWARD, imports_of_env_id, make_vector_env, probe_spaces
+from hpcrl.envs import GAME_OVER, KNOWN_ENV_FAMILIES, RAW_REWARD, imports_of_env_id, make_vector_env, env_spaces
 from hpcrl.envs.multiagent import ENV_DONE, episode_starts
 from hpcrl.io.rundir import CHECKPOINT_FILE
 from hpcrl.core.policies import policy_spaces, row_policies
@@ -186,7 +186,7 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
         refuse_untrusted_env(cfg, run_dir)
     env_cfg = dataclasses.replace(cfg.env, num_envs=1,
                                   kwargs={**cfg.env.kwargs, **({"render_mode": "rgb_array"} if video else {})})
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     if opponent is not None and not spaces.multiagent:
         raise RunDirError(f"--opponent: {cfg.env.id} has one agent; an opponent needs a multi-agent game")
     model = _policy(cfg, checkpoint, found, spaces)

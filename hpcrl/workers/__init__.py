@@ -1,6 +1,8 @@
-"""The workers a rank can run: actor (env), policy server (inference), trainer (learner).
+"""The workers a rank can run: actor (env rank, with its algorithm's record writer), policy server
+(inference), trainer (learner, with its batch source).
 
-Submodules are imported by the launch (hpcrl.launch.run) only where needed, so actors with
-remote inference never import torch, and only the trainer's averaging (averaging.py) imports
-horovod, and only where a policy has several trainers.
+Submodules are imported through the algorithm registry (core/dataflow.py) by the wiring
+(hpcrl.launch.wiring) only where their role runs, so actors with remote inference never import
+torch, and only the trainer's averaging (averaging.py) imports horovod, and only where a
+policy has several trainers.
 """

@@ -40,8 +40,9 @@ class NStepWindow:
         self.t = 0
         self.powers = gamma ** np.arange(n + 1)
 
-    def ripe(self, obs: np.ndarray, max_q: np.ndarray, out: RecordRows) -> None:
-        """Before step t: envs with n steps held emit step t-n's transition, bootstrapped from s_t."""
+    def emit_due(self, obs: np.ndarray, max_q: np.ndarray, out: RecordRows) -> None:
+        """Before step t: emit the transitions now due, those of envs holding n steps (step t-n's,
+        bootstrapped from s_t)."""
         envs = np.flatnonzero(self.filled == self.n)
         if not len(envs):
             return
@@ -60,9 +61,9 @@ class NStepWindow:
         assign(self.obs, obs, slot)
         self.actions[slot], self.q[slot] = actions, q_taken
 
-    def rewarded(self, rewards: np.ndarray, terminated: np.ndarray, ended: np.ndarray, final_obs,
-                 max_q: np.ndarray, out: RecordRows) -> None:
-        """After step t: its rewards; envs whose episode `ended` emit every step they hold, into
+    def record_rewards(self, rewards: np.ndarray, terminated: np.ndarray, ended: np.ndarray, final_obs,
+                       max_q: np.ndarray, out: RecordRows) -> None:
+        """After step t: hold its rewards; envs whose episode `ended` emit every step they hold, into
         `final_obs[e]` (their last observation), with no bootstrap after a terminal step."""
         self.rewards[self.t % self.n] = rewards
         self.filled += 1
@@ -90,7 +91,7 @@ class TransitionWriter(ReplayWriter):
 
     def attach(self, env_rank) -> None:
         super().attach(env_rank)
-        # the most rows one group step writes: an env emits one ripe transition, then its whole
+        # the most rows one group step writes: an env emits one due transition, then its whole
         # window of n steps if its episode ends there
         self.rows_per_step = self.per_group * (self.dqn.n_step + 1)
         actions = np.zeros(self.per_group, dtype=self.record["actions"].dtype)
@@ -101,12 +102,12 @@ class TransitionWriter(ReplayWriter):
         window, q = self.windows[group.index], reply["q"]
         obs = group.request["obs"]
         max_q = q.max(1)
-        window.ripe(obs, max_q, self.out)
+        window.emit_due(obs, max_q, self.out)
         actions = self.explore(group, q)
         window.record(obs, actions, q[np.arange(self.per_group), actions])
         self.env_rank.status = f"stepping envs (step {window.t})"
         next_obs, rewards, terminated, truncated, info = group.envs.step(actions)
         ended = terminated | truncated
-        window.rewarded(rewards, terminated, ended, info.get("final_obs"), max_q, self.out)
+        window.record_rewards(rewards, terminated, ended, info.get("final_obs"), max_q, self.out)
         assign(group.request["obs"], fit(group.request["obs"], next_obs))
         self.tally.add(group, rewards, ended, info)

@@ -6,7 +6,7 @@ frames per update stay the config's own (algo.batch_frames, or what its roles ta
 target size), and algo.rollout_length and every other setting are untouched.
 
 One idea per module; `tune` below runs them in order:
-- measure.py: the costs measured in this one process (stream messages through runtime/probe.py),
+- measure.py: the costs measured in this one process (stream messages through runtime/message_costs.py),
   and the start of averaging.py, which measures on two ranks under mpirun what averaging
   gradients between learners adds to a gradient step;
 - costs.py: the measurements saved to a file, and read back instead of measuring;
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from hpcrl.core.config import ConfigError, load_config, to_dict
 from hpcrl.core.layout import plan_layout, simulated_nodes
-from hpcrl.envs import probe_spaces
+from hpcrl.envs import env_spaces
 from hpcrl.core.sizing import DEFAULT_MEMORY_PER_RANK
 from hpcrl.tools.tune.costs import load_costs, save_costs
 from hpcrl.tools.tune.measure import AVERAGING_LAUNCHER, fitted, measure_all, measure_averaging
@@ -52,7 +52,7 @@ def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: 
     import torch
     import yaml
     cfg, _ = load_config(config_path, overrides)
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     gpu = gpus_per_node > 0 or "cuda" in (cfg.roles.learner.device, cfg.roles.inference.device)
     world = nodes * ranks_per_node
     source = ""  # where the costs were measured, when not here and now

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from hpcrl.runtime import comm  # MPI at THREAD_MULTIPLE before Horovod starts its thread
     from hpcrl.core.config import load_config
-    from hpcrl.envs import probe_spaces
+    from hpcrl.envs import env_spaces
     from hpcrl.tools.tune.measure import UpdateBench, on_devices, replays
     from hpcrl.workers.averaging import averaging_hooks, averaging_optimizer, start_horovod
     world = comm.WORLD
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"hpcrl.tools.tune.averaging: run it on 2 ranks (mpirun -n 2), not {world.Get_size()}")
     cfg, _ = load_config(args.config, tuple(args.overrides))
     cfg = on_devices(cfg, "cpu")  # learners on CPUs (two on one GPU would share it)
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     start_horovod(world)
     # one learner's share of a batch split in two: half a DQN batch, or a fragment of PPO's
     size = max(1, cfg.algo.dqn.batch_size // 2) if replays(cfg) else 1

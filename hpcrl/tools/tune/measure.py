@@ -57,24 +57,24 @@ def measure_actor(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[
     per-step work (filling the record, episode statistics, final observations) are all in it."""
     import torch
 
-    from hpcrl.workers.self_fed import self_fed
+    from hpcrl.workers.solo_actor import solo_actor
     torch.set_num_threads(cfg.run.torch_threads)
     sizes = sorted({max(1, cfg.env.num_envs // 2), cfg.env.num_envs, 2 * cfg.env.num_envs})
     out = []
     for n in sizes:
         c = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=n, groups=1),
                                 algo=dataclasses.replace(cfg.algo, mode="async"))
-        fed = self_fed(c, spaces, receiver_slots=2)
+        solo = solo_actor(c, spaces, receiver_slots=2)
         steps = [0]
 
         def take(record):
             steps[0] += record.get("frames")
-        fed.records(1, 10 ** 9, take)  # warm-up
+        solo.records(1, 10 ** 9, take)  # warm-up
         steps[0], start, wall = 0, time.process_time(), time.perf_counter()
         while steps[0] < 3 * c.algo.rollout_length * n or time.perf_counter() - wall < seconds / len(sizes):
-            fed.records(1, 10 ** 9, take)
+            solo.records(1, 10 ** 9, take)
         out.append((time.process_time() - start) / steps[0] * n)
-        fed.close()
+        solo.close()
     return sizes, out
 
 
@@ -186,7 +186,7 @@ def measure_insert(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list
 def measure_messages(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
     """Seconds per message by bytes: a request and its reply together (by their bytes together),
     and a fragment with its credit."""
-    from hpcrl.runtime.probe import record_seconds, request_seconds
+    from hpcrl.runtime.message_costs import record_seconds, request_seconds
     request, reply = inference_messages(cfg, spaces, 1)
     record = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
     pair = request_seconds(request, reply, seconds / 2)

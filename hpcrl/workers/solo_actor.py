@@ -1,4 +1,4 @@
-"""An env rank's actor fed in one process: the algorithm's own actor with an inline policy, and
+"""An env rank's actor alone in one process: the algorithm's own actor with an inline policy, and
 the receiver of its records, both in this process (real MPI messages to itself). `hpcrl tune`
 times an env rank's step with it, and tests drive an actor alone with it and read its records.
 """
@@ -16,7 +16,7 @@ from hpcrl.workers.policy_server import InlinePolicy, PolicySet
 
 
 @dataclass
-class SelfFed:
+class SoloActor:
     actor: object  # an env rank (workers/env_rank.py) with the algorithm's record writer
     receiver: SampleReceiver  # of its records
     model: object  # the network whose weights the inline policy acts with
@@ -49,8 +49,8 @@ class SelfFed:
             group.envs.close()
 
 
-def self_fed(cfg: Config, spaces, model=None, sampler_seed: int = 0, receiver_slots: int = 1,
-             sender_slots: int = 2) -> SelfFed:
+def solo_actor(cfg: Config, spaces, model=None, sampler_seed: int = 0, receiver_slots: int = 1,
+               sender_slots: int = 2) -> SoloActor:
     """An env rank of `cfg` (one env group) whose inline policy acts with `model`'s weights (default:
     a network built from the current torch seed) on the config's env device. `receiver_slots`: the
     records that may wait in this process at once."""
@@ -69,7 +69,7 @@ def self_fed(cfg: Config, spaces, model=None, sampler_seed: int = 0, receiver_sl
     actor = algorithm.worker_class("env")(
         cfg, me, 0, [policy], [SampleSender(stream, me, [record.allocate() for _ in range(sender_slots)])],
         algorithm.writer_class(cfg)(cfg))
-    fed = SelfFed(actor, receiver, model, publisher)
-    fed.publish(0)
-    return fed
+    solo = SoloActor(actor, receiver, model, publisher)
+    solo.publish(0)
+    return solo
 

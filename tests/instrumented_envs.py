@@ -1,4 +1,5 @@
-"""Environments for tests that watch a run from inside, registered on import ('tests.faulty_envs:HpcrlTest/...')."""
+"""CartPoles that explode, hang, run slowly or report their imports, for tests that watch a run from
+inside; registered on import ('tests.instrumented_envs:HpcrlTest/...')."""
 import gymnasium as gym
 from gymnasium.envs.classic_control import CartPoleEnv
 
