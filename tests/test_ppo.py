@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.algos.ppo import Batch, ppo_loss, ppo_update, train_step
+from hpcrl.algos.ppo import Batch, clip_grad_norm, ppo_loss, ppo_update, train_step
 from hpcrl.core.config import AlgoConfig, ModelConfig
 from hpcrl.envs import EnvSpaces
 from hpcrl.models import build_model
@@ -145,3 +145,18 @@ def test_minibatches_keep_each_envs_agent_rows_together():
     single = Batch(*(torch.arange(8.0) for _ in range(6)))  # one row per env: PPO's permutation as before
     order = torch.cat(single.minibatches(np.random.default_rng(5), 4))
     assert order.tolist() == np.random.default_rng(5).permutation(8).tolist()
+
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])  # clipped, and left as it is
+def test_clip_grad_norm_gives_torchs_numbers(max_norm):
+    mine, torchs = [list(build_model(EnvSpaces((4,), "float32", 2), ModelConfig(hidden_sizes=[16, 16])).parameters())
+                    for _ in range(2)]
+    torch.manual_seed(0)
+    for a, b in zip(mine[1:], torchs[1:]):  # the first without a gradient: skipped, as torch skips it
+        a.grad = torch.randn_like(a)
+        b.grad = a.grad.clone()
+    torch.nn.utils.clip_grad_norm_(torchs, max_norm)
+    clip_grad_norm(mine, max_norm)
+    assert mine[0].grad is None
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(mine[1:], torchs[1:]))
