@@ -147,6 +147,17 @@ def test_minibatches_keep_each_envs_agent_rows_together():
     assert order.tolist() == np.random.default_rng(5).permutation(8).tolist()
 
 
+@pytest.mark.parametrize("envs, k, count", [(7, 1, 3), (7, 3, 3), (8, 2, 4), (5, 4, 5), (9, 1, 2)])
+def test_minibatches_are_tensor_splits_of_a_permutation_of_whole_envs(envs, k, count):
+    b = Batch(*(torch.arange(float(envs * k)) for _ in range(6)), rows_together=k)
+    parts = b.minibatches(np.random.default_rng(3), count)
+    shuffled = torch.from_numpy(np.random.default_rng(3).permutation(envs))
+    expected = [(part[:, None] * k + torch.arange(k)).reshape(-1) for part in torch.tensor_split(shuffled, count)]
+    assert [p.tolist() for p in parts] == [e.tolist() for e in expected]
+    taken = b.take(parts[0])
+    assert torch.equal(taken.advantages, b.advantages[expected[0]])
+
+
 
 @pytest.mark.parametrize("max_norm", [0.5, 1e3])  # clipped, and left as it is
 def test_clip_grad_norm_gives_torchs_numbers(max_norm):

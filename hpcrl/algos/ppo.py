@@ -47,11 +47,16 @@ class Batch:
     def take(self, idx: torch.Tensor) -> "Batch":
         """The rows `idx` (for sequences: `minibatches`' whole columns, whose first block of
         indices, step 0's, are the column numbers)."""
+        # index_select, not x[idx]: the same rows, without advanced indexing's argument parsing
+        # (5x the copy's time at 256 rows); the index moves to the batch's device once, not per field
+        idx = idx.to(self.actions.device)
+        columns = idx[:len(idx) // self.seq_len]
+
         def part(name: str):
             value = getattr(self, name)
             if name == "state0" and value is not None:
-                return value[idx[:len(idx) // self.seq_len]]
-            return take(value, idx) if isinstance(value, (torch.Tensor, dict)) else value
+                return value.index_select(0, columns)
+            return apply(lambda x: x.index_select(0, idx), value) if isinstance(value, (torch.Tensor, dict)) else value
         return Batch(*(part(f) for f in self.__dataclass_fields__))
 
     def minibatches(self, rng: np.random.Generator, count: int) -> list[torch.Tensor]:
@@ -64,7 +69,9 @@ class Batch:
             return [(torch.arange(self.seq_len)[:, None] * columns + (part[:, None] * k + torch.arange(k)).reshape(-1))
                     .reshape(-1) for part in torch.tensor_split(envs, count)]
         envs = torch.from_numpy(rng.permutation(len(self) // k))
-        return [(part[:, None] * k + torch.arange(k)).reshape(-1) for part in torch.tensor_split(envs, count)]
+        rows = envs if k == 1 else (envs[:, None] * k + torch.arange(k)).reshape(-1)
+        per, extra = divmod(len(envs), count)  # torch.tensor_split's parts of the envs, in rows
+        return list(rows.split([(per + (i < extra)) * k for i in range(count)]))
 
     def sequences(self) -> dict:
         """What a recurrent policy's `evaluate` needs besides the rows (nothing for a feed-forward one)."""
