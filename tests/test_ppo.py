@@ -171,3 +171,24 @@ def test_clip_grad_norm_gives_torchs_numbers(max_norm):
     clip_grad_norm(mine, max_norm)
     assert mine[0].grad is None
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(mine[1:], torchs[1:]))
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_without_an_entropy_bonus_the_gradient_is_that_of_an_explicit_zero_term(continuous):
+    spaces = (EnvSpaces((4,), "float32", 0, action_shape=(2,), action_dtype="float32", action_low=(-1.0, -1.0),
+                        action_high=(1.0, 1.0)) if continuous else EnvSpaces((4,), "float32", 3))
+    torch.manual_seed(0)
+    model = build_model(spaces, ModelConfig(hidden_sizes=[16]))
+    obs = torch.randn(32, 4)
+    with torch.no_grad():
+        actions, logp, values = model.sample(obs)
+    b = Batch(obs, actions, logp + 0.1 * torch.randn(32), values, torch.randn(32), values + torch.randn(32))
+    loss, _ = ppo_loss(model, b, AlgoConfig(ent_coef=0.0))
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    reference, _ = ppo_loss(model, b, AlgoConfig(ent_coef=0.0))
+    reference = reference - 0.0 * model.evaluate(obs, actions)[1].mean()  # the term as it was written
+    reference.backward()
+    assert torch.equal(loss.detach(), reference.detach())
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))

@@ -98,7 +98,8 @@ def ppo_loss(model: nn.Module, mb: Batch, cfg: AlgoConfig) -> tuple[torch.Tensor
         else:  # mean and std over the active rows
             mean = _mean(adv, w)
             adv = (adv - mean) / (_mean((adv - mean) ** 2, w).sqrt() + 1e-8)
-    pg_loss = _mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)), w)
+    neg_adv = -adv
+    pg_loss = _mean(torch.max(neg_adv * ratio, neg_adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)), w)
     old_values, returns = model.raw_of(mb.values), model.raw_of(mb.returns)
     if cfg.clip_vloss:
         clipped = old_values + (new_values - old_values).clamp(-cfg.clip_coef, cfg.clip_coef)
@@ -106,12 +107,15 @@ def ppo_loss(model: nn.Module, mb: Batch, cfg: AlgoConfig) -> tuple[torch.Tensor
     else:
         v_loss = 0.5 * _mean((new_values - returns) ** 2, w)
     ent = _mean(entropy, w)
-    loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * ent
+    loss = pg_loss + cfg.vf_coef * v_loss
+    if cfg.ent_coef:  # else the term is exactly 0 (entropies are finite) and backward need not walk its graph
+        loss = loss - cfg.ent_coef * ent
     with torch.no_grad():
+        ratio_1 = ratio - 1
         stats = {"loss_policy": pg_loss.detach(), "loss_value": v_loss.detach(), "entropy": ent.detach(),
                  # k3 estimator of KL(old || new), low variance (Schulman's note on KL approximation)
-                 "approx_kl": _mean((ratio - 1) - log_ratio, w),
-                 "clip_frac": _mean(((ratio - 1).abs() > cfg.clip_coef).float(), w)}
+                 "approx_kl": _mean(ratio_1 - log_ratio, w),
+                 "clip_frac": _mean((ratio_1.abs() > cfg.clip_coef).float(), w)}
     return loss, stats
 
 
@@ -142,7 +146,7 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
         for idx in batch.minibatches(rng, cfg.num_minibatches):
             loss, stats = ppo_loss(model, batch.take(idx), cfg)
             optimizer.zero_grad()
-            (loss * loss_scale).backward()
+            (loss if loss_scale == 1.0 else loss * loss_scale).backward()  # x1.0: the same gradient
             average_gradients()
             clip_grad_norm(params, cfg.max_grad_norm)
             apply_step()
