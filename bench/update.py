@@ -173,7 +173,8 @@ def main() -> None:
     parser.add_argument("--no-horovod", action="store_true", help="skip the Horovod case (and mpirun)")
     args = parser.parse_args()
     if not args.no_horovod and "OMPI_COMM_WORLD_SIZE" not in os.environ:  # Horovod's world of one learner
-        cmd = ["bash", str(REPO / "scripts/mpirun.sh"), "-n", "1", sys.executable, *sys.argv]
+        cmd = ["bash", str(REPO / "scripts/mpirun.sh"), "-n", "1", sys.executable, str(Path(__file__).resolve()),
+               *sys.argv[1:]]
         sys.exit(subprocess.run(cmd, cwd=REPO).returncode)
     emit(measure(args.repeats, horovod=not args.no_horovod), args.out)
 
