@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.algos.ppo import Batch, ppo_loss, ppo_update, train_step
+from hpcrl.algos.ppo import Batch, clip_grad_norm, ppo_loss, ppo_update, train_step
 from hpcrl.core.config import AlgoConfig, ModelConfig
 from hpcrl.envs import EnvSpaces
 from hpcrl.models import build_model
@@ -145,3 +145,50 @@ def test_minibatches_keep_each_envs_agent_rows_together():
     single = Batch(*(torch.arange(8.0) for _ in range(6)))  # one row per env: PPO's permutation as before
     order = torch.cat(single.minibatches(np.random.default_rng(5), 4))
     assert order.tolist() == np.random.default_rng(5).permutation(8).tolist()
+
+
+@pytest.mark.parametrize("envs, k, count", [(7, 1, 3), (7, 3, 3), (8, 2, 4), (5, 4, 5), (9, 1, 2)])
+def test_minibatches_are_tensor_splits_of_a_permutation_of_whole_envs(envs, k, count):
+    b = Batch(*(torch.arange(float(envs * k)) for _ in range(6)), rows_together=k)
+    parts = b.minibatches(np.random.default_rng(3), count)
+    shuffled = torch.from_numpy(np.random.default_rng(3).permutation(envs))
+    expected = [(part[:, None] * k + torch.arange(k)).reshape(-1) for part in torch.tensor_split(shuffled, count)]
+    assert [p.tolist() for p in parts] == [e.tolist() for e in expected]
+    taken = b.take(parts[0])
+    assert torch.equal(taken.advantages, b.advantages[expected[0]])
+
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])  # clipped, and left as it is
+def test_clip_grad_norm_gives_torchs_numbers(max_norm):
+    mine, torchs = [list(build_model(EnvSpaces((4,), "float32", 2), ModelConfig(hidden_sizes=[16, 16])).parameters())
+                    for _ in range(2)]
+    torch.manual_seed(0)
+    for a, b in zip(mine[1:], torchs[1:]):  # the first without a gradient: skipped, as torch skips it
+        a.grad = torch.randn_like(a)
+        b.grad = a.grad.clone()
+    torch.nn.utils.clip_grad_norm_(torchs, max_norm)
+    clip_grad_norm(mine, max_norm)
+    assert mine[0].grad is None
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(mine[1:], torchs[1:]))
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_without_an_entropy_bonus_the_gradient_is_that_of_an_explicit_zero_term(continuous):
+    spaces = (EnvSpaces((4,), "float32", 0, action_shape=(2,), action_dtype="float32", action_low=(-1.0, -1.0),
+                        action_high=(1.0, 1.0)) if continuous else EnvSpaces((4,), "float32", 3))
+    torch.manual_seed(0)
+    model = build_model(spaces, ModelConfig(hidden_sizes=[16]))
+    obs = torch.randn(32, 4)
+    with torch.no_grad():
+        actions, logp, values = model.sample(obs)
+    b = Batch(obs, actions, logp + 0.1 * torch.randn(32), values, torch.randn(32), values + torch.randn(32))
+    loss, _ = ppo_loss(model, b, AlgoConfig(ent_coef=0.0))
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    reference, _ = ppo_loss(model, b, AlgoConfig(ent_coef=0.0))
+    reference = reference - 0.0 * model.evaluate(obs, actions)[1].mean()  # the term as it was written
+    reference.backward()
+    assert torch.equal(loss.detach(), reference.detach())
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
