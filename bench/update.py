@@ -5,7 +5,7 @@ of 2 minibatches of 256, the 64x64 tanh MLP, Adam with a linear learning-rate sc
 max_grad_norm 0.5, torch threads 1. hpcrl: the trainer's own step (algos/ppo.py: PPOStep, with
 the network of hpcrl.models.build_policy and the optimizer of build_optimizer) on two real
 CartPole fragments, collected by an env rank with an inline policy in this process
-(workers/self_fed.py); one call is what the trainer does per update (the learning rate of the
+(workers/solo_actor.py); one call is what the trainer does per update (the learning rate of the
 schedule, fragments -> GAE -> the minibatch-epoch update). It runs with the plain optimizer (one
 learner without Horovod) and with the trainer's averaging wrapper (Horovod's DistributedOptimizer
 and the trainer's hooks, workers/trainer.py) at world size 1, which is why this script starts
@@ -43,9 +43,9 @@ def real_fragments(cfg, spaces, count: int) -> list[dict]:
     fresh network), copied out of the receiver's slots."""
     import torch
 
-    from hpcrl.workers.self_fed import self_fed
+    from hpcrl.workers.solo_actor import solo_actor
     torch.manual_seed(cfg.run.seed)
-    fed = self_fed(cfg, spaces)
+    fed = solo_actor(cfg, spaces)
     got = []
     fed.records(count, 100 * cfg.algo.rollout_length * count,
                 lambda r: got.append(_Fragment({name: array.copy() for name, array in r.arrays.items()})),
@@ -128,10 +128,10 @@ def measure(repeats: int, horovod: bool) -> dict:
     import torch
 
     from hpcrl.core.config import load_config
-    from hpcrl.envs import probe_spaces
+    from hpcrl.envs import env_spaces
     cfg, _ = load_config(str(CONFIG))
     torch.set_num_threads(cfg.run.torch_threads)
-    spaces = probe_spaces(cfg.env)
+    spaces = env_spaces(cfg.env)
     frames = ENV_RANKS * cfg.env.num_envs * cfg.algo.rollout_length
     fragments = real_fragments(cfg, spaces, ENV_RANKS)
     train, restore, sb3_shape = sb3_train(cfg, frames)
