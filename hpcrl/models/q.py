@@ -118,8 +118,14 @@ class QRunner(Runner):
     def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None = None,
             state: np.ndarray | None = None) -> None:
         """`mask`: DQN trains no env that gives action masks (its actors choose from every Q-value).
-        `state` (a recurrent Q-network): the rows' hidden states, [rows, state_size], advanced in place."""
-        out["q"][...] = self._q(obs, state, advance=True).cpu().numpy()
+        `state` (a recurrent Q-network): the rows' hidden states, [rows, state_size], advanced in place.
+        A player (`play`, hpcrl eval) takes the greedy actions, sampled or not: exploration is the
+        actors'."""
+        q = self._q(obs, state, advance=True)
+        if self.play is None:
+            out["q"][...] = q.cpu().numpy()
+        else:
+            out["actions"][...] = q.argmax(-1).cpu().numpy()
 
     @torch.inference_mode()
     def value(self, obs: np.ndarray, out: np.ndarray, state: np.ndarray | None = None) -> None:
