@@ -45,16 +45,6 @@ class QNetwork(ObservationInput):
         """[B, num_actions]."""
         return self._head(self.features(obs))
 
-    def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The greedy action (hpcrl eval --deterministic, and what the actors exploit). `mask`:
-        always None, as DQN trains no env that gives action masks (the actor-critic's signature)."""
-        return self.q_values(obs).argmax(-1)
-
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None, mask: torch.Tensor | None = None):
-        """hpcrl eval without --deterministic: a Q-network's policy is greedy (exploration is the
-        actors'), so the sample is the greedy action."""
-        return (self.mode(obs),)
-
 
 class RecurrentQNetwork(RecurrentCore, QNetwork):
     """R2D2's network (model.core with algo.name dqn): the trunk, an LSTM or GRU cell, the (dueling)
@@ -83,16 +73,6 @@ class RecurrentQNetwork(RecurrentCore, QNetwork):
 
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:
         raise TypeError("a recurrent Q-network's values depend on its state: use q_step or q_sequence")
-
-    def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None, state: torch.Tensor | None = None):
-        """The greedy actions and the rows' next states (hpcrl eval)."""
-        q, state = self.q_step(obs, state)
-        return q.argmax(-1), state
-
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None, mask: torch.Tensor | None = None,
-               state: torch.Tensor | None = None):
-        """The greedy actions (exploration is the actors') and the rows' next states."""
-        return self.mode(obs, mask, state)
 
 
 def build_q_network(spaces, cfg) -> QNetwork:
