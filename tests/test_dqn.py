@@ -139,6 +139,10 @@ def test_the_dueling_q_network_and_its_runner():
     best = np.zeros(5, np.float32)
     runner.value(obs, best)
     np.testing.assert_allclose(best, out["q"].max(1), rtol=1e-6)
+    for play in ("sample", "greedy"):  # hpcrl eval: a Q-network plays greedily (exploration is the actors')
+        actions = {"actions": np.zeros(5, np.int64)}
+        QRunner(model, "cpu", seed=0, play=play).act(obs, actions)
+        np.testing.assert_array_equal(actions["actions"], out["q"].argmax(1))
 
 
 def test_dqn_config_defaults_and_mistakes():

@@ -14,7 +14,8 @@ from hpcrl.core.messages import EPISODE_STATS, fragment_spec, reply_spec, reques
 from hpcrl.models import PolicyRunner, build_model, copy_params_to, num_params
 from hpcrl.workers.env_rank import EnvRank
 from hpcrl.workers.fragment_writer import FragmentWriter
-from hpcrl.workers.policy_server import InlinePolicy, PolicySet
+from hpcrl.workers.policy_holder import PolicySet
+from hpcrl.workers.policy_server import InlinePolicy
 from hpcrl.core.seeds import env_seeds
 
 T, N, LIMIT = 16, 3, 8  # episodes are cut at 8 steps, so truncation falls on t=7 and t=T-1=15

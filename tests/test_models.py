@@ -85,6 +85,39 @@ def test_mode_is_the_argmax_or_the_mean():
     assert (best > sampled_logp).all()  # no sample is more likely than the mode
 
 
+@pytest.mark.parametrize("core", ["none", "gru"])
+def test_a_playing_runner_answers_with_the_holders_samples_or_the_mode(core):
+    """hpcrl eval's runners (`play`): "sample" draws the actions a holder's runner draws from the
+    same seed, "greedy" takes the mode under the mask; a recurrent one advances the rows' states
+    as the model's own step does."""
+    torch.manual_seed(4)
+    model = build_model(DISCRETE, ModelConfig(hidden_sizes=[8], core=core, core_size=6))
+    obs = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32)
+    mask = np.ones((6, 4), np.uint8)
+    mask[:3, 1:] = 0  # rows 0-2 may only take action 0
+    state = np.random.default_rng(1).normal(size=(6, 6)).astype(np.float32) if model.recurrent else None
+    held = {"actions": np.zeros(6, np.int64), "logp": np.zeros(6, np.float32), "values": np.zeros(6, np.float32)}
+    PolicyRunner(model, "cpu", seed=3).act(obs, held, mask, None if state is None else state.copy())
+    sampler = PolicyRunner(model, "cpu", seed=3, play="sample")
+    assert sampler.outputs == ("actions",)
+    played = {"actions": np.zeros(6, np.int64)}
+    sampler.act(obs, played, mask, None if state is None else state.copy())
+    np.testing.assert_array_equal(played["actions"], held["actions"])
+    greedy = {"actions": np.zeros(6, np.int64)}
+    advanced = None if state is None else state.copy()
+    PolicyRunner(model, "cpu", seed=3, play="greedy").act(obs, greedy, mask, advanced)
+    with torch.no_grad():
+        extra = () if state is None else (torch.as_tensor(state),)
+        mode = model.mode(torch.as_tensor(obs), torch.as_tensor(mask).bool(), *extra)
+    if model.recurrent:
+        mode, after = mode
+        np.testing.assert_array_equal(advanced, after.numpy())
+    np.testing.assert_array_equal(greedy["actions"], mode.numpy())
+    assert (greedy["actions"][:3] == 0).all()
+    with pytest.raises(ValueError, match="play: expected None or one of"):
+        PolicyRunner(model, "cpu", seed=3, play="best")
+
+
 # --- encoders ------------------------------------------------------------------------------------------
 
 def test_nature_cnn_shapes_and_one_trunk_for_both_heads():

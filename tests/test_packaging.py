@@ -2,6 +2,8 @@
 benchmarks' baseline (Stable-Baselines3) is an extra that hpcrl itself never imports."""
 import ast
 import re
+import subprocess
+import sys
 import tomllib
 
 import yaml
@@ -91,6 +93,15 @@ def test_only_the_runtime_imports_mpi4py():
 
 def test_only_the_trainers_averaging_imports_horovod():
     assert importers("horovod") == ["workers/averaging.py"]
+
+
+def test_eval_holds_its_policies_without_mpi_or_horovod():
+    """`hpcrl eval` runs in one process, without mpirun: the policy holders' code it plays through
+    (workers/policy_holder.py) imports no transport."""
+    code = ("import sys; import hpcrl.tools.cli, hpcrl.tools.evaluate, hpcrl.workers.policy_holder; "
+            "loaded = sorted(m for m in ('mpi4py', 'horovod') if m in sys.modules); assert not loaded, loaded")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
 
 
 def test_the_core_is_pure_and_envs_need_neither_mpi_nor_torch():

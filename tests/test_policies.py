@@ -14,7 +14,7 @@ from hpcrl.envs import env_spaces
 from hpcrl.io.checkpoint import load_latest
 from hpcrl.io.metrics import read_metrics
 from hpcrl.models import PolicyRunner, build_policy
-from hpcrl.workers.policy_server import PolicySet
+from hpcrl.workers.policy_holder import PolicySet
 from tests.conftest import mpirun, run_dir, small_config, write_config
 
 RELAY = "tests.ma_envs:Relay"  # agent i is rewarded for action i % 2

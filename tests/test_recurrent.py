@@ -16,7 +16,8 @@ from hpcrl.core.messages import weights_spec
 from hpcrl.models import build_policy, make_runner, num_params
 from hpcrl.runtime import comm
 from hpcrl.runtime.params import ParameterPublisher
-from hpcrl.workers.policy_server import InlinePolicy, PolicySet
+from hpcrl.workers.policy_holder import PolicySet
+from hpcrl.workers.policy_server import InlinePolicy
 from hpcrl.workers.solo_actor import solo_actor
 from tests.conftest import mpirun_script
 

@@ -110,6 +110,7 @@ class Message:
 # several policies; its rows say theirs.
 DEFAULT_POLICY = 0
 STOP = 1  # flags bit: the run is over; the receiver finishes and exits
+END = STOP  # flags bit of a parameter stream's last version: the stream closes after it
 PREEMPTED = 2  # flags bit, with STOP: the run was stopped by a signal and will resume from its checkpoint
 OUTPUT_FAILED = 4  # flags bit, with STOP: the learner root could not write its outputs (a full disk)
 VALUES_ONLY = 8  # request flags bit: only the values are wanted (sync mode's bootstrap after step T):

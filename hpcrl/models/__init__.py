@@ -58,7 +58,8 @@ def policy_params(cfg: Config, spaces: EnvSpaces) -> int:
         return max(num_params(build_policy(s, cfg)) for s in policy_spaces(spaces, cfg.policies))
 
 
-def make_runner(model: ObservationInput, device: str, seed: int) -> Runner:
-    """The runner that answers requests with `model`: PolicyRunner or QRunner."""
+def make_runner(model: ObservationInput, device: str, seed: int, play: str | None = None) -> Runner:
+    """The runner that answers requests with `model`: PolicyRunner or QRunner; with `play`
+    ("sample" or "greedy", hpcrl eval), one that answers with actions alone (models/runner.py)."""
     from hpcrl.models.q import QNetwork, QRunner
-    return (QRunner if isinstance(model, QNetwork) else PolicyRunner)(model, device, seed)
+    return (QRunner if isinstance(model, QNetwork) else PolicyRunner)(model, device, seed, play=play)

@@ -45,16 +45,6 @@ class QNetwork(ObservationInput):
         """[B, num_actions]."""
         return self._head(self.features(obs))
 
-    def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The greedy action (hpcrl eval --deterministic, and what the actors exploit). `mask`:
-        always None, as DQN trains no env that gives action masks (the actor-critic's signature)."""
-        return self.q_values(obs).argmax(-1)
-
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None, mask: torch.Tensor | None = None):
-        """hpcrl eval without --deterministic: a Q-network's policy is greedy (exploration is the
-        actors'), so the sample is the greedy action."""
-        return (self.mode(obs),)
-
 
 class RecurrentQNetwork(RecurrentCore, QNetwork):
     """R2D2's network (model.core with algo.name dqn): the trunk, an LSTM or GRU cell, the (dueling)
@@ -84,16 +74,6 @@ class RecurrentQNetwork(RecurrentCore, QNetwork):
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:
         raise TypeError("a recurrent Q-network's values depend on its state: use q_step or q_sequence")
 
-    def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None, state: torch.Tensor | None = None):
-        """The greedy actions and the rows' next states (hpcrl eval)."""
-        q, state = self.q_step(obs, state)
-        return q.argmax(-1), state
-
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None, mask: torch.Tensor | None = None,
-               state: torch.Tensor | None = None):
-        """The greedy actions (exploration is the actors') and the rows' next states."""
-        return self.mode(obs, mask, state)
-
 
 def build_q_network(spaces, cfg) -> QNetwork:
     """DQN's network for cfg (the whole Config): recurrent with model.core (R2D2)."""
@@ -118,8 +98,14 @@ class QRunner(Runner):
     def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None = None,
             state: np.ndarray | None = None) -> None:
         """`mask`: DQN trains no env that gives action masks (its actors choose from every Q-value).
-        `state` (a recurrent Q-network): the rows' hidden states, [rows, state_size], advanced in place."""
-        out["q"][...] = self._q(obs, state, advance=True).cpu().numpy()
+        `state` (a recurrent Q-network): the rows' hidden states, [rows, state_size], advanced in place.
+        A player (`play`, hpcrl eval) takes the greedy actions, sampled or not: exploration is the
+        actors'."""
+        q = self._q(obs, state, advance=True)
+        if self.play is None:
+            out["q"][...] = q.cpu().numpy()
+        else:
+            out["actions"][...] = q.argmax(-1).cpu().numpy()
 
     @torch.inference_mode()
     def value(self, obs: np.ndarray, out: np.ndarray, state: np.ndarray | None = None) -> None:

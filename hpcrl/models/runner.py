@@ -56,16 +56,29 @@ def load_params_from(model: nn.Module, flat: np.ndarray) -> None:
             offset += n
 
 
+PLAYS = ("sample", "greedy")
+
+
 class Runner:
     """Runs a policy network forward on numpy batches for a policy holder: `act` fills the reply
     fields named in `outputs` (views into a reply buffer, or a policy server's batch arrays).
     Forwards run under torch.inference_mode, not no_grad: it skips autograd's version counting,
     about a tenth of a small policy's forward on a CPU policy server, and nothing a runner
-    computes is ever differentiated."""
+    computes is ever differentiated.
+
+    `play` (hpcrl eval: a player, not a server of actors): the runner answers with the actions
+    alone (`outputs` is ("actions",)), "sample" drawn as a holder draws them, "greedy" the most
+    likely ones (an actor-critic's mode; a Q-network's argmax, sampled or not, as exploration is
+    the actors')."""
 
     outputs: tuple[str, ...] = ()
 
-    def __init__(self, model: ObservationInput, device: str, seed: int):
+    def __init__(self, model: ObservationInput, device: str, seed: int, play: str | None = None):
+        if play is not None and play not in PLAYS:
+            raise ValueError(f"play: expected None or one of {PLAYS}, got {play!r}")
+        self.play = play
+        if play is not None:
+            self.outputs = ("actions",)
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.model.eval()
@@ -94,6 +107,9 @@ class PolicyRunner(Runner):
         """`mask`: each row's valid actions (envs that give action masks). `state` (a recurrent
         policy): the rows' hidden states, [rows, state_size], advanced in place."""
         mask = None if mask is None else torch.as_tensor(mask, device=self.device).bool()
+        if self.play == "greedy":
+            self._greedy(obs, out, mask, state)
+            return
         if not self.model.recurrent:
             a, lp, v = self.model.sample(self._tensor(obs), self.generator, mask)
         else:  # without `state`, rows without a history (zero states)
@@ -102,8 +118,20 @@ class PolicyRunner(Runner):
             if state is not None:
                 state[...] = new.cpu().numpy()
         out["actions"][...] = a.cpu().numpy()
-        out["logp"][...] = lp.cpu().numpy()
-        out["values"][...] = v.cpu().numpy()
+        if self.play is None:
+            out["logp"][...] = lp.cpu().numpy()
+            out["values"][...] = v.cpu().numpy()
+
+    def _greedy(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: torch.Tensor | None,
+                state: np.ndarray | None) -> None:
+        """The most likely actions: the valid argmax (categorical), the mean (Gaussian)."""
+        if not self.model.recurrent:
+            a = self.model.mode(self._tensor(obs), mask)
+        else:
+            a, new = self.model.mode(self._tensor(obs), mask, None if state is None else self._tensor(state))
+            if state is not None:
+                state[...] = new.cpu().numpy()
+        out["actions"][...] = a.cpu().numpy()
 
     @torch.inference_mode()
     def value(self, obs: np.ndarray, out: np.ndarray, state: np.ndarray | None = None) -> None:

@@ -26,11 +26,10 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl.core.messages import STOP, Message, MessageSpec
+from hpcrl.core.messages import END, Message, MessageSpec
 from hpcrl.runtime import traffic
 
 PARAMS_TAG = 1
-END = STOP  # flags bit of the last version: the stream closes after it
 SEQ_BYTES = 8  # the shared window starts with the sequence word: odd while the leader writes
 
 

@@ -1,7 +1,9 @@
 """`hpcrl eval`: the latest checkpoint of a run played for N episodes in one process (no MPI).
 
 The env is built as env ranks build theirs (a vector of one env) and the model as learners build
-theirs, from the config saved in the checkpoint; `--video` renders every step into an MP4.
+theirs, from the config saved in the checkpoint; `--video` renders every step into an MP4. The
+policies act through the policy holders' own code (workers/policy_holder.py: a PolicySet of
+runners that play, models/runner.py), with no transport: eval never imports MPI.
 Multi-agent games can be played against an opponent (`--opponent random`, a uniform player of
 valid actions, or another run's latest checkpoint, such as an early snapshot): the run's policy
 takes one seat, in turn every seat from game to game, the opponent all the others, and the result
@@ -22,15 +24,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from hpcrl.core.observations import apply, take
 from hpcrl.io.checkpoint import CheckpointError, check_fits, load_latest
 from hpcrl.core.config import Config, ConfigError, parse_config
 from hpcrl.envs import GAME_OVER, KNOWN_ENV_FAMILIES, RAW_REWARD, imports_of_env_id, make_vector_env, env_spaces
 from hpcrl.envs.multiagent import ENV_DONE, episode_starts
 from hpcrl.io.rundir import CHECKPOINT_FILE
 from hpcrl.core.policies import policy_spaces, row_policies
-from hpcrl.models import build_policy
+from hpcrl.models import build_policy, make_runner
 from hpcrl.tools.inspect import RunDirError, open_run_dir
+from hpcrl.workers.policy_holder import PolicySet, holder_states
 
 
 @dataclass
@@ -92,9 +94,31 @@ def _networks(cfg: Config, spaces) -> dict:
     return {name: build_policy(own, cfg) for name, own in zip(cfg.policies, policy_spaces(spaces, cfg.policies))}
 
 
-def _policy(cfg: Config, checkpoint: dict, found: str, spaces):
+class _Player:
+    """A run's policies at the table, held as a policy holder holds them: its PolicySet acts for
+    the env's rows (with several policies, each for the rows of its agents), and a recurrent
+    policy keeps the rows' hidden state, zero at first and zeroed again where an episode ended."""
+
+    def __init__(self, policies: PolicySet, row_policy: np.ndarray | None, states: np.ndarray | None, spaces):
+        self.policies, self.row_policy = policies, row_policy
+        self.states = None if states is None else states[0]  # one env: one channel of rows
+        self.actions = np.zeros((spaces.num_agents, *spaces.action_shape), dtype=spaces.action_dtype)
+
+    def act(self, obs, mask: np.ndarray | None) -> np.ndarray:
+        """The rows' actions (a new array): `obs` numpy (Dict observations: their leaves)."""
+        self.policies.act(obs, {"actions": self.actions}, mask, self.row_policy, self.states)
+        return self.actions.copy()
+
+    def ended(self, starts: np.ndarray) -> None:
+        if self.states is not None:
+            self.states[starts.astype(bool)] = 0.0
+
+
+def _policy(cfg: Config, checkpoint: dict, found: str, spaces, play: str, generator: torch.Generator) -> _Player:
     """The run's network with the checkpoint's weights; with several policies, all of them, each
-    acting for its own agents. CheckpointError for weights that do not fit or are not finite."""
+    acting for its own agents. `play`: how its runners act (models/runner.py: "sample" or
+    "greedy"); `generator`: what they draw from. CheckpointError for weights that do not fit or
+    are not finite."""
     networks = _networks(cfg, spaces)
     check_fits(checkpoint, {name: {key: tuple(value.shape) for key, value in net.state_dict().items()}
                             for name, net in networks.items()}, found)
@@ -104,74 +128,23 @@ def _policy(cfg: Config, checkpoint: dict, found: str, spaces):
         except (RuntimeError, KeyError) as exc:  # what check_fits leaves: weights the network has no place for
             raise CheckpointError(f"{found}: its weights do not fit the network of its config: "
                                   f"{' '.join(str(exc).split())}") from None
-        net.eval()
-    if len(networks) > 1:
-        return _Policies(cfg, list(networks.values()), spaces)
-    model = next(iter(networks.values()))
-    return _Recurrent(model, spaces.num_agents) if model.recurrent else model
+    runners = [make_runner(net, "cpu", seed=0, play=play) for net in networks.values()]
+    for runner in runners:  # every player of a game draws from one stream, in turn: a seed plays the same games
+        runner.generator = generator
+    # the holders' code (workers/policy_holder.py): no weights stream in, the checkpoint's stay
+    policies = PolicySet(runners, [])
+    return _Player(policies, row_policies(cfg.policies, spaces.agents, 1) if len(networks) > 1 else None,
+                   holder_states(policies, 1, spaces.num_agents), spaces)
 
 
-class _Recurrent:
-    """A recurrent policy (model.core) in eval: it keeps the rows' hidden state, zero at first and
-    zeroed again where an episode ended, as policy holders do in training."""
-
-    def __init__(self, model, rows: int):
-        self.model, self.state = model, torch.zeros(rows, model.state_size)
-
-    def sample(self, obs, generator, mask):
-        *out, self.state = self.model.sample(obs, generator, mask, self.state)  # an actor-critic's or a Q-network's
-        return out
-
-    def mode(self, obs, mask):
-        actions, self.state = self.model.mode(obs, mask, self.state)
-        return actions
-
-    def ended(self, done: np.ndarray) -> None:
-        self.state[torch.as_tensor(done, dtype=torch.bool)] = 0.0
-
-
-class _Policies:
-    """A run of several policies (core/policies.py) in one env: each policy's network acts for
-    the rows of its agents."""
-
-    def __init__(self, cfg: Config, models: list, spaces):
-        ids = row_policies(cfg.policies, spaces.agents, 1)
-        self.rows = len(ids)
-        self.parts = []
-        for p, model in enumerate(models):
-            rows = np.flatnonzero(ids == p)
-            self.parts.append((_Recurrent(model, len(rows)) if model.recurrent else model, rows))
-
-    def _combine(self, act) -> torch.Tensor:
-        out = None
-        for model, rows in self.parts:
-            actions = act(model, rows)
-            if out is None:
-                out = torch.zeros((self.rows, *actions.shape[1:]), dtype=actions.dtype)
-            out[rows] = actions
-        return out
-
-    def sample(self, obs, generator, mask):
-        return (self._combine(lambda m, rows: m.sample(take(obs, rows), generator,
-                                                        None if mask is None else mask[rows])[0]),)
-
-    def mode(self, obs, mask):
-        return self._combine(lambda m, rows: m.mode(take(obs, rows), None if mask is None else mask[rows]))
-
-    def ended(self, done: np.ndarray) -> None:
-        for model, rows in self.parts:
-            if isinstance(model, _Recurrent):
-                model.ended(done[rows])
-
-
-def _opponent(opponent: str | None, cfg: Config, spaces):
+def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Generator):
     """None, 'random', or the policy of another run (its latest checkpoint) for the same env."""
     if opponent is None or opponent == "random":
         return opponent
     other, checkpoint, found, _ = load_run(opponent)
     if other.env.id != cfg.env.id:
         raise RunDirError(f"--opponent {opponent}: its env is {other.env.id}, this run's is {cfg.env.id}")
-    return _policy(other, checkpoint, found, spaces)
+    return _policy(other, checkpoint, found, spaces, "sample", generator)  # an opponent samples, as it trained
 
 
 def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int = 0,
@@ -189,13 +162,13 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
     spaces = env_spaces(cfg.env)
     if opponent is not None and not spaces.multiagent:
         raise RunDirError(f"--opponent: {cfg.env.id} has one agent; an opponent needs a multi-agent game")
-    model = _policy(cfg, checkpoint, found, spaces)
-    rival = _opponent(opponent, cfg, spaces)
+    generator = torch.Generator().manual_seed(seed)
+    model = _policy(cfg, checkpoint, found, spaces, "greedy" if deterministic else "sample", generator)
+    rival = _opponent(opponent, cfg, spaces, generator)
     counters = checkpoint["counters"]
     result = EvalResult([], [], found, int(counters.get("policy_version", 0)), int(counters.get("frames", 0)),
                         deterministic, seed, video, warnings=problems, opponent=opponent)
     rng = np.random.default_rng(seed)
-    generator = torch.Generator().manual_seed(seed)
     # One env, episodes one after another: taking the first N to finish of several parallel envs
     # would favour short episodes. SAME_STEP autoreset: a finished env comes back reset at once.
     if video:
@@ -211,23 +184,18 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
         # against an opponent the return of the run's seat
         mask = getattr(envs.unwrapped, "action_mask", None)
         while len(result.returns) < episodes:
-            with torch.no_grad():
-                obs_t = (torch.as_tensor(obs, dtype=torch.float32) if spaces.obs_leaves is None
-                         else apply(torch.as_tensor, spaces.obs_leaves.flatten(obs)))  # Dict observations' leaves
-                mask_t = None if mask is None else torch.as_tensor(mask)
-                actions = model.mode(obs_t, mask_t) if deterministic else model.sample(obs_t, generator, mask_t)[0]
-                actions = actions.numpy()
-                seat = len(result.returns) % spaces.num_agents
-                if rival is not None:
-                    others = np.arange(len(actions)) != seat
-                    actions[others] = (_random_actions(mask, rng) if rival == "random"
-                                       else rival.sample(obs_t, generator, mask_t)[0].numpy())[others]
+            rows = obs if spaces.obs_leaves is None else spaces.obs_leaves.flatten(obs)  # Dict observations' leaves
+            actions = model.act(rows, mask)
+            seat = len(result.returns) % spaces.num_agents
+            if rival is not None:
+                others = np.arange(len(actions)) != seat
+                actions[others] = (_random_actions(mask, rng) if rival == "random" else rival.act(rows, mask))[others]
             if isinstance(space, gym.spaces.Box):  # Gaussian policies: keep actions inside the bounds
                 actions = np.clip(actions, space.low, space.high)
             obs, reward, terminated, truncated, info = envs.step(actions)
             starts = episode_starts(terminated | truncated, info)  # as training saw them (an Atari life loss too)
             for player in (model, rival):
-                if hasattr(player, "ended"):  # a recurrent policy zeroes the state of those rows
+                if isinstance(player, _Player):  # a recurrent policy zeroes the state of those rows
                     player.ended(starts)
             mask = info.get("action_mask", mask)
             # as the metrics count them: raw rewards of whole games (Atari: all lives, unclipped)

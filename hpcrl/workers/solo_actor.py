@@ -12,7 +12,8 @@ from hpcrl.core.messages import weights_spec
 from hpcrl.runtime import comm
 from hpcrl.runtime.params import ParameterPublisher
 from hpcrl.runtime.streams import SampleReceiver, SampleSender
-from hpcrl.workers.policy_server import InlinePolicy, PolicySet
+from hpcrl.workers.policy_holder import PolicySet
+from hpcrl.workers.policy_server import InlinePolicy
 
 
 @dataclass
