@@ -1,6 +1,7 @@
 """Time to solve CartPole-v1 (mean return of the last >= 20 episodes >= 475) from launch: hpcrl's
 layouts against Stable-Baselines3, measured by this script in the same run: PPO against SB3 PPO
-(`--algo ppo`, the default), or DQN against SB3 DQN (`--algo dqn`).
+(`--algo ppo`, the default), APPO (jobs/cartpole_appo.yaml) against SB3 PPO (`--algo appo`), or
+DQN against SB3 DQN (`--algo dqn`).
 
 Every run is a fresh process timed from launch to exit, so start-up (imports, MPI, env creation)
 counts the same for every system: hpcrl's shipped jobs through the real launcher
@@ -13,6 +14,7 @@ medians; per hpcrl layout `ratio_to_sb3` = hpcrl median seconds / SB3 median sec
 
     .venv/bin/python bench/solve.py [--seeds 1 2 3] [--layouts serial 4ranks 6ranks] [--out FILE]
     .venv/bin/python bench/solve.py --seeds 1 --layouts serial       # a quick check (~1 minute)
+    .venv/bin/python bench/solve.py --algo appo --out bench/results/solve_appo.json
     .venv/bin/python bench/solve.py --algo dqn --out bench/results/solve_dqn.json
 """
 from __future__ import annotations
@@ -42,11 +44,16 @@ LAYOUTS = {  # algo -> key: (description, ranks, job); serial is the baseline of
         "4ranks": ("4 ranks: 1 learner, 1 inference, 2 env", 4, "cartpole_ppo.yaml"),
         "6ranks": ("6 ranks: 2 learners, 2 inference, 2 env", 6, "cartpole_ppo_2learners.yaml"),
     },
+    "appo": {  # against SB3's (synchronous) PPO: the same hyperparameters, asynchronous collection
+        "serial": ("serial", 1, "cartpole_appo.yaml"),
+        "4ranks": ("4 ranks: 1 learner, 1 inference, 2 env", 4, "cartpole_appo.yaml"),
+    },
     "dqn": {
         "serial": ("serial", 1, "cartpole_dqn.yaml"),
         "4ranks": ("4 ranks: 1 learner (with the replay), 1 inference, 2 env", 4, "cartpole_dqn.yaml"),
     },
 }
+SB3_ALGO = {"ppo": "ppo", "appo": "ppo", "dqn": "dqn"}  # the SB3 algorithm each is compared with
 SB3 = "stable-baselines3 2.9.2 {algo}, rl-zoo CartPole-v1 hyperparameters (bench/sb3_cartpole.py --algo {algo})"
 
 
@@ -98,7 +105,8 @@ def summary(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds to run (default: 1 2 3)")
-    parser.add_argument("--algo", choices=list(LAYOUTS), default="ppo", help="ppo (default) or dqn")
+    parser.add_argument("--algo", choices=list(LAYOUTS), default="ppo",
+                        help="ppo (default), appo (jobs/cartpole_appo.yaml against SB3 PPO) or dqn")
     parser.add_argument("--layouts", nargs="+", choices=["serial", "4ranks", "6ranks"],
                         help="hpcrl layouts to run (default: all of the algorithm's)")
     parser.add_argument("--out", help="also write the JSON here")
@@ -113,8 +121,8 @@ def main() -> None:
         for key in args.layouts:
             _, ranks, job = layouts_of[key]
             runs[key].append(hpcrl_run(ranks, job, seed))
-        runs["sb3"].append(sb3_run(args.algo, seed))
-    sb3 = {"system": SB3.format(algo=args.algo.upper()), "hyperparameters": runs["sb3"][0].pop("hyperparameters"), **summary(runs["sb3"])}
+        runs["sb3"].append(sb3_run(SB3_ALGO[args.algo], seed))
+    sb3 = {"system": SB3.format(algo=SB3_ALGO[args.algo].upper()), "hyperparameters": runs["sb3"][0].pop("hyperparameters"), **summary(runs["sb3"])}
     for run in runs["sb3"]:
         run.pop("hyperparameters", None)
     layouts = []
