@@ -90,6 +90,8 @@ def test_six_ranks_two_learners_stay_bit_identical(tmp_path):
     result = mpirun(6, "run", str(write_config(tmp_path, cfg)), extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
     metrics = check_finished(result, cfg, 4096)
     assert imported("horovod", result.stderr)  # two learners average their gradients with Horovod
+    # once, after the first updates: what averaging costs per gradient step against what it saves
+    assert result.stdout.count("gradient averaging over 2 learners: ") == 1, result.stdout
     digests = metrics["replica_digest"]
     assert digests.shape == (len(metrics["frames"]), 2)
     assert np.all(digests[:, 0] == digests[:, 1])  # both learners hold the same weights after every update

@@ -10,6 +10,8 @@ optimizer, the step's hooks, and the same start on every trainer.
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -52,9 +54,43 @@ def averaging_hooks(optimizer: torch.optim.Optimizer, after_step: Callable[[], N
     return {"average_gradients": optimizer.synchronize, "apply_step": apply_step}
 
 
+JUDGED_UPDATES = 3  # updates timed (after the first, which warms up) before the cost is reported
+
+
+@dataclass
+class AveragingCost:
+    """What averaging cost the trainers of a policy, per gradient step, over the updates timed:
+    the wait in the averaging (the allreduce, and the slowest trainer's lateness) against the
+    rest of the step (loss, backward, optimizer) on this trainer's share of the batch."""
+    trainers: int
+    averaging_s: float  # per gradient step
+    computing_s: float  # per gradient step, this trainer's rows
+
+    @property
+    def most_saved_s(self) -> float:
+        """The most that splitting the batch over the trainers can save per gradient step: one
+        trainer would compute `trainers` times the rows (at best `trainers` times as long)."""
+        return (self.trainers - 1) * self.computing_s
+
+    @property
+    def pays(self) -> bool:
+        return self.averaging_s < self.most_saved_s
+
+    def describe(self, policies: int) -> str:
+        text = (f"gradient averaging over {self.trainers} learners: {1e3 * self.averaging_s:.2f} ms per gradient "
+                f"step against {1e3 * self.computing_s:.2f} ms of computing it; splitting the batch saves at most "
+                f"{1e3 * self.most_saved_s:.2f} ms")
+        if self.pays:
+            return text
+        return (f"{text}, less than averaging costs: roles.learner.ranks: {policies} (one learner per policy, no "
+                f"averaging) would train faster, with the freed ranks as env or inference ranks "
+                f"(hpcrl tune predicts the best layout)")
+
+
 class HorovodAveraging:
     """Several trainers per policy: Horovod on the trainers' communicator, with a process set per
-    policy (its block of trainers, in trainer-rank order) when there are several policies."""
+    policy (its block of trainers, in trainer-rank order) when there are several policies. It
+    times its waits in the averaging over the first updates (`cost`)."""
 
     def __init__(self, trainer_comm, policies: int, block: int, policy: int):
         sets = start_horovod(trainer_comm, [list(range(p * block, (p + 1) * block)) for p in range(policies)]
@@ -64,6 +100,12 @@ class HorovodAveraging:
         self.grouped = sets is None
         self.process_set = sets[policy] if sets else hvd.global_process_set
         self.one_policy = policies == 1
+        self.trainers = block
+        self.updates = 0  # updates begun
+        self.steps = 0  # gradient steps timed
+        self.averaging_s = 0.0  # in the averaging, over the steps timed
+        self.update_s = 0.0  # in whole updates, over the updates timed
+        self._update_start = None
 
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         # The wrapper is a new optimizer over the same parameter groups: saved state is loaded into
@@ -71,7 +113,30 @@ class HorovodAveraging:
         return averaging_optimizer(model, optimizer, self.process_set, grouped=self.grouped)
 
     def hooks(self, optimizer: torch.optim.Optimizer, after_step: Callable[[], None]) -> dict:
-        return averaging_hooks(optimizer, after_step)
+        hooks = averaging_hooks(optimizer, after_step)
+        self.updates += 1
+        if not 1 < self.updates <= 1 + JUDGED_UPDATES:
+            return hooks
+        synchronize = hooks["average_gradients"]
+
+        def timed_average() -> None:
+            start = time.perf_counter()
+            synchronize()
+            self.averaging_s += time.perf_counter() - start
+            self.steps += 1
+        self._update_start = time.perf_counter()
+        return {**hooks, "average_gradients": timed_average}
+
+    def update_done(self) -> AveragingCost | None:
+        """After an update: the cost, once, after the last update timed; None otherwise."""
+        if self._update_start is None:
+            return None
+        self.update_s += time.perf_counter() - self._update_start
+        self._update_start = None
+        if self.updates != 1 + JUDGED_UPDATES or not self.steps:
+            return None
+        return AveragingCost(self.trainers, self.averaging_s / self.steps,
+                             max(self.update_s - self.averaging_s, 0.0) / self.steps)
 
     def same_start(self, model: torch.nn.Module) -> None:
         """The root's weights on every trainer. (Several policies: each block's trainers, seeded
@@ -94,6 +159,9 @@ class NoAveraging:
 
     def same_start(self, model: torch.nn.Module) -> None:
         pass
+
+    def update_done(self) -> None:
+        return None
 
 
 def start_averaging(trainer_comm, policies: int, block: int, policy: int) -> HorovodAveraging | NoAveraging:

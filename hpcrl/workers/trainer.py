@@ -205,6 +205,9 @@ class LearnerRole:
         self.version += 1
         self.updates += 1
         CLOCK.mark("first_update")
+        cost = self.averaging.update_done()
+        if cost is not None and self.root:  # once: what averaging costs against what it saves
+            print(f"[hpcrl] {'' if cost.pays else 'warning: '}{cost.describe(len(self.policy_names))}", flush=True)
 
     def _after_update(self) -> None:
         """Statistics, the stop decision, the report, and the new weights (or the stop word)."""
