@@ -144,7 +144,7 @@ def thread_level_problem(rank: int) -> str | None:
             f"MPI4PY_RC_THREAD_LEVEL, or use an MPI built with thread-multiple support")
 
 
-START_UP_POLL_S = 0.002  # the sleep between tests of a start-up wait
+WAIT_SLEEP_S = 0.002  # the sleep between tests of a polled wait (start-up, end of run)
 
 
 def wait_sleeping(request) -> None:
@@ -153,7 +153,7 @@ def wait_sleeping(request) -> None:
     spinning beside it on 2 cores took half its CPU (a loop of rank 0's took 0.12-0.24 s beside
     blocking waits, 0.08 s beside this one, 4 ranks on this 2-core machine)."""
     while not request.Test():
-        time.sleep(START_UP_POLL_S)
+        time.sleep(WAIT_SLEEP_S)
 
 
 def broadcast_object(obj, root: int = 0):
@@ -362,6 +362,13 @@ def gather_polled(comm, values: np.ndarray, root: int = 0) -> np.ndarray | None:
     waited on, so the watchdog and the liveness threads keep judging while slow ranks arrive."""
     out = np.empty((comm.Get_size(), *values.shape), dtype=values.dtype) if comm.Get_rank() == root else None
     wait_sleeping(comm.Igather(np.ascontiguousarray(values), out, root=root))
+    return out
+
+
+def sum_polled(comm, values: np.ndarray, root: int = 0) -> np.ndarray | None:
+    """Every rank's `values` summed on `root` (None elsewhere), polled as gather_polled."""
+    out = np.zeros_like(values) if comm.Get_rank() == root else None
+    wait_sleeping(comm.Ireduce(np.ascontiguousarray(values), out, root=root))  # mpi4py's default op: a sum
     return out
 
 

@@ -2,14 +2,13 @@
 
 Each stream end asks once, when it is built, which of its peers live on another node
 (`remote`); each send to one of those adds to this process's table (`count`: two integer adds).
-At the end of a run `total` sums the tables of every rank on the learner root, which writes them
-to metrics.h5 and prints them, so a layout's node-aware claims (`hpcrl plan`'s "crossing nodes")
+At the end of a run the launch sums every rank's `table` on rank 0 (`comm.sum_polled`), which
+writes them to metrics.h5 and prints them, so a layout's node-aware claims (`hpcrl plan`'s "crossing nodes")
 can be checked on the wire. Not counted: Horovod's gradient averages (its own traffic, which
 `hpcrl plan` estimates) and the liveness heartbeats (a few bytes every 3 s per tree edge).
 """
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import numpy as np
@@ -48,14 +47,9 @@ def count(stream: int, nbytes: int) -> None:
     _table[stream, 1] += nbytes
 
 
-def total(comm, root: int) -> np.ndarray | None:
-    """Collective over `comm` at the end of a run: every rank's counts summed on `root` (None
-    elsewhere). Polled, not waited on, so the watchdog and the liveness threads keep judging."""
-    sums = np.zeros_like(_table) if comm.Get_rank() == root else None
-    request = comm.Ireduce(_table.copy(), sums, root=root)  # mpi4py's default op: a sum
-    while not request.Test():
-        time.sleep(0.002)
-    return sums
+def table() -> np.ndarray:
+    """A copy of this process's counts: [stream] -> (messages, bytes)."""
+    return _table.copy()
 
 
 def describe(sums: np.ndarray) -> str:
