@@ -169,15 +169,21 @@ CROSSED_NODES = "crossed_nodes"  # attributes: what the run's last launch sent a
 STARTUP = "startup"  # attributes: each rank's start-up marks in the run's last launch (core/startup.py)
 
 
-def write_crossed_nodes(path: str, streams: tuple[str, ...], sums: np.ndarray) -> None:
-    """Attributes of metrics.h5 (not series: they are totals of the launch, not rows):
-    crossed_nodes_streams, crossed_nodes_messages and crossed_nodes_bytes, in the same order."""
+def _set_attributes(path: str, attrs: dict) -> None:
+    """Set attributes of the metrics file at `path` (totals of a launch, not rows)."""
     if os.path.islink(path):  # appending cannot replace the link without losing the rows behind it
         raise OSError(f"{path} is a symbolic link (to {os.readlink(path)!r}); hpcrl writes only the run's own file")
     with h5py.File(path, "a", libver="latest") as f:
-        f.attrs[f"{CROSSED_NODES}_streams"] = list(streams)
-        f.attrs[f"{CROSSED_NODES}_messages"] = sums[:, 0].astype(np.int64)
-        f.attrs[f"{CROSSED_NODES}_bytes"] = sums[:, 1].astype(np.int64)
+        for name, value in attrs.items():
+            f.attrs[name] = value
+
+
+def write_crossed_nodes(path: str, streams: tuple[str, ...], sums: np.ndarray) -> None:
+    """Attributes of metrics.h5 (not series: they are totals of the launch, not rows):
+    crossed_nodes_streams, crossed_nodes_messages and crossed_nodes_bytes, in the same order."""
+    _set_attributes(path, {f"{CROSSED_NODES}_streams": list(streams),
+                           f"{CROSSED_NODES}_messages": sums[:, 0].astype(np.int64),
+                           f"{CROSSED_NODES}_bytes": sums[:, 1].astype(np.int64)})
 
 
 def read_crossed_nodes(path: str) -> dict[str, tuple[int, int]]:
@@ -194,11 +200,8 @@ def write_startup(path: str, marks: tuple[str, ...], seconds: np.ndarray) -> Non
     """Attributes of metrics.h5: startup_marks (names, hpcrl.core.startup.MARKS) and
     startup_seconds [rank, mark], each rank's seconds from its exec to the end of each start-up
     phase in the run's last launch (NaN where a rank has no such phase)."""
-    if os.path.islink(path):
-        raise OSError(f"{path} is a symbolic link (to {os.readlink(path)!r}); hpcrl writes only the run's own file")
-    with h5py.File(path, "a", libver="latest") as f:
-        f.attrs[f"{STARTUP}_marks"] = list(marks)
-        f.attrs[f"{STARTUP}_seconds"] = np.asarray(seconds, dtype=np.float64)
+    _set_attributes(path, {f"{STARTUP}_marks": list(marks),
+                           f"{STARTUP}_seconds": np.asarray(seconds, dtype=np.float64)})
 
 
 def read_startup(path: str) -> dict[str, np.ndarray]:
