@@ -35,14 +35,11 @@ CONTROL_POLL_EVERY = 64  # passes of the poll loop between control-stream polls 
 CONTROL_POLL_IDLE_EVERY = 16  # idle passes between control-stream polls on a waiting rank
 
 
-def _load(config_path: str, overrides: tuple[str, ...], size: int) -> dict:
-    """Rank 0 reads the config, which every rank needs to know its roles; the role counts must fit
-    this world size, and algo.batch_frames the role counts (every rank derives the sizes again
-    from the layout of the real node map). The config, or an error."""
+def _load(config_path: str, overrides: tuple[str, ...]) -> dict:
+    """Rank 0 reads the config, which every rank needs to know its roles (whether the role counts
+    fit the world size, every rank then finds from the layout). The config, or an error."""
     try:
-        cfg, _ = load_config(config_path, overrides)
-        Sizes.of(cfg, plan_layout(cfg.roles, size, policies=num_policies(cfg.policies)))
-        return {"cfg": cfg}
+        return {"cfg": load_config(config_path, overrides)[0]}
     except ConfigError as exc:
         return {"error": str(exc)}
 
@@ -126,7 +123,7 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     # Nothing is written until every check has passed on every rank: the config (rank 0), every
     # rank's layout, rank 0's env, memory and model checks, then every rank's devices; only then
     # does rank 0 prepare the run directory.
-    loaded = comm.broadcast_object(_load(config_path, overrides, size) if rank == 0 else None)
+    loaded = comm.broadcast_object(_load(config_path, overrides) if rank == 0 else None)
     if "error" in loaded:  # MPI: rank 0's verdict reaches every rank
         return _refuse(rank, loaded["error"])
     cfg: Config = loaded["cfg"]
@@ -184,7 +181,7 @@ def _report_launch(rank: int, start: rundir.RunStart, flags: int, n_nodes: int) 
     """Totals of this launch on rank 0 (collectives): every rank's cross-node counts summed,
     printed for a multi-node run, and every rank's start-up marks; both written to metrics.h5."""
     import numpy as np
-    sums = traffic.total(comm.WORLD, 0)
+    sums = comm.sum_polled(comm.WORLD, traffic.table())
     marks = comm.gather_polled(comm.WORLD, np.array(CLOCK.row(), dtype=np.float64))
     if rank != 0 or StopReason.from_flags(flags) is StopReason.OUTPUT_FAILED:
         return
