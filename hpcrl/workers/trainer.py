@@ -13,7 +13,6 @@ weights stay bit-identical.
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable
 
