@@ -77,7 +77,7 @@ def hpcrl_update(cfg, spaces, fragments, averaging: bool):
     model = build_policy(spaces, cfg)
     optimizer = build_optimizer(model, cfg)
     if averaging:
-        from hpcrl.workers.trainer import averaging_hooks, averaging_optimizer
+        from hpcrl.workers.averaging import averaging_hooks, averaging_optimizer
         optimizer = averaging_optimizer(model, optimizer)
         hooks = averaging_hooks(optimizer)
     else:  # one learner without Horovod: the optimizer's own step
@@ -139,7 +139,7 @@ def measure(repeats: int, horovod: bool) -> dict:
     if horovod:
         from mpi4py import MPI
 
-        from hpcrl.workers.trainer import start_horovod
+        from hpcrl.workers.averaging import start_horovod
         start_horovod(MPI.COMM_WORLD)
         cases["hpcrl_horovod"] = (hpcrl_update(cfg, spaces, fragments, True), None)
     times = {name: [] for name in cases}

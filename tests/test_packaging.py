@@ -1,6 +1,7 @@
 """environment.yml (conda, for clusters) and pyproject.toml (pip) name the same packages; the
 benchmarks' baseline (Stable-Baselines3) is an extra that hpcrl itself never imports."""
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
@@ -113,3 +114,16 @@ def test_the_core_is_pure_and_envs_need_neither_mpi_nor_torch():
         assert not {m for m in imports_of(path) if m.startswith("hpcrl.") and not m.startswith("hpcrl.core")}, path
     for path in (REPO / "hpcrl" / "envs").rglob("*.py"):
         assert not {m.split(".")[0] for m in imports_of(path)} & {"torch", "mpi4py", "horovod"}, path
+
+
+def test_every_hpcrl_name_the_benchmarks_import_exists():
+    """bench/ runs outside the suite: a name moved in the package must not break a benchmark
+    unseen (bench/update.py imported start_horovod from the trainer after it had moved)."""
+    missing = []
+    for path in sorted((REPO / "bench").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("hpcrl"):
+                module = importlib.import_module(node.module)
+                missing += [f"{path.name}:{node.lineno}: {node.module}.{a.name}" for a in node.names
+                            if not hasattr(module, a.name) and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
+    assert not missing, missing
