@@ -10,12 +10,13 @@ from hpcrl.io.checkpoint import CheckpointError, load_checkpoint, load_latest, r
 from hpcrl.core.config import ModelConfig
 from hpcrl.envs import EnvSpaces
 from hpcrl.models import build_model
+from hpcrl.models.adam import Adam
 
 
 def trained():
     torch.manual_seed(0)
     model = build_model(EnvSpaces((4,), "float32", 2), ModelConfig(hidden_sizes=[8]))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)  # as the learner builds it
+    opt = Adam(model.parameters(), lr=1e-3)  # as the learner builds it
     for _ in range(3):
         opt.zero_grad()
         obs = torch.randn(5, 4)
@@ -40,7 +41,7 @@ def test_round_trip_restores_everything(tmp_path):
     fresh.load_state_dict(ck["model"])
     for a, b in zip(model.parameters(), fresh.parameters()):
         assert torch.equal(a, b)
-    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=1e-3, fused=True)
+    fresh_opt = Adam(fresh.parameters(), lr=1e-3)
     fresh_opt.load_state_dict(ck["optimizer"])
     saved, restored = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
     assert len(saved) == len(list(model.parameters())) and saved.keys() == restored.keys()

@@ -38,10 +38,12 @@ def check_finished(result, cfg, min_frames, sync=True):
 def test_short_training_run(tmp_path, ranks, roles):
     cfg = small_config(tmp_path, roles=roles)
     # Python reports every module each rank imports (on stderr): a lone learner averages nothing,
-    # so no rank may import Horovod (the two-learner test below sees it imported)
+    # so no rank may import Horovod (the two-learner test below sees it imported); nothing compiles,
+    # so none imports torch._dynamo either (1 s of start-up: torch.optim imports it, models/adam.py)
     result = mpirun(ranks, "run", str(write_config(tmp_path, cfg)), "--verbose",
                     extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert not imported("horovod", result.stderr) and imported("torch", result.stderr)
+    assert not imported("torch._dynamo", result.stderr)
     metrics = check_finished(result, cfg, 2048)
     env_ranks = max(ranks - 2, 1) if ranks != 2 else 1
     assert metrics["frames"][0] == env_ranks * 16 * 4  # one fragment per env rank per update

@@ -103,8 +103,8 @@ class LearnerRole:
         self.stop_flags = 0  # the stop word's flags once the run stops
         self.version = 0
         if resume_path is None:
-            # A fresh run's first weights go out before the optimizer is built: torch.optim imports
-            # torch._dynamo then (about 1 s here), while the actors collect the first batch.
+            # A fresh run's first weights go out before the optimizer is built, so the actors
+            # collect the first batch meanwhile.
             self.averaging.same_start(self.model)
             self._publish()
         optimizer = build_optimizer(self.model, cfg)
