@@ -8,6 +8,6 @@ if sys.argv[1:2] == ["run"]:  # before the heavy imports: a stop signal at start
     from hpcrl.runtime import signals
     signals.install()
 
-from hpcrl.tools.cli import main  # noqa: E402 (after the signal handlers, on purpose)
+from hpcrl.tools.cli import entry  # noqa: E402 (after the signal handlers, on purpose)
 
-sys.exit(main())
+entry()

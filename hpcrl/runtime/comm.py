@@ -6,6 +6,7 @@ All sample traffic is upper-case buffer calls on preallocated `Message` buffers;
 """
 from __future__ import annotations
 
+import atexit
 import enum
 import os
 import signal
@@ -100,6 +101,23 @@ def leave_cut_off_job(code: int = 1) -> None:
             pass  # another rank of this node stopped it first
         os._exit(code)
     abort_job(code)
+
+
+def finish(status: int) -> None:
+    """End this rank's process with `status` once its run is over: the exit handlers (Horovod's
+    shutdown among them), then MPI_Finalize, then the exit itself, without the interpreter's
+    teardown. That teardown (every module destroyed one by one, libtorch's static destructors)
+    took 0.5-0.6 s on every rank here, after the run had finished; nothing is left for it to do:
+    every file is closed and every thread of the run stopped by then (the run directory's lock is
+    released by the exit, as by any exit)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()  # what Python's own exit runs first (logging's flush, Horovod's shutdown)
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _command_name(pid: int) -> str:

@@ -278,5 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     return run(args.config, tuple(args.overrides), args.overwrite)
 
 
+def entry() -> None:
+    """`python -m hpcrl` and the `hpcrl` console script. A rank whose run is over leaves through
+    comm.finish: MPI finalized, without the interpreter's teardown (0.5-0.6 s per rank here)."""
+    status = main(sys.argv[1:])
+    if sys.argv[1:2] == ["run"]:
+        from hpcrl.runtime.comm import finish
+        finish(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
