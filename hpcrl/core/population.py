@@ -1,0 +1,115 @@
+"""The decisions of a population (issue 28): population-based training's exploit and explore, the
+lineage they leave, and prioritized fictitious self-play's opponent weights.
+
+Pure numpy, no MPI and no torch: one decider (the population root) calls these with the fitness
+its members report and its own seeded generator, so a decision is the same whatever the rank
+count, and every case can be checked by hand (tests/test_population.py). Moving a member's state
+is the transport's part (runtime/member_copy.py).
+
+- Exploit (truncation selection, as SRL, Sample Factory and Ray Tune's PBT do): a member that has
+  trained `ready_frames` since its last decision and ranks in the bottom `truncation` fraction of
+  the population's fitness copies the state of a member drawn uniformly from the top fraction. A
+  member whose fitness is NaN (a diverged run, or no episode ended yet) ranks last, so it is
+  replaced from a good member; ties keep member order, so no member is copied over an equal one.
+- Explore: each declared key of the copied hyperparameters is multiplied by one of its `perturb`
+  factors, drawn uniformly, or drawn anew from its `resample` values; the result is clipped to
+  the key's bounds. Member 0 may be kept fixed (Sample Factory's habit, a control member).
+- PFSP (AlphaStar's league): the weight of an opponent is f(p), p the learner's win rate against
+  it: "hard" (1 - p)^2 favours the opponents it loses to, "variance" p(1 - p) those it wins half
+  the time, "uniform" all alike.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PFSP_WEIGHTINGS = ("hard", "variance", "uniform")
+
+
+@dataclass(frozen=True)
+class ExploreRule:
+    """How explore changes one hyperparameter: multiply by one of `perturb`, or draw from
+    `resample`; then clip to [low, high]."""
+
+    key: str
+    perturb: tuple[float, ...] = ()
+    resample: tuple[float, ...] = ()
+    low: float = -math.inf
+    high: float = math.inf
+
+    def __post_init__(self) -> None:
+        if bool(self.perturb) == bool(self.resample):
+            raise ValueError(f"explore rule for {self.key}: give either perturb factors or resample values")
+        if self.low > self.high:
+            raise ValueError(f"explore rule for {self.key}: low {self.low} is above high {self.high}")
+
+    def apply(self, value: float, rng: np.random.Generator) -> float:
+        new = value * self.perturb[rng.integers(len(self.perturb))] if self.perturb else \
+            self.resample[rng.integers(len(self.resample))]
+        return float(min(max(new, self.low), self.high))
+
+
+@dataclass
+class LineageEvent:
+    """One exploit: `member` took `parent`'s state at the member's `frames`, and these
+    hyperparameters after explore."""
+
+    member: int
+    parent: int
+    frames: int
+    fitness_before: float
+    parent_fitness: float
+    hyperparameters: dict[str, float] = field(default_factory=dict)
+
+
+def ranking(fitness: np.ndarray) -> np.ndarray:
+    """Member ids from best to worst: higher fitness first, NaN last, ties in member order."""
+    f = np.asarray(fitness, dtype=np.float64)
+    key = np.where(np.isnan(f), -np.inf, f)
+    return np.lexsort((np.arange(len(f)), np.isnan(f), -key))
+
+
+def exploit_parent(member: int, fitness: np.ndarray, truncation: float, rng: np.random.Generator) -> int | None:
+    """The member whose state `member` should copy now, or None when it stays itself: None unless
+    it ranks in the bottom `truncation` fraction; else a member of the top fraction, uniformly.
+    The fractions hold at least one member each and never overlap."""
+    n = len(fitness)
+    if not 0.0 < truncation <= 0.5:
+        raise ValueError(f"truncation: expected a fraction in (0, 0.5], got {truncation}")
+    if n < 2:
+        return None
+    cut = max(1, int(math.floor(n * truncation)))
+    order = ranking(fitness)
+    if member not in order[n - cut:]:
+        return None
+    top = order[:cut]
+    return int(top[rng.integers(len(top))])
+
+
+def explore(hyperparameters: dict[str, float], rules: list[ExploreRule], rng: np.random.Generator) -> dict[str, float]:
+    """The parent's hyperparameters with every rule's key changed (the others as they were)."""
+    out = dict(hyperparameters)
+    for rule in rules:
+        if rule.key not in out:
+            raise KeyError(f"explore rule for {rule.key}: the member has no such hyperparameter "
+                           f"(it has {', '.join(sorted(out))})")
+        out[rule.key] = rule.apply(float(out[rule.key]), rng)
+    return out
+
+
+def pfsp_weights(win_rates: np.ndarray, weighting: str = "hard") -> np.ndarray:
+    """Probabilities of drawing each opponent, from the learner's win rate against each. Where
+    every weight is zero (it beats every opponent always, under "hard"), uniform instead."""
+    p = np.clip(np.asarray(win_rates, dtype=np.float64), 0.0, 1.0)
+    if weighting == "hard":
+        w = (1.0 - p) ** 2
+    elif weighting == "variance":
+        w = p * (1.0 - p)
+    elif weighting == "uniform":
+        w = np.ones_like(p)
+    else:
+        raise ValueError(f"PFSP weighting {weighting!r}: expected one of {', '.join(PFSP_WEIGHTINGS)}")
+    total = w.sum()
+    return w / total if total > 0 else np.full(len(p), 1.0 / len(p))

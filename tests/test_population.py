@@ -1,0 +1,76 @@
+"""Population decisions (core/population.py) against cases worked out by hand."""
+import math
+
+import numpy as np
+import pytest
+
+from hpcrl.core.population import ExploreRule, exploit_parent, explore, pfsp_weights, ranking
+
+
+class Fixed:
+    """A generator stand-in that returns the given integers in turn (to check a draw by hand)."""
+
+    def __init__(self, *values):
+        self.values = list(values)
+
+    def integers(self, n):
+        value = self.values.pop(0)
+        assert 0 <= value < n
+        return value
+
+
+def test_ranking_puts_nan_last_and_keeps_member_order_on_ties():
+    assert ranking(np.array([1.0, np.nan, 3.0, 1.0, -np.inf])).tolist() == [2, 0, 3, 4, 1]
+
+
+def test_exploit_copies_a_top_member_into_the_bottom_fraction_only():
+    fitness = np.array([10.0, 50.0, 30.0, np.nan, 20.0, 40.0, 5.0, 60.0])
+    # ranked best to worst: 7 (60), 1 (50), 5 (40), 2 (30), 4 (20), 0 (10), 6 (5), 3 (nan)
+    # truncation 0.25 of 8: the top two are 7 and 1, the bottom two 6 and 3
+    assert exploit_parent(3, fitness, 0.25, Fixed(0)) == 7
+    assert exploit_parent(6, fitness, 0.25, Fixed(1)) == 1
+    for middle in (0, 1, 2, 4, 5, 7):
+        assert exploit_parent(middle, fitness, 0.25, Fixed()) is None  # no draw is made either
+    # a fraction below one member still moves one; a population of one never copies
+    assert exploit_parent(3, fitness, 0.1, Fixed(0)) == 7
+    assert exploit_parent(0, np.array([1.0]), 0.5, Fixed()) is None
+    with pytest.raises(ValueError, match="truncation"):
+        exploit_parent(0, fitness, 0.6, Fixed())
+
+
+def test_a_diverged_member_is_reset_from_a_good_one_even_in_a_pair():
+    assert exploit_parent(1, np.array([3.0, np.nan]), 0.5, np.random.default_rng(0)) == 0
+    assert exploit_parent(0, np.array([3.0, np.nan]), 0.5, np.random.default_rng(0)) is None
+
+
+def test_explore_perturbs_or_resamples_each_declared_key_within_bounds():
+    rules = [ExploreRule("algo.lr", perturb=(0.8, 1.2), high=1e-3),
+             ExploreRule("algo.ent_coef", resample=(0.0, 0.01, 0.05)),
+             ExploreRule("algo.clip_coef", perturb=(0.8, 1.2), low=0.19)]
+    parent = {"algo.lr": 1e-3, "algo.ent_coef": 0.0, "algo.clip_coef": 0.2, "algo.gamma": 0.99}
+    child = explore(parent, rules, Fixed(0, 2, 0))
+    # lr x0.8; ent_coef the third value; clip 0.2 x 0.8 = 0.16, clipped up to 0.19; gamma untouched
+    assert child == {"algo.lr": 0.8e-3, "algo.ent_coef": 0.05, "algo.clip_coef": 0.19, "algo.gamma": 0.99}
+    assert explore(parent, rules, Fixed(1, 0, 1))["algo.lr"] == 1e-3  # 1.2e-3 clipped to its high bound
+    assert parent["algo.lr"] == 1e-3  # the parent's own values are not changed
+    with pytest.raises(KeyError, match="no such hyperparameter"):
+        explore(parent, [ExploreRule("algo.tau", perturb=(2.0,))], Fixed(0))
+    with pytest.raises(ValueError, match="either perturb factors or resample values"):
+        ExploreRule("algo.lr")
+
+
+def test_explore_draws_are_reproducible_from_the_deciders_seed():
+    rules = [ExploreRule("algo.lr", perturb=(0.8, 1.25))]
+    draws = [explore({"algo.lr": 1.0}, rules, np.random.default_rng(7))["algo.lr"] for _ in range(2)]
+    assert draws[0] == draws[1] and draws[0] in (0.8, 1.25)
+
+
+def test_pfsp_weights():
+    p = np.array([0.0, 0.5, 0.9, 1.0])
+    np.testing.assert_allclose(pfsp_weights(p, "hard"), np.array([1.0, 0.25, 0.01, 0.0]) / 1.26)
+    np.testing.assert_allclose(pfsp_weights(p, "variance"), np.array([0.0, 0.25, 0.09, 0.0]) / 0.34)
+    np.testing.assert_allclose(pfsp_weights(p, "uniform"), np.full(4, 0.25))
+    np.testing.assert_allclose(pfsp_weights(np.array([1.0, 1.0]), "hard"), [0.5, 0.5])  # beats all: uniform
+    assert math.isclose(pfsp_weights(np.array([0.2, 0.3, 0.7]), "variance").sum(), 1.0)
+    with pytest.raises(ValueError, match="expected one of hard, variance, uniform"):
+        pfsp_weights(p, "squared")
