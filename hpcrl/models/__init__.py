@@ -13,6 +13,7 @@ from torch import nn
 from hpcrl.core.config import Config, ConfigError, ModelConfig
 from hpcrl.core.policies import policy_spaces
 from hpcrl.models.adam import Adam
+from hpcrl.models.member import member_arrays, member_layout  # noqa: F401 (a member's state for population copies)
 from hpcrl.models.networks import ActorCritic, ObservationInput  # noqa: F401
 # the runners and the weights message (models/runner.py), importable from here as before
 from hpcrl.models.runner import (PolicyRunner, Runner, copy_params_to, load_params_from,  # noqa: F401

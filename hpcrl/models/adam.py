@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 import torch
 
+from hpcrl.models.arena import arena_for, views_of
+
 # The hyperparameters torch.optim.Adam writes into each group of its state_dict, with the values
 # this Adam implements (amsgrad, maximize, decoupled weight decay and the rest are not offered).
 FIXED = {"amsgrad": False, "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
@@ -43,6 +45,29 @@ class Adam:
                 "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
                 "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format)}
         return state
+
+    def ensure_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every parameter's step and moments as views of three arenas (its steps, first and
+        second moments back to back, in parameter order), which are returned: what a population
+        member's copy sends and receives in place (models/member.py). Values are kept; a
+        parameter that has not stepped yet gets zeros. Done once; later calls find the arenas."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        states = [self._state_of(p) for p in params]
+        names = ("step", "exp_avg", "exp_avg_sq")
+        arenas = getattr(self, "_arenas", None)
+        if arenas is not None and all(views_of([s[n] for s in states], a) for n, a in zip(names, arenas)):
+            return arenas
+        arenas = tuple(arena_for([s[n] for s in states], f"the optimizer's {n}") for n in names)
+        for name, arena in zip(names, arenas):
+            offset = 0
+            for state in states:
+                n = state[name].numel()
+                view = arena[offset:offset + n].view_as(state[name])
+                view.copy_(state[name])
+                state[name] = view
+                offset += n
+        self._arenas = arenas
+        return arenas
 
     def step(self, closure=None) -> None:
         """One Adam step for every parameter that has a gradient (`closure` is not supported:
@@ -104,9 +129,15 @@ class Adam:
                 if tuple(saved[name].shape) != tuple(p.shape):
                     raise ValueError(f"the optimizer state's {name} of parameter {key} has shape "
                                      f"{tuple(saved[name].shape)}; the parameter has {tuple(p.shape)}")
-            state[p] = {"step": torch.as_tensor(saved["step"]).to(dtype=torch.float32, device=p.device, copy=True),
-                        **{name: torch.as_tensor(saved[name]).to(dtype=p.dtype, device=p.device, copy=True)
-                           for name in ("exp_avg", "exp_avg_sq")}}
+            values = {"step": torch.as_tensor(saved["step"]).to(dtype=torch.float32, device=p.device),
+                      **{name: torch.as_tensor(saved[name]).to(dtype=p.dtype, device=p.device)
+                         for name in ("exp_avg", "exp_avg_sq")}}
+            if p in self.state:  # in place: the arenas of a member's state stay where they are
+                for name, value in values.items():
+                    self.state[p][name].copy_(value)
+                state[p] = self.state[p]
+            else:
+                state[p] = {name: value.clone() for name, value in values.items()}
         for saved, group in zip(saved_groups, self.param_groups):
             group.update({key: value for key, value in saved.items() if key != "params"})
             group["betas"] = tuple(group["betas"])
