@@ -1,8 +1,9 @@
 """hpcrl's networks and what builds them: actor-critics (networks.py, recurrent.py), Q-networks
 (q.py), Dict observations (structured.py), their building blocks (layers.py), and the runners
-that run them for policy holders and pack their weights (runner.py). The modules import one
-another only downward (layers <- structured <- networks <- recurrent <- q; runner), and this
-package's builders sit above them all."""
+that run them for policy holders and pack their weights (runner.py); the trainers' optimizer
+(adam.py) and a population member's state as contiguous arrays (arena.py, member.py). The modules
+import one another only downward (layers <- structured <- networks <- recurrent <- q; runner;
+arena <- adam <- member), and this package's builders sit above them all."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
