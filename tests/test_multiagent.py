@@ -262,7 +262,10 @@ def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_
     assert first.returncode == 0, first.stdout + first.stderr
     assert "cannot be saved as data" not in first.stdout  # the games are data (envs/state.py): saved whole
     shutil.copytree(tmp_path / "connect_four_selfplay", tmp_path / "early")
-    assert mpirun(1, "run", path, *common, "--set", "run.total_frames=60000").returncode == 0
+    resumed = mpirun(1, "run", path, *common, "--set", "run.total_frames=60000")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    # the games, the seats' draws and their win rates per pool age continue from the checkpoint
+    assert "resuming from" in resumed.stdout and "env state was not restored" not in resumed.stdout
     from hpcrl.tools.evaluate import evaluate
     early = evaluate(str(tmp_path / "early"), 100, opponent="random").summary()["win_rate"]
     late = evaluate(str(tmp_path / "connect_four_selfplay"), 100, opponent="random").summary()["win_rate"]
@@ -321,7 +324,7 @@ def test_a_centralised_critic_reads_the_env_state_that_ends_each_row_and_the_pol
 def test_recurrent_multiagent_runs_through_a_policy_server_and_plays_in_eval(tmp_path, case):
     """A recurrent core with agent rows on 4 ranks: MAPPO on simple_spread (the server keeps each
     agent's state, the central critic reads whole envs), and IPPO self-play on connect four against
-    a pool (turn-based rows under masks, pool members acting from the same rows' states); then
+    a pool drawn by PFSP (turn-based rows under masks, pool members acting from the same rows' states); then
     `hpcrl eval` plays the result with its state."""
     if case == "mappo-lstm":
         cfg = small_config(tmp_path, env={**SPREAD, "num_envs": 4}, algo={"name": "mappo", "rollout_length": 25},
@@ -329,7 +332,7 @@ def test_recurrent_multiagent_runs_through_a_policy_server_and_plays_in_eval(tmp
     else:
         cfg = small_config(tmp_path, env={"id": "pettingzoo:classic/connect_four-v3", "num_envs": 4},
                            algo={"name": "ippo", "rollout_length": 16, "mode": "async",
-                                 "selfplay": {"pool": 2, "snapshot_every": 2, "latest": 0.5}},
+                                 "selfplay": {"pool": 2, "snapshot_every": 2, "latest": 0.5, "opponents": "hard"}},
                            model={"encoder": "mlp", "core": "gru", "core_size": 16}, run={"total_frames": 1280})
     result = mpirun(4, "run", str(write_config(tmp_path, cfg)))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -183,6 +183,44 @@ def test_seats_give_one_learning_seat_per_game_against_the_pool_and_judge_it():
     assert np.all(mixed.learning.reshape(400, 2)[mixed.opponent < 0])
 
 
+def test_pfsp_draws_the_pool_ages_by_the_win_rate_each_actor_keeps():
+    """algo.selfplay.opponents: the win rate against each age is an EMA of the actor's own judged
+    games (decay 0.5 here, so one game moves it half way), and games against the pool draw their
+    age by its PFSP weight; 'uniform' draws exactly as before the option existed."""
+    from hpcrl.workers.selfplay import Seats
+    cfg = parse_config("algo: {name: ippo, selfplay: {pool: 3, latest: 0.0, opponents: hard, payoff_decay: 0.5}}")
+    seats = Seats(cfg, envs=3, agents=2, rng=np.random.default_rng(0), first_pool_id=1)
+    assert seats.payoff.tolist() == [0.5, 0.5, 0.5]
+    seats.opponent[:] = [0, 1, 2]  # one game against each age: won, drawn, lost by the learning seat
+    rewards = np.zeros(6)
+    rewards[np.arange(3) * 2 + seats.seat] = [1, 0, -1]
+    rewards[np.arange(3) * 2 + 1 - seats.seat] = [-1, 0, 1]
+    seats.stepped(rewards, np.array([True, True, True]))
+    assert seats.payoff.tolist() == [0.75, 0.5, 0.25]
+    seats.payoff[:] = [1.0, 1.0, 0.0]  # it always beats ages 0 and 1: 'hard' sends every game to age 2
+    seats.opponent[:] = -1  # (the games now ending were against itself: nothing to judge)
+    seats.stepped(np.zeros(6), np.array([True, True, True]))
+    assert seats.opponent.tolist() == [2, 2, 2] and seats.row_policy.reshape(3, 2).max(1).tolist() == [3, 3, 3]
+    seats.opponents = "variance"  # p(1 - p): only an age it wins half the time
+    seats.payoff[:] = [1.0, 0.5, 0.0]
+    seats.opponent[:] = -1
+    seats.stepped(np.zeros(6), np.array([True, True, True]))
+    assert seats.opponent.tolist() == [1, 1, 1]
+    uniform = Seats(parse_config("algo: {name: ippo, selfplay: {pool: 3, latest: 0.5}}"), 50, 2,
+                    np.random.default_rng(3))
+    replay = np.random.default_rng(3)  # the draws as they were: latest, then age, then seat, per env
+    expected = []
+    for _ in range(50):
+        age = -1 if replay.random() < 0.5 else replay.integers(3)
+        replay.integers(2)
+        expected.append(age)
+    assert uniform.opponent.tolist() == expected
+    for bad, message in (("opponents: squared", "expected one of hard, variance, uniform"),
+                         ("payoff_decay: 1.0", r"expected a decay in \[0, 1\)")):
+        with pytest.raises(ConfigError, match=f"algo.selfplay.{bad.split(':')[0]}: {message}"):
+            parse_config(f"algo: {{name: ippo, selfplay: {{pool: 2, {bad}}}}}")
+
+
 def test_a_holder_snapshots_its_policy_into_the_pool_every_few_versions():
     from hpcrl.workers.selfplay import Pool
     cfg = parse_config(f"env: {{id: '{RELAY}'}}\nalgo: {{name: ippo}}")

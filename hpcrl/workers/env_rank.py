@@ -254,7 +254,11 @@ class EnvRank:
                              "ep_length": g.ep_length, "active": g.active,
                              "mask": g.request["action_mask"] if g.masked else None,
                              "starts": g.request["starts"] if g.recurrent else None,
-                             "sampling": _as_arrays(s)} for g, s in zip(self.groups, sampling)],
+                             "sampling": _as_arrays(s),
+                             # self-play: the seats' draws, games and win rates (absent without a pool,
+                             # so the checkpoints of other runs keep their layout)
+                             **({"seats": g.seats.saved_parts()} if g.seats is not None else {})}
+                            for g, s in zip(self.groups, sampling)],
                  "version": self.version, "version_fragments": self.version_fragments,
                  "fragments_sent": self.fragments_sent}
         return parts, sampling
@@ -282,6 +286,8 @@ class EnvRank:
             return _not_restored(str(exc))
         for group, policy_state in zip(self.groups, sampling):
             group.policy.restore_sampling_state(policy_state)  # its arrays were written in place
+            if group.seats is not None:  # the requests ask for the restored seats' policies
+                group.request["policy"][...] = group.seats.row_policy
         self.version, self.fragments_sent = parts["version"], parts["fragments_sent"]
         self.version_fragments = parts["version_fragments"]
 

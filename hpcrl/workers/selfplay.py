@@ -6,6 +6,10 @@ Two halves, joined by nothing but policy ids on the inference stream:
   those other seats ask for policy id P + a (P: the training policies) and are left out of the
   fragment's active rows, so the trainer never learns from the frozen side. When a game against
   the pool ends, it is judged from the learning seat's return: a win, a draw or a loss against age a.
+  The age of a game against the pool is drawn uniformly, or by prioritized fictitious self-play
+  (algo.selfplay.opponents, core/population.pfsp_weights) on the win rate against each age, an EMA
+  of this actor's own games (so no message is needed for it). The ages are relative: age a is
+  always the snapshot a places back, so its win rate follows whichever snapshot holds the place.
 - `Pool`, on a policy holder: K frozen copies of the policy. Every `snapshot_every` versions the
   newest weights overwrite the oldest copy, so age 0 is the newest snapshot and age K-1 the oldest;
   until the pool has K snapshots the young ages share the first one. Holders snapshot on their
@@ -17,7 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcrl.core.population import pfsp_weights
+
 OUTCOMES = ("wins", "draws", "losses")
+SCORE = (1.0, 0.5, 0.0)  # what each outcome adds to the win rate against an age
 
 
 class Seats:
@@ -34,12 +41,19 @@ class Seats:
         self.learning = np.ones(envs * agents, dtype=bool)  # rows the trainer learns from
         self.game_return = np.zeros(envs * agents)  # each row's return in the current game
         self.results = np.zeros((self.ages, len(OUTCOMES)))  # games judged since the last record
+        self.opponents, self.decay = s.opponents, s.payoff_decay
+        self.payoff = np.full(self.ages, 0.5)  # per age: the win rate against it (EMA; a draw counts half)
         for env in range(envs):
             self._draw(env)
 
     def _draw(self, env: int) -> None:
         rows = slice(env * self.agents, (env + 1) * self.agents)
-        self.opponent[env] = -1 if self.rng.random() < self.latest else self.rng.integers(self.ages)
+        if self.rng.random() < self.latest:
+            self.opponent[env] = -1
+        elif self.opponents == "uniform":
+            self.opponent[env] = self.rng.integers(self.ages)
+        else:
+            self.opponent[env] = self.rng.choice(self.ages, p=pfsp_weights(self.payoff, self.opponents))
         self.seat[env] = self.rng.integers(self.agents)
         if self.opponent[env] < 0:
             self.row_policy[rows], self.learning[rows] = 0, True
@@ -60,9 +74,18 @@ class Seats:
                 returns = self.game_return[rows]
                 mine = returns[self.seat[env]]
                 best_other = np.delete(returns, self.seat[env]).max()
-                self.results[age, 0 if mine > best_other else 1 if mine == best_other else 2] += 1
+                outcome = 0 if mine > best_other else 1 if mine == best_other else 2
+                self.results[age, outcome] += 1
+                self.payoff[age] = self.decay * self.payoff[age] + (1.0 - self.decay) * SCORE[outcome]
             self.game_return[rows] = 0.0
             self._draw(env)
+
+    def saved_parts(self) -> dict:
+        """What a serial checkpoint holds of the seats (envs/state.py reads and writes them in
+        place): the draws, each env's game, and the win rates."""
+        return {"rng": self.rng, "opponent": self.opponent, "seat": self.seat, "row_policy": self.row_policy,
+                "learning": self.learning, "game_return": self.game_return, "results": self.results,
+                "payoff": self.payoff}
 
     def take_results(self) -> np.ndarray:
         out, self.results = self.results, np.zeros_like(self.results)
