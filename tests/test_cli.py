@@ -100,6 +100,48 @@ def test_plan_memory_counts_the_batch_of_algo_batch_frames():
     assert learner_bytes(16 * 256) - learner_bytes("null") == ((22 + 16) - (8 + 4)) * frag
 
 
+def test_plan_memory_counts_every_policy_and_the_self_play_pool_on_policy_holders():
+    from hpcrl.core.config import parse_config
+    from hpcrl.core.layout import plan_layout
+    from hpcrl.core.messages import weights_spec
+    from hpcrl.core.policies import num_policies
+    from hpcrl.core.dataflow import ALGORITHMS, inference_messages
+    from hpcrl.core.sizing import FRAGMENT_BUFFERS, MODEL_COPIES, Sizes, memory, memory_problem
+    from hpcrl.envs import env_spaces
+
+    def mem(text: str, ranks: int = 4, inference: int = 1, learners: int = 1):
+        cfg = parse_config(f"env: {{id: 'pettingzoo:classic/connect_four-v3', num_envs: 4}}\n"
+                           f"roles: {{learner: {{ranks: {learners}}}, inference: {{ranks: {inference}}}}}\n{text}")
+        layout = plan_layout(cfg.roles, ranks, policies=num_policies(cfg.policies))
+        return cfg, layout, memory(cfg, layout, Sizes.of(cfg, layout), env_spaces(cfg.env), 1000)
+
+    n = 1000
+    _, _, two_kept = mem("algo: {name: ippo, selfplay: {pool: 2}}")
+    _, _, six_kept = mem("algo: {name: ippo, selfplay: {pool: 6}}")
+    # four frozen copies more of 1000 float32 parameters on the policy server (its messages stay the same)
+    assert six_kept.inference - two_kept.inference == 4 * 4 * n
+    # the actors hold no policy with remote inference: only their fragments' per-age game counts grow
+    cfg2, _, _ = mem("algo: {name: ippo, selfplay: {pool: 2}}")
+    cfg6, _, _ = mem("algo: {name: ippo, selfplay: {pool: 6}}")
+    spaces = env_spaces(cfg2.env)
+    grown = ALGORITHMS["ippo"].record(cfg6, spaces).nbytes - ALGORITHMS["ippo"].record(cfg2, spaces).nbytes
+    assert six_kept.env - two_kept.env == FRAGMENT_BUFFERS * grown
+    _, _, inline_two = mem("algo: {name: ippo, selfplay: {pool: 2}}", ranks=3, inference=0)
+    _, _, inline_six = mem("algo: {name: ippo, selfplay: {pool: 6}}", ranks=3, inference=0)
+    assert inline_six.env - inline_two.env == 4 * 4 * n + FRAGMENT_BUFFERS * grown and inline_six.inference == 0
+    cfg_one, layout, one = mem("algo: {name: ippo}\npolicies: {all: 'player_.*'}", ranks=5, learners=2)
+    cfg_two, _, two = mem("algo: {name: ippo}\npolicies: {first: 'player_0', second: 'player_1'}", ranks=5,
+                          learners=2)
+    # the second policy's model copies and weights message, beside the requests' policy ids
+    messages = [sum(2 * m.nbytes for m in inference_messages(c, spaces, 2)) for c in (cfg_one, cfg_two)]
+    fan = int(layout.fan_in("inference").max())
+    assert two.inference - one.inference == (MODEL_COPIES["inference"] * 4 * n + weights_spec(n).nbytes
+                                             + fan * 2 * (messages[1] - messages[0]))
+    cfg, layout, _ = mem("algo: {name: ippo, selfplay: {pool: 64}}\nrun: {memory_limit_gib: 0.01}")
+    problem = memory_problem(cfg, layout, Sizes.of(cfg, layout), env_spaces(cfg.env), 100_000)
+    assert problem.startswith("algo.selfplay.pool: each inference rank would need") and "fewer past versions" in problem
+
+
 def test_plan_reports_a_layout_that_does_not_fit():
     result = hpcrl("plan", "jobs/cartpole_ppo_2learners.yaml", "--world-size", "4")
     assert result.returncode == 2 and "need a world size of at least 5" in result.stderr

@@ -222,9 +222,13 @@ def memory(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int) -
     learner = sizes.busiest
     inference_fan = int(layout.fan_in("inference").max()) if len(layout.inference) else 0
     inline = layout.inline_inference
-    env = G * (req + rep) + FRAGMENT_BUFFERS * frag + (MODEL_COPIES["env"] * model + weights if inline else 0)
-    # inference: a request and a reply buffer per (env rank, group), the batch arrays, the policy
-    inference = inference_fan * G * (2 * req + 2 * rep) + MODEL_COPIES["inference"] * model + weights
+    # a policy holder (an inference rank, or an env rank with inline inference) holds every policy
+    # (each counted at the largest's size) and, with a self-play pool, that many frozen copies more
+    holder = layout.policies * weights + cfg.algo.selfplay.pool * model
+    env = G * (req + rep) + FRAGMENT_BUFFERS * frag + (
+        MODEL_COPIES["env"] * layout.policies * model + holder if inline else 0)
+    # inference: a request and a reply buffer per (env rank, group), the batch arrays, the policies
+    inference = inference_fan * G * (2 * req + 2 * rep) + MODEL_COPIES["inference"] * layout.policies * model + holder
     # learner: the sample slots, the batch assembled from them (a copy of its fragments), the model;
     # DQN: the replay shard and its sum-tree instead of the batch, and a target network
     if cfg.algo.name == "dqn":
@@ -262,7 +266,10 @@ def memory_problem(cfg: Config, layout: Layout, sizes: Sizes, spaces, n_params: 
     if need[role] <= limit:
         return None
     model = MODEL_COPIES[role] * 4 * n_params
-    if 2 * model >= need[role]:
+    pool = cfg.algo.selfplay.pool * 4 * n_params if role in ("inference", "env") or layout.serial else 0
+    if pool >= need[role] / 2:
+        key, advice = "algo.selfplay.pool", "keep fewer past versions, or lower model.hidden_sizes"
+    elif 2 * model >= need[role]:
         key = "model.hidden_sizes" + (" and model.core_size" if cfg.model.core != "none" else "")
         advice = f"lower {key}"
     else:
