@@ -69,14 +69,15 @@ class StopAtTarget(BaseCallback):
 
 
 def timed_updates(model) -> dict:
-    """Wrap `model.train` (SB3's update: every epoch and minibatch of one rollout) to time each
-    call; the dict fills as learn() runs."""
+    """Wrap `model.train` (SB3's update: PPO's every epoch and minibatch of one rollout, DQN's
+    gradient steps, which it passes as arguments) to time each call; the dict fills as learn()
+    runs."""
     times = {"count": 0, "seconds": 0.0, "first_end": float("nan")}
     train = model.train
 
-    def timed() -> None:
+    def timed(*args, **kwargs) -> None:
         start = time.perf_counter()
-        train()
+        train(*args, **kwargs)
         times["seconds"] += time.perf_counter() - start
         times["count"] += 1
         if times["count"] == 1:
