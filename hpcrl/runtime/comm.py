@@ -165,13 +165,13 @@ def thread_level_problem(rank: int) -> str | None:
 WAIT_SLEEP_S = 0.002  # the sleep between tests of a polled wait (start-up, end of run)
 
 
-def wait_sleeping(request) -> None:
+def wait_sleeping(request, sleep_s: float = WAIT_SLEEP_S) -> None:
     """Wait for `request`, sleeping between tests. Open MPI's blocking waits spin (yielding when
     oversubscribed): at start-up every rank waits about a second for rank 0's checks, and 3 ranks
     spinning beside it on 2 cores took half its CPU (a loop of rank 0's took 0.12-0.24 s beside
     blocking waits, 0.08 s beside this one, 4 ranks on this 2-core machine)."""
     while not request.Test():
-        time.sleep(WAIT_SLEEP_S)
+        time.sleep(sleep_s)
 
 
 def broadcast_object(obj, root: int = 0):

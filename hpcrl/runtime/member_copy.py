@@ -26,6 +26,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from hpcrl.runtime.comm import wait_sleeping
+
 MEMBER_COPY_TAG = 301  # point-to-point: source learner root -> target learner root, one message per array
 # The sleep between tests while a copy's receiver waits for its source to begin: short, since a
 # copy takes milliseconds (130 MB in about 11 ms here) and each sleep is added to it (with 2 ms
@@ -79,6 +81,5 @@ def broadcast_state(group_comm, state: MemberState, root: int = 0) -> None:
         return
     requests = [group_comm.Ibcast(a, root=root) for a in state.arrays]
     if group_comm.Get_rank() != root:
-        while not requests[0].Test():
-            time.sleep(PROBE_SLEEP_S)
+        wait_sleeping(requests[0], PROBE_SLEEP_S)
     MPI.Request.Waitall(requests)
