@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import torch
 
-from hpcrl.models.arena import arena_for, views_of
+from hpcrl.models.arena import pack, views_of
 
 # The hyperparameters torch.optim.Adam writes into each group of its state_dict, with the values
 # this Adam implements (amsgrad, maximize, decoupled weight decay and the rest are not offered).
@@ -57,17 +57,14 @@ class Adam:
         arenas = getattr(self, "_arenas", None)
         if arenas is not None and all(views_of([s[n] for s in states], a) for n, a in zip(names, arenas)):
             return arenas
-        arenas = tuple(arena_for([s[n] for s in states], f"the optimizer's {n}") for n in names)
-        for name, arena in zip(names, arenas):
-            offset = 0
-            for state in states:
-                n = state[name].numel()
-                view = arena[offset:offset + n].view_as(state[name])
-                view.copy_(state[name])
+        arenas = []
+        for name in names:
+            arena, views = pack([s[name] for s in states], f"the optimizer's {name}")
+            for state, view in zip(states, views):
                 state[name] = view
-                offset += n
-        self._arenas = arenas
-        return arenas
+            arenas.append(arena)
+        self._arenas = tuple(arenas)
+        return self._arenas
 
     def step(self, closure=None) -> None:
         """One Adam step for every parameter that has a gradient (`closure` is not supported:

@@ -32,3 +32,17 @@ def arena_for(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
         # 17-20 ms from torch's (Open MPI's single-copy path walks the pages)
         return torch.from_numpy(np.zeros(size, dtype=torch.empty((), dtype=dtype).numpy().dtype))
     return torch.zeros(size, dtype=dtype, device=device)
+
+
+def pack(tensors: list[torch.Tensor], what: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A new arena holding `tensors`' values back to back, and its views shaped as each of them
+    (the caller puts each view where its tensor was)."""
+    arena = arena_for(tensors, what)
+    views, offset = [], 0
+    with torch.no_grad():
+        for t in tensors:
+            view = arena[offset:offset + t.numel()].view_as(t)
+            view.copy_(t)
+            views.append(view)
+            offset += t.numel()
+    return arena, views

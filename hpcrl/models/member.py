@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hpcrl.models.adam import Adam
-from hpcrl.models.arena import arena_for, views_of
+from hpcrl.models.arena import pack, views_of
 
 
 def flatten_parameters(model: nn.Module) -> torch.Tensor:
@@ -25,14 +25,9 @@ def flatten_parameters(model: nn.Module) -> torch.Tensor:
     arena = getattr(model, "_hpcrl_parameter_arena", None)
     if views_of(params, arena):
         return arena
-    arena = arena_for(params, "the model's parameters")
-    offset = 0
-    with torch.no_grad():
-        for p in params:
-            view = arena[offset:offset + p.numel()].view_as(p)
-            view.copy_(p)
-            p.data = view  # the same Parameter object, its storage now the arena's
-            offset += p.numel()
+    arena, views = pack(params, "the model's parameters")
+    for p, view in zip(params, views):
+        p.data = view  # the same Parameter object, its storage now the arena's
     object.__setattr__(model, "_hpcrl_parameter_arena", arena)  # a plain attribute: not a buffer, not saved
     return arena
 
