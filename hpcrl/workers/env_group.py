@@ -150,8 +150,7 @@ def make_groups(cfg: Config, index: int, policies: list, row_policy: np.ndarray,
         if cfg.algo.selfplay.pool:
             group.seats = Seats(cfg, per_group, rows // per_group,
                                 np.random.default_rng(seed_for(cfg.run.seed, "selfplay", index, g)),
-                                first_pool_id=num_policies)
-            group.request["policy"][...] = group.seats.row_policy
+                                first_pool_id=num_policies, row_policy=group.request["policy"])
         groups.append(group)
     return groups
 

@@ -286,8 +286,6 @@ class EnvRank:
             return _not_restored(str(exc))
         for group, policy_state in zip(self.groups, sampling):
             group.policy.restore_sampling_state(policy_state)  # its arrays were written in place
-            if group.seats is not None:  # the requests ask for the restored seats' policies
-                group.request["policy"][...] = group.seats.row_policy
         self.version, self.fragments_sent = parts["version"], parts["fragments_sent"]
         self.version_fragments = parts["version_fragments"]
 

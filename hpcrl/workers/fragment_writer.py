@@ -100,7 +100,6 @@ class FragmentWriter:
         self.tally.add(group, rewards, done, info)
         if group.seats is not None:  # games that ended are judged; the next ones get their seats
             group.seats.stepped(info.get(RAW_REWARD, rewards), info[ENV_DONE])
-            group.request["policy"][...] = group.seats.row_policy
         if group.recurrent:  # the fragment keeps them (frag["starts"]): the trainer zeroes the same rows
             group.request["starts"][...] = episode_starts(done, info)
         group.t += 1

@@ -30,14 +30,18 @@ SCORE = (1.0, 0.5, 0.0)  # what each outcome adds to the win rate against an age
 class Seats:
     """Who plays which seat of each env of an env group (rows env-major, `agents` per env)."""
 
-    def __init__(self, cfg, envs: int, agents: int, rng: np.random.Generator, first_pool_id: int = 1):
+    def __init__(self, cfg, envs: int, agents: int, rng: np.random.Generator, first_pool_id: int = 1,
+                 row_policy: np.ndarray | None = None):
+        """`row_policy`: where the policy id each row asks for is kept, written in place (an env
+        group's request buffer, so every request carries the seats as they stand); a new array
+        when None."""
         s = cfg.algo.selfplay
         self.ages, self.latest, self.agents = s.pool, s.latest, agents
         self.first_pool_id = first_pool_id
         self.rng = rng
         self.opponent = np.full(envs, -1, dtype=np.int64)  # per env: the pool age it plays, -1: itself
         self.seat = np.zeros(envs, dtype=np.int64)  # per env: the learning seat in a game against the pool
-        self.row_policy = np.zeros(envs * agents, dtype=np.int16)  # what each row asks for
+        self.row_policy = np.zeros(envs * agents, dtype=np.int16) if row_policy is None else row_policy
         self.learning = np.ones(envs * agents, dtype=bool)  # rows the trainer learns from
         self.game_return = np.zeros(envs * agents)  # each row's return in the current game
         self.results = np.zeros((self.ages, len(OUTCOMES)))  # games judged since the last record
