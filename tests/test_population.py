@@ -74,3 +74,65 @@ def test_pfsp_weights():
     assert math.isclose(pfsp_weights(np.array([0.2, 0.3, 0.7]), "variance").sum(), 1.0)
     with pytest.raises(ValueError, match="expected one of hard, variance, uniform"):
         pfsp_weights(p, "squared")
+
+
+# --- the population section of the config ----------------------------------------------------
+
+from hpcrl.core.config import ConfigError, parse_config  # noqa: E402
+from hpcrl.core.members import check_members, member_config, member_name  # noqa: E402
+
+BASE = """
+run: {name: pbt, output_dir: runs, seed: 7}
+env: {id: CartPole-v1}
+population:
+  members: 4
+  explore: {algo.lr: {perturb: [0.8, 1.25]}}
+  values: {algo.lr: [0.001, 0.002, 0.003, 0.004]}
+"""
+
+
+def config(*overrides: str):
+    return parse_config(BASE, "pbt.yaml", overrides)
+
+
+def test_each_member_is_a_plain_run_of_its_own_in_the_populations_directory():
+    cfg = config()
+    members = [member_config(cfg, i) for i in range(4)]
+    assert [m.run.seed for m in members] == [7, 8, 9, 10]
+    assert [m.algo.lr for m in members] == [0.001, 0.002, 0.003, 0.004]
+    assert {(m.run.output_dir, m.run.name) for m in members} == {("runs/pbt", f"member{i}") for i in range(4)}
+    assert all(m.population.members == 0 for m in members)
+    assert cfg.algo.lr == 3e-4 and cfg.run.seed == 7  # the population's own config is left as it was
+    assert member_name(3, 10) == "member3" and member_name(3, 100) == "member03"
+
+
+@pytest.mark.parametrize("override,message", [
+    ("population.members=1", "population.members: expected 0 (no population) or 2 to 100,000, got 1"),
+    ("population.truncation=0.6", "population.truncation: expected a fraction in (0, 0.5], got 0.6"),
+    ("population.ready_frames=0", "population.ready_frames: expected a positive number of frames, got 0"),
+    ("population.values={algo.lr: [0.1, 0.2]}", "population.values.algo.lr: expected one value per member (4), got 2"),
+    ("population.values={algo.lr: [0.1, 0.2, 0.3, 3e-5]}",
+     "(YAML reads 3e-5 as text; write it with a dot, e.g. 3.0e-5)"),
+    ("population.explore={algo.epochs: {perturb: [2]}}",
+     "population.explore: 'algo.epochs' is not a hyperparameter algo.name ppo reads live; expected one of algo.lr, "),
+    ("population.explore={algo.lr: {perturb: [2], resample: [0.1]}}",
+     "explore rule for algo.lr: give either perturb factors or resample values"),
+    ("population.explore={algo.lr: {factor: [2]}}", "expected a mapping with perturb or resample"),
+    ("population.explore={algo.lr: {perturb: [2], low: 1, high: 0.1}}", "low 1.0 is above high 0.1"),
+    ("policies={a: 'player_0'}", "population: members train one policy each; remove the policies table"),
+    ("roles.learner.device=cuda", "population: a member's state is copied from host memory"),
+])
+def test_the_population_section_refuses_what_cannot_run(override, message):
+    with pytest.raises(ConfigError) as err:
+        config(override)
+    assert message in str(err.value)
+
+
+def test_dqn_members_may_change_only_what_its_trainer_reads_live():
+    with pytest.raises(ConfigError, match="expected one of algo.lr, algo.max_grad_norm$"):
+        config("algo.name=dqn", "population.explore={algo.gamma: {perturb: [0.9]}}", "population.values={}")
+
+
+def test_a_members_value_out_of_range_names_the_member():
+    with pytest.raises(ConfigError, match=r"population member 2 \(population.values\): algo.lr: expected a number > 0"):
+        check_members(config("population.values={algo.lr: [0.1, 0.2, -0.3, 0.4]}"))

@@ -2,9 +2,9 @@
 
 Pure Python (no MPI, no torch): every rank can validate a config, and `hpcrl plan` works on a
 laptop. Each field carries its meaning in `metadata["doc"]`; the YAML keys are the field names.
-The roles table (config_roles.py), env (config_env.py), DQN (config_dqn.py) and self-play
-(config_selfplay.py) sections have modules of their own, with the helpers in config_base.py;
-this module assembles the whole Config, checks what crosses sections, and loads it.
+The roles table (config_roles.py), env (config_env.py), DQN (config_dqn.py), self-play
+(config_selfplay.py) and population (config_population.py) sections have modules of their own,
+with the helpers in config_base.py; this module assembles the whole Config, checks what crosses sections, and loads it.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from hpcrl.core.config_env import (ENV_BACKENDS, ENV_PRESETS, MAX_FRAME_SIZE, MA
                                    MAX_NUM_ENVS, AtariConfig, EnvConfig, validate_env)
 from hpcrl.core.config_roles import (DEFAULT_MAX_ENV_RANKS, DEFAULT_RANKS, DEVICES, REST,  # noqa: F401
                                      ROLE_NAMES, RoleSpec, RolesConfig, validate_roles)
+from hpcrl.core.config_population import PopulationConfig, validate_population
 from hpcrl.core.config_selfplay import SelfPlayConfig, validate_selfplay
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.policies import check_table
@@ -163,6 +164,8 @@ class Config:
         "trained by the first policy whose expression matches its whole name, each policy by its own block of "
         "roles.learner ranks (their count a multiple of the policies'). Empty: one policy for every agent",
         default_factory=dict)
+    population: PopulationConfig = doc("population-based training: members side by side, the worst copying "
+                                       "the best", default_factory=PopulationConfig)
 
 
 # --- building dataclasses from plain YAML data, with errors that name the key --------------------
@@ -257,6 +260,11 @@ def validate(cfg: Config) -> None:
            f"{a.name} has none, so use false or null")
     check_table(cfg.policies)
     validate_selfplay(a.selfplay, ALGORITHMS[a.name].multiagent, len(cfg.policies))
+    validate_population(cfg.population, ALGORITHMS[a.name].live, a.name)
+    if cfg.population.members:
+        _check(not cfg.policies, "population: members train one policy each; remove the policies table")
+        _check(cfg.roles.learner.device == "cpu", "population: a member's state is copied from host memory; use "
+                                                  "roles.learner.device: cpu")
     multiagent = [n for n, alg in ALGORITHMS.items() if alg.multiagent]
     _check(not cfg.policies or ALGORITHMS[a.name].multiagent,
            f"policies: maps the agents of PettingZoo envs to policies, for the multi-agent algorithms "

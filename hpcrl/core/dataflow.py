@@ -64,6 +64,9 @@ class Algorithm:
     step: str
     doc: str
     multiagent: bool = False  # trains PettingZoo envs only (and normalises values by default)
+    # algo.* keys the trainer step reads at every update (never the actors), so a population may
+    # change them live (population.explore): the optimizer's lr and the gradient clip at least
+    live: tuple[str, ...] = ("lr", "max_grad_norm")
 
     def stream(self, kind: str) -> Stream | None:
         return next((s for s in self.streams if s.kind == kind), None)
@@ -181,6 +184,10 @@ ACTOR_LEARNER_STREAMS = (
     Stream(CONTROL, source="learner", sink="*"),
 )
 
+# the loss's coefficients, and the advantages' discount and lambda (computed by the learner; env
+# ranks that normalise rewards keep the discount they started with)
+PPO_LIVE = ("lr", "ent_coef", "clip_coef", "vf_coef", "max_grad_norm", "gamma", "gae_lambda")
+
 PPO = Algorithm(
     name="ppo",
     modes=("sync", "async"),
@@ -192,6 +199,7 @@ PPO = Algorithm(
     policy="actor_critic",
     batch_source="hpcrl.workers.batch_source:FragmentQueue",
     step="hpcrl.algos.ppo:PPOStep",
+    live=PPO_LIVE,
     doc="PPO (mode sync: GAE, on-policy batches) and APPO (mode async: V-trace, the newest weights)",
 )
 
@@ -202,14 +210,14 @@ PPO = Algorithm(
 MAPPO = Algorithm(
     name="mappo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
     reply=policy_reply, writer=fragment_writer, policy="central_critic", batch_source=PPO.batch_source, step=PPO.step,
-    multiagent=True,
+    multiagent=True, live=PPO_LIVE,
     doc="MAPPO: PPO whose critic reads the observations of every agent of the env (and the agent's index), "
         "with value normalisation; one policy shared by all agents, or one per entry of the policies table")
 
 IPPO = Algorithm(
     name="ippo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
     reply=policy_reply, writer=fragment_writer, policy="actor_critic", batch_source=PPO.batch_source, step=PPO.step,
-    multiagent=True,
+    multiagent=True, live=PPO_LIVE,
     doc="IPPO: PPO on every agent's own observations (decentralised critic), with value normalisation; one "
         "policy shared by all agents, or one per entry of the policies table")
 

@@ -21,11 +21,18 @@ is the transport's part (runtime/member_copy.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 PFSP_WEIGHTINGS = ("hard", "variance", "uniform")
+# The lineage, the population's metrics.h5: one row per event, with the member's live
+# hyperparameters after it (a series per key, 'algo.lr'...). Events: a member's start (each
+# launch), a judgement that kept it, an exploit (it took `parent`'s state; `fitness` is its own
+# before, `parent_fitness` the parent's), and its stop.
+START, JUDGED, EXPLOIT, STOPPED = 0, 1, 2, 3
+EVENTS = {START: "start", JUDGED: "judged", EXPLOIT: "exploit", STOPPED: "stopped"}
+LINEAGE_KEYS = ("time_s", "event", "member", "parent", "frames", "fitness", "parent_fitness")
 
 
 @dataclass(frozen=True)
@@ -49,19 +56,6 @@ class ExploreRule:
         new = value * self.perturb[rng.integers(len(self.perturb))] if self.perturb else \
             self.resample[rng.integers(len(self.resample))]
         return float(min(max(new, self.low), self.high))
-
-
-@dataclass
-class LineageEvent:
-    """One exploit: `member` took `parent`'s state at the member's `frames`, and these
-    hyperparameters after explore."""
-
-    member: int
-    parent: int
-    frames: int
-    fitness_before: float
-    parent_fitness: float
-    hyperparameters: dict[str, float] = field(default_factory=dict)
 
 
 def ranking(fitness: np.ndarray) -> np.ndarray:

@@ -1,0 +1,42 @@
+"""A population's members as runs of their own: each member's config, derived from the
+population's (core/config_population.py), and the name of its run directory."""
+from __future__ import annotations
+
+import copy
+import os
+
+from hpcrl.core.config import MAX_SEED, Config, validate
+from hpcrl.core.config_base import ConfigError, check
+from hpcrl.core.config_population import PopulationConfig
+
+
+def member_config(cfg: Config, index: int) -> Config:
+    """Member `index`'s own config: a plain run (no population section) in the population's
+    directory, with its seed (run.seed + index) and its values. Its config.yaml there runs the
+    member alone."""
+    p = cfg.population
+    member = copy.deepcopy(cfg)
+    member.population = PopulationConfig()
+    member.run.output_dir = os.path.join(cfg.run.output_dir, cfg.run.name)
+    member.run.name = member_name(index, p.members)
+    check(cfg.run.seed + index <= MAX_SEED, f"run.seed: member {index} would run with seed {cfg.run.seed + index}, "
+                                            f"above {MAX_SEED}; use a smaller seed")
+    member.run.seed = cfg.run.seed + index
+    for key, column in p.values.items():
+        setattr(member.algo, key.split(".", 1)[1], float(column[index]))
+    try:
+        validate(member)
+    except ConfigError as exc:
+        raise ConfigError(f"population member {index} (population.values): {exc}") from None
+    return member
+
+
+def check_members(cfg: Config) -> None:
+    """Every member's config is valid (its values in range): a ConfigError naming the member."""
+    for i in range(cfg.population.members):
+        member_config(cfg, i)
+
+
+def member_name(index: int, members: int) -> str:
+    """'member3' of 10 members, 'member03' of 100: the member's run directory inside the population's."""
+    return f"member{index:0{len(str(members - 1))}d}"
