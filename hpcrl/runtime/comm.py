@@ -53,11 +53,19 @@ def group_tag(tag: Tag, group: int) -> int:
 
 def group_tag_problem(groups: int) -> str | None:
     """Each env group gets its own tag pair; MPI only promises tags up to 32767 (MPI_TAG_UB)."""
-    highest, bound = group_tag(Tag.ACTION_REPLY, groups - 1), WORLD.Get_attr(MPI.TAG_UB)
+    # (the job's: a population member's WORLD, a split of it, has no predefined attributes)
+    highest, bound = group_tag(Tag.ACTION_REPLY, groups - 1), MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
     if highest <= bound:
         return None
     return (f"env.groups: {groups} groups need MPI tags up to {highest}, above this MPI's limit of {bound} "
             f"(MPI_TAG_UB); use at most {(bound - int(Tag.ACTION_REPLY)) // GROUP_TAG_STRIDE + 1} groups")
+
+
+def use_world(sub) -> None:
+    """From now on this process's run lives on `sub` (a population member's block of ranks,
+    runtime/job.py): every collective and stream that says WORLD means it."""
+    global WORLD
+    WORLD = sub
 
 
 def world_rank() -> int:

@@ -83,3 +83,64 @@ def broadcast_state(group_comm, state: MemberState, root: int = 0) -> None:
     if group_comm.Get_rank() != root:
         wait_sleeping(requests[0], PROBE_SLEEP_S)
     MPI.Request.Waitall(requests)
+
+
+REPORT_TAG = 302  # point-to-point: a member's learner root -> the population root (fitness, done)
+ORDER_TAG = 303  # point-to-point: the population root -> a member's learner root (send, receive, farewell)
+STEP_STATE_TAG = 304  # with a copy: the source's trainer-step state (a reward scale, a target network), pickled
+POPULATION_ROOT = 0  # the population communicator's rank 0 decides; rank m is member m's learner root
+
+
+class PopulationChannel:
+    """The small messages of a population, on a communicator of the members' learner roots
+    (rank m: member m): reports to the population root, its orders back. Every message is a
+    float64 vector sent without waiting; the sends are kept until complete (`flushed`). Between
+    one sender and one receiver MPI keeps the order, so a member serves its orders in the order
+    the root issued them."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.member = comm.Get_rank()
+        self.members = comm.Get_size()
+        self._sending: list = []
+
+    def _send(self, values, dest: int, tag: int) -> None:
+        buf = np.ascontiguousarray(values, dtype=np.float64)
+        self._sending = [(r, b) for r, b in self._sending if not r.Test()]
+        self._sending.append((self.comm.Isend(buf, dest=dest, tag=tag), buf))
+
+    def _received(self, tag: int, source: int = MPI.ANY_SOURCE) -> tuple[int, np.ndarray] | None:
+        status = MPI.Status()
+        if not self.comm.Iprobe(source=source, tag=tag, status=status):
+            return None
+        buf = np.empty(status.Get_count(MPI.DOUBLE), dtype=np.float64)
+        self.comm.Recv(buf, source=status.Get_source(), tag=tag)
+        return status.Get_source(), buf
+
+    def report(self, values) -> None:
+        self._send(values, POPULATION_ROOT, REPORT_TAG)
+
+    def next_report(self) -> tuple[int, np.ndarray] | None:
+        """(member, values) of a report that has arrived at the root, or None."""
+        return self._received(REPORT_TAG)
+
+    def order(self, member: int, values) -> None:
+        self._send(values, member, ORDER_TAG)
+
+    def next_order(self) -> np.ndarray | None:
+        got = self._received(ORDER_TAG, POPULATION_ROOT)
+        return None if got is None else got[1]
+
+    def send_step_state(self, state: dict, dest: int) -> None:
+        """Small (a reward scale) or a network's worth (DQN's target); pickled, since MPI peers of
+        one job are trusted (never anything read from a run directory)."""
+        self.comm.send(state, dest=dest, tag=STEP_STATE_TAG)
+
+    def receive_step_state(self, source: int) -> dict:
+        while not self.comm.Iprobe(source=source, tag=STEP_STATE_TAG):
+            time.sleep(PROBE_SLEEP_S)
+        return self.comm.recv(source=source, tag=STEP_STATE_TAG)
+
+    def flushed(self) -> bool:
+        self._sending = [(r, b) for r, b in self._sending if not r.Test()]
+        return not self._sending
