@@ -21,11 +21,12 @@ METRICS_FLUSH_S = 1.0
 class LearnerOutputs:
     def __init__(self, run_dir: str, config_text: str, log_interval_s: float, checkpoint_interval_s: float,
                  start_frames: int = 0, resume: bool = False, tensorboard: bool = False,
-                 progress: str = "loss {loss:.3f}"):
+                 progress: str = "loss {loss:.3f}", label: str = ""):
         """`start_frames`: the frames the run starts from (a resume's); `resume`: continue
         metrics.h5 (already cut back to the checkpoint by rundir.prepare). `progress`: the
-        algorithm's part of the progress line, a format string over the row (its step's `progress`)."""
-        self.progress = progress
+        algorithm's part of the progress line, a format string over the row (its step's `progress`).
+        `label`: after '[hpcrl' on its lines (' member03' in a population)."""
+        self.progress, self.label = progress, label
         self.saved = False  # whether the last report wrote a checkpoint
         self.run_dir = run_dir
         self.config_text = config_text
@@ -56,7 +57,7 @@ class LearnerOutputs:
         now = time.perf_counter()
         if code or now - self._last_log >= self.log_interval_s:
             fps = (row["frames"] - self._last_log_frames) / max(now - self._last_log, 1e-9)
-            print(f"[hpcrl] frames {row['frames']:>10,} | {fps:8,.0f} fps | return {row['return_window_mean']:7.1f}"
+            print(f"[hpcrl{self.label}] frames {row['frames']:>10,} | {fps:8,.0f} fps | return {row['return_window_mean']:7.1f}"
                   f" | version {row['policy_version']:5d} | {self.progress.format(**row)}", flush=True)
             self._last_log, self._last_log_frames = now, row["frames"]
         self.saved = False
@@ -72,7 +73,7 @@ class LearnerOutputs:
             self._last_ckpt = now
             self.saved = True  # the trainers save what they hold beside it (replay shards)
         if code == StopReason.PREEMPTED:
-            print(f"[hpcrl] preempted: checkpoint of policy version {row['policy_version']} at {row['frames']:,} "
+            print(f"[hpcrl{self.label}] preempted: checkpoint of policy version {row['policy_version']} at {row['frames']:,} "
                   f"frames written; run the same command again to resume", flush=True)
         return code
 

@@ -125,6 +125,26 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "",
     return start
 
 
+def prepare_population(output_dir: str, name: str, overwrite: bool, config_text: str) -> str:
+    """A population's directory (output_dir/name), locked by this process, emptied with
+    `overwrite` (its members' directories with it), with the population's config.yaml; the
+    members' directories inside it are prepared by `prepare`, each by its member. Returns it."""
+    run_dir = os.path.join(output_dir, name)
+    _check_inside(run_dir, output_dir)
+    existed = os.path.isdir(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    _check_inside(run_dir, output_dir)
+    _lock(run_dir, 0.0)
+    if overwrite and existed:
+        _empty(run_dir)
+    elif existed and any(os.path.lexists(os.path.join(run_dir, f)) for f in (CHECKPOINT_FILE, previous_path(
+            os.path.join(run_dir, CHECKPOINT_FILE)))):
+        raise ConfigError(f"run directory {run_dir!r} holds a run of one policy set, not a population; choose "
+                          f"another run.name, or pass --overwrite to replace it")
+    _replace_text(os.path.join(run_dir, "config.yaml"), config_text)
+    return run_dir
+
+
 def _check_inside(run_dir: str, output_dir: str) -> None:
     """The run directory is a real directory right inside output_dir (run.name is one path
     component, checked with the config): nothing hpcrl writes or deletes there lands elsewhere."""

@@ -29,8 +29,10 @@ from hpcrl.envs.state import NotCapturable
 from hpcrl.io.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from hpcrl.io.learner_outputs import LearnerOutputs
 from hpcrl.models import build_optimizer, build_policy, copy_params_to, policy_digest
+from hpcrl.models.member import member_arrays, member_layout
 from hpcrl.runtime import comm
 from hpcrl.runtime.control import ControlStream
+from hpcrl.runtime.member_copy import MemberState, broadcast_state
 from hpcrl.runtime.params import END, ParameterPublisher
 from hpcrl.workers.averaging import start_averaging
 from hpcrl.workers.trainer_stats import TrainerStats
@@ -52,27 +54,31 @@ class LearnerRole:
         publishes = w.rank == int(layout.learners_of_policy(policy)[0])  # its policy's first learner
         files = (LearnerOutputs(w.start.run_dir, w.start.config_text, cfg.run.log_interval_s, cfg.run.checkpoint_interval_s,
                           start_frames=w.start.start_frames, resume=w.start.resume_file is not None,
-                          tensorboard=cfg.run.tensorboard, progress=w.algorithm.load("step").progress)
+                          tensorboard=cfg.run.tensorboard, progress=w.algorithm.load("step").progress,
+                          label=w.member_label)
                  if root else None)
         source.resume(w.start.run_dir, w.start.start_version if w.start.resume_file else None)
         return cls(cfg, w.policy_spaces[policy], w.trainer_comm, source, w.params[policy] if publishes else None,
                    files, w.control, step=w.algorithm.load("step"), batch_share=sizes.batch_share,
                    run_dir=w.start.run_dir, resume_path=w.start.resume_file,
                    preempt_requested=w.preempt_requested, heartbeat=w.heartbeat, policy=policy,
-                   policy_comm=w.policy_comm)
+                   policy_comm=w.policy_comm, live=w.algorithm.live if w.member_label else ())
 
     def __init__(self, cfg: Config, spaces, trainer_comm, source, publisher: ParameterPublisher | None,
                  files: LearnerOutputs | None, control: ControlStream, step: type, batch_share: float = 1.0,
                  run_dir: str = ".", resume_path: str | None = None,
                  preempt_requested: Callable[[], bool] = lambda: False, heartbeat: Callable[[], None] = lambda: None,
-                 policy: int = 0, policy_comm=None):
+                 policy: int = 0, policy_comm=None, live: tuple[str, ...] = ()):
         """`step`: the algorithm's trainer step class. `batch_share`: this trainer's fraction of
         the global batch times the number of trainers (1.0 when every trainer's batch is as large
         as the others'; hpcrl.core.sizing.LearnerSizes.batch_share), so unequal batches average to the mean
         over all samples. `resume_path`: the checkpoint to continue from (every trainer is told; the
         root reads it). `preempt_requested`: polled by the root after every update; True stops
         the run with a checkpoint, marked preempted. `policy`: the policy this trainer trains, with
-        the others of `policy_comm` (core/policies.py; a run of one policy: every trainer)."""
+        the others of `policy_comm` (core/policies.py; a run of one policy: every trainer).
+        `live`: on every learner of a population member, the algo keys a copy may change, which
+        checkpoints keep. (A member's learner root gets its `population` link, workers/population.py,
+        once built.)"""
         self.cfg = cfg
         self.comm = trainer_comm
         self.policy = policy
@@ -90,6 +96,8 @@ class LearnerRole:
         self._warned_env_state = False
         self._other_policies = None  # several policies: the others' states for the next checkpoint (root)
         self.root = trainer_comm.Get_rank() == 0
+        self.population, self.live = None, live
+        self._member_state = None  # built at a member's first copy (workers/population.py)
         # only the trainers, never the whole world; with several policies, each policy's block of
         # trainers averages that policy's gradients (none at all where a block is one trainer)
         self.averaging = start_averaging(trainer_comm, len(self.policy_names), self.policy_comm.Get_size(), policy)
@@ -155,9 +163,10 @@ class LearnerRole:
             policies = {self.policy_names[0]: {"model": checkpoint["model"], "optimizer": checkpoint["optimizer"],
                                                "step": checkpoint["extra"].get("step", {})},
                         **checkpoint["policies"]} if len(self.policy_names) > 1 else None
-        state, counters, step_state, policies = comm.broadcast_object_on(
-            self.comm, (checkpoint["optimizer"], checkpoint["counters"], checkpoint["extra"].get("step", {}), policies)
-            if self.root else None)
+        state, counters, step_state, policies, hyperparameters = comm.broadcast_object_on(
+            self.comm, (checkpoint["optimizer"], checkpoint["counters"], checkpoint["extra"].get("step", {}), policies,
+                        checkpoint["extra"].get("hyperparameters", {})) if self.root else None)
+        self._set_hyperparameters(hyperparameters)  # a population member's, as its copies left them
         if policies is not None:
             mine = policies[self.policy_names[self.policy]]
             self.model.load_state_dict(mine["model"])
@@ -190,9 +199,9 @@ class LearnerRole:
     def _update(self, batch: list) -> None:
         self.status = f"training policy version {self.version}"
         a = self.cfg.algo
-        if a.lr_schedule == "linear":
-            for group in self.optimizer.param_groups:
-                group["lr"] = a.lr * max(0.0, 1.0 - self.frames / self.cfg.run.total_frames)
+        lr = a.lr * (max(0.0, 1.0 - self.frames / self.cfg.run.total_frames) if a.lr_schedule == "linear" else 1.0)
+        for group in self.optimizer.param_groups:  # (a population's copy may change a.lr)
+            group["lr"] = lr
         # the headers are read now: the slots are released after the update
         self._local = self.stats.local(self.source.counted(batch), self.source.take_dropped(),
                                        self.source.stream.held_max)
@@ -228,12 +237,19 @@ class LearnerRole:
         if len(self.policy_names) > 1:  # MPI: the other policies' states reach the root for its checkpoint
             code, due = comm.broadcast_ints(self.comm, [code, int(self.root and self.files.checkpoint_due(code))])
             self._other_policies = self._gather_policies() if due else None
+        adoption = None
         if self.root:
             code = self.files.report(row, code, self.save, checkpoint=None if due is None else bool(due))
-        # MPI: all trainers stop after the same update, the same way, and save with the root's checkpoint
-        code, saved = comm.broadcast_ints(self.comm, [code, self.files.saved if self.root else 0])
+            if self.population is not None:  # report to the population when due; serve its orders
+                adoption = self.population.between_updates(self, row["frames"], self.stats.window_mean(), bool(code))
+        # MPI: all trainers stop after the same update, the same way, save with the root's
+        # checkpoint, and take the state the root received from another member
+        code, saved, copied = comm.broadcast_ints(self.comm, [code, self.files.saved if self.root else 0,
+                                                              int(adoption is not None)])
         if saved:
             self.source.save(self.run_dir, self.version)
+        if copied:
+            self._adopt(adoption)
         reason = StopReason(code)
         self.stopped_by, self.stop_flags = reason.text, reason.flags
         if code and self.control.is_controller:
@@ -244,6 +260,34 @@ class LearnerRole:
             self.status = "stopping: waiting for the env ranks' last messages"
         else:
             self._set_waiting_status()
+
+    # --- a population member ----------------------------------------------------------------------
+    def member_state(self) -> MemberState:
+        """This member's weights, normalisers and Adam state as the arrays a copy moves in place."""
+        if self._member_state is None:
+            self._member_state = MemberState(member_arrays(self.model, self.optimizer), member_layout(self.model))
+        return self._member_state
+
+    def _adopt(self, adoption) -> None:
+        """Every learner of the member: the state its root received (the root's arrays, broadcast),
+        the parent's step state and the new hyperparameters. The fitness window starts again, so
+        the next judgement is of the copy."""
+        broadcast_state(self.comm, self.member_state())
+        adoption = comm.broadcast_object_on(self.comm, adoption)
+        self.step.restore(adoption.step_state)
+        before = {k: getattr(self.cfg.algo, k) for k in self.live}
+        self._set_hyperparameters(adoption.hyperparameters)
+        self.stats.windows.clear()
+        if self.root:
+            changed = [f"algo.{k} {before[k]:.4g} -> {v:.4g}" for k, v in adoption.hyperparameters.items()
+                       if v != before[k]]
+            print(f"[hpcrl{self.files.label}] exploit: took member {adoption.parent}'s state at {self.frames:,} "
+                  f"frames{'; ' + ', '.join(changed) if changed else ''}", flush=True)
+
+    def _set_hyperparameters(self, values: dict) -> None:
+        for key, value in values.items():
+            if key in self.live:
+                setattr(self.cfg.algo, key, float(value))
 
     def _set_waiting_status(self) -> None:
         """From now on the status names what is missing (the watchdog's message, if it fires). It
@@ -271,6 +315,8 @@ class LearnerRole:
                     "fragments_dropped": self.stats.fragments_dropped,
                     "target_return": self.cfg.run.target_return}
         extra = {"step": self.step.state()}
+        if self.live:
+            extra["hyperparameters"] = {k: float(getattr(self.cfg.algo, k)) for k in self.live}
         if self.local_env is not None:  # serial mode: the env's state too, for an exact continuation
             try:
                 extra["env_state"] = self.local_env.snapshot()
