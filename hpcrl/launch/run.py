@@ -29,7 +29,10 @@ from hpcrl.core.stop import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED, StopReason
 from hpcrl.runtime.control import ControlStream, build_control_stream
 from hpcrl.runtime.liveness import start_peer_watch
 from hpcrl.runtime.watchdog import Watchdog
+from hpcrl.core.members import check_members
+from hpcrl.launch.population import Population, population_problem
 from hpcrl.launch.wiring import build_workers, holds_a_policy
+from hpcrl.runtime import job
 
 CONTROL_POLL_EVERY = 64  # passes of the poll loop between control-stream polls on a busy rank
 CONTROL_POLL_IDLE_EVERY = 16  # idle passes between control-stream polls on a waiting rank
@@ -39,7 +42,12 @@ def _load(config_path: str, overrides: tuple[str, ...]) -> dict:
     """Rank 0 reads the config, which every rank needs to know its roles (whether the role counts
     fit the world size, every rank then finds from the layout). The config, or an error."""
     try:
-        return {"cfg": load_config(config_path, overrides)[0]}
+        cfg = load_config(config_path, overrides)[0]
+        try:
+            check_members(cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"{config_path}: {exc}") from None
+        return {"cfg": cfg}
     except ConfigError as exc:
         return {"error": str(exc)}
 
@@ -125,44 +133,65 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     # does rank 0 prepare the run directory.
     loaded = comm.broadcast_object(_load(config_path, overrides) if rank == 0 else None)
     if "error" in loaded:  # MPI: rank 0's verdict reaches every rank
-        return _refuse(rank, loaded["error"])
+        return _refuse(loaded["error"])
     cfg: Config = loaded["cfg"]
+    population = None
+    if cfg.population.members:
+        if problem := population_problem(cfg, size):
+            return _refuse(f"{config_path}: {problem}")
+        population = Population(cfg)  # MPI: from here on WORLD is this member's block of ranks
+        cfg, rank, size = population.cfg, comm.world_rank(), comm.world_size()
+    # a population's members agree on every verdict (one refusal stops them all); MPI over the job
+    agreed = population.agree if population else (lambda verdict: verdict)
+    label = population.label if population else ""
     nodes, hosts = comm.node_of_rank(), comm.host_names()
     traffic.locate(comm.WORLD, nodes)
     try:
         layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes), num_policies(cfg.policies))
         sizes = Sizes.of(cfg, layout)  # once, for every worker of this rank: algo.batch_frames fits, slots hold a batch
+        planned = {}
     except ConfigError as exc:  # every rank computed the same layout from the same gathered facts
-        return _refuse(rank, str(exc))
+        planned = {"error": str(exc)}
+    if "error" in (planned := agreed(planned)):
+        return _refuse(planned["error"])
     _preload(layout, rank)
     checked = _check(cfg, layout, sizes, config_path) if rank == 0 else None
     shapes = checked.pop("shapes", None) if checked else None
-    state = comm.broadcast_object(checked)
+    state = agreed(comm.broadcast_object(checked))
     if "error" in state:
-        return _refuse(rank, state["error"])
+        return _refuse(state["error"])
     problems = [p for p in comm.all_gather_objects(_rank_problem(cfg, layout, sizes, rank)) if p]
-    if problems:  # MPI: every rank sees the same list, so every rank stops
-        more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
-        return _refuse(rank, problems[0] + more)
+    more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
+    if "error" in (verdict := agreed({"error": problems[0] + more} if problems else {})):
+        return _refuse(verdict["error"])  # MPI: every rank sees the same list, so every rank stops
     CLOCK.mark("checks")
-    prepared = comm.broadcast_object(_prepare(cfg, overwrite, shapes) if rank == 0 else None)
+    if population and "error" in (made := population.prepare(overwrite)):
+        return _refuse(made["error"], made.get("status", EXIT_CONFIG_ERROR))
+    prepared = agreed(comm.broadcast_object(_prepare(cfg, overwrite, shapes) if rank == 0 else None))
     if "error" in prepared:
-        return _refuse(rank, prepared["error"], prepared.get("status", EXIT_CONFIG_ERROR))
+        return _refuse(prepared["error"], prepared.get("status", EXIT_CONFIG_ERROR))
     start: rundir.RunStart = prepared["start"]
     CLOCK.mark("run_dir")
+    if population:
+        population.connect(layout, rank)  # MPI over the job: the members' learner roots
     if start.finished:
         if rank == 0:
-            print(f"[hpcrl] nothing to do: the run in {start.run_dir} is complete: {start.finished} "
+            print(f"[hpcrl{label}] nothing to do: the run in {start.run_dir} is complete: {start.finished} "
                   f"(or pass --overwrite to start it again)", flush=True)
+        if population:
+            population.rest(population.role(None, start.start_frames))
         return 0
     if rank == 0:
-        _announce(cfg, layout, sizes, start, state["spaces"], state["num_params"], hosts)
+        _announce(cfg, layout, sizes, start, state["spaces"], state["num_params"], hosts, population)
     watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
     control = build_control_stream(comm.WORLD, rank, layout.learner_root, layout.node_of_rank)
     peers = start_peer_watch(comm.WORLD, rank, control.neighbours, cfg.run.peer_timeout_s,
                              _rank_names(layout, hosts), comm.leave_cut_off_job)
     roles_here.extend(build_workers(cfg, state["spaces"], state["num_params"], layout, sizes, rank, start, control,
-                                    signals.requested, heartbeat=lambda: watchdog.tick(True)))
+                                    signals.requested, heartbeat=lambda: watchdog.tick(True), member_label=label))
+    member_role = None
+    if population and (member_role := population.role(_learner(roles_here), start.start_frames)):
+        roles_here.append(member_role)
     CLOCK.set_roles(f"rank {rank} ({'/'.join(r.name for r in roles_here)})", tuple(r.name for r in roles_here))
     CLOCK.mark("roles")
     poll_until_done(roles_here, control, watchdog)
@@ -173,8 +202,16 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     # why the run stopped, the same word on every rank: the exit status
     status = StopReason.from_flags(control.stop_flags).exit_status
     if rank == 0 and status == 0:
-        print(f"[hpcrl] done: {start.run_dir}", flush=True)
+        print(f"[hpcrl{label}] done: {start.run_dir}", flush=True)
+    if population:  # its learner root serves the population until every member has stopped
+        population.rest(member_role)
+        if job.job_rank() == 0:
+            print(f"[hpcrl] population done: {population.run_dir}", flush=True)
     return status
+
+
+def _learner(roles: list):
+    return next((r for r in roles if r.name == "learner"), None)
 
 
 def _report_launch(rank: int, start: rundir.RunStart, flags: int, n_nodes: int) -> None:
@@ -201,10 +238,10 @@ def _rank_names(layout: Layout, hosts: list[str]):
     return lambda r: f"{'/'.join(layout.roles_of(r)) or 'idle'} rank on node {hosts[r]}"
 
 
-def _refuse(rank: int, message: str, status: int = EXIT_CONFIG_ERROR) -> int:
+def _refuse(message: str, status: int = EXIT_CONFIG_ERROR) -> int:
     """A user mistake (or an unwritable run directory) found at start-up: one message (from
-    rank 0), the same status on every rank."""
-    if rank == 0:
+    the job's rank 0), the same status on every rank."""
+    if job.job_rank() == 0:
         what = "config error" if status == EXIT_CONFIG_ERROR else "error"
         print(f"hpcrl: {what}: {message}", file=sys.stderr, flush=True)
     return status
@@ -255,7 +292,26 @@ def _rank_problem(cfg: Config, layout: Layout, sizes: Sizes, rank: int) -> str |
 
 
 def _announce(cfg: Config, layout: Layout, sizes: Sizes, start: rundir.RunStart, spaces: EnvSpaces,
-              n_params: list[int], hosts: list[str]) -> None:
+              n_params: list[int], hosts: list[str], population: Population | None = None) -> None:
+    """The run's layout, once (a population's: by its first member, for every member alike), then
+    this run's (member's) directory and what its start found."""
+    label = population.label if population else ""
+    if population is None or job.job_rank() == 0:
+        _announce_layout(cfg, layout, sizes, spaces, n_params, hosts, population)
+    print(f"[hpcrl{label}] run directory: {start.run_dir}", flush=True)
+    for warning in start.warnings:
+        print(f"[hpcrl{label}] warning: {warning}", flush=True)
+    if start.resume_file:
+        print(f"[hpcrl{label}] resuming from {start.resume_file}: policy version {start.start_version}, "
+              f"{start.start_frames:,} frames", flush=True)
+
+
+def _announce_layout(cfg: Config, layout: Layout, sizes: Sizes, spaces: EnvSpaces, n_params: list[int],
+                     hosts: list[str], population: Population | None) -> None:
+    if population:
+        print(f"[hpcrl] population of {population.members} members, each on {layout.world_size} "
+              f"rank{'s' if layout.world_size > 1 else ''} as below; lineage in "
+              f"{os.path.join(population.run_dir, rundir.METRICS_FILE)}", flush=True)
     if layout.serial:
         print("[hpcrl] world size 1: serial mode (learner, env and inline inference in one process)", flush=True)
     else:
@@ -270,12 +326,6 @@ def _announce(cfg: Config, layout: Layout, sizes: Sizes, start: rundir.RunStart,
               flush=True)
         if n_nodes > 1:  # which node holds which ranks: a lost node's message names the node
             print("[hpcrl] nodes: " + _nodes_line(layout, hosts), flush=True)
-    print(f"[hpcrl] run directory: {start.run_dir}", flush=True)
-    for warning in start.warnings:
-        print(f"[hpcrl] warning: {warning}", flush=True)
-    if start.resume_file:
-        print(f"[hpcrl] resuming from {start.resume_file}: policy version {start.start_version}, "
-              f"{start.start_frames:,} frames", flush=True)
     if layout.policies > 1:
         print("[hpcrl] policies: " + "; ".join(
             f"{name} acts for {', '.join(s.agents)} (learner ranks {_ranges(layout.learners_of_policy(p))})"
@@ -324,7 +374,7 @@ def poll_until_done(roles: list, control: ControlStream, watchdog: Watchdog | No
     work comes in whole batches, a wake-up a millisecond late costs it nothing, and its polling
     would take a share of the cores from the actors (in bench/sampling.py's 4 ranks on 2 cores,
     about 9% of the frames)."""
-    learner_only = all(r.name == "learner" for r in roles)
+    learner_only = all(r.name in ("learner", "population") for r in roles)
     spin = 1 if learner_only else SPIN_PASSES
     idle = passes = 0
     while True:

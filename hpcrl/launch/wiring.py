@@ -83,6 +83,7 @@ class Wiring:
     #                             or None
     preempt_requested: Callable[[], bool] = lambda: False
     heartbeat: Callable[[], None] = lambda: None
+    member_label: str = ""  # a population member's name (' member03'; launch/population.py), for its lines
 
     @property
     def groups(self) -> int:
@@ -91,14 +92,14 @@ class Wiring:
 
 def build_workers(cfg: Config, spaces, n_params: list[int], layout: Layout, sizes: Sizes, rank: int,
                   start: RunStart, control: ControlStream, preempt_requested: Callable[[], bool] = lambda: False,
-                  heartbeat: Callable[[], None] = lambda: None) -> list:
+                  heartbeat: Callable[[], None] = lambda: None, member_label: str = "") -> list:
     """This rank's workers, connected by the streams the algorithm declares (a sample and a
     parameter stream per policy). Collective over WORLD. `n_params`: each policy's size; `sizes`:
     `Sizes.of(cfg, layout)`, handed to every worker."""
     algorithm = ALGORITHMS[cfg.algo.name]
     w = Wiring(cfg, spaces, layout, sizes, rank, start, algorithm, control, [weights_spec(n) for n in n_params],
                policy_spaces=policy_spaces(spaces, cfg.policies), preempt_requested=preempt_requested,
-               heartbeat=heartbeat)
+               heartbeat=heartbeat, member_label=member_label)
     # MPI: the trainers' communicator (Horovod among them), then each declared stream's own communicator
     learner = rank in set(layout.learners.tolist())
     w.trainer_comm = comm.sub_communicator(learner)

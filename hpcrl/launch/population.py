@@ -1,0 +1,112 @@
+"""`hpcrl run` of a population (issue 28): the job cut into one block of ranks per member, each
+running the roles table as a run of its own (`comm.use_world`), and the members' learner roots
+joined on a communicator of their own for population-based training (workers/population.py).
+
+Rank 0 of the job locks and prepares the population's directory (output_dir/name: its
+config.yaml, and metrics.h5 with the lineage); each member's rank 0 then prepares the member's
+own directory inside it (memberNN, a run directory like any other, resumed from its own
+checkpoint). Every start-up verdict is agreed over the whole job (`runtime/job.agree`), so one
+member's refusal stops every member with one message.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from hpcrl.core.config import Config, ConfigError, to_yaml
+from hpcrl.core.config_population import explore_rules
+from hpcrl.core.members import member_config, member_name
+from hpcrl.core.dataflow import ALGORITHMS
+from hpcrl.core.layout import Layout
+from hpcrl.core.seeds import seed_for
+from hpcrl.core.stop import EXIT_OUTPUT_FAILED
+from hpcrl.io import rundir
+from hpcrl.runtime import comm, job
+from hpcrl.runtime.member_copy import POPULATION_ROOT, PopulationChannel
+
+POLL_SLEEP_S = 0.01  # a stopped member's learner root, waiting for the population root's farewell
+
+
+def population_problem(cfg: Config, world_size: int) -> str | None:
+    """What keeps the job from cutting into population.members equal blocks."""
+    n = cfg.population.members
+    if world_size % n == 0:
+        return None
+    return (f"population.members: {n} members need a world size that is a multiple of {n} (each member runs the "
+            f"roles table on world size / members ranks), got {world_size}; run on {n * max(1, world_size // n)} or "
+            f"{n * (world_size // n + 1)} ranks, or change population.members")
+
+
+class Population:
+    """This rank's place in a population run."""
+
+    def __init__(self, whole: Config):
+        """Collective over the job: the member this rank belongs to, its config, and its block of
+        ranks as the world from now on."""
+        n = whole.population.members
+        self.whole = whole
+        self.members = n
+        self.member = job.job_rank() // (job.job_size() // n)
+        self.cfg = member_config(whole, self.member)
+        self.label = f" {member_name(self.member, n)}"
+        self.run_dir = os.path.join(whole.run.output_dir, whole.run.name)
+        comm.use_world(job.split(self.member, job.job_rank()))
+        self.channel: PopulationChannel | None = None
+
+    def agree(self, verdict: dict) -> dict:
+        return job.agree(verdict)
+
+    def prepare(self, overwrite: bool) -> dict:
+        """Collective over the job: the population's directory, by the job's rank 0."""
+        return job.broadcast(_prepare_directory(self.whole, overwrite) if job.job_rank() == 0 else None)
+
+    def connect(self, layout: Layout, rank: int) -> None:
+        """Collective over the job: the members' learner roots on a communicator of their own
+        (rank m: member m)."""
+        root = rank == layout.learner_root
+        sub = job.split(0 if root else None, self.member)
+        self.channel = PopulationChannel(sub) if root else None
+
+    def role(self, trainer, start_frames: int):
+        """On a member's learner root: its link, in a worker (with the decider on the population
+        root). None elsewhere."""
+        if self.channel is None:
+            return None
+        from hpcrl.workers.population import Decider, MemberLink, PopulationRole
+        p, live = self.whole.population, ALGORITHMS[self.whole.algo.name].live
+        link = MemberLink(self.channel, p.ready_frames, live, start_frames)
+        if trainer is not None:
+            trainer.population = link
+        decider = None
+        if self.channel.member == POPULATION_ROOT:
+            path = os.path.join(self.run_dir, rundir.METRICS_FILE)
+            starts = np.array([[getattr(member_config(self.whole, m).algo, k) for k in live]
+                               for m in range(self.members)])
+            decider = Decider(self.channel, live, p.truncation, explore_rules(p),
+                              np.random.default_rng(seed_for(self.whole.run.seed, "population", 0)), starts, path,
+                              resume=os.path.exists(path))
+        return PopulationRole(link, trainer, decider)
+
+    def rest(self, role) -> None:
+        """After this member's run: its learner root serves the population until the farewell
+        (its state may still be copied); then every rank waits, sleeping, for every member."""
+        if role is not None:
+            while not role.finished:
+                if not role.poll():
+                    time.sleep(POLL_SLEEP_S)
+        job.wait_for_every_member()
+
+
+def _prepare_directory(whole: Config, overwrite: bool) -> dict:
+    """The population's directory: locked by the job's rank 0, emptied with --overwrite, its
+    config.yaml the population's config."""
+    try:
+        run_dir = rundir.prepare_population(whole.run.output_dir, whole.run.name, overwrite, to_yaml(whole))
+        return {"run_dir": run_dir}
+    except ConfigError as exc:
+        return {"error": str(exc)}
+    except OSError as exc:  # a full disk or an unwritable output_dir: not a config mistake
+        return {"error": f"cannot prepare the population's directory {exc.filename or ''}: {rundir.os_reason(exc)}"
+                         f"; fix that, then run the same command again", "status": EXIT_OUTPUT_FAILED}
