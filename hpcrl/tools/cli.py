@@ -52,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("--json", action="store_true", help="print the report as JSON")
     pl = sub.add_parser("plot", help="plot learning curves of run directories against frames and wall time",
                         description="Runs that differ only in run.seed and run.name are one group: their mean "
-                                    "with a band of one standard deviation.")
+                                    "with a band of one standard deviation. A population's directory (population."
+                                    "members) is drawn alone: each member's curve with its exploits marked, and "
+                                    "the hyperparameters explore gave it.")
     pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                     help="run directories; a directory of run directories (e.g. runs) stands for all of them")
     pl.add_argument("-o", "--output", default="curves.png", help="image file; format from the extension (default curves.png)")
@@ -156,7 +158,16 @@ def _plot(args) -> int:
     from hpcrl.tools.inspect import RunDirError
     if not 0.0 <= args.smooth < 1.0:
         return _user_error(f"hpcrl: plot: --smooth: expected a weight in [0, 1), got {args.smooth}")
+    from hpcrl.tools.plot_population import is_population, plot_population
     try:
+        populations = [d for d in args.run_dirs if is_population(d)]
+        if populations and len(args.run_dirs) > 1:
+            raise PlotError(f"{populations[0]!r} is a population's directory: plot it alone (its members side by "
+                            f"side), or name its member directories among other runs")
+        if populations:
+            members = plot_population(populations[0], args.output, args.metric, args.smooth)
+            print(f"[hpcrl] wrote {args.output}: the {len(members)} members of {populations[0]}")
+            return 0
         groups = plot_runs(args.run_dirs, args.output, args.metric, args.smooth, args.group_by)
     except (RunDirError, PlotError) as exc:
         return _user_error(f"hpcrl: plot: {exc}")

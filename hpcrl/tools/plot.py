@@ -127,13 +127,11 @@ def band(xs: list[np.ndarray], ys: list[np.ndarray], points: int = GRID_POINTS):
     return grid, on_grid.mean(axis=0), on_grid.std(axis=0)
 
 
-def plot_runs(run_dirs: list[str], output: str, metric: str | None = None, smoothing: float = 0.0,
-              group_by: str = "config") -> list[tuple[str, list[str]]]:
-    """Draw the two panels into `output` (the format from its extension); returns the groups drawn."""
+def check_output(output: str) -> None:
+    """A PlotError unless `output` names an image format matplotlib writes, in a directory that
+    exists (checked before anything is read or drawn)."""
     import matplotlib
     matplotlib.use("Agg")  # files only: no display on a cluster's login or compute nodes
-    import matplotlib.pyplot as plt
-
     from matplotlib.backend_bases import FigureCanvasBase
     formats = FigureCanvasBase.get_supported_filetypes()
     if os.path.splitext(output)[1][1:].lower() not in formats:
@@ -141,6 +139,13 @@ def plot_runs(run_dirs: list[str], output: str, metric: str | None = None, smoot
                         f"{', '.join('.' + f for f in sorted(formats))}")
     if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
         raise PlotError(f"-o {output}: directory {os.path.dirname(output)!r} does not exist")
+
+
+def plot_runs(run_dirs: list[str], output: str, metric: str | None = None, smoothing: float = 0.0,
+              group_by: str = "config") -> list[tuple[str, list[str]]]:
+    """Draw the two panels into `output` (the format from its extension); returns the groups drawn."""
+    check_output(output)
+    import matplotlib.pyplot as plt
     run_dirs = expand_run_dirs(run_dirs)
     groups = group_runs(run_dirs, group_by)
     curves = {d: load_curve(d, metric) for d in run_dirs}
