@@ -46,6 +46,28 @@ def test_plan_at_a_hundred_thousand_ranks():
     assert "inference ranks serve more" not in result.stdout
 
 
+def test_plan_lays_out_a_thousand_members_on_a_hundred_thousand_ranks():
+    result = hpcrl("plan", "jobs/cartpole_pbt.yaml", "--world-size", "100000", "--ranks-per-node", "128",
+                   "--set", "population.members=1000", "--set", "population.values={}",
+                   "--set", "roles.learner.ranks=2", "--set", "roles.inference.ranks=4")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "population: 1,000 members x 100 ranks (ranks 100i to 100i + 99 are member i)" in out
+    assert "world size 100 on 1 node" in out and "  env               94         94  cpu" in out
+    assert "  nodes per member: 1-2" in out
+    # 100-rank members on 128-rank nodes: 3 of every 4 straddle two nodes, and the reports swamp the root
+    assert "warning: 750 of 1,000 members span two or more nodes" in out
+    assert "population.ready_frames >= 752,000 keeps it under 1,000 a second" in out
+    assert "memory for buffers, batch and model" in out
+    fits = hpcrl("plan", "jobs/cartpole_pbt.yaml", "--world-size", "102400", "--ranks-per-node", "128",
+                 "--set", "population.members=800", "--set", "population.values={}",
+                 "--set", "population.ready_frames=2000000", "--set", "roles.learner.ranks=2")
+    assert fits.returncode == 0 and "  nodes per member: 1\n" in fits.stdout and "warning:" not in fits.stdout, fits.stdout
+    wrong = hpcrl("plan", "jobs/cartpole_pbt.yaml", "--world-size", "12")
+    assert wrong.returncode == 2 and "8 members need a world size that is a multiple of 8" in wrong.stderr
+    assert "run on 8 or 16 ranks" in wrong.stderr
+
+
 def test_plan_prints_memory_per_role_and_warns_above_the_memory_per_rank():
     args = ("plan", "jobs/cartpole_ppo.yaml", "--world-size", "1002", "--set", "roles.learner.ranks=1",
             "--set", "roles.inference.ranks=1", "--set", "roles.learner.max_env_ranks=0",

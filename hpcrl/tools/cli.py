@@ -223,11 +223,20 @@ def _plan(args) -> int:
     from hpcrl.core.sizing import Sizes, memory, traffic
     from hpcrl.models import policy_params
     from hpcrl.tools.plan import format_plan
+    from hpcrl.core.members import check_members, member_config
+    from hpcrl.launch.population import population_problem
+    from hpcrl.tools.plan import format_population
     try:
-        cfg, _ = load_config(args.config, tuple(args.overrides))
+        whole, _ = load_config(args.config, tuple(args.overrides))
         nodes = simulated_nodes(args.world_size, args.ranks_per_node or max(args.world_size, 1))
-        gpus = None if args.gpus_per_node is None else np.full(args.world_size, args.gpus_per_node)
-        layout = plan_layout(cfg.roles, args.world_size, nodes, gpus, num_policies(cfg.policies))
+        cfg, world, population = whole, args.world_size, whole.population.members
+        if population:  # each member runs the roles table on its block: plan member 0's
+            if problem := population_problem(whole, args.world_size):
+                raise ConfigError(problem)
+            check_members(whole)
+            cfg, world = member_config(whole, 0), args.world_size // population
+        gpus = None if args.gpus_per_node is None else np.full(world, args.gpus_per_node)
+        layout = plan_layout(cfg.roles, world, nodes[:world], gpus, num_policies(cfg.policies))
         spaces = env_spaces(cfg.env)
         n_params = policy_params(cfg, spaces)  # counted, not allocated; ConfigError: model.encoder unfit
         sizes = Sizes.of(cfg, layout)  # ConfigError: a batch that does not fit, slots that cannot hold one
@@ -235,7 +244,11 @@ def _plan(args) -> int:
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")
     t = traffic(cfg, layout, sizes, spaces, n_params, args.env_steps_per_s)
-    print(format_plan(cfg, layout, sizes, t, args.env_steps_per_s, args.per_rank or args.world_size <= 64, mem,
+    if population:
+        frames = args.env_steps_per_s * cfg.env.num_envs * len(layout.envs if len(layout.envs) else [0])
+        # a copy: the weights, Adam's two moments (float32 each) and its step counts; buffers are small
+        print("\n".join(format_population(whole, args.world_size, nodes, layout, frames, 3 * 4 * n_params)))
+    print(format_plan(cfg, layout, sizes, t, args.env_steps_per_s, args.per_rank or world <= 64, mem,
                       int(args.memory_per_rank_gib * 2**30), n_params))
     return 0
 

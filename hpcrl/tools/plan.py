@@ -118,3 +118,42 @@ def format_plan(cfg: Config, layout: Layout, sizes: Sizes, t: Traffic, steps_per
                          f"learner rank {int(layout.env_learner[i])}")
     return "\n".join(lines)
 
+
+
+ROOT_REPORTS_PER_S = 1_000  # a report costs the population root a receive, a ranking and a lineage row
+
+
+def format_population(cfg: Config, world_size: int, node_of_rank: np.ndarray, member_layout: Layout,
+                      frames_per_second: float, state_bytes: int) -> list[str]:
+    """A population's lines (launch/population.py): members and their blocks of ranks, how the
+    blocks sit on nodes, and what the population root and a copy carry. `frames_per_second`: one
+    member's env frames per second at the assumed step rate; `state_bytes`: what a copy moves
+    (weights, normaliser statistics, Adam's state)."""
+    p = cfg.population
+    per = world_size // p.members
+    blocks = node_of_rank.reshape(p.members, per)
+    spanning = int((blocks.min(axis=1) != blocks.max(axis=1)).sum())
+    nodes_each = [len(np.unique(b)) for b in blocks]
+    reports = p.members * frames_per_second / p.ready_frames
+    blocks_text = "rank i is member i" if per == 1 else f"ranks {per}i to {per}i + {per - 1} are member i"
+    lines = [f"population: {p.members:,} members x {per:,} rank{'s' if per > 1 else ''} ({blocks_text}), each "
+             f"member laid out as below; the population root is member 0's learner root (rank "
+             f"{member_layout.learner_root})",
+             f"  nodes per member: {min(nodes_each)}-{max(nodes_each)}" if min(nodes_each) != max(nodes_each) else
+             f"  nodes per member: {nodes_each[0]}",
+             f"  the population root receives {reports:,.1f} reports/s ({p.members:,} members, one per "
+             f"{p.ready_frames:,} frames of each, at {frames_per_second:,.0f} frames/s per member) and writes one "
+             f"lineage row per report",
+             f"  a copy (exploit) moves {format_bytes(state_bytes)} from one learner root to another (weights, "
+             f"normalisers, Adam's state), then to the member's other learners; up to "
+             f"{max(1, int(p.members * p.truncation)):,} copies per round of judgements"]
+    if reports > ROOT_REPORTS_PER_S:
+        wanted = p.members * frames_per_second / ROOT_REPORTS_PER_S
+        lines.append(f"warning: {reports:,.0f} reports/s would keep the population root (one rank, which also "
+                     f"trains member 0) busy; population.ready_frames >= {wanted:,.0f} keeps it under "
+                     f"{ROOT_REPORTS_PER_S:,} a second")
+    if spanning and per > 1:
+        lines.append(f"warning: {spanning:,} of {p.members:,} members span two or more nodes (their ranks' "
+                     f"traffic crosses the network); a member size that divides the ranks per node, or a "
+                     f"multiple of it, keeps each member on whole nodes")
+    return lines
