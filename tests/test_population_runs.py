@@ -7,7 +7,7 @@ import yaml
 from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.io.metrics import read_metrics
 from hpcrl.core.population import EXPLOIT, JUDGED, START, STOPPED
-from tests.conftest import mpirun, run_dir, small_config, write_config
+from tests.conftest import mpirun, run_dir, run_hpcrl, small_config, write_config
 
 FACTORS = (0.5, 2.0)
 
@@ -67,6 +67,14 @@ def test_members_copy_states_and_hyperparameters_as_the_lineage_says(tmp_path):
     assert all(c["population"]["members"] == 0 for c in members_cfg)
     assert yaml.safe_load((run_dir(cfg) / "config.yaml").read_text())["population"]["members"] == 4
 
+    # hpcrl plot draws the population (its members, exploits, learning rates), alone only
+    image = tmp_path / "pbt.png"
+    plotted = run_hpcrl("plot", str(run_dir(cfg)), "-o", str(image))
+    assert plotted.returncode == 0 and "the 4 members of" in plotted.stdout, plotted.stderr
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    mixed = run_hpcrl("plot", str(run_dir(cfg)), str(run_dir(cfg) / "member0"), "-o", str(image))
+    assert mixed.returncode == 2 and "is a population's directory: plot it alone" in mixed.stderr
+
 
 def test_a_copy_reaches_every_learner_of_a_member(tmp_path):
     """2 members of 4 ranks (2 learners, averaging with Horovod, and 2 env ranks): after every
@@ -103,3 +111,42 @@ def test_a_population_is_not_started_in_the_directory_of_a_single_run(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "holds a run of one policy set, not a population" in result.stderr
     assert not (run_dir(cfg) / "member0").exists()
+
+
+def test_a_preempted_population_resumes_every_member_with_its_hyperparameters(tmp_path):
+    """SIGTERM to the launcher once copies have happened: every member checkpoints and the job
+    exits 3; run again, each member resumes from its own checkpoint with the learning rate its
+    copies left it (its first report says so in the lineage), and the lineage goes on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from tests.conftest import MPIRUN, REPO
+    from tests.test_stop_signals import read_until
+    cfg = population_config(tmp_path, 4, {"learner": {"ranks": 1}, "inference": {"ranks": 0}},
+                            [1e-3, 2e-3, 3e-3, 4e-3], run={"total_frames": 10**8}, algo={"train": False})
+    path = str(write_config(tmp_path, cfg))
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(["bash", str(MPIRUN), "-n", "4", sys.executable, "-m", "hpcrl", "run", path], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    read_until(proc, "exploit: took member")
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "Traceback" not in err, out + err
+    before = lineage(cfg)
+    saved = {m: load_checkpoint(str(run_dir(cfg) / f"member{m}" / "checkpoint.h5")) for m in range(4)}
+    assert all(saved[m]["counters"]["stopped_by"] == "preempted" for m in range(4))
+    lrs = {m: saved[m]["extra"]["hyperparameters"]["lr"] for m in range(4)}
+    assert sorted(lrs.values()) != [1e-3, 2e-3, 3e-3, 4e-3]  # some member took another's rate
+
+    resumed = mpirun(4, "run", path, "--set", "run.total_frames=" + str(max(
+        int(saved[m]["counters"]["frames"]) for m in range(4)) + 1024))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed.stdout.count("resuming from") == 4
+    after = lineage(cfg)
+    rows = len(before["event"])
+    assert np.array_equal(after["event"][:rows], before["event"]) and len(after["event"]) > rows
+    for m in range(4):  # each member's first update of the new launch trained with the rate its checkpoint held
+        metrics = read_metrics(str(run_dir(cfg) / f"member{m}" / "metrics.h5"))
+        first = np.flatnonzero(metrics["frames"] > saved[m]["counters"]["frames"])[0]
+        assert metrics["lr"][first] == lrs[m], (m, metrics["lr"][first], lrs[m])

@@ -27,11 +27,10 @@ import numpy as np
 
 PFSP_WEIGHTINGS = ("hard", "variance", "uniform")
 # The lineage, the population's metrics.h5: one row per event, with the member's live
-# hyperparameters after it (a series per key, 'algo.lr'...). Events: a member's start (each
-# launch), a judgement that kept it, an exploit (it took `parent`'s state; `fitness` is its own
-# before, `parent_fitness` the parent's), and its stop.
+# hyperparameters after it (a series per key, 'algo.lr'...). Events: a member's start (its
+# config's values; a resumed launch writes none), a judgement that kept it, an exploit (it took
+# `parent`'s state; `fitness` is its own before, `parent_fitness` the parent's), and its stop.
 START, JUDGED, EXPLOIT, STOPPED = 0, 1, 2, 3
-EVENTS = {START: "start", JUDGED: "judged", EXPLOIT: "exploit", STOPPED: "stopped"}
 LINEAGE_KEYS = ("time_s", "event", "member", "parent", "frames", "fitness", "parent_fitness")
 
 

@@ -52,6 +52,7 @@ class MemberLink:
         self.ready_at = start_frames + ready_frames
         self.stopped = False  # DONE was sent
         self.farewell = False
+        self.pause_s = 0.0  # seconds spent in copies, sending or receiving (metrics: exploit_pause_s)
 
     def between_updates(self, trainer, frames: int, fitness: float, stopping: bool) -> Adoption | None:
         """After an update of the trainer root: report when due (DONE when `stopping`), then serve
@@ -71,6 +72,7 @@ class MemberLink:
         adopted = None
         while (order := self.channel.next_order()) is not None:
             kind, peer = order[0], int(order[1])
+            start = time.perf_counter()
             if kind == SEND:
                 send_state(self.channel.comm, trainer.member_state(), peer)
                 self.channel.send_step_state(trainer.step.state(), peer)
@@ -81,6 +83,7 @@ class MemberLink:
                 self.ready_at = trainer.frames + self.ready_frames
             else:
                 self.farewell = True
+            self.pause_s += time.perf_counter() - start
         return adopted
 
 
@@ -93,14 +96,16 @@ class Decider:
         self.channel, self.live, self.truncation, self.rules, self.rng = channel, live, truncation, rules, rng
         self.fitness = np.full(n, np.nan)
         self.known = np.zeros(n, dtype=bool)  # judged since its start or its last copy
+        self.seen = np.zeros(n, dtype=bool)  # reported at least once in this launch
         self.stopped = np.zeros(n, dtype=bool)
         self.hyper = np.array(hyperparameters, dtype=np.float64).reshape(n, len(live))
         self.farewell_sent = False
         self.start = time.perf_counter()
         self.metrics = MetricsWriter(metrics_path, attrs={"live": ",".join(f"algo.{k}" for k in live)},
                                      resume=resume)
-        for m in range(n):
-            self._record(START, m, -1, 0, math.nan, math.nan)
+        if not resume:  # a resumed member's first report gives its values, from its checkpoint
+            for m in range(n):
+                self._record(START, m, -1, 0, math.nan, math.nan)
 
     def poll(self) -> int:
         work = 0
@@ -108,6 +113,7 @@ class Decider:
             member, values = got
             kind, frames, fitness = values[0], int(values[1]), float(values[2])
             self.hyper[member] = values[3:]  # the member's own word: a resumed member's come from its checkpoint
+            self.seen[member] = True
             if kind == READY:
                 self._judge(member, frames, fitness)
             else:
@@ -124,11 +130,13 @@ class Decider:
         return work
 
     def _judge(self, member: int, frames: int, fitness: float) -> None:
-        """Exploit among the members judged so far (at least two), then explore the copy."""
+        """Exploit among the members judged since their last copy, once every member has reported
+        (members run at their own pace: the first to report would otherwise be ranked against
+        the few that happened to come before it); then explore the copy."""
         self.fitness[member], self.known[member] = fitness, True
         judged = np.flatnonzero(self.known)
         parent = None
-        if len(judged) >= 2:
+        if self.seen.all() and len(judged) >= 2:
             pick = exploit_parent(int(np.searchsorted(judged, member)), self.fitness[judged], self.truncation,
                                   self.rng)
             parent = None if pick is None else int(judged[pick])

@@ -221,6 +221,8 @@ class LearnerRole:
         """Statistics, the stop decision, the report, and the new weights (or the stop word)."""
         row = self.stats.row(self._local, self._losses, self.version, time.perf_counter() - self.start,
                              self.optimizer.param_groups[0]["lr"])
+        if self.population is not None:  # the learner root's time in copies so far (its member's pauses)
+            row["exploit_pause_s"] = self.population.pause_s
         if self.cfg.run.replica_digests:
             row["replica_digest"] = comm.gather_to_root(self.comm, np.array([policy_digest(self.model)],
                                                                            dtype=np.int64))
