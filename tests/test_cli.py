@@ -176,6 +176,15 @@ def test_console_script_is_installed():
     assert result.returncode == 0 and "run" in result.stdout and "plan" in result.stdout
 
 
+def test_output_cut_short_by_its_reader_is_no_error():
+    """`hpcrl config-reference | head -1`: the reader closes the pipe; no traceback, status 0."""
+    exe = Path(sys.executable).parent / "hpcrl"
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", f"{exe} config-reference | head -1"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout == "# Config reference\n", result
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+
+
 def test_sbatch_writes_a_script_for_the_layout_and_refuses_one_that_cannot_fit(tmp_path):
     out = tmp_path / "job.sbatch"
     result = hpcrl("sbatch", "jobs/cartpole_ppo_multinode.yaml", "--nodes", "2", "--ntasks-per-node", "8",

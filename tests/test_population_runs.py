@@ -150,3 +150,14 @@ def test_a_preempted_population_resumes_every_member_with_its_hyperparameters(tm
         metrics = read_metrics(str(run_dir(cfg) / f"member{m}" / "metrics.h5"))
         first = np.flatnonzero(metrics["frames"] > saved[m]["counters"]["frames"])[0]
         assert metrics["lr"][first] == lrs[m], (m, metrics["lr"][first], lrs[m])
+
+
+def test_inspect_and_eval_of_a_population_point_to_its_members(tmp_path):
+    population = tmp_path / "runs" / "pbt"
+    (population / "member0").mkdir(parents=True)
+    (population / "config.yaml").write_text(yaml.safe_dump({"population": {"members": 2}}))
+    for command in ("inspect", "eval"):
+        result = run_hpcrl(command, str(population))
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"is a population's directory (1 member); {command} one member's run directory, e.g. " \
+               f"{population / 'member0'}, or draw them all with hpcrl plot" in result.stderr

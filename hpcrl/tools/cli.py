@@ -3,6 +3,7 @@ run directory `hpcrl inspect`, `hpcrl plot` and `hpcrl eval`; `hpcrl config-refe
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -144,6 +145,8 @@ def _eval(args) -> int:
     from hpcrl.io.checkpoint import CheckpointError
     from hpcrl.tools.evaluate import evaluate, format_result
     from hpcrl.tools.inspect import RunDirError
+    if refusal := _a_population("eval", args.run_dir):
+        return _user_error(refusal)
     try:
         result = evaluate(args.run_dir, args.episodes, args.deterministic, args.seed, args.video, args.opponent,
                           args.trust_env_code)
@@ -177,10 +180,23 @@ def _plot(args) -> int:
     return 0
 
 
+def _a_population(command: str, path: str) -> str | None:
+    """The message for a population's directory given where a member's belongs, or None."""
+    from hpcrl.tools.plot_population import is_population
+    if not is_population(path):
+        return None
+    members = sorted(e.name for e in os.scandir(path) if e.is_dir() and e.name.startswith("member"))
+    example = os.path.join(path, members[0]) if members else os.path.join(path, "member0")
+    return (f"hpcrl: {command}: {path!r} is a population's directory ({len(members)} member{'s' * (len(members) != 1)}); {command} one "
+            f"member's run directory, e.g. {example}, or draw them all with hpcrl plot {path}")
+
+
 def _inspect(args) -> int:
     import json
 
     from hpcrl.tools.inspect import RunDirError, describe, format_report
+    if refusal := _a_population("inspect", args.run_dir):
+        return _user_error(refusal)
     try:
         info = describe(args.run_dir)
     except RunDirError as exc:
@@ -305,7 +321,13 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """`python -m hpcrl` and the `hpcrl` console script. A rank whose run is over leaves through
     comm.finish: MPI finalized, without the interpreter's teardown (0.5-0.6 s per rank here)."""
-    status = main(sys.argv[1:])
+    try:
+        status = main(sys.argv[1:])
+    except BrokenPipeError:  # `hpcrl inspect RUN | head`: the reader has what it wanted
+        if sys.argv[1:2] == ["run"]:
+            raise  # (a run's status says how the run went, never 0 for a lost output)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit's flush)
+        sys.exit(0)
     if sys.argv[1:2] == ["run"]:
         from hpcrl.runtime.comm import finish
         finish(status)
