@@ -236,3 +236,23 @@ def test_sync_ppo_across_nodes_averages_over_tcp_and_waits_out_a_stopped_node(he
     assert predicted[0] == 1 and predicted[2:] == (0, 0)  # per-node layout: only weights cross
     check_crossed_nodes(run_path(tmp_path) + "/metrics.h5", predicted, exact_versions=True)
     assert "[hpcrl] crossed nodes (messages): requests 0, replies 0, records 0, credits 0, weights" in out
+
+
+def test_a_population_copies_members_between_nodes(healthy, tmp_path):
+    """Two members of 2 ranks, member 0 on n0 and member 1 on n1: reports, orders and every copy
+    cross TCP. Neither trains (algo.train: false), so each keeps its seeded weights until it copies
+    the other's: at the end their weights are equal exactly when the lineage says a copy happened."""
+    from hpcrl.core.population import exploits_taken
+    from hpcrl.io.checkpoint import load_checkpoint
+    cfg = small_config(tmp_path, name="pbt", roles={"inference": {"ranks": 0}}, algo={"train": False},
+                       run={"total_frames": 2048})
+    cfg["population"] = {"members": 2, "ready_frames": 256, "truncation": 0.5,
+                         "explore": {"algo.lr": {"perturb": [0.5, 2.0]}}}
+    status, out = healthy.run(4, "run", str(write_config(tmp_path, cfg)), hosts="n0:2,n1:2")
+    assert status == 0, out
+    assert "population of 2 members, each on 2 ranks" in out and "[hpcrl] population done" in out
+    lineage = read_metrics(str(run_dir(cfg) / "metrics.h5"))
+    copies = len(exploits_taken(lineage["event"], lineage["member"], lineage["parent"]))
+    assert copies >= 1 and out.count("exploit: took member") == copies
+    models = [load_checkpoint(str(run_dir(cfg) / f"member{m}" / "checkpoint.h5"))["model"] for m in range(2)]
+    assert all(np.array_equal(models[0][k], models[1][k]) for k in models[0])  # the last copy made them one

@@ -136,3 +136,12 @@ def test_dqn_members_may_change_only_what_its_trainer_reads_live():
 def test_a_members_value_out_of_range_names_the_member():
     with pytest.raises(ConfigError, match=r"population member 2 \(population.values\): algo.lr: expected a number > 0"):
         check_members(config("population.values={algo.lr: [0.1, 0.2, -0.3, 0.4]}"))
+
+
+def test_a_cancelled_exploit_voids_the_latest_of_that_member_from_that_parent():
+    from hpcrl.core.population import CANCELLED, EXPLOIT, JUDGED, STOPPED, exploits_taken
+    event = np.array([EXPLOIT, EXPLOIT, JUDGED, EXPLOIT, CANCELLED, STOPPED, EXPLOIT])
+    member = np.array([1, 2, 0, 1, 1, 1, 2])
+    parent = np.array([0, 0, -1, 0, 0, -1, 1])
+    # rows 0 and 3 are both member 1 from member 0: the cancel (row 4) voids row 3, the later one
+    assert exploits_taken(event, member, parent).tolist() == [0, 1, 6]

@@ -29,8 +29,10 @@ PFSP_WEIGHTINGS = ("hard", "variance", "uniform")
 # The lineage, the population's metrics.h5: one row per event, with the member's live
 # hyperparameters after it (a series per key, 'algo.lr'...). Events: a member's start (its
 # config's values; a resumed launch writes none), a judgement that kept it, an exploit (it took
-# `parent`'s state; `fitness` is its own before, `parent_fitness` the parent's), and its stop.
-START, JUDGED, EXPLOIT, STOPPED = 0, 1, 2, 3
+# `parent`'s state; `fitness` is its own before, `parent_fitness` the parent's), its stop, and
+# an exploit cancelled: ordered, but the member had stopped (its last checkpoint written) before
+# it could take it, so it never did (the row names the member and the parent of that exploit).
+START, JUDGED, EXPLOIT, STOPPED, CANCELLED = 0, 1, 2, 3, 4
 LINEAGE_KEYS = ("time_s", "event", "member", "parent", "frames", "fitness", "parent_fitness")
 
 
@@ -106,3 +108,13 @@ def pfsp_weights(win_rates: np.ndarray, weighting: str = "hard") -> np.ndarray:
         raise ValueError(f"PFSP weighting {weighting!r}: expected one of {', '.join(PFSP_WEIGHTINGS)}")
     total = w.sum()
     return w / total if total > 0 else np.full(len(p), 1.0 / len(p))
+
+
+def exploits_taken(event: np.ndarray, member: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """The rows of the lineage's exploits that took effect: each CANCELLED row voids the latest
+    exploit before it of the same member from the same parent."""
+    taken = [i for i in range(len(event)) if event[i] == EXPLOIT]
+    for i in np.flatnonzero(event == CANCELLED):
+        match = [j for j in taken if j < i and member[j] == member[i] and parent[j] == parent[i]]
+        taken.remove(match[-1])
+    return np.array(taken, dtype=np.int64)

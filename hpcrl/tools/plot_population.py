@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from hpcrl.core.population import EXPLOIT, LINEAGE_KEYS
+from hpcrl.core.population import EXPLOIT, LINEAGE_KEYS, exploits_taken
 from hpcrl.io.metrics import read_metrics
 from hpcrl.io.rundir import METRICS_FILE
 from hpcrl.tools.inspect import RunDirError, load_config_dict
@@ -74,17 +74,19 @@ def plot_population(pop_dir: str, output: str, metric: str | None = None, smooth
     fig, axes = plt.subplots(1, 1 + len(keys), figsize=(6 * (1 + len(keys)), 4.5), squeeze=False)
     ax = axes[0][0]
     exploits = np.flatnonzero(lineage["event"] == EXPLOIT)
+    taken = set(exploits_taken(lineage["event"], lineage["member"], lineage["parent"]).tolist())
     for m, curve in zip(members, curves):
         ax.plot(curve.frames, smooth(curve.values, smoothing), color=f"C{m % 10}", label=f"member {m}", lw=1.2)
     for i in exploits:  # where the member took another's state: a marker in its colour, the parent's number
         m, frames = int(lineage["member"][i]), lineage["frames"][i]
         y = np.interp(frames, curves[m].frames, curves[m].values)
-        ax.plot(frames, y, marker="v", color=f"C{m % 10}", markeredgecolor="black", ms=7)
+        ax.plot(frames, y, marker="v", color=f"C{m % 10}" if i in taken else "none", markeredgecolor="black", ms=7)
         ax.annotate(str(int(lineage["parent"][i])), (frames, y), textcoords="offset points", xytext=(0, 6),
                     ha="center", fontsize=7)
     ax.set_xlabel("frames (the member's own)")
     ax.set_ylabel(curves[0].metric)
-    ax.set_title(f"{len(exploits)} exploits (v: took the state of the member numbered)", fontsize="medium")
+    late = f"; {len(exploits) - len(taken)} hollow: came after the member stopped" if len(taken) < len(exploits) else ""
+    ax.set_title(f"{len(taken)} exploits (v: took the state of the member numbered{late})", fontsize="medium")
     ax.legend(loc="best", fontsize="small")
     for ax, key in zip(axes[0][1:], keys):
         for m in members:

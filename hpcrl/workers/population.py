@@ -25,13 +25,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcrl.core.population import (EXPLOIT, JUDGED, LINEAGE_KEYS, START, STOPPED, ExploreRule, exploit_parent,
-                                   explore)
+from hpcrl.core.population import (CANCELLED, EXPLOIT, JUDGED, LINEAGE_KEYS, START, STOPPED, ExploreRule,
+                                   exploit_parent, explore)
 from hpcrl.io.metrics import MetricsWriter
-from hpcrl.runtime.member_copy import PopulationChannel, receive_state, send_state
+from hpcrl.runtime.member_copy import MemberState, PopulationChannel, receive_state, send_state
 
-READY, DONE = 1.0, 2.0  # reports: [kind, frames, fitness, *hyperparameters]
+READY, DONE = 1.0, 2.0  # reports: [kind, frames, fitness, copies taken, *hyperparameters]
 SEND, RECEIVE, FAREWELL = 1.0, 2.0, 3.0  # orders: [kind, peer member, *hyperparameters]
+NAN_PATIENCE = 3  # ready_frames a member with no finished episode waits for one before it is judged
 WAIT_TICK_S = 1.0  # a root waiting for other members to finish counts as working this often (watchdog)
 
 
@@ -49,26 +50,37 @@ class MemberLink:
     def __init__(self, channel: PopulationChannel, ready_frames: int, live: tuple[str, ...], start_frames: int = 0):
         """`live`: the algorithm's live keys (without 'algo.'), in the order every message uses."""
         self.channel, self.live, self.ready_frames = channel, live, ready_frames
-        self.ready_at = start_frames + ready_frames
+        self._ready_from(start_frames)
         self.stopped = False  # DONE was sent
         self.farewell = False
+        self.taken = 0  # copies this member took (before it stopped)
         self.pause_s = 0.0  # seconds spent in copies, sending or receiving (metrics: exploit_pause_s)
 
+    def _ready_from(self, frames: int) -> None:
+        """The next judgement after `ready_frames` more; a member none of whose episodes has ended
+        by then (its fitness NaN: right after a copy, episodes may be longer than ready_frames)
+        waits for one, up to NAN_PATIENCE more ready_frames, before it is judged as it is."""
+        self.ready_at = frames + self.ready_frames
+        self.patience_at = self.ready_at + NAN_PATIENCE * self.ready_frames
+
     def between_updates(self, trainer, frames: int, fitness: float, stopping: bool) -> Adoption | None:
-        """After an update of the trainer root: report when due (DONE when `stopping`), then serve
-        every order that has come. The adoption, when this member took a copy."""
+        """After an update of the trainer root: report when due (DONE when `stopping`: its last
+        checkpoint is written), then serve every order that has come. The adoption, when this
+        member took a copy."""
         hyper = [float(getattr(trainer.cfg.algo, k)) if trainer is not None else math.nan for k in self.live]
         if stopping and not self.stopped:
-            self.channel.report([DONE, frames, fitness, *hyper])
+            self.channel.report([DONE, frames, fitness, self.taken, *hyper])
             self.stopped = True
-        elif not stopping and frames >= self.ready_at:
-            self.channel.report([READY, frames, fitness, *hyper])
-            self.ready_at = frames + self.ready_frames
+        elif not stopping and frames >= self.ready_at and (not math.isnan(fitness) or frames >= self.patience_at):
+            self.channel.report([READY, frames, fitness, self.taken, *hyper])
+            self._ready_from(frames)
         return self.serve(trainer)
 
     def serve(self, trainer) -> Adoption | None:
         """Every order that has come, in order: send this member's state, overwrite it with
-        another's, or the farewell."""
+        another's, or the farewell. Once stopped, a member takes no copy: the state it is sent
+        is received and dropped, so what it holds (and sends as a parent) stays what its last
+        checkpoint holds; the root learns which copies it missed from its DONE report."""
         adopted = None
         while (order := self.channel.next_order()) is not None:
             kind, peer = order[0], int(order[1])
@@ -76,11 +88,16 @@ class MemberLink:
             if kind == SEND:
                 send_state(self.channel.comm, trainer.member_state(), peer)
                 self.channel.send_step_state(trainer.step.state(), peer)
+            elif kind == RECEIVE and self.stopped:
+                mine = trainer.member_state()
+                receive_state(self.channel.comm, MemberState([np.empty_like(a) for a in mine.arrays]), peer)
+                self.channel.receive_step_state(peer)
             elif kind == RECEIVE:
                 receive_state(self.channel.comm, trainer.member_state(), peer)
                 adopted = Adoption(peer, self.channel.receive_step_state(peer),
                                    dict(zip(self.live, (float(v) for v in order[2:]))))
-                self.ready_at = trainer.frames + self.ready_frames
+                self._ready_from(trainer.frames)
+                self.taken += 1
             else:
                 self.farewell = True
             self.pause_s += time.perf_counter() - start
@@ -98,6 +115,7 @@ class Decider:
         self.known = np.zeros(n, dtype=bool)  # judged since its start or its last copy
         self.seen = np.zeros(n, dtype=bool)  # reported at least once in this launch
         self.stopped = np.zeros(n, dtype=bool)
+        self.copies: list[list[int]] = [[] for _ in range(n)]  # the parents of the copies ordered to each member
         self.hyper = np.array(hyperparameters, dtype=np.float64).reshape(n, len(live))
         self.farewell_sent = False
         self.start = time.perf_counter()
@@ -111,8 +129,8 @@ class Decider:
         work = 0
         while (got := self.channel.next_report()) is not None:
             member, values = got
-            kind, frames, fitness = values[0], int(values[1]), float(values[2])
-            self.hyper[member] = values[3:]  # the member's own word: a resumed member's come from its checkpoint
+            kind, frames, fitness, taken = values[0], int(values[1]), float(values[2]), int(values[3])
+            self.hyper[member] = values[4:]  # the member's own word: a resumed member's come from its checkpoint
             self.seen[member] = True
             if kind == READY:
                 self._judge(member, frames, fitness)
@@ -120,6 +138,8 @@ class Decider:
                 self.stopped[member] = True
                 # a stopped member may still be a parent (not one that never trained in this launch)
                 self.fitness[member], self.known[member] = fitness, not math.isnan(fitness)
+                for parent in self.copies[member][taken:]:  # ordered, but it had stopped before taking them
+                    self._record(CANCELLED, member, parent, frames, math.nan, math.nan)
                 self._record(STOPPED, member, -1, frames, fitness, math.nan)
             work += 1
         if self.stopped.all() and not self.farewell_sent:
@@ -147,8 +167,13 @@ class Decider:
         self.hyper[member] = [new[k] for k in self.live]
         self.known[member] = False  # judged again after its next ready_frames, as the copy it now is
         self.channel.order(member, [RECEIVE, parent, *self.hyper[member]])
+        self.copies[member].append(parent)
         self.channel.order(parent, [SEND, member])
         self._record(EXPLOIT, member, parent, frames, fitness, float(self.fitness[parent]))
+        if math.isnan(fitness):  # (a failed member, as far as the population can tell: said once more here)
+            print(f"[hpcrl] population: member {member}'s fitness is NaN at {frames:,} frames (its training "
+                  f"diverged, or none of its episodes ended since its start or last copy): reset from member "
+                  f"{parent}", flush=True)
 
     def rules_by_live(self) -> list[ExploreRule]:
         """The explore rules with their keys as the live keys name them (no 'algo.')."""
