@@ -176,6 +176,17 @@ def test_console_script_is_installed():
     assert result.returncode == 0 and "run" in result.stdout and "plan" in result.stdout
 
 
+def test_sbatch_of_a_population_checks_each_members_block(tmp_path):
+    out = tmp_path / "pbt.sbatch"
+    result = hpcrl("sbatch", "jobs/cartpole_pbt.yaml", "--nodes", "2", "--ntasks-per-node", "4", "--time",
+                   "01:00:00", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "= 8 (8 population members of 1: 1 learner, 0 inference, 1 env each)" in out.read_text()
+    wrong = hpcrl("sbatch", "jobs/cartpole_pbt.yaml", "--nodes", "3", "--ntasks-per-node", "4", "--time",
+                  "01:00:00", "-o", str(out))
+    assert wrong.returncode == 2 and "8 members need a world size that is a multiple of 8" in wrong.stderr
+
+
 def test_output_cut_short_by_its_reader_is_no_error():
     """`hpcrl config-reference | head -1`: the reader closes the pipe; no traceback, status 0."""
     exe = Path(sys.executable).parent / "hpcrl"

@@ -45,6 +45,12 @@ def check(request: JobRequest, cfg: Config) -> Layout:
     if request.max_relaunches < 0:
         raise ConfigError(f"--max-relaunches: expected >= 0, got {request.max_relaunches}")
     world = request.nodes * request.ntasks_per_node
+    members = cfg.population.members
+    if members:  # each member runs the roles table on its block of ranks (launch/population.py)
+        from hpcrl.launch.population import population_problem
+        if problem := population_problem(cfg, world):
+            raise ConfigError(f"{problem} (--nodes x --ntasks-per-node)")
+        world //= members
     return plan_layout(cfg.roles, world, simulated_nodes(world, request.ntasks_per_node),
                        policies=num_policies(cfg.policies))
 
@@ -153,6 +159,8 @@ done
 
 def render(request: JobRequest, cfg: Config, layout: Layout) -> str:
     counts = f"{len(layout.learners)} learner, {len(layout.inference)} inference, {len(layout.envs)} env"
+    if cfg.population.members:
+        counts = f"{cfg.population.members} population members of {layout.world_size}: {counts} each"
     world = request.nodes * request.ntasks_per_node
     optional = "".join(f"#SBATCH --{key}={value}\n" for key, value in
                        (("partition", request.partition), ("account", request.account)) if value)
