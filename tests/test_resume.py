@@ -34,7 +34,8 @@ def test_serial_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, nor
     assert "resuming from" in second.stdout and "policy version 10, 640 frames" in second.stdout
 
     a, b = read_metrics(str(run_dir(whole) / "metrics.h5")), read_metrics(str(run_dir(halves) / "metrics.h5"))
-    for key in ("frames", "policy_version", "episodes", "return_mean", "loss_policy", "loss_value", "entropy"):
+    for key in ("frames", "policy_version", "episodes", "return_mean", "return_window_mean", "loss_policy",
+                "loss_value", "entropy"):
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)  # bit-identical, row for row
     ca, cb = load_checkpoint(str(run_dir(whole) / "checkpoint.h5")), load_checkpoint(str(run_dir(halves) / "checkpoint.h5"))
     for key in ca["model"]:

@@ -126,7 +126,7 @@ class LearnerRole:
         self.stats = TrainerStats(trainer_comm, frames=int(counters.get("frames", 0)),
                                   fragments_dropped=int(counters.get("fragments_dropped", 0)),
                                   policy=policy, policy_names=self.policy_names,
-                                  selfplay_ages=cfg.algo.selfplay.pool)
+                                  selfplay_ages=cfg.algo.selfplay.pool, window=counters.get("return_window"))
         self.start = time.perf_counter() - float(counters.get("wall_time", 0.0))  # wall time continues
         self.stopped_by = ""
         self.draining = False
@@ -163,9 +163,10 @@ class LearnerRole:
             policies = {self.policy_names[0]: {"model": checkpoint["model"], "optimizer": checkpoint["optimizer"],
                                                "step": checkpoint["extra"].get("step", {})},
                         **checkpoint["policies"]} if len(self.policy_names) > 1 else None
-        state, counters, step_state, policies, hyperparameters = comm.broadcast_object_on(
+        state, counters, step_state, policies, hyperparameters, window = comm.broadcast_object_on(
             self.comm, (checkpoint["optimizer"], checkpoint["counters"], checkpoint["extra"].get("step", {}), policies,
-                        checkpoint["extra"].get("hyperparameters", {})) if self.root else None)
+                        checkpoint["extra"].get("hyperparameters", {}), checkpoint["extra"].get("return_window"))
+            if self.root else None)
         self._set_hyperparameters(hyperparameters)  # a population member's, as its copies left them
         if policies is not None:
             mine = policies[self.policy_names[self.policy]]
@@ -175,7 +176,7 @@ class LearnerRole:
         self.step.restore(step_state)
         if checkpoint is not None:
             restore_rng_states(checkpoint["rng"], self.rng)
-        return counters
+        return {**counters, "return_window": window}
 
     # --- the poll loop ----------------------------------------------------------------------------
     def poll(self) -> int:
@@ -316,7 +317,9 @@ class LearnerRole:
                     "wall_time": time.perf_counter() - self.start, "stopped_by": self.stopped_by,
                     "fragments_dropped": self.stats.fragments_dropped,
                     "target_return": self.cfg.run.target_return}
-        extra = {"step": self.step.state()}
+        # the recent episodes run.target_return (and a population's fitness) judge, so a resumed run
+        # stops when the uninterrupted one would
+        extra = {"step": self.step.state(), "return_window": self.stats.window_state()}
         if self.live:
             extra["hyperparameters"] = {k: float(getattr(self.cfg.algo, k)) for k in self.live}
         if self.local_env is not None:  # serial mode: the env's state too, for an exact continuation

@@ -23,14 +23,17 @@ RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least t
 
 class TrainerStats:
     def __init__(self, trainer_comm, frames: int = 0, fragments_dropped: int = 0, policy: int = 0,
-                 policy_names: list[str] | tuple = ("shared",), selfplay_ages: int = 0):
-        """`selfplay_ages`: algo.selfplay.pool; records then carry games against each pool age."""
+                 policy_names: list[str] | tuple = ("shared",), selfplay_ages: int = 0, window=None):
+        """`selfplay_ages`: algo.selfplay.pool; records then carry games against each pool age.
+        `window`: the recent episodes of a resumed run (`window_state`)."""
         self.comm = trainer_comm
         self.selfplay_ages = selfplay_ages
         self.policy, self.policy_names = policy, list(policy_names)
         self.frames = frames
         self.fragments_dropped = fragments_dropped
         self.windows: deque = deque()  # (episodes, return_sum) of recent updates, all trainers
+        if window is not None:
+            self.windows.extend((float(e), float(r)) for e, r in np.asarray(window, dtype=np.float64).reshape(-1, 2))
 
     def local(self, fragments: list, dropped: list, slots_held_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """From this trainer's fragment headers (trained, and `dropped` since the last update, as
@@ -107,6 +110,10 @@ class TrainerStats:
         if self.selfplay_ages:
             row.update(selfplay_columns(games))
         return row
+
+    def window_state(self) -> np.ndarray:
+        """The window as an array of (episodes, return sum) rows, for a checkpoint."""
+        return np.array(list(self.windows), dtype=np.float64).reshape(-1, 2)
 
     def window_mean(self) -> float:
         episodes = sum(e for e, _ in self.windows)
