@@ -13,7 +13,8 @@ issue's test: the best PBT member's frames against the median fixed member's. Al
 the whole population had spent when its first member got there (a copy's own frames leave out
 what its parent trained before the copy; this count does not), and the exploit pause: the
 seconds members' learner roots spent sending or receiving copies, over their training time. Writes summary.json and the two
-plots (`hpcrl plot` of each population) into jobs/results/cartpole_pbt.
+plots (`hpcrl plot` of each population) into jobs/results/cartpole_pbt, and the summary to
+bench/results/pbt.json too.
 
     .venv/bin/python bench/pbt.py [--seed 1] [--out-dir jobs/results/cartpole_pbt] [--check-alone 0]
 """
@@ -112,6 +113,7 @@ def main() -> None:
     report["best_pbt_below_median_fixed"] = pbt.get("best_frames") is not None and \
         pbt["best_frames"] < fixed["median_frames"]
     emit(report, str(out_dir / "summary.json"))
+    (REPO / "bench" / "results" / "pbt.json").write_text((out_dir / "summary.json").read_text())
 
 
 if __name__ == "__main__":
