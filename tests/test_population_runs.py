@@ -166,3 +166,57 @@ def test_inspect_and_eval_of_a_population_point_to_its_members(tmp_path):
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert f"is a population's directory (1 member); {command} one member's run directory, e.g. " \
                f"{population / 'member0'}, or draw them all with hpcrl plot" in result.stderr
+
+
+def test_a_population_in_rounds_resumes_exactly(tmp_path):
+    """population.synchronous with 4 serial members: an uninterrupted run, and one preempted once
+    copies have happened then resumed, end with every member's weights bit-identical, the same
+    metrics row for row, and the same judgements and copies in the lineage. Only member 3 is
+    signalled: it stops part-way through a round, the root aborts the round, and the others stop
+    where they wait for it, at the round, which they take up again when they resume (the root
+    saved its state after each round)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from tests.conftest import MPIRUN, REPO, job_pids
+    from tests.test_stop_signals import read_until
+
+    def config(name: str) -> dict:
+        cfg = population_config(tmp_path, 4, {"learner": {"ranks": 1}, "inference": {"ranks": 0}},
+                                [1e-3, 2e-3, 3e-3, 4e-3], run={"total_frames": 3072})
+        cfg["run"]["name"] = name
+        cfg["population"]["synchronous"] = True
+        return cfg
+
+    whole, halves = config("whole"), config("halves")
+    assert mpirun(4, "run", str(write_config(tmp_path, whole, "whole.yaml"))).returncode == 0
+    path = str(write_config(tmp_path, halves, "halves.yaml"))
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(["bash", str(MPIRUN), "-n", "4", sys.executable, "-m", "hpcrl", "run", path], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    read_until(proc, "exploit: took member")
+    for pid in job_pids("halves.yaml", rank=3):
+        os.kill(pid, signal.SIGUSR1)  # (what SLURM's --signal, forwarded by mpirun, gives every rank)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "Traceback" not in err, out + err
+    saved = [load_checkpoint(str(run_dir(halves) / f"member{m}" / "checkpoint.h5")) for m in range(4)]
+    assert max(int(c["counters"]["frames"]) for c in saved) < 3072  # stopped part-way
+    waiting = [int(c["extra"]["population_waiting_round"]) for c in saved]
+    assert waiting[3] == 0 and min(waiting[:3]) > 0, waiting
+    resumed = mpirun(4, "run", path)
+    assert resumed.returncode == 0 and resumed.stdout.count("resuming from") == 4, resumed.stdout + resumed.stderr
+
+    a, b = lineage(whole), lineage(halves)
+    decided_a, decided_b = np.isin(a["event"], (JUDGED, EXPLOIT)), np.isin(b["event"], (JUDGED, EXPLOIT))
+    assert (a["event"] == EXPLOIT).sum() >= 1
+    for key in ("event", "member", "parent", "frames", "fitness", "algo.lr"):
+        np.testing.assert_array_equal(a[key][decided_a], b[key][decided_b], err_msg=key)
+    for m in range(4):
+        ma = read_metrics(str(run_dir(whole) / f"member{m}" / "metrics.h5"))
+        mb = read_metrics(str(run_dir(halves) / f"member{m}" / "metrics.h5"))
+        for key in ("frames", "return_window_mean", "loss_policy", "loss_value", "lr"):
+            np.testing.assert_array_equal(ma[key], mb[key], err_msg=f"member {m}: {key}")
+        ca = load_checkpoint(str(run_dir(whole) / f"member{m}" / "checkpoint.h5"))
+        cb = load_checkpoint(str(run_dir(halves) / f"member{m}" / "checkpoint.h5"))
+        assert all(np.array_equal(ca["model"][k], cb["model"][k]) for k in ca["model"]), m

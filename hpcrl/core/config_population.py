@@ -38,6 +38,11 @@ class PopulationConfig:
                         "{perturb: [factors]} (the parent's value times one, drawn uniformly) or {resample: "
                         "[values]} (one drawn anew), optionally with low and high bounds. Empty: copies keep "
                         "the parent's hyperparameters", default_factory=dict)
+    synchronous: bool = doc("judge in rounds: every member waits at each multiple of ready_frames of its own "
+                             "until all have reported, and all are judged together; slower (the fastest wait for "
+                             "the slowest), but a population of serial members repeats exactly for a seed, and so "
+                             "does its resume. False: each member is judged when its report comes, and none waits",
+                             default=False)
     values: dict = doc("each member's own start: hyperparameter -> a list of one value per member (e.g. "
                        "algo.lr: [0.001, 0.03, ...]); keys not listed take the algo section's value",
                        default_factory=dict)

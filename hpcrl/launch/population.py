@@ -76,17 +76,21 @@ class Population:
             return None
         from hpcrl.workers.population import Decider, MemberLink, PopulationRole
         p, live = self.whole.population, ALGORITHMS[self.whole.algo.name].live
-        link = MemberLink(self.channel, p.ready_frames, live, start_frames)
+        waiting = trainer.waiting_round if trainer is not None else 0
+        link = MemberLink(self.channel, p.ready_frames, live, start_frames, p.synchronous, waiting)
         if trainer is not None:
             trainer.population = link
         decider = None
         if self.channel.member == POPULATION_ROOT:
-            path = os.path.join(self.run_dir, rundir.METRICS_FILE)
             starts = np.array([[getattr(member_config(self.whole, m).algo, k) for k in live]
                                for m in range(self.members)])
             decider = Decider(self.channel, live, p.truncation, explore_rules(p),
-                              np.random.default_rng(seed_for(self.whole.run.seed, "population", 0)), starts, path,
-                              resume=os.path.exists(path))
+                              np.random.default_rng(seed_for(self.whole.run.seed, "population", 0)), starts,
+                              self.run_dir, rundir.METRICS_FILE, resume=True,
+                              synchronous=p.synchronous)
+            link.decider = decider
+        if waiting and trainer.comm.Get_size() == 1:  # preempted in a round: take it up again first
+            link.resume_round(trainer, trainer.frames, trainer.stats.window_mean())
         return PopulationRole(link, trainer, decider)
 
     def rest(self, role) -> None:

@@ -1,18 +1,16 @@
 """Population-based training between members (issue 28): each member's learner root reports its
-fitness to the population root, which decides exploit and explore (core/population.py) and
-orders the copies; the states travel in memory between the learner roots
-(runtime/member_copy.py).
+fitness to the population root, which decides exploit and explore (workers/population_root.py,
+core/population.py) and orders the copies; the states travel in memory between the learner
+roots (runtime/member_copy.py).
 
 - `MemberLink`, on each member's learner root: after every `ready_frames` of its member's
   training it reports (its frames, fitness and live hyperparameters: a resumed member's come from
   its checkpoint, so the root never guesses them); it serves the root's orders between updates
-  (the trainer calls `between_updates`), and by itself once its member has stopped, until the
-  root's farewell: a stopped member may still be a parent.
-- `Decider`, on the population root (member 0's learner root): judges each report, orders the
-  copies, and writes every report and decision to the population's metrics.h5 (the lineage,
-  core/population.py: one row per event, with the member's hyperparameters after it).
+  (the trainer calls `between_updates`; in rounds it waits there for the round's end), and by
+  itself once its member has stopped, until the root's farewell: a stopped member may still be
+  a parent.
 - `PopulationRole`: the worker the poll loop polls on a member's learner root (the link, and on
-  the root the decider), alive until every member has stopped and said goodbye.
+  the population root the `Decider`), alive until every member has stopped and said goodbye.
 
 No copy waits on another in a cycle: each member serves its orders in the order the root issued
 them, so a copy waits only for copies issued before it.
@@ -25,14 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcrl.core.population import (CANCELLED, EXPLOIT, JUDGED, LINEAGE_KEYS, START, STOPPED, ExploreRule,
-                                   exploit_parent, explore)
-from hpcrl.io.metrics import MetricsWriter
+from hpcrl.core.stop import StopReason
 from hpcrl.runtime.member_copy import MemberState, PopulationChannel, receive_state, send_state
+from hpcrl.workers.population_root import ABORT, DONE, END_ROUND, READY, RECEIVE, SEND, Decider
 
-READY, DONE = 1.0, 2.0  # reports: [kind, frames, fitness, copies taken, *hyperparameters]
-SEND, RECEIVE, FAREWELL = 1.0, 2.0, 3.0  # orders: [kind, peer member, *hyperparameters]
 NAN_PATIENCE = 3  # ready_frames a member with no finished episode waits for one before it is judged
+HOLD_SLEEP_S = 1e-3  # between tests of a member waiting for its round's end (synchronous)
 WAIT_TICK_S = 1.0  # a root waiting for other members to finish counts as working this often (watchdog)
 
 
@@ -47,40 +43,85 @@ class Adoption:
 
 
 class MemberLink:
-    def __init__(self, channel: PopulationChannel, ready_frames: int, live: tuple[str, ...], start_frames: int = 0):
-        """`live`: the algorithm's live keys (without 'algo.'), in the order every message uses."""
+    def __init__(self, channel: PopulationChannel, ready_frames: int, live: tuple[str, ...], start_frames: int = 0,
+                 synchronous: bool = False, waiting_round: int = 0):
+        """`live`: the algorithm's live keys (without 'algo.'), in the order every message uses.
+        `synchronous`: rounds at every multiple of `ready_frames`, each waited for (population.
+        synchronous); `waiting_round`: the round a resumed member was waiting in when it stopped."""
         self.channel, self.live, self.ready_frames = channel, live, ready_frames
+        self.synchronous, self.waiting_round = synchronous, waiting_round
         self._ready_from(start_frames)
         self.stopped = False  # DONE was sent
         self.farewell = False
         self.taken = 0  # copies this member took (before it stopped)
         self.pause_s = 0.0  # seconds spent in copies, sending or receiving (metrics: exploit_pause_s)
+        self._round_over = self._aborted = False
+        self.decider = None  # on the population root: polled while this member waits in a round
 
     def _ready_from(self, frames: int) -> None:
-        """The next judgement after `ready_frames` more; a member none of whose episodes has ended
-        by then (its fitness NaN: right after a copy, episodes may be longer than ready_frames)
-        waits for one, up to NAN_PATIENCE more ready_frames, before it is judged as it is."""
-        self.ready_at = frames + self.ready_frames
-        self.patience_at = self.ready_at + NAN_PATIENCE * self.ready_frames
+        """The next judgement: after `ready_frames` more; synchronous, at the next multiple of it.
+        A member none of whose episodes has ended by then (its fitness NaN: right after a copy,
+        episodes may be longer than ready_frames) waits for one, up to NAN_PATIENCE more
+        ready_frames, before it is judged as it is (not in rounds, which wait for nobody)."""
+        self.ready_at = ((frames // self.ready_frames + 1) * self.ready_frames if self.synchronous
+                         else frames + self.ready_frames)
+        self.patience_at = self.ready_at + (0 if self.synchronous else NAN_PATIENCE * self.ready_frames)
 
-    def between_updates(self, trainer, frames: int, fitness: float, stopping: bool) -> Adoption | None:
-        """After an update of the trainer root: report when due (DONE when `stopping`: its last
-        checkpoint is written), then serve every order that has come. The adoption, when this
-        member took a copy."""
+    def report(self, kind: float, trainer, frames: int, fitness: float, round_: int = 0,
+                preempted: bool = False, resumed: bool = False) -> None:
         hyper = [float(getattr(trainer.cfg.algo, k)) if trainer is not None else math.nan for k in self.live]
-        if stopping and not self.stopped:
-            self.channel.report([DONE, frames, fitness, self.taken, *hyper])
+        self.channel.report([kind, frames, fitness, -1 if resumed else self.taken, round_, preempted, *hyper])
+
+    def between_updates(self, trainer, frames: int, fitness: float, code: int) -> tuple[Adoption | None, bool]:
+        """After an update of the trainer root, before its checkpoint: report when due (DONE when
+        the update's stop `code` says the run stops), then serve every order that has come;
+        synchronous, wait for the round's end. (The adoption, when this member took a copy;
+        whether it was preempted while it waited: it stops, and its checkpoint says the round.)"""
+        if code and not self.stopped:
+            self.report(DONE, trainer, frames, fitness, preempted=code == StopReason.PREEMPTED)
             self.stopped = True
-        elif not stopping and frames >= self.ready_at and (not math.isnan(fitness) or frames >= self.patience_at):
-            self.channel.report([READY, frames, fitness, self.taken, *hyper])
+        elif not code and frames >= self.ready_at and (not math.isnan(fitness) or frames >= self.patience_at):
+            round_ = frames // self.ready_frames if self.synchronous else 0
+            self.report(READY, trainer, frames, fitness, round_)
             self._ready_from(frames)
-        return self.serve(trainer)
+            if self.synchronous:
+                return self.hold(trainer, round_, frames, fitness)
+        return self.serve(trainer), False
+
+    def resume_round(self, trainer, frames: int, fitness: float) -> None:
+        """A member that stopped while waiting in a round takes that round up again before it
+        trains on: the same report, the same decisions (the population root resumed its state)."""
+        round_, self.waiting_round = self.waiting_round, 0
+        self.report(READY, trainer, frames, fitness, round_)
+        adoption, _ = self.hold(trainer, round_, frames, fitness)
+        if adoption is not None:
+            trainer.adopt_before_training(adoption)
+
+    def hold(self, trainer, round_: int, frames: int, fitness: float) -> tuple[Adoption | None, bool]:
+        """Synchronous: serve orders until the population root ends this member's round. A
+        preemption meanwhile (of this member, or of another: the root aborts the round) stops it
+        here, at the round, and its checkpoint says so (`waiting_round`)."""
+        adopted = None
+        while True:
+            if self.decider is not None:  # (this rank ends the rounds)
+                self.decider.poll()
+            adopted = self.serve(trainer) or adopted
+            if self._round_over:
+                self._round_over = False
+                return adopted, False
+            if self._aborted or trainer.preempt_requested():
+                self.report(DONE, trainer, frames, fitness, round_, preempted=True)
+                self.stopped, self.waiting_round = True, round_
+                return None, True
+            trainer.heartbeat()  # waiting for the other members is not a hang
+            time.sleep(HOLD_SLEEP_S)
 
     def serve(self, trainer) -> Adoption | None:
         """Every order that has come, in order: send this member's state, overwrite it with
-        another's, or the farewell. Once stopped, a member takes no copy: the state it is sent
-        is received and dropped, so what it holds (and sends as a parent) stays what its last
-        checkpoint holds; the root learns which copies it missed from its DONE report."""
+        another's, the end of a round (or its abort), or the farewell. Once stopped, a member
+        takes no copy: the state it is sent is received and dropped, so what it holds (and sends
+        as a parent) stays what its last checkpoint holds; the root learns which copies it
+        missed from its DONE report."""
         adopted = None
         while (order := self.channel.next_order()) is not None:
             kind, peer = order[0], int(order[1])
@@ -98,96 +139,14 @@ class MemberLink:
                                    dict(zip(self.live, (float(v) for v in order[2:]))))
                 self._ready_from(trainer.frames)
                 self.taken += 1
+            elif kind == END_ROUND:
+                self._round_over = True
+            elif kind == ABORT:
+                self._aborted = True
             else:
                 self.farewell = True
             self.pause_s += time.perf_counter() - start
         return adopted
-
-
-class Decider:
-    def __init__(self, channel: PopulationChannel, live: tuple[str, ...], truncation: float,
-                 rules: list[ExploreRule], rng: np.random.Generator, hyperparameters: np.ndarray,
-                 metrics_path: str, resume: bool = False):
-        """`hyperparameters`: members x live keys, each member's start (its config's)."""
-        n = channel.members
-        self.channel, self.live, self.truncation, self.rules, self.rng = channel, live, truncation, rules, rng
-        self.fitness = np.full(n, np.nan)
-        self.known = np.zeros(n, dtype=bool)  # judged since its start or its last copy
-        self.seen = np.zeros(n, dtype=bool)  # reported at least once in this launch
-        self.stopped = np.zeros(n, dtype=bool)
-        self.copies: list[list[int]] = [[] for _ in range(n)]  # the parents of the copies ordered to each member
-        self.hyper = np.array(hyperparameters, dtype=np.float64).reshape(n, len(live))
-        self.farewell_sent = False
-        self.start = time.perf_counter()
-        self.metrics = MetricsWriter(metrics_path, attrs={"live": ",".join(f"algo.{k}" for k in live)},
-                                     resume=resume)
-        if not resume:  # a resumed member's first report gives its values, from its checkpoint
-            for m in range(n):
-                self._record(START, m, -1, 0, math.nan, math.nan)
-
-    def poll(self) -> int:
-        work = 0
-        while (got := self.channel.next_report()) is not None:
-            member, values = got
-            kind, frames, fitness, taken = values[0], int(values[1]), float(values[2]), int(values[3])
-            self.hyper[member] = values[4:]  # the member's own word: a resumed member's come from its checkpoint
-            self.seen[member] = True
-            if kind == READY:
-                self._judge(member, frames, fitness)
-            else:
-                self.stopped[member] = True
-                # a stopped member may still be a parent (not one that never trained in this launch)
-                self.fitness[member], self.known[member] = fitness, not math.isnan(fitness)
-                for parent in self.copies[member][taken:]:  # ordered, but it had stopped before taking them
-                    self._record(CANCELLED, member, parent, frames, math.nan, math.nan)
-                self._record(STOPPED, member, -1, frames, fitness, math.nan)
-            work += 1
-        if self.stopped.all() and not self.farewell_sent:
-            for m in range(self.channel.members):
-                self.channel.order(m, [FAREWELL, -1])
-            self.farewell_sent = True
-            self.metrics.flush()
-        return work
-
-    def _judge(self, member: int, frames: int, fitness: float) -> None:
-        """Exploit among the members judged since their last copy, once every member has reported
-        (members run at their own pace: the first to report would otherwise be ranked against
-        the few that happened to come before it); then explore the copy."""
-        self.fitness[member], self.known[member] = fitness, True
-        judged = np.flatnonzero(self.known)
-        parent = None
-        if self.seen.all() and len(judged) >= 2:
-            pick = exploit_parent(int(np.searchsorted(judged, member)), self.fitness[judged], self.truncation,
-                                  self.rng)
-            parent = None if pick is None else int(judged[pick])
-        if parent is None:
-            self._record(JUDGED, member, -1, frames, fitness, math.nan)
-            return
-        new = explore(dict(zip(self.live, self.hyper[parent])), self.rules_by_live(), self.rng)
-        self.hyper[member] = [new[k] for k in self.live]
-        self.known[member] = False  # judged again after its next ready_frames, as the copy it now is
-        self.channel.order(member, [RECEIVE, parent, *self.hyper[member]])
-        self.copies[member].append(parent)
-        self.channel.order(parent, [SEND, member])
-        self._record(EXPLOIT, member, parent, frames, fitness, float(self.fitness[parent]))
-        if math.isnan(fitness):  # (a failed member, as far as the population can tell: said once more here)
-            print(f"[hpcrl] population: member {member}'s fitness is NaN at {frames:,} frames (its training "
-                  f"diverged, or none of its episodes ended since its start or last copy): reset from member "
-                  f"{parent}", flush=True)
-
-    def rules_by_live(self) -> list[ExploreRule]:
-        """The explore rules with their keys as the live keys name them (no 'algo.')."""
-        return [ExploreRule(r.key.split(".", 1)[1], r.perturb, r.resample, r.low, r.high) for r in self.rules]
-
-    def _record(self, event: int, member: int, parent: int, frames: int, fitness: float,
-                parent_fitness: float) -> None:
-        row = dict(zip(LINEAGE_KEYS, (time.perf_counter() - self.start, event, member, parent, frames, fitness,
-                                      parent_fitness)))
-        row.update({f"algo.{k}": float(v) for k, v in zip(self.live, self.hyper[member])})
-        self.metrics.append(row)
-
-    def close(self) -> None:
-        self.metrics.close()
 
 
 class PopulationRole:
@@ -220,8 +179,9 @@ class PopulationRole:
         work = self.decider.poll() if self.decider is not None else 0
         trainer = self.trainer
         if trainer is None or trainer.done or trainer.draining:  # until then the trainer serves between updates
-            if not self.link.stopped:  # a member complete before this launch
-                self.link.between_updates(trainer, 0, math.nan, stopping=True)
+            if trainer is None and not self.link.stopped:  # a member complete before this launch
+                self.link.report(DONE, None, 0, math.nan, resumed=True)
+                self.link.stopped = True
             work += self.link.serve(trainer) is not None
         if self.link.farewell and self.link.channel.flushed() and not self.finished:
             if self.decider is not None:

@@ -113,6 +113,7 @@ class LearnerRole:
         if resume_path is None:
             # A fresh run's first weights go out before the optimizer is built, so the actors
             # collect the first batch meanwhile.
+            self.waiting_round = 0
             self.averaging.same_start(self.model)
             self._publish()
         optimizer = build_optimizer(self.model, cfg)
@@ -156,6 +157,8 @@ class LearnerRole:
         # (several policies: each block's trainers seeded alike start alike; a resume's weights
         # come with the optimizer state below)
         self.env_state = checkpoint["extra"].get("env_state") if checkpoint else None
+        # (root) a population member preempted while it waited in a round (workers/population.py)
+        self.waiting_round = int(checkpoint["extra"].get("population_waiting_round", 0)) if checkpoint else 0
         # MPI: the root's optimizer state, counters and step state (with several policies, every
         # policy's weights too), pickled once at start, loaded as saved
         policies = None
@@ -241,10 +244,18 @@ class LearnerRole:
             code, due = comm.broadcast_ints(self.comm, [code, int(self.root and self.files.checkpoint_due(code))])
             self._other_policies = self._gather_policies() if due else None
         adoption = None
+        if self.root and self.population is not None:
+            # report to the population when due and serve its orders, before the checkpoint, so that
+            # it holds a copy taken now (or, preempted while waiting for a round, says so)
+            adoption, preempted = self.population.between_updates(self, row["frames"], self.stats.window_mean(),
+                                                                  int(code))
+            if preempted:  # (in a round: its checkpoint says which)
+                code = StopReason.PREEMPTED
+                self.stopped_by = code.text
+            if adoption is not None:
+                self._adopt(adoption)
         if self.root:
             code = self.files.report(row, code, self.save, checkpoint=None if due is None else bool(due))
-            if self.population is not None:  # report to the population when due; serve its orders
-                adoption = self.population.between_updates(self, row["frames"], self.stats.window_mean(), bool(code))
         # MPI: all trainers stop after the same update, the same way, save with the root's
         # checkpoint, and take the state the root received from another member
         code, saved, copied = comm.broadcast_ints(self.comm, [code, self.files.saved if self.root else 0,
@@ -252,7 +263,7 @@ class LearnerRole:
         if saved:
             self.source.save(self.run_dir, self.version)
         if copied:
-            self._adopt(adoption)
+            self._share_adoption(adoption)
         reason = StopReason(code)
         self.stopped_by, self.stop_flags = reason.text, reason.flags
         if code and self.control.is_controller:
@@ -271,12 +282,26 @@ class LearnerRole:
             self._member_state = MemberState(member_arrays(self.model, self.optimizer), member_layout(self.model))
         return self._member_state
 
-    def _adopt(self, adoption) -> None:
-        """Every learner of the member: the state its root received (the root's arrays, broadcast),
-        the parent's step state and the new hyperparameters. The fitness window starts again, so
-        the next judgement is of the copy."""
+    def _share_adoption(self, adoption) -> None:
+        """MPI over the member's learners: the state its root received (the root's arrays) and the
+        adoption, taken by the others as the root took it."""
         broadcast_state(self.comm, self.member_state())
         adoption = comm.broadcast_object_on(self.comm, adoption)
+        if not self.root:
+            self._adopt(adoption)
+
+    def adopt_before_training(self, adoption) -> None:
+        """A copy taken at start-up (a member resumed in the round it was preempted in). Serial
+        mode: the actor reads the weights in place and has not read them yet, so the version
+        published at start-up is published again, with the copy (elsewhere holders may have that
+        version already, and the copy reaches them with the next)."""
+        self._adopt(adoption)
+        if self.local_env is not None:
+            self._publish()
+
+    def _adopt(self, adoption) -> None:
+        """A copy's state is in this learner's arrays already: the parent's step state and the new
+        hyperparameters. The fitness window starts again, so the next judgement is of the copy."""
         self.step.restore(adoption.step_state)
         before = {k: getattr(self.cfg.algo, k) for k in self.live}
         self._set_hyperparameters(adoption.hyperparameters)
@@ -320,6 +345,8 @@ class LearnerRole:
         # the recent episodes run.target_return (and a population's fitness) judge, so a resumed run
         # stops when the uninterrupted one would
         extra = {"step": self.step.state(), "return_window": self.stats.window_state()}
+        if self.population is not None:
+            extra["population_waiting_round"] = self.population.waiting_round
         if self.live:
             extra["hyperparameters"] = {k: float(getattr(self.cfg.algo, k)) for k in self.live}
         if self.local_env is not None:  # serial mode: the env's state too, for an exact continuation
