@@ -10,16 +10,24 @@ the start of the send until the last receiver has acknowledged (a 1-byte message
   one preallocated numpy buffer of the same size.
 - send + broadcast: then over B's learners. Project: `broadcast_state`; raw: `Bcast`.
 Rounds alternate project and raw; medians. Ratio: project / raw (target <= 1.5). Idle ranks wait
-in sleeping barriers, so the two cores go to the ranks that move bytes. (The exploit pause as a
-share of training time needs the population's decider, which is not built yet.)
+in sleeping barriers, so the two cores go to the ranks that move bytes.
+
+Before that, the exploit pause in a real population: jobs/cartpole_pbt.yaml (8 serial members on
+8 ranks) for 40,000 frames a member, judged every 2,048 (many copies), with no target: the
+seconds the members' learner roots spent sending or receiving copies (`exploit_pause_s` in each
+member's metrics) over their training seconds.
 
     .venv/bin/python bench/population.py [--out FILE] [--repeats 9]   (starts itself under mpirun -n 4)
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -90,19 +98,49 @@ def measure(repeats: int) -> dict | None:
     return out
 
 
+PAUSE_FILE = "HPCRL_BENCH_POPULATION_PAUSE"  # the pause measured before the copies, for rank 0's report
+
+
+def exploit_pause() -> dict:
+    """The exploit pause of a real population (outside MPI: it starts its own job)."""
+    from hpcrl.core.population import exploits_taken
+    from hpcrl.io.metrics import read_metrics
+    with tempfile.TemporaryDirectory() as out:
+        sets = ["run.total_frames=40000", "run.target_return=null", "population.ready_frames=2048",
+                f"run.output_dir={out}"]
+        cmd = ["bash", str(REPO / "scripts/mpirun.sh"), "-n", "8", sys.executable, "-m", "hpcrl", "run",
+               str(REPO / "jobs/cartpole_pbt.yaml"), *(a for kv in sets for a in ("--set", kv))]
+        subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        members = [read_metrics(f"{out}/cartpole_pbt/member{m}/metrics.h5") for m in range(8)]
+        lineage = read_metrics(f"{out}/cartpole_pbt/metrics.h5")
+    pause = sum(float(m["exploit_pause_s"][-1]) for m in members)
+    training = sum(float(m["wall_time"][-1]) for m in members)
+    return {"job": "jobs/cartpole_pbt.yaml, 8 ranks, 40,000 frames a member, population.ready_frames 2048",
+            "copies": len(exploits_taken(lineage["event"], lineage["member"], lineage["parent"])),
+            "pause_s": round(pause, 3), "training_s": round(training, 1), "pause_fraction": round(pause / training, 5)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out")
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
+    if "OMPI_COMM_WORLD_SIZE" not in os.environ:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+            json.dump(exploit_pause(), fh)
+        os.environ[PAUSE_FILE] = fh.name
     under_mpi(4, __file__, args.out)
     import torch
     torch.set_num_threads(1)
     result = measure(args.repeats)
     if result is not None:
         from report import emit
+        pause = None
+        if PAUSE_FILE in os.environ:
+            pause = json.loads(Path(os.environ[PAUSE_FILE]).read_text())
+            os.unlink(os.environ[PAUSE_FILE])
         emit({"benchmark": "population: a member's copy between learner groups vs raw mpi4py, 4 ranks on one node",
-              "target": "send_ratio_project_to_raw <= 1.5", "results": result}, args.out)
+              "target": "send_ratio_project_to_raw <= 1.5", "results": result, "exploit_pause": pause}, args.out)
 
 
 if __name__ == "__main__":
