@@ -220,3 +220,24 @@ def test_a_population_in_rounds_resumes_exactly(tmp_path):
         ca = load_checkpoint(str(run_dir(whole) / f"member{m}" / "checkpoint.h5"))
         cb = load_checkpoint(str(run_dir(halves) / f"member{m}" / "checkpoint.h5"))
         assert all(np.array_equal(ca["model"][k], cb["model"][k]) for k in ca["model"]), m
+
+
+def test_dqn_members_copy_their_target_networks_too(tmp_path):
+    """2 serial DQN members (Ape-X, replay in the learner): a copy carries the trainer step's state
+    (the target network and its step count) besides the weights and Adam's state; training goes on."""
+    cfg = small_config(tmp_path, name="pbt", roles={"learner": {"ranks": 1}, "inference": {"ranks": 0}},
+                       run={"total_frames": 3000},
+                       algo={"name": "dqn", "rollout_length": 8, "lr": 0.001,
+                             "dqn": {"batch_size": 32, "target_update_interval": 10, "eps_schedule": "linear",
+                                     "eps_decay_frames": 1000},
+                             "replay": {"capacity": 20000, "warmup": 256}})
+    cfg["population"] = {"members": 2, "ready_frames": 400, "truncation": 0.5,
+                         "explore": {"algo.lr": {"perturb": [0.5, 2.0]}}}
+    result = mpirun(2, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    table = lineage(cfg)
+    assert len(exploits_taken(table["event"], table["member"], table["parent"])) >= 1
+    for m in range(2):
+        saved = load_checkpoint(str(run_dir(cfg) / f"member{m}" / "checkpoint.h5"))
+        assert saved["counters"]["frames"] >= 3000 and "target" in saved["extra"]["step"]
+        assert saved["extra"]["hyperparameters"]["lr"] == table["algo.lr"][np.flatnonzero(table["member"] == m)[-1]]

@@ -358,10 +358,14 @@ def broadcast_int(comm, value: int) -> int:
     return broadcast_ints(comm, [value])[0]
 
 
-def broadcast_ints(comm, values: list[int]) -> list[int]:
-    """The root's decisions, in one message, on every rank of comm."""
+def broadcast_ints(comm, values: list[int], sleep_s: float | None = None) -> list[int]:
+    """The root's decisions, in one message, on every rank of comm; `sleep_s`: the others sleep
+    between tests meanwhile (where the root may keep them waiting long), instead of spinning."""
     buf = np.array(values, dtype=np.int64)
-    comm.Bcast(buf, root=0)
+    if sleep_s is None:
+        comm.Bcast(buf, root=0)
+    else:
+        wait_sleeping(comm.Ibcast(buf, root=0), sleep_s)
     return [int(v) for v in buf]
 
 

@@ -37,6 +37,9 @@ from hpcrl.runtime.params import END, ParameterPublisher
 from hpcrl.workers.averaging import start_averaging
 from hpcrl.workers.trainer_stats import TrainerStats
 
+MEMBER_WAIT_SLEEP_S = 1e-4  # a population member's learners, waiting for their root's word after an update
+
+
 class LearnerRole:
     name = "learner"
 
@@ -258,8 +261,10 @@ class LearnerRole:
             code = self.files.report(row, code, self.save, checkpoint=None if due is None else bool(due))
         # MPI: all trainers stop after the same update, the same way, save with the root's
         # checkpoint, and take the state the root received from another member
+        # (a population member's root may wait long for its round: the others sleep meanwhile)
         code, saved, copied = comm.broadcast_ints(self.comm, [code, self.files.saved if self.root else 0,
-                                                              int(adoption is not None)])
+                                                              int(adoption is not None)],
+                                                  sleep_s=MEMBER_WAIT_SLEEP_S if self.live else None)
         if saved:
             self.source.save(self.run_dir, self.version)
         if copied:
