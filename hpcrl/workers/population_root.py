@@ -58,6 +58,7 @@ class Decider:
         self.copies: list[list[int]] = [[] for _ in range(n)]  # the parents of the copies ordered to each member
         self.hyper = np.array(hyperparameters, dtype=np.float64).reshape(n, len(live))
         self.farewell_sent = False
+        self.write_failed = False
         self.start = time.perf_counter()
         self.state_path = os.path.join(run_dir, STATE_FILE)
         path = os.path.join(run_dir, metrics_file)
@@ -91,7 +92,11 @@ class Decider:
             for m in range(self.channel.members):
                 self.channel.order(m, [FAREWELL, -1])
             self.farewell_sent = True
-            self.metrics.flush()
+            try:
+                self.metrics.flush()
+            except OSError as exc:
+                if not self.write_failed:
+                    self._write_failed(exc)
         return work
 
     def _stopped(self, member: int, frames: int, fitness: float, taken: int, preempted: bool) -> None:
@@ -165,15 +170,20 @@ class Decider:
         self._save_state()
 
     def _save_state(self) -> None:
+        if self.write_failed:
+            return
         state = {"round": self.round, "rng": self.rng.bit_generator.state,
                  "fitness": [None if math.isnan(f) else f for f in self.fitness.tolist()],
                  "known": self.known.tolist(), "stopped": self.stopped.tolist(), "hyper": self.hyper.tolist(),
                  "copies": self.copies}
-        self.metrics.flush()  # the lineage up to this round first: the state says it is complete
         temporary = self.state_path + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as fh:
-            json.dump(state, fh)
-        os.replace(temporary, self.state_path)
+        try:
+            self.metrics.flush()  # the lineage up to this round first: the state says it is complete
+            with open(temporary, "w", encoding="utf-8") as fh:
+                json.dump(state, fh)
+            os.replace(temporary, self.state_path)
+        except OSError as exc:
+            self._write_failed(exc)
 
     def _load_state(self) -> None:
         """The state the last round left (written by `_save_state`): data, read bounded."""
@@ -200,7 +210,25 @@ class Decider:
         row = dict(zip(LINEAGE_KEYS, (time.perf_counter() - self.start, event, member, parent, frames, fitness,
                                       parent_fitness)))
         row.update({f"algo.{k}": float(v) for k, v in zip(self.live, self.hyper[member])})
-        self.metrics.append(row)
+        if self.write_failed:
+            return
+        try:
+            self.metrics.append(row)
+        except OSError as exc:
+            self._write_failed(exc)
+
+    def _write_failed(self, exc: OSError) -> None:
+        """The lineage and the rounds' state are a record: the members train on without them, and
+        this says so once (a resume of the rounds from here would not be exact)."""
+        self.write_failed = True
+        print(f"[hpcrl] warning: population: cannot write the lineage or the rounds' state in "
+              f"{os.path.dirname(self.state_path)} ({exc.strerror or exc}); the members train on, but nothing more "
+              f"of the lineage is recorded, and a resume of the rounds would start from the last state saved",
+              flush=True)
 
     def close(self) -> None:
-        self.metrics.close()
+        try:
+            self.metrics.close()
+        except OSError as exc:
+            if not self.write_failed:
+                self._write_failed(exc)
