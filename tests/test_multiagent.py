@@ -272,6 +272,10 @@ def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_
     versus_early = evaluate(str(tmp_path / "connect_four_selfplay"), 100, opponent=str(tmp_path / "early"))
     assert late >= early + 0.15 and late >= 0.7, (early, late)
     assert versus_early.summary()["win_rate"] >= 0.6
+    # the fixed anchor a league is rated against (tests/anchors.py, a scripted --opponent) beats the
+    # early snapshot nearly always: an untrained policy is about as good as a uniform player
+    anchored = evaluate(str(tmp_path / "early"), 50, opponent="tests.anchors:one_step_lookahead").summary()
+    assert anchored["wins"] + anchored["draws"] + anchored["losses"] == 50 and anchored["win_rate"] <= 0.25, anchored
     m = read_metrics(str(tmp_path / "connect_four_selfplay" / "metrics.h5"))
     assert m["selfplay.games"].sum() >= 500 and m["selfplay.wins"].sum() > 0.5 * m["selfplay.games"].sum()
     solo = small_config(tmp_path, name="solo", roles={"inference": {"ranks": 0}}, run={"total_frames": 128})

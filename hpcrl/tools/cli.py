@@ -76,9 +76,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="make the run's env even where its env.id names a module outside the env families hpcrl "
                          "supports (mypackage:MyEnv): that module is imported and what the id names in it called "
                          "with env.kwargs. A run directory is data: pass this only for runs whose author you trust")
-    ev.add_argument("--opponent", metavar="random|RUN_DIR",
+    ev.add_argument("--opponent", metavar="random|RUN_DIR|MODULE:FUNCTION",
                     help="multi-agent games: play one seat (each in turn) against a uniform player of valid "
-                         "actions, or against another run's latest checkpoint; counts wins, draws and losses")
+                         "actions, another run's latest checkpoint (another member of a population), or a "
+                         "scripted player: a function of an importable module called with the rows' "
+                         "observations, action masks and a numpy generator, returning one action per row; "
+                         "counts wins, draws and losses")
     tu = sub.add_parser("tune", help="measure this machine for a config and write the layout the throughput "
                         "model predicts fastest for the target nodes (one process, MPI as a singleton; and two learners "
                         "under mpirun to measure gradient averaging)")

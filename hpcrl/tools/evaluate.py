@@ -5,9 +5,10 @@ theirs, from the config saved in the checkpoint; `--video` renders every step in
 policies act through the policy holders' own code (workers/policy_holder.py: a PolicySet of
 runners that play, models/runner.py), with no transport: eval never imports MPI.
 Multi-agent games can be played against an opponent (`--opponent random`, a uniform player of
-valid actions, or another run's latest checkpoint, such as an early snapshot): the run's policy
-takes one seat, in turn every seat from game to game, the opponent all the others, and the result
-counts the run's wins, draws and losses.
+valid actions; another run's latest checkpoint, such as an early snapshot or another member of a
+population; or a scripted player, `module:function`, such as a fixed anchor to rate against):
+the run's policy takes one seat, in turn every seat from game to game, the opponent all the
+others, and the result counts the run's wins, draws and losses.
 
 A run directory is data (issue 25): eval imports no module its config names outside the env
 families hpcrl supports (`imports_of_env_id`) unless the caller trusts it (`--trust-env-code`),
@@ -17,6 +18,7 @@ but the video it was asked for.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from dataclasses import dataclass, field
 
@@ -137,10 +139,45 @@ def _policy(cfg: Config, checkpoint: dict, found: str, spaces, play: str, genera
                    holder_states(policies, 1, spaces.num_agents), spaces)
 
 
-def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Generator):
-    """None, 'random', or the policy of another run (its latest checkpoint) for the same env."""
+class _Scripted:
+    """A player written as a function (`--opponent module:function`): it is called with the
+    env's rows (each agent's own observation, flattened as the policies see them), their action
+    masks (None where the env gives none) and a numpy generator, and returns one action per row."""
+
+    def __init__(self, name: str, play, seed: int):
+        self.name, self.play, self.rng = name, play, np.random.default_rng(seed)
+
+    def act(self, obs, mask: np.ndarray | None) -> np.ndarray:
+        actions = np.asarray(self.play(obs, mask, self.rng))
+        if actions.shape[:1] != (len(obs),):
+            raise RunDirError(f"--opponent {self.name}: returned {actions.shape[:1]} actions for {len(obs)} rows; "
+                              f"it should return one action per row")
+        return actions
+
+
+def _scripted(opponent: str, seed: int) -> _Scripted:
+    """The function `module:function` names (the caller's choice on the command line, never a name
+    read from a run directory)."""
+    module, _, name = opponent.partition(":")
+    try:
+        play = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise RunDirError(f"--opponent {opponent}: cannot import module {module!r} ({exc}); give a run directory, "
+                          f"'random', or module:function of an importable module") from None
+    except AttributeError:
+        raise RunDirError(f"--opponent {opponent}: module {module!r} has no {name!r}") from None
+    if not callable(play):
+        raise RunDirError(f"--opponent {opponent}: {name!r} in {module!r} is not a function")
+    return _Scripted(opponent, play, seed)
+
+
+def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Generator, seed: int = 0):
+    """None, 'random', a scripted player (`module:function`), or the policy of another run (its
+    latest checkpoint) for the same env."""
     if opponent is None or opponent == "random":
         return opponent
+    if ":" in opponent and not os.path.exists(opponent):
+        return _scripted(opponent, seed)
     other, checkpoint, found, _ = load_run(opponent)
     if other.env.id != cfg.env.id:
         raise RunDirError(f"--opponent {opponent}: its env is {other.env.id}, this run's is {cfg.env.id}")
@@ -164,7 +201,7 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
         raise RunDirError(f"--opponent: {cfg.env.id} has one agent; an opponent needs a multi-agent game")
     generator = torch.Generator().manual_seed(seed)
     model = _policy(cfg, checkpoint, found, spaces, "greedy" if deterministic else "sample", generator)
-    rival = _opponent(opponent, cfg, spaces, generator)
+    rival = _opponent(opponent, cfg, spaces, generator, seed)
     counters = checkpoint["counters"]
     result = EvalResult([], [], found, int(counters.get("policy_version", 0)), int(counters.get("frames", 0)),
                         deterministic, seed, video, warnings=problems, opponent=opponent)

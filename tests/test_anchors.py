@@ -1,0 +1,62 @@
+"""The fixed connect four players that trained policies are rated against (tests/anchors.py),
+checked by hand and in real PettingZoo games, and played through `hpcrl eval --opponent`."""
+import numpy as np
+import pytest
+from pettingzoo.classic import connect_four_v3
+
+from tests.anchors import one_step_lookahead, uniform
+
+
+def board(mine=(), theirs=()) -> np.ndarray:
+    """The flattened observation of the agent to move: (row, column) cells, row 5 the bottom."""
+    b = np.zeros((6, 7, 2), dtype=np.int8)
+    for r, c in mine:
+        b[r, c, 0] = 1
+    for r, c in theirs:
+        b[r, c, 1] = 1
+    return b.reshape(1, -1)
+
+
+def test_the_lookahead_wins_when_it_can_and_blocks_when_it_must():
+    rng, open_columns = np.random.default_rng(0), np.ones((1, 7), dtype=np.int8)
+    three_in_a_row = board(mine=[(5, 0), (5, 1), (5, 2)], theirs=[(4, 0), (4, 1)])
+    assert one_step_lookahead(three_in_a_row, open_columns, rng).tolist() == [3]
+    their_column = board(mine=[(5, 0), (5, 1)], theirs=[(5, 4), (4, 4), (3, 4)])
+    assert one_step_lookahead(their_column, open_columns, rng).tolist() == [4]  # (2, 4) would be their fourth
+    # a row not to move (no valid column) gets a placeholder the env does not use
+    assert one_step_lookahead(board(), np.zeros((1, 7), dtype=np.int8), rng).tolist() == [0]
+
+
+def play(first, second, games: int, seed: int = 0) -> tuple[int, int]:
+    """Real games (the AEC API): first's wins, second's wins."""
+    rng, wins = np.random.default_rng(seed), [0, 0]
+    env = connect_four_v3.env()
+    for game in range(games):
+        env.reset(seed=seed + game)
+        players = dict(zip(env.agents, (first, second)))
+        for agent in env.agent_iter():
+            obs, reward, terminated, truncated, _ = env.last()
+            if terminated or truncated:
+                if reward > 0:
+                    wins[env.possible_agents.index(agent)] += 1
+                env.step(None)
+                continue
+            env.step(int(players[agent](obs["observation"].reshape(1, -1), obs["action_mask"][None], rng)[0]))
+    return tuple(wins)
+
+
+def test_the_lookahead_beats_a_uniform_player_nearly_always_in_either_seat():
+    first, _ = play(one_step_lookahead, uniform, 100)
+    _, second = play(uniform, one_step_lookahead, 100, seed=1000)
+    assert first >= 90 and second >= 90, (first, second)
+
+
+def test_eval_refuses_a_scripted_opponent_it_cannot_import(tmp_path):
+    from hpcrl.tools.evaluate import _scripted
+    from hpcrl.tools.inspect import RunDirError
+    with pytest.raises(RunDirError, match="cannot import module 'tests.no_such_module'"):
+        _scripted("tests.no_such_module:player", 0)
+    with pytest.raises(RunDirError, match="module 'tests.anchors' has no 'nobody'"):
+        _scripted("tests.anchors:nobody", 0)
+    with pytest.raises(RunDirError, match="is not a function"):
+        _scripted("tests.anchors:ROWS", 0)
