@@ -1,5 +1,9 @@
 """Population-based training as real mpirun jobs: members on their own blocks of ranks, the
 population root's lineage, states copied between members over MPI, and the refusals."""
+import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import yaml
@@ -7,7 +11,8 @@ import yaml
 from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.io.metrics import read_metrics
 from hpcrl.core.population import CANCELLED, EXPLOIT, JUDGED, START, STOPPED, exploits_taken
-from tests.conftest import mpirun, run_dir, run_hpcrl, small_config, write_config
+from tests.conftest import MPIRUN, REPO, job_pids, mpirun, run_dir, run_hpcrl, small_config, write_config
+from tests.test_stop_signals import read_until
 
 FACTORS = (0.5, 2.0)
 
@@ -17,6 +22,15 @@ def population_config(tmp_path, members: int, roles: dict, lrs: list[float], **s
     cfg["population"] = {"members": members, "ready_frames": 256, "truncation": 0.25,
                          "explore": {"algo.lr": {"perturb": list(FACTORS)}}, "values": {"algo.lr": lrs}}
     return cfg
+
+
+def start_until_a_copy(path: str) -> subprocess.Popen:
+    """`mpirun -n 4 hpcrl run PATH` in a session of its own, once a member has taken a copy."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(["bash", str(MPIRUN), "-n", "4", sys.executable, "-m", "hpcrl", "run", path], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    read_until(proc, "exploit: took member")
+    return proc
 
 
 def lineage(cfg) -> dict:
@@ -120,19 +134,10 @@ def test_a_preempted_population_resumes_every_member_with_its_hyperparameters(tm
     """SIGTERM to the launcher once copies have happened: every member checkpoints and the job
     exits 3; run again, each member resumes from its own checkpoint with the learning rate its
     copies left it (its first report says so in the lineage), and the lineage goes on."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    from tests.conftest import MPIRUN, REPO
-    from tests.test_stop_signals import read_until
     cfg = population_config(tmp_path, 4, {"learner": {"ranks": 1}, "inference": {"ranks": 0}},
                             [1e-3, 2e-3, 3e-3, 4e-3], run={"total_frames": 10**8}, algo={"train": False})
     path = str(write_config(tmp_path, cfg))
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(["bash", str(MPIRUN), "-n", "4", sys.executable, "-m", "hpcrl", "run", path], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    read_until(proc, "exploit: took member")
+    proc = start_until_a_copy(path)
     os.kill(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 3 and "Traceback" not in err, out + err
@@ -175,12 +180,6 @@ def test_a_population_in_rounds_resumes_exactly(tmp_path):
     signalled: it stops part-way through a round, the root aborts the round, and the others stop
     where they wait for it, at the round, which they take up again when they resume (the root
     saved its state after each round)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    from tests.conftest import MPIRUN, REPO, job_pids
-    from tests.test_stop_signals import read_until
 
     def config(name: str) -> dict:
         cfg = population_config(tmp_path, 4, {"learner": {"ranks": 1}, "inference": {"ranks": 0}},
@@ -192,10 +191,7 @@ def test_a_population_in_rounds_resumes_exactly(tmp_path):
     whole, halves = config("whole"), config("halves")
     assert mpirun(4, "run", str(write_config(tmp_path, whole, "whole.yaml"))).returncode == 0
     path = str(write_config(tmp_path, halves, "halves.yaml"))
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(["bash", str(MPIRUN), "-n", "4", sys.executable, "-m", "hpcrl", "run", path], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    read_until(proc, "exploit: took member")
+    proc = start_until_a_copy(path)
     for pid in job_pids("halves.yaml", rank=3):
         os.kill(pid, signal.SIGUSR1)  # (what SLURM's --signal, forwarded by mpirun, gives every rank)
     out, err = proc.communicate(timeout=120)
