@@ -93,6 +93,37 @@ def no_job_outlives_its_test(tmp_path):
             time.sleep(1.0)
 
 
+def pids_named(name: str) -> list[int]:
+    """PIDs of the processes whose command name is `name` (as pgrep -x finds them)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == name:
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.fixture(scope="session", autouse=True)
+def munged_as_found():
+    """The SLURM tests start munged (scripts/slurm.sh prepare), which the daemons of every emulated
+    node share, so no test's teardown stops it: the session does, if it was not running before."""
+    running_before = bool(pids_named("munged"))
+    yield
+    if running_before:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids_named("munged"):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 5
+        while pids_named("munged") and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
 def run_dir(cfg: dict) -> Path:
     return Path(cfg["run"]["output_dir"]) / cfg["run"]["name"]
 
