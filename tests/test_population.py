@@ -79,7 +79,7 @@ def test_pfsp_weights():
 # --- the population section of the config ----------------------------------------------------
 
 from hpcrl.core.config import ConfigError, parse_config  # noqa: E402
-from hpcrl.core.members import check_members, member_config, member_name  # noqa: E402
+from hpcrl.core.members import check_members, member_config, member_name, starting_values  # noqa: E402
 
 BASE = """
 run: {name: pbt, output_dir: runs, seed: 7}
@@ -104,6 +104,9 @@ def test_each_member_is_a_plain_run_of_its_own_in_the_populations_directory():
     assert all(m.population.members == 0 for m in members)
     assert cfg.algo.lr == 3e-4 and cfg.run.seed == 7  # the population's own config is left as it was
     assert member_name(3, 10) == "member3" and member_name(3, 100) == "member03"
+    # the population root's table of starting values: each member's, as its config sets them
+    starts = starting_values(cfg, ("lr", "gamma"))
+    assert starts.tolist() == [[m.algo.lr, m.algo.gamma] for m in members]
 
 
 @pytest.mark.parametrize("override,message", [

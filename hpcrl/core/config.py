@@ -4,7 +4,8 @@ Pure Python (no MPI, no torch): every rank can validate a config, and `hpcrl pla
 laptop. Each field carries its meaning in `metadata["doc"]`; the YAML keys are the field names.
 The roles table (config_roles.py), env (config_env.py), DQN (config_dqn.py), self-play
 (config_selfplay.py) and population (config_population.py) sections have modules of their own,
-with the helpers in config_base.py; this module assembles the whole Config, checks what crosses sections, and loads it.
+with the helpers in config_base.py; this module assembles the whole Config, checks what crosses
+sections, and loads it.
 """
 from __future__ import annotations
 

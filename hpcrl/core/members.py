@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import os
 
+import numpy as np
+
 from hpcrl.core.config import MAX_SEED, Config, validate
 from hpcrl.core.config_base import ConfigError, check
 from hpcrl.core.config_population import PopulationConfig
@@ -29,6 +31,14 @@ def member_config(cfg: Config, index: int) -> Config:
     except ConfigError as exc:
         raise ConfigError(f"population member {index} (population.values): {exc}") from None
     return member
+
+
+def starting_values(cfg: Config, keys: tuple[str, ...]) -> np.ndarray:
+    """members x keys (algo keys without 'algo.'): each member's start, from population.values
+    where it lists the key, else the algo section's value (as `member_config` sets them)."""
+    p = cfg.population
+    return np.array([p.values.get(f"algo.{k}", [getattr(cfg.algo, k)] * p.members) for k in keys],
+                    dtype=np.float64).T.reshape(p.members, len(keys))
 
 
 def check_members(cfg: Config) -> None:

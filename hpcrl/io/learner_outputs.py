@@ -57,8 +57,8 @@ class LearnerOutputs:
         now = time.perf_counter()
         if code or now - self._last_log >= self.log_interval_s:
             fps = (row["frames"] - self._last_log_frames) / max(now - self._last_log, 1e-9)
-            print(f"[hpcrl{self.label}] frames {row['frames']:>10,} | {fps:8,.0f} fps | return {row['return_window_mean']:7.1f}"
-                  f" | version {row['policy_version']:5d} | {self.progress.format(**row)}", flush=True)
+            print(f"[hpcrl{self.label}] frames {row['frames']:>10,} | {fps:8,.0f} fps | return "
+                  f"{row['return_window_mean']:7.1f} | version {row['policy_version']:5d} | {self.progress.format(**row)}", flush=True)
             self._last_log, self._last_log_frames = now, row["frames"]
         self.saved = False
         if self.checkpoint_due(code) if checkpoint is None else checkpoint:
@@ -73,8 +73,8 @@ class LearnerOutputs:
             self._last_ckpt = now
             self.saved = True  # the trainers save what they hold beside it (replay shards)
         if code == StopReason.PREEMPTED:
-            print(f"[hpcrl{self.label}] preempted: checkpoint of policy version {row['policy_version']} at {row['frames']:,} "
-                  f"frames written; run the same command again to resume", flush=True)
+            print(f"[hpcrl{self.label}] preempted: checkpoint of policy version {row['policy_version']} at "
+                  f"{row['frames']:,} frames written; run the same command again to resume", flush=True)
         return code
 
     def output_failed(self, what: str, path: str, exc: OSError) -> int:

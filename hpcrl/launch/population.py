@@ -17,7 +17,7 @@ import numpy as np
 
 from hpcrl.core.config import Config, ConfigError, to_yaml
 from hpcrl.core.config_population import explore_rules
-from hpcrl.core.members import member_config, member_name
+from hpcrl.core.members import member_config, member_name, starting_values
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.layout import Layout
 from hpcrl.core.seeds import seed_for
@@ -82,12 +82,9 @@ class Population:
             trainer.population = link
         decider = None
         if self.channel.member == POPULATION_ROOT:
-            starts = np.array([[getattr(member_config(self.whole, m).algo, k) for k in live]
-                               for m in range(self.members)])
             decider = Decider(self.channel, live, p.truncation, explore_rules(p),
-                              np.random.default_rng(seed_for(self.whole.run.seed, "population", 0)), starts,
-                              self.run_dir, rundir.METRICS_FILE, resume=True,
-                              synchronous=p.synchronous)
+                              np.random.default_rng(seed_for(self.whole.run.seed, "population", 0)),
+                              starting_values(self.whole, live), self.run_dir, rundir.METRICS_FILE, p.synchronous)
             link.decider = decider
         if waiting and trainer.comm.Get_size() == 1:  # preempted in a round: take it up again first
             link.resume_round(trainer, trainer.frames, trainer.stats.window_mean())

@@ -69,9 +69,14 @@ def receive_state(comm, state: MemberState, source: int) -> None:
     """Overwrite this member's state with the one `source` sends on `comm`. Sleeps between
     probes until the source has begun (it may be finishing an update, and a spinning wait would
     take the core it needs), then receives at full speed."""
-    while not comm.Iprobe(source=source, tag=MEMBER_COPY_TAG):
-        time.sleep(PROBE_SLEEP_S)
+    _probe_sleeping(comm, source, MEMBER_COPY_TAG)
     MPI.Request.Waitall([comm.Irecv(a, source=source, tag=MEMBER_COPY_TAG) for a in state.arrays])
+
+
+def _probe_sleeping(comm, source: int, tag: int) -> None:
+    """Sleep between probes until `source` has begun sending on `tag`."""
+    while not comm.Iprobe(source=source, tag=tag):
+        time.sleep(PROBE_SLEEP_S)
 
 
 def broadcast_state(group_comm, state: MemberState, root: int = 0) -> None:
@@ -137,8 +142,7 @@ class PopulationChannel:
         self.comm.send(state, dest=dest, tag=STEP_STATE_TAG)
 
     def receive_step_state(self, source: int) -> dict:
-        while not self.comm.Iprobe(source=source, tag=STEP_STATE_TAG):
-            time.sleep(PROBE_SLEEP_S)
+        _probe_sleeping(self.comm, source, STEP_STATE_TAG)
         return self.comm.recv(source=source, tag=STEP_STATE_TAG)
 
     def flushed(self) -> bool:

@@ -185,13 +185,14 @@ def _plot(args) -> int:
 
 def _a_population(command: str, path: str) -> str | None:
     """The message for a population's directory given where a member's belongs, or None."""
-    from hpcrl.tools.plot_population import is_population
+    from hpcrl.tools.plot_population import is_population, member_dirs
     if not is_population(path):
         return None
-    members = sorted(e.name for e in os.scandir(path) if e.is_dir() and e.name.startswith("member"))
-    example = os.path.join(path, members[0]) if members else os.path.join(path, "member0")
-    return (f"hpcrl: {command}: {path!r} is a population's directory ({len(members)} member{'s' * (len(members) != 1)}); {command} one "
-            f"member's run directory, e.g. {example}, or draw them all with hpcrl plot {path}")
+    members = member_dirs(path)
+    example = members[0] if members else os.path.join(path, "member0")
+    return (f"hpcrl: {command}: {path!r} is a population's directory ({len(members)} "
+            f"member{'s' * (len(members) != 1)}); {command} one member's run directory, e.g. {example}, or draw "
+            f"them all with hpcrl plot {path}")
 
 
 def _inspect(args) -> int:

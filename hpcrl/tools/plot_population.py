@@ -28,6 +28,11 @@ def is_population(path: str) -> bool:
     return isinstance(population, dict) and bool(population.get("members"))
 
 
+def member_dirs(pop_dir: str) -> list[str]:
+    """The member directories in a population's directory, in member order."""
+    return sorted(d.path for d in os.scandir(pop_dir) if d.is_dir() and d.name.startswith("member"))
+
+
 def load_lineage(pop_dir: str) -> dict[str, np.ndarray]:
     """The population's lineage, checked to be what hpcrl writes; RunDirError otherwise."""
     path = os.path.join(pop_dir, METRICS_FILE)
@@ -65,7 +70,7 @@ def plot_population(pop_dir: str, output: str, metric: str | None = None, smooth
     import matplotlib.pyplot as plt
     lineage = load_lineage(pop_dir)
     members = sorted({int(m) for m in lineage["member"]})
-    dirs = sorted(d.path for d in os.scandir(pop_dir) if d.is_dir() and d.name.startswith("member"))
+    dirs = member_dirs(pop_dir)
     if len(dirs) != len(members):
         raise RunDirError(f"{pop_dir!r}: the lineage names {len(members)} members, the directory holds "
                           f"{len(dirs)} member directories")

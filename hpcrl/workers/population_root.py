@@ -39,10 +39,10 @@ MAX_STATE_BYTES = 64 * 2**20  # the root's state is a few numbers per member; mo
 class Decider:
     def __init__(self, channel: PopulationChannel, live: tuple[str, ...], truncation: float,
                  rules: list[ExploreRule], rng: np.random.Generator, hyperparameters: np.ndarray,
-                 run_dir: str, metrics_file: str, resume: bool = False, synchronous: bool = False):
-        """`hyperparameters`: members x live keys, each member's start (its config's). `resume`:
-        go on with a lineage the population's directory holds already (emptied by --overwrite,
-        so only a run's own), and in rounds read the root's state back."""
+                 run_dir: str, metrics_file: str, synchronous: bool = False):
+        """`hyperparameters`: members x live keys, each member's start (its config's). A lineage
+        the population's directory holds already (--overwrite empties it, so only this run's own)
+        goes on, and in rounds the root's state is read back."""
         n = channel.members
         self.channel, self.live, self.truncation, self.rng = channel, live, truncation, rng
         self.rules = [ExploreRule(r.key.split(".", 1)[1], r.perturb, r.resample, r.low, r.high) for r in rules]
@@ -62,7 +62,7 @@ class Decider:
         self.start = time.perf_counter()
         self.state_path = os.path.join(run_dir, STATE_FILE)
         path = os.path.join(run_dir, metrics_file)
-        resume = resume and os.path.exists(path)
+        resume = os.path.exists(path)
         if synchronous and resume and os.path.exists(self.state_path):
             self._load_state()
         self.metrics = MetricsWriter(path, attrs={"live": ",".join(f"algo.{k}" for k in live)}, resume=resume)
