@@ -1,5 +1,6 @@
 """metrics.h5 is readable while a run writes it, and holds exactly the rows appended."""
 import subprocess
+import threading
 import sys
 
 import numpy as np
@@ -65,3 +66,58 @@ def test_resume_cuts_rows_after_the_checkpoint_and_continues(tmp_path):
     resumed.close()
     m = read_metrics(path)
     assert m["policy_version"].tolist() == [1, 2, 3] and m["frames"].tolist() == [10, 20, 30]
+
+
+HOLD_OPEN = """
+import sys, h5py
+from hpcrl.io.h5safe import open_for_reading
+f = open_for_reading(sys.argv[1], swmr=True) if sys.argv[2] == "hpcrl" else h5py.File(sys.argv[1], "r")
+print("open", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _write_rows(writer: MetricsWriter, *frames: int) -> None:
+    for f in frames:
+        writer.append({"frames": f})
+    writer.close()
+
+
+def _hold_open(path: str, how: str) -> subprocess.Popen:
+    """Another process with `path` open for reading until its stdin closes: hpcrl's own reader
+    ("hpcrl"), or a plain h5py one, which takes HDF5's lock, as a user's session would."""
+    reader = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, path, how], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert reader.stdout.readline().strip() == "open"
+    return reader
+
+
+def test_a_run_resumes_its_metrics_while_another_process_reads_them(tmp_path):
+    """A test or a user polling metrics.h5 while a run relaunches once made the resumed learner die
+    at start-up: HDF5 refused its writer while the reader held the file's lock."""
+    path = str(tmp_path / "metrics.h5")
+    _write_rows(MetricsWriter(path), 1)
+    reader = _hold_open(path, "hpcrl")
+    try:
+        _write_rows(MetricsWriter(path, resume=True), 2)
+    finally:
+        reader.communicate("")
+    assert read_metrics(path)["frames"].tolist() == [1, 2]
+
+
+def test_a_writer_waits_for_a_locking_reader_and_names_it_if_it_stays(tmp_path):
+    from hpcrl.io.h5safe import open_for_writing
+    path = str(tmp_path / "metrics.h5")
+    _write_rows(MetricsWriter(path), 1)
+    reader = _hold_open(path, "h5py")
+    try:
+        with pytest.raises(OSError, match="another process holds HDF5's lock.*close that reader"):
+            open_for_writing(path, "a", wait_s=0.2)
+        closer = threading.Timer(0.5, reader.stdin.close)  # the reader lets go while the writer waits
+        closer.start()
+        _write_rows(MetricsWriter(path, resume=True), 2)
+        closer.join()
+    finally:
+        reader.kill()
+        reader.wait()
+    assert read_metrics(path)["frames"].tolist() == [1, 2]

@@ -20,9 +20,11 @@ h5py) report these too.
 from __future__ import annotations
 
 import ctypes
+import errno
 import math
 import os
 import stat
+import time
 from typing import Callable
 
 import h5py
@@ -74,13 +76,47 @@ def open_for_reading(path: str, swmr: bool = False) -> h5py.File:
     writing (or one a killed writer left flagged as open). Pair with `check_contents` before
     reading data."""
     check_regular(path)
+    try:
+        return _open_read_only(path, swmr, lock=False)
+    except OSError as exc:
+        if "locking flag" not in str(exc):
+            raise
+        # this process has the file open already (it writes it), with HDF5's lock: a second
+        # handle must ask for the same, and shares the first one's lock anyway
+        return _open_read_only(path, swmr, lock=True)
+
+
+def _open_read_only(path: str, swmr: bool, lock: bool) -> h5py.File:
+    """`path` opened read-only. Without `lock`, HDF5 takes no shared lock on it: a reader polling
+    a run's metrics.h5 must never make that run's writer fail to open it (HDF5 refuses a writer
+    while any reader holds the lock, and does not wait)."""
     fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
     if swmr:
         fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    if not lock:
+        fapl.set_file_locking(False, True)
     if _set_attempts(fapl.id, METADATA_READ_ATTEMPTS) < 0:
         raise RuntimeError("HDF5 refused H5Pset_metadata_read_attempts")
     flags = h5py.h5f.ACC_RDONLY | (h5py.h5f.ACC_SWMR_READ if swmr else 0)
     return h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=fapl))
+
+
+def open_for_writing(path: str, mode: str, wait_s: float = 60.0, **kwargs) -> h5py.File:
+    """h5py.File(path, mode, ...) that waits up to `wait_s` for HDF5's file lock. HDF5 fails at
+    once when another process holds it: hpcrl's own readers take none, but h5dump, h5py or
+    HDFView in someone's session do, and a resuming run must not die of a short look at its
+    metrics. OSError naming the file if the lock stays taken."""
+    deadline, pause = time.monotonic() + wait_s, 0.01
+    while True:
+        try:
+            return h5py.File(path, mode, **kwargs)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise OSError(errno.EAGAIN, f"{path}: another process holds HDF5's lock on it (an h5py, h5dump or "
+                                            f"HDFView session reading it?) and has not let go for {wait_s:.0f} s; "
+                                            f"close that reader and start again") from None
+            time.sleep(pause)
+            pause = min(2 * pause, 1.0)
 
 
 def check_contents(f: h5py.File, path: str, written_whole: bool) -> None:

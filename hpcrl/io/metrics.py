@@ -32,7 +32,8 @@ import h5py
 import numpy as np
 
 from hpcrl.core.faults import pause_point
-from hpcrl.io.h5safe import DAMAGE_ERRORS, RefusedFileError, check_contents, open_for_reading, unlink_if_link
+from hpcrl.io.h5safe import (DAMAGE_ERRORS, RefusedFileError, check_contents, open_for_reading,
+                              open_for_writing, unlink_if_link)
 
 CHUNK_ROWS = 256
 
@@ -58,10 +59,10 @@ class MetricsWriter:
         self._last_flush = time.perf_counter()
         unlink_if_link(path)  # rundir.prepare has rebuilt a linked file as the run's own already
         if not resume or not os.path.exists(path):
-            self.file = h5py.File(path, "w", libver="latest")
+            self.file = open_for_writing(path, "w", libver="latest")
             self.rows = 0
         else:
-            self.file = h5py.File(path, "a", libver="latest")
+            self.file = open_for_writing(path, "a", libver="latest")
             self.rows = min((self.file[key].shape[0] for key in self.file), default=0)
             if self.rows:
                 self.file.swmr_mode = True
@@ -173,7 +174,7 @@ def _set_attributes(path: str, attrs: dict) -> None:
     """Set attributes of the metrics file at `path` (totals of a launch, not rows)."""
     if os.path.islink(path):  # appending cannot replace the link without losing the rows behind it
         raise OSError(f"{path} is a symbolic link (to {os.readlink(path)!r}); hpcrl writes only the run's own file")
-    with h5py.File(path, "a", libver="latest") as f:
+    with open_for_writing(path, "a", libver="latest") as f:
         for name, value in attrs.items():
             f.attrs[name] = value
 
