@@ -18,7 +18,6 @@ but the video it was asked for.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 from dataclasses import dataclass, field
 
@@ -30,6 +29,7 @@ from hpcrl.io.checkpoint import CheckpointError, check_fits, load_latest
 from hpcrl.core.config import Config, ConfigError, parse_config
 from hpcrl.envs import GAME_OVER, KNOWN_ENV_FAMILIES, RAW_REWARD, imports_of_env_id, make_vector_env, env_spaces
 from hpcrl.envs.multiagent import ENV_DONE, episode_starts
+from hpcrl.envs.scripted import ScriptedPlayer
 from hpcrl.io.rundir import CHECKPOINT_FILE
 from hpcrl.core.policies import policy_spaces, row_policies
 from hpcrl.models import build_policy, make_runner
@@ -140,35 +140,21 @@ def _policy(cfg: Config, checkpoint: dict, found: str, spaces, play: str, genera
 
 
 class _Scripted:
-    """A player written as a function (`--opponent module:function`): it is called with the
-    env's rows (each agent's own observation, flattened as the policies see them), their action
-    masks (None where the env gives none) and a numpy generator, and returns one action per row."""
+    """A player written as a function (`--opponent module:function`, envs/scripted.py), with a
+    generator of its own."""
 
-    def __init__(self, name: str, play, seed: int):
-        self.name, self.play, self.rng = name, play, np.random.default_rng(seed)
+    def __init__(self, opponent: str, seed: int):
+        try:  # the caller's choice on the command line, never a name read from a run directory
+            self.player = ScriptedPlayer(opponent, f"--opponent {opponent}")
+        except ConfigError as exc:
+            raise RunDirError(f"{exc}; or give a run directory, or 'random'") from None
+        self.rng = np.random.default_rng(seed)
 
     def act(self, obs, mask: np.ndarray | None) -> np.ndarray:
-        actions = np.asarray(self.play(obs, mask, self.rng))
-        if actions.shape[:1] != (len(obs),):
-            raise RunDirError(f"--opponent {self.name}: returned {actions.shape[:1]} actions for {len(obs)} rows; "
-                              f"it should return one action per row")
-        return actions
-
-
-def _scripted(opponent: str, seed: int) -> _Scripted:
-    """The function `module:function` names (the caller's choice on the command line, never a name
-    read from a run directory)."""
-    module, _, name = opponent.partition(":")
-    try:
-        play = getattr(importlib.import_module(module), name)
-    except ImportError as exc:
-        raise RunDirError(f"--opponent {opponent}: cannot import module {module!r} ({exc}); give a run directory, "
-                          f"'random', or module:function of an importable module") from None
-    except AttributeError:
-        raise RunDirError(f"--opponent {opponent}: module {module!r} has no {name!r}") from None
-    if not callable(play):
-        raise RunDirError(f"--opponent {opponent}: {name!r} in {module!r} is not a function")
-    return _Scripted(opponent, play, seed)
+        try:
+            return self.player.act(obs, mask, self.rng)
+        except ValueError as exc:
+            raise RunDirError(str(exc)) from None
 
 
 def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Generator, seed: int = 0):
@@ -177,7 +163,7 @@ def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Genera
     if opponent is None or opponent == "random":
         return opponent
     if ":" in opponent and not os.path.exists(opponent):
-        return _scripted(opponent, seed)
+        return _Scripted(opponent, seed)
     other, checkpoint, found, _ = load_run(opponent)
     if other.env.id != cfg.env.id:
         raise RunDirError(f"--opponent {opponent}: its env is {other.env.id}, this run's is {cfg.env.id}")
