@@ -328,7 +328,8 @@ def test_a_centralised_critic_reads_the_env_state_that_ends_each_row_and_the_pol
 def test_recurrent_multiagent_runs_through_a_policy_server_and_plays_in_eval(tmp_path, case):
     """A recurrent core with agent rows on 4 ranks: MAPPO on simple_spread (the server keeps each
     agent's state, the central critic reads whole envs), and IPPO self-play on connect four against
-    a pool drawn by PFSP (turn-based rows under masks, pool members acting from the same rows' states); then
+    a pool drawn by PFSP (turn-based rows under masks, pool members acting from the same rows' states)
+    and an anchor the env ranks play themselves; then
     `hpcrl eval` plays the result with its state."""
     if case == "mappo-lstm":
         cfg = small_config(tmp_path, env={**SPREAD, "num_envs": 4}, algo={"name": "mappo", "rollout_length": 25},
@@ -336,14 +337,16 @@ def test_recurrent_multiagent_runs_through_a_policy_server_and_plays_in_eval(tmp
     else:
         cfg = small_config(tmp_path, env={"id": "pettingzoo:classic/connect_four-v3", "num_envs": 4},
                            algo={"name": "ippo", "rollout_length": 16, "mode": "async",
-                                 "selfplay": {"pool": 2, "snapshot_every": 2, "latest": 0.5, "opponents": "hard"}},
+                                 "selfplay": {"pool": 2, "snapshot_every": 2, "latest": 0.5, "opponents": "hard",
+                                              "anchors": {"uniform": "tests.anchors:uniform"}, "anchor_share": 0.25}},
                            model={"encoder": "mlp", "core": "gru", "core_size": 16}, run={"total_frames": 1280})
     result = mpirun(4, "run", str(write_config(tmp_path, cfg)))
     assert result.returncode == 0, result.stdout + result.stderr
     m = read_metrics(str(run_dir(cfg) / "metrics.h5"))
     assert m["frames"][-1] >= cfg["run"]["total_frames"] and m["episodes"].sum() > 0
-    if case == "selfplay-gru":  # games against the pool were played and judged
-        assert m["selfplay.games"].sum() > 0
+    if case == "selfplay-gru":  # games against the pool and the anchor (played on the env ranks) were judged
+        assert m["selfplay.games"].sum() > 0 and m["anchor.uniform.games"].sum() > 0
+        assert np.isfinite(m["rating"]).all() and m["rating.sigma"][-1] < m["rating.sigma"][0]
     played = mpirun(1, "eval", str(run_dir(cfg)), "--episodes", "2")
     assert played.returncode == 0 and "2 episodes" in played.stdout, played.stdout + played.stderr
 

@@ -6,15 +6,27 @@ frozen past version from the pool, drawn uniformly or by prioritized fictitious 
 Each policy holder keeps the pool itself: every `snapshot_every` policy versions it copies the
 newest weights into its oldest slot, so no weights travel for it and a pool member is just another
 policy id that the holders serve.
+
+Anchors are fixed players written as functions (`module:function`, envs/scripted.py), such as a
+uniform-random and a one-step-lookahead player: a share of games gives one seat to the learning
+policy and the others to an anchor, played on the env rank itself, and is never trained on: the
+games measure the policy, they do not teach it the anchors. Each anchor has a fixed rating;
+the learning policy's rating (OpenSkill's Plackett-Luce model) is updated from its games against
+them, and metrics.h5 records it with the win rate against each anchor.
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
-from hpcrl.core.config_base import check, doc
+from hpcrl.core.config_base import check, doc, shown
 from hpcrl.core.population import PFSP_WEIGHTINGS
 
 MAX_POOL = 64  # pool members per holder: each is a whole copy of the policy
+MAX_ANCHORS = 16
+ANCHOR_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")  # a metrics column's part: anchor.NAME.win_rate
+DEFAULT_RATING = 25.0  # OpenSkill's prior mean, the rating of an anchor that declares none
 
 
 @dataclass
@@ -34,18 +46,67 @@ class SelfPlayConfig:
                          default="uniform")
     payoff_decay: float = doc("decay of that EMA per judged game (AlphaStar's 0.99); a win counts 1, a draw 0.5, "
                               "a loss 0, and every age starts at 0.5", default=0.99)
+    anchors: dict = doc("fixed players to rate the policy against, by name: 'module:function' (a function of "
+                        "(obs, action_mask, numpy generator) returning an action per row, imported from the "
+                        "Python path), or {player: 'module:function', rating: MU} to fix the anchor's rating "
+                        f"(default {DEFAULT_RATING:g}, OpenSkill's prior)", default_factory=dict)
+    anchor_share: float = doc("share of games in which the learning policy plays one seat against an anchor "
+                              "(drawn uniformly) in every other; they only measure: no seat of them is trained on, "
+                              "so the rating is the policy's, not what it learned from the anchors", default=0.1)
+
+    def anchor_players(self) -> dict[str, str]:
+        """{name: 'module:function'} of the anchors."""
+        return {name: a if isinstance(a, str) else a["player"] for name, a in self.anchors.items()}
+
+    def anchor_ratings(self) -> dict[str, float]:
+        """{name: fixed rating} of the anchors."""
+        return {name: DEFAULT_RATING if isinstance(a, str) else float(a.get("rating", DEFAULT_RATING))
+                for name, a in self.anchors.items()}
+
+    @property
+    def opponents_count(self) -> int:
+        """What a game can be judged against: the pool's ages, then the anchors."""
+        return self.pool + len(self.anchors)
 
 
 def validate_selfplay(s: SelfPlayConfig, multiagent: bool, policies: int) -> None:
-    if not s.pool:
+    _validate_anchors(s)
+    if not s.pool and not s.anchors:
         return
-    check(0 < s.pool <= MAX_POOL, f"algo.selfplay.pool: expected 0 to {MAX_POOL}, got {s.pool}")
+    check(0 <= s.pool <= MAX_POOL, f"algo.selfplay.pool: expected 0 to {MAX_POOL}, got {s.pool}")
     check(s.snapshot_every >= 1, f"algo.selfplay.snapshot_every: expected >= 1, got {s.snapshot_every}")
     check(s.opponents in PFSP_WEIGHTINGS, f"algo.selfplay.opponents: expected one of "
                                           f"{', '.join(PFSP_WEIGHTINGS)}, got {s.opponents!r}")
     check(0.0 <= s.payoff_decay < 1.0, f"algo.selfplay.payoff_decay: expected a decay in [0, 1), got {s.payoff_decay}")
     check(0.0 <= s.latest < 1.0, f"algo.selfplay.latest: expected a share in [0, 1) (1 would never use the "
                                  f"pool; set pool: 0 instead), got {s.latest}")
-    check(multiagent, "algo.selfplay.pool: self-play needs a game of several agents (algo.name mappo or ippo)")
-    check(policies <= 1, "algo.selfplay.pool: a pool of past versions is kept for a run of one policy; remove "
-                         "the policies table or set pool: 0")
+    if s.anchors:
+        check(0.0 < s.anchor_share < 1.0 and s.latest + s.anchor_share <= 1.0,
+              f"algo.selfplay.anchor_share: expected a share in (0, 1) that leaves latest ({s.latest}) room "
+              f"(latest + anchor_share <= 1), got {s.anchor_share}")
+    what = "algo.selfplay.pool" if s.pool else "algo.selfplay.anchors"
+    check(multiagent, f"{what}: self-play needs a game of several agents (algo.name mappo or ippo)")
+    check(policies <= 1, f"{what}: a pool of past versions and anchors are kept for a run of one policy; remove "
+                         f"the policies table, or set pool: 0 and anchors: {{}}")
+
+
+def _validate_anchors(s: SelfPlayConfig) -> None:
+    """Names fit a metrics column; each is module:function or {player, rating} (whether the module
+    imports is checked when a run starts: launch/run.py)."""
+    check(isinstance(s.anchors, dict) and len(s.anchors) <= MAX_ANCHORS,
+          lambda: f"algo.selfplay.anchors: expected a mapping of at most {MAX_ANCHORS} names to players, "
+                  f"got {shown(s.anchors)}")
+    for name, anchor in s.anchors.items():
+        where = f"algo.selfplay.anchors.{name}"
+        check(isinstance(name, str) and ANCHOR_NAME.fullmatch(name) is not None,
+              lambda: f"algo.selfplay.anchors: {shown(name)} is no anchor name; expected a letter, then up to 31 "
+                      f"letters, digits or _ (it names metrics columns)")
+        if isinstance(anchor, dict):
+            check(set(anchor) <= {"player", "rating"} and "player" in anchor,
+                  lambda: f"{where}: expected {{player: module:function, rating: MU}}, got {shown(anchor)}")
+            rating = anchor.get("rating", DEFAULT_RATING)
+            check(isinstance(rating, (int, float)) and not isinstance(rating, bool) and math.isfinite(rating),
+                  lambda: f"{where}.rating: expected a finite number, got {shown(rating)}")
+            anchor = anchor["player"]
+        check(isinstance(anchor, str) and anchor.count(":") == 1 and all(anchor.split(":")),
+              lambda: f"{where}: expected 'module:function' (e.g. tests.anchors:uniform), got {shown(anchor)}")

@@ -119,8 +119,8 @@ def fragment_record(cfg, spaces) -> MessageSpec:
     the agents' active mask for PettingZoo envs."""
     return fragment_spec(cfg.algo.rollout_length, env_rows(cfg, spaces), spaces.observation, None,
                          spaces.action_shape, spaces.action_dtype, active=spaces.multiagent,
-                         mask_actions=mask_actions(spaces), selfplay_ages=cfg.algo.selfplay.pool,
-                         state_size=state_size(cfg.model))
+                         mask_actions=mask_actions(spaces), state_size=state_size(cfg.model),
+                         selfplay_opponents=cfg.algo.selfplay.opponents_count)
 
 
 def policy_reply(cfg, spaces, n: int) -> MessageSpec:

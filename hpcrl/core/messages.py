@@ -225,7 +225,7 @@ def sequence_spec(rows: int, length: int, obs_shape, obs_dtype, action_shape: tu
 
 def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                   action_shape: tuple, action_dtype, active: bool = False, mask_actions: int = 0,
-                  selfplay_ages: int = 0, state_size: int = 0) -> MessageSpec:
+                  selfplay_opponents: int = 0, state_size: int = 0) -> MessageSpec:
     """env -> learner: T steps x N envs (rows: with PettingZoo envs, one per agent) of experience
     plus what GAE needs to bootstrap. With `active`, a [T, N] mask of the rows whose agent acted
     (multi-agent: inactive rows are left out of the loss); with `mask_actions`, the valid actions
@@ -236,8 +236,8 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
     wall time the fragment took, `wait_us` the part of it in which no env group could step, and
     `credit_wait_us` the part in which the finished fragment waited for a credit (flow control).
     `return_moments` (count, mean, M2) of the discounted returns its envs saw, for the trainers'
-    reward scale (env.normalize_reward; zeros without it). With `selfplay_ages` (algo.selfplay.pool),
-    the games the learning seat finished against each pool age: wins, draws, losses. With
+    reward scale (env.normalize_reward; zeros without it). With `selfplay_opponents` (algo.selfplay's
+    pool ages and anchors), the games the learning seat finished against each: wins, draws, losses. With
     `state_size` (a recurrent policy), each row's hidden state before step 0, and `starts`, the rows
     whose state the policy holder zeroed before each step (an episode began): the trainer replays
     the fragment as a sequence from the first, zeroing where the second says."""
@@ -256,7 +256,7 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                 ("episode_stats", np.float64, (len(EPISODE_STATS),)),
                 ("return_moments", np.float64, (3,))] + ([("active", np.uint8, (t, n))] if active else [])
         + ([("action_mask", np.uint8, (t, n, mask_actions))] if mask_actions else [])
-        + ([("selfplay", np.float64, (selfplay_ages, 3))] if selfplay_ages else [])
+        + ([("selfplay", np.float64, (selfplay_opponents, 3))] if selfplay_opponents else [])
         + ([("init_state", np.float32, (n, state_size)), ("starts", np.uint8, (t, n))] if state_size else []))
 
 

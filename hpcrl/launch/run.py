@@ -10,6 +10,7 @@ could not be written.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import threading
@@ -21,6 +22,7 @@ from hpcrl.io import rundir
 from hpcrl.io.metrics import write_crossed_nodes, write_startup
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, env_spaces
+from hpcrl.envs.scripted import load_player
 from hpcrl.core.layout import Layout, plan_layout
 from hpcrl.core.sizing import Sizes, memory, memory_problem, warnings
 from hpcrl.core.policies import num_policies, policy_names, policy_spaces
@@ -74,6 +76,7 @@ def _check(cfg: Config, layout: Layout, sizes: Sizes, config_path: str) -> dict:
     Returns state, or an error."""
     try:
         spaces = env_spaces(cfg.env)
+        _check_anchors(cfg)
         from hpcrl.models import policy_params  # torch, on rank 0 only: counted on the meta device
         problem = memory_problem(cfg, layout, sizes, spaces, policy_params(cfg, spaces))  # before any allocation
         if problem:
@@ -89,6 +92,16 @@ def _check(cfg: Config, layout: Layout, sizes: Sizes, config_path: str) -> dict:
         return {"spaces": spaces, "num_params": [num_params(m) for m in models], "shapes": shapes}
     except ConfigError as exc:
         return {"error": str(exc)}
+
+
+def _check_anchors(cfg: Config) -> None:
+    """A self-play run's anchors import, and the learners can rate against them: a ConfigError now,
+    not a failure of every env rank later."""
+    for name, spec in cfg.algo.selfplay.anchor_players().items():
+        load_player(spec, f"algo.selfplay.anchors.{name}")
+    if cfg.algo.selfplay.anchors and importlib.util.find_spec("openskill") is None:
+        raise ConfigError("algo.selfplay.anchors: rating against anchors needs the openskill package: "
+                          "pip install 'hpcrl[multiagent]' (or openskill), or remove the anchors")
 
 
 def _prepare(cfg: Config, overwrite: bool, shapes: dict) -> dict:

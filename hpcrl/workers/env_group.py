@@ -16,6 +16,7 @@ from hpcrl.core.observations import assign, combine, fit, take
 from hpcrl.core.observations import count_rows
 from hpcrl.core.seeds import env_seeds, seed_for
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
+from hpcrl.envs.scripted import ScriptedPlayer
 from hpcrl.runtime.comm import RequestClient
 from hpcrl.workers.selfplay import Seats
 
@@ -142,15 +143,18 @@ def make_groups(cfg: Config, index: int, policies: list, row_policy: np.ndarray,
     per_group = cfg.env.num_envs // len(policies)
     rows = count_rows(policies[0].request["obs"])  # a group's rows: its envs, or envs x agents (PettingZoo)
     groups = []
+    anchors = [ScriptedPlayer(spec, f"algo.selfplay.anchors.{name}")
+               for name, spec in cfg.algo.selfplay.anchor_players().items()]
     for g, policy in enumerate(policies):
         envs, first_obs = make_vector_env(cfg.env, seed=env_seeds(cfg.run.seed, index, g, per_group),
                                           gamma=cfg.algo.gamma, num_envs=per_group)
         columns = slice(g * rows, (g + 1) * rows)
         group = EnvGroup(g, envs, first_obs, policy, columns, row_policy[columns])
-        if cfg.algo.selfplay.pool:
+        if cfg.algo.selfplay.opponents_count:
             group.seats = Seats(cfg, per_group, rows // per_group,
                                 np.random.default_rng(seed_for(cfg.run.seed, "selfplay", index, g)),
-                                first_pool_id=num_policies, row_policy=group.request["policy"])
+                                first_pool_id=num_policies, anchors=anchors,
+                                row_policy=group.request["policy"] if "policy" in group.request.arrays else None)
         groups.append(group)
     return groups
 

@@ -69,6 +69,9 @@ class FragmentWriter:
 
     def _step(self, group: EnvGroup, reply: Message) -> None:
         t, frag, cols = group.t, self.fragment, group.columns
+        if group.seats is not None and group.seats.anchors:  # the anchors' seats act for themselves
+            group.seats.play_anchors(group.request["obs"], group.request["action_mask"] if group.masked else None,
+                                     reply["actions"])
         if t == 0:
             group.first_version = reply.get("version")
             if group.recurrent:  # the state the fragment's sequences start from

@@ -6,6 +6,10 @@ Two halves, joined by nothing but policy ids on the inference stream:
   those other seats ask for policy id P + a (P: the training policies) and are left out of the
   fragment's active rows, so the trainer never learns from the frozen side. When a game against
   the pool ends, it is judged from the learning seat's return: a win, a draw or a loss against age a.
+  A share of games (algo.selfplay.anchor_share) goes to an anchor instead: a fixed player written as
+  a function, which plays every seat but one on the actor itself (`play_anchors` overwrites those
+  rows' actions). Such a game only measures: none of its rows is trained on or counted in the
+  episode returns, and its result is judged against the anchor, for the learner's rating.
   The age of a game against the pool is drawn uniformly, or by prioritized fictitious self-play
   (algo.selfplay.opponents, core/population.pfsp_weights) on the win rate against each age, an EMA
   of this actor's own games (so no message is needed for it). The ages are relative: age a is
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcrl.core.observations import take
 from hpcrl.core.population import pfsp_weights
 
 OUTCOMES = ("wins", "draws", "losses")
@@ -31,20 +36,23 @@ class Seats:
     """Who plays which seat of each env of an env group (rows env-major, `agents` per env)."""
 
     def __init__(self, cfg, envs: int, agents: int, rng: np.random.Generator, first_pool_id: int = 1,
-                 row_policy: np.ndarray | None = None):
+                 row_policy: np.ndarray | None = None, anchors: tuple = ()):
         """`row_policy`: where the policy id each row asks for is kept, written in place (an env
         group's request buffer, so every request carries the seats as they stand); a new array
-        when None."""
+        when None. `anchors`: the config's anchors as players (envs/scripted.py), in its order."""
         s = cfg.algo.selfplay
         self.ages, self.latest, self.agents = s.pool, s.latest, agents
+        self.anchors, self.anchor_share = list(anchors), s.anchor_share
         self.first_pool_id = first_pool_id
         self.rng = rng
-        self.opponent = np.full(envs, -1, dtype=np.int64)  # per env: the pool age it plays, -1: itself
+        # per env: the pool age it plays, ages + k: anchor k, -1: itself
+        self.opponent = np.full(envs, -1, dtype=np.int64)
         self.seat = np.zeros(envs, dtype=np.int64)  # per env: the learning seat in a game against the pool
         self.row_policy = np.zeros(envs * agents, dtype=np.int16) if row_policy is None else row_policy
         self.learning = np.ones(envs * agents, dtype=bool)  # rows the trainer learns from
         self.game_return = np.zeros(envs * agents)  # each row's return in the current game
-        self.results = np.zeros((self.ages, len(OUTCOMES)))  # games judged since the last record
+        # games judged since the last record: against each pool age, then each anchor
+        self.results = np.zeros((self.ages + len(self.anchors), len(OUTCOMES)))
         self.opponents, self.decay = s.opponents, s.payoff_decay
         self.payoff = np.full(self.ages, 0.5)  # per age: the win rate against it (EMA; a draw counts half)
         for env in range(envs):
@@ -52,7 +60,12 @@ class Seats:
 
     def _draw(self, env: int) -> None:
         rows = slice(env * self.agents, (env + 1) * self.agents)
-        if self.rng.random() < self.latest:
+        share = self.rng.random()
+        if share < self.latest:
+            self.opponent[env] = -1
+        elif self.anchors and share < self.latest + self.anchor_share:
+            self.opponent[env] = self.ages + self.rng.integers(len(self.anchors))
+        elif not self.ages:  # anchors without a pool: the other games are against itself
             self.opponent[env] = -1
         elif self.opponents == "uniform":
             self.opponent[env] = self.rng.integers(self.ages)
@@ -61,6 +74,8 @@ class Seats:
         self.seat[env] = self.rng.integers(self.agents)
         if self.opponent[env] < 0:
             self.row_policy[rows], self.learning[rows] = 0, True
+        elif self.opponent[env] >= self.ages:  # an anchor: the policy acts for the learning seat, untrained
+            self.row_policy[rows], self.learning[rows] = 0, False
         else:
             self.row_policy[rows] = self.first_pool_id + self.opponent[env]
             self.learning[rows] = False
@@ -80,9 +95,22 @@ class Seats:
                 best_other = np.delete(returns, self.seat[env]).max()
                 outcome = 0 if mine > best_other else 1 if mine == best_other else 2
                 self.results[age, outcome] += 1
-                self.payoff[age] = self.decay * self.payoff[age] + (1.0 - self.decay) * SCORE[outcome]
+                if age < self.ages:
+                    self.payoff[age] = self.decay * self.payoff[age] + (1.0 - self.decay) * SCORE[outcome]
             self.game_return[rows] = 0.0
             self._draw(env)
+
+    def play_anchors(self, obs, mask: np.ndarray | None, actions: np.ndarray) -> None:
+        """Overwrite `actions` (the policy's, for every row of this step) in the rows of the seats
+        anchors hold with the anchors' own actions, from the same observations and masks."""
+        for k, player in enumerate(self.anchors):
+            envs = np.flatnonzero(self.opponent == self.ages + k)
+            if not len(envs):
+                continue
+            seats = np.ones((len(envs), self.agents), dtype=bool)
+            seats[np.arange(len(envs)), self.seat[envs]] = False  # the learning seat keeps the policy's
+            rows = (envs[:, None] * self.agents + np.arange(self.agents))[seats]
+            actions[rows] = player.act(take(obs, rows), None if mask is None else mask[rows], self.rng)
 
     def saved_parts(self) -> dict:
         """What a serial checkpoint holds of the seats (envs/state.py reads and writes them in

@@ -130,7 +130,8 @@ class LearnerRole:
         self.stats = TrainerStats(trainer_comm, frames=int(counters.get("frames", 0)),
                                   fragments_dropped=int(counters.get("fragments_dropped", 0)),
                                   policy=policy, policy_names=self.policy_names,
-                                  selfplay_ages=cfg.algo.selfplay.pool, window=counters.get("return_window"))
+                                  selfplay=cfg.algo.selfplay, window=counters.get("return_window"),
+                                  rating=counters.get("rating"))
         self.start = time.perf_counter() - float(counters.get("wall_time", 0.0))  # wall time continues
         self.stopped_by = ""
         self.draining = False
@@ -169,10 +170,10 @@ class LearnerRole:
             policies = {self.policy_names[0]: {"model": checkpoint["model"], "optimizer": checkpoint["optimizer"],
                                                "step": checkpoint["extra"].get("step", {})},
                         **checkpoint["policies"]} if len(self.policy_names) > 1 else None
-        state, counters, step_state, policies, hyperparameters, window = comm.broadcast_object_on(
+        state, counters, step_state, policies, hyperparameters, window, rating = comm.broadcast_object_on(
             self.comm, (checkpoint["optimizer"], checkpoint["counters"], checkpoint["extra"].get("step", {}), policies,
-                        checkpoint["extra"].get("hyperparameters", {}), checkpoint["extra"].get("return_window"))
-            if self.root else None)
+                        checkpoint["extra"].get("hyperparameters", {}), checkpoint["extra"].get("return_window"),
+                        checkpoint["extra"].get("rating")) if self.root else None)
         self._set_hyperparameters(hyperparameters)  # a population member's, as its copies left them
         if policies is not None:
             mine = policies[self.policy_names[self.policy]]
@@ -182,7 +183,7 @@ class LearnerRole:
         self.step.restore(step_state)
         if checkpoint is not None:
             restore_rng_states(checkpoint["rng"], self.rng)
-        return {**counters, "return_window": window}
+        return {**counters, "return_window": window, "rating": rating}
 
     # --- the poll loop ----------------------------------------------------------------------------
     def poll(self) -> int:
@@ -350,6 +351,8 @@ class LearnerRole:
         # the recent episodes run.target_return (and a population's fitness) judge, so a resumed run
         # stops when the uninterrupted one would
         extra = {"step": self.step.state(), "return_window": self.stats.window_state()}
+        if (rating := self.stats.rating_state()) is not None:  # against the anchors (workers/ratings.py)
+            extra["rating"] = rating
         if self.population is not None:
             extra["population_waiting_round"] = self.population.waiting_round
         if self.live:

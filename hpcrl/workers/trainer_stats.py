@@ -15,6 +15,7 @@ from collections import deque
 import numpy as np
 
 from hpcrl.core.messages import EPISODE_STATS
+from hpcrl.workers.ratings import AnchorRating
 from hpcrl.workers.selfplay import OUTCOMES
 from hpcrl.runtime import comm
 
@@ -23,11 +24,15 @@ RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least t
 
 class TrainerStats:
     def __init__(self, trainer_comm, frames: int = 0, fragments_dropped: int = 0, policy: int = 0,
-                 policy_names: list[str] | tuple = ("shared",), selfplay_ages: int = 0, window=None):
-        """`selfplay_ages`: algo.selfplay.pool; records then carry games against each pool age.
-        `window`: the recent episodes of a resumed run (`window_state`)."""
+                 policy_names: list[str] | tuple = ("shared",), selfplay=None, window=None, rating=None):
+        """`selfplay`: algo.selfplay; with a pool or anchors, records carry games against each pool
+        age, then each anchor. `window`: the recent episodes of a resumed run (`window_state`);
+        `rating`: its rating against the anchors (`rating_state`)."""
         self.comm = trainer_comm
-        self.selfplay_ages = selfplay_ages
+        self.selfplay_ages = selfplay.pool if selfplay is not None else 0
+        self.anchor_names = list(selfplay.anchors) if selfplay is not None else []
+        self.opponents = self.selfplay_ages + len(self.anchor_names)
+        self.rating = AnchorRating(selfplay.anchor_ratings(), rating) if self.anchor_names else None
         self.policy, self.policy_names = policy, list(policy_names)
         self.frames = frames
         self.fragments_dropped = fragments_dropped
@@ -41,8 +46,8 @@ class TrainerStats:
         length sum, fragments dropped, env rollout, wait and credit-wait microseconds of the
         trained fragments), lows (return min, version min) and highs (return max, version max,
         the sample-slot peak and this process's resident-memory peak in MiB); with a self-play
-        pool the sums end with the games against each age (wins, draws, losses). Read before the
-        slots are released."""
+        pool or anchors the sums end with the games against each age, then each anchor (wins,
+        draws, losses). Read before the slots are released."""
         counted = [(f.get("frames"), f["episode_stats"]) for f in fragments] + dropped
         ep = {name: np.array([st[i] for _, st in counted]) for i, name in enumerate(EPISODE_STATS)}
         versions = [f.get("version") for f in fragments]
@@ -50,8 +55,8 @@ class TrainerStats:
                          ep["return_sqsum"].sum(), ep["length_sum"].sum(), len(dropped),
                          sum(f.get("rollout_us") for f in fragments), sum(f.get("wait_us") for f in fragments),
                          sum(f.get("credit_wait_us") for f in fragments)], dtype=np.float64)
-        if self.selfplay_ages:
-            games = sum((f["selfplay"] for f in fragments), np.zeros((self.selfplay_ages, len(OUTCOMES))))
+        if self.opponents:
+            games = sum((f["selfplay"] for f in fragments), np.zeros((self.opponents, len(OUTCOMES))))
             sums = np.concatenate([sums, games.reshape(-1)])
         # no records (a replay trainer may update before new ones arrive): neutral for min and max
         lows = np.array([ep["return_min"].min(initial=np.inf), min(versions, default=np.inf)], dtype=np.float64)
@@ -76,7 +81,7 @@ class TrainerStats:
         sums[5] = per_policy[0, 5]
         lo, hi = comm.allreduce_min_max(self.comm, lows, highs)
         frames_now, episodes, ret_sum, ret_sq, len_sum, dropped, rollout_us, wait_us, credit_us = sums[:9]
-        games = sums[9:9 + 3 * self.selfplay_ages].reshape(self.selfplay_ages, len(OUTCOMES))
+        games = sums[9:9 + 3 * self.opponents].reshape(self.opponents, len(OUTCOMES))
         first_loss = 9 + games.size
         self.frames += int(frames_now)
         self.fragments_dropped += int(dropped)
@@ -108,8 +113,16 @@ class TrainerStats:
                 row[f"{name}.return_mean"] = own[2] / own[1] if own[1] else np.nan
                 row.update({f"{name}.{k}": float(v) / (n // P) for k, v in zip(keys, own[first_loss:])})
         if self.selfplay_ages:
-            row.update(selfplay_columns(games))
+            row.update(selfplay_columns(games[:self.selfplay_ages]))
+        if self.rating is not None:
+            row.update(anchor_columns(self.anchor_names, games[self.selfplay_ages:]))
+            self.rating.add(games[self.selfplay_ages:])
+            row.update(self.rating.columns())
         return row
+
+    def rating_state(self) -> np.ndarray | None:
+        """The rating against the anchors, for a checkpoint (None without anchors)."""
+        return self.rating.state() if self.rating is not None else None
 
     def window_state(self) -> np.ndarray:
         """The window as an array of (episodes, return sum) rows, for a checkpoint."""
@@ -134,4 +147,16 @@ def selfplay_columns(games: np.ndarray) -> dict:
         played = wins + draws + losses
         columns[f"selfplay.age{age}.games"] = int(played)
         columns[f"selfplay.age{age}.win_rate"] = wins / played if played else np.nan
+    return columns
+
+
+def anchor_columns(names: list[str], games: np.ndarray) -> dict:
+    """Metrics of one update's games against the anchors: per anchor the games and the learning
+    seat's win rate and draw rate (NaN without games)."""
+    columns = {}
+    for name, (wins, draws, losses) in zip(names, games):
+        played = wins + draws + losses
+        columns[f"anchor.{name}.games"] = int(played)
+        columns[f"anchor.{name}.win_rate"] = wins / played if played else np.nan
+        columns[f"anchor.{name}.draw_rate"] = draws / played if played else np.nan
     return columns
