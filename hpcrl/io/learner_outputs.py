@@ -57,8 +57,10 @@ class LearnerOutputs:
         now = time.perf_counter()
         if code or now - self._last_log >= self.log_interval_s:
             fps = (row["frames"] - self._last_log_frames) / max(now - self._last_log, 1e-9)
+            rating = f" | rating {row['rating']:6.1f}" if "rating" in row else ""  # against the anchors
             print(f"[hpcrl{self.label}] frames {row['frames']:>10,} | {fps:8,.0f} fps | return "
-                  f"{row['return_window_mean']:7.1f} | version {row['policy_version']:5d} | {self.progress.format(**row)}", flush=True)
+                  f"{row['return_window_mean']:7.1f}{rating} | version {row['policy_version']:5d} | "
+                  f"{self.progress.format(**row)}", flush=True)
             self._last_log, self._last_log_frames = now, row["frames"]
         self.saved = False
         if self.checkpoint_due(code) if checkpoint is None else checkpoint:

@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                     help="run directories; a directory of run directories (e.g. runs) stands for all of them")
     pl.add_argument("-o", "--output", default="curves.png", help="image file; format from the extension (default curves.png)")
-    pl.add_argument("--metric", help="series of metrics.h5 to plot (default return_window_mean, else return_mean)")
+    pl.add_argument("--metric", help="series of metrics.h5 to plot (default: rating, for self-play against anchors, "
+                                         "else return_window_mean, else return_mean)")
     pl.add_argument("--smooth", type=float, default=0.0,
                     help="exponential moving average weight in [0, 1), as TensorBoard's slider (default 0: none)")
     pl.add_argument("--group-by", choices=("config", "name", "none"), default="config",

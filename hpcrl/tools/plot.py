@@ -21,6 +21,7 @@ NOT_LEARNING = ("name", "output_dir", "seed", "log_interval_s", "checkpoint_inte
                 "peer_timeout_s", "torch_threads", "replica_digests", "tensorboard")
 SEED_SUFFIX = re.compile(r"[-_.]?(seed|s)?\d+$")
 GRID_POINTS = 200
+DEFAULT_METRICS = ("rating", "return_window_mean", "return_mean")  # the first a run has
 
 
 class PlotError(ValueError):
@@ -39,9 +40,11 @@ class Curve:
 
 
 def load_curve(run_dir: str, metric: str | None = None) -> Curve:
-    """`metric` (default return_window_mean, else return_mean) of one run against frames and wall time."""
+    """`metric` of one run against frames and wall time; by default its rating against anchors
+    (self-play with algo.selfplay.anchors, whose zero-sum returns say nothing), else
+    return_window_mean, else return_mean."""
     m = load_metrics(run_dir)
-    name = metric or next((k for k in ("return_window_mean", "return_mean") if k in m), None)
+    name = metric or next((k for k in DEFAULT_METRICS if k in m), None)
     if name not in m or m[name].ndim != 1:
         valid = ", ".join(k for k, v in m.items() if v.ndim == 1)
         wanted = f"series {name!r}" if name else "return_window_mean nor return_mean"
