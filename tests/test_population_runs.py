@@ -1,6 +1,7 @@
 """Population-based training as real mpirun jobs: members on their own blocks of ranks, the
 population root's lineage, states copied between members over MPI, and the refusals."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import yaml
 
 from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.io.metrics import read_metrics
+from hpcrl.workers.ratings import AnchorRating
 from hpcrl.core.population import CANCELLED, EXPLOIT, JUDGED, START, STOPPED, exploits_taken
 from tests.conftest import MPIRUN, REPO, job_pids, mpirun, run_dir, run_hpcrl, small_config, write_config
 from tests.test_stop_signals import read_until
@@ -237,3 +239,39 @@ def test_dqn_members_copy_their_target_networks_too(tmp_path):
         saved = load_checkpoint(str(run_dir(cfg) / f"member{m}" / "checkpoint.h5"))
         assert saved["counters"]["frames"] >= 3000 and "target" in saved["extra"]["step"]
         assert saved["extra"]["hyperparameters"]["lr"] == table["algo.lr"][np.flatnonzero(table["member"] == m)[-1]]
+
+
+def test_self_play_members_are_judged_on_their_rating_against_the_anchors(tmp_path):
+    """2 serial connect four members in self-play with an anchor: each report's fitness is the
+    member's rating as its metrics row of that update has it, and a member that copies starts
+    its rating again from OpenSkill's prior (so its next judgement is of the copy)."""
+    cfg = population_config(tmp_path, 2, {"learner": {"ranks": 1}, "inference": {"ranks": 0}}, [3e-4, 3e-4],
+                            env={"id": "pettingzoo:classic/connect_four-v3", "num_envs": 8},
+                            algo={"name": "ippo", "rollout_length": 32,
+                                  "selfplay": {"latest": 0.5, "anchor_share": 0.5,
+                                               "anchors": {"uniform": "tests.anchors:uniform"}}},
+                            run={"total_frames": 8192}, model={"encoder": "mlp", "hidden_sizes": [32]})
+    cfg["population"].update(ready_frames=2048, truncation=0.5)
+    result = mpirun(2, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = lineage(cfg)
+    judged = np.flatnonzero(np.isin(table["event"], (JUDGED, EXPLOIT)))
+    assert len(judged) >= 2
+    members = {m: read_metrics(str(run_dir(cfg) / f"member{m}" / "metrics.h5")) for m in range(2)}
+    for i in judged:
+        m = members[int(table["member"][i])]
+        row = np.flatnonzero(m["frames"] == table["frames"][i])
+        assert len(row) == 1 and np.isfinite(table["fitness"][i]), (i, table["frames"][i])
+        assert table["fitness"][i] == m["rating"][row[0]]
+    copies = re.findall(r"\[hpcrl member(\d+)\] exploit: took member \d+'s state at ([\d,]+) frames", result.stdout)
+    assert len(copies) == len(exploits_taken(table["event"], table["member"], table["parent"])) >= 1
+    for member, frames in copies:
+        m = members[int(member)]
+        row = int(np.flatnonzero(m["frames"] == int(frames.replace(",", "")))[0])
+        if row + 1 < len(m["frames"]):  # the next update's games, rated from the prior, give its next rating
+            games = m["anchor.uniform.games"][row + 1]
+            wins = round(m["anchor.uniform.win_rate"][row + 1] * games)
+            draws = round(m["anchor.uniform.draw_rate"][row + 1] * games)
+            fresh = AnchorRating({"uniform": 25.0})
+            fresh.add(np.array([[wins, draws, games - wins - draws]]))
+            assert fresh.columns()["rating"] == m["rating"][row + 1]

@@ -93,7 +93,7 @@ def test_the_rating_is_openskills_against_fixed_anchors_and_resumes_exactly():
     rating.add(np.array([[1, 0, 0], [0, 0, 0]]))  # one win against the weak anchor: hand-checked below
     model = PlackettLuce()
     (expected,), _ = model.rate([[model.rating()], [model.rating(mu=0.0, sigma=ANCHOR_SIGMA)]], ranks=[0, 1])
-    assert rating.state().tolist() == [expected.mu, expected.sigma]
+    assert rating.state().tolist() == [expected.mu, expected.sigma, 1]
     assert [(a.mu, a.sigma) for a in rating.anchors] == [(0.0, ANCHOR_SIGMA), (25.0, ANCHOR_SIGMA)]  # fixed
     for _ in range(40):  # wins 80% against the strong anchor: placed above it, with a narrowing doubt
         rating.add(np.array([[5, 0, 0], [8, 0, 2]]))
@@ -105,6 +105,13 @@ def test_the_rating_is_openskills_against_fixed_anchors_and_resumes_exactly():
     losing = AnchorRating({"weak": 0.0, "strong": 25.0})
     losing.add(np.array([[0, 0, 20], [0, 0, 0]]))  # losing to the weakest player ranks below it
     assert losing.columns()["rating.mu"] < 0.0
+    judged = AnchorRating({"weak": 0.0})  # a population judges it once 20 games are rated, as a mean return
+    judged.add(np.array([[10, 0, 9]]))
+    assert np.isnan(judged.fitness())
+    judged.add(np.array([[1, 0, 0]]))
+    assert judged.fitness() == judged.columns()["rating"] and judged.state()[2] == 20
+    judged.reset()  # after a copy: OpenSkill's prior, nothing rated
+    assert np.isnan(judged.fitness()) and judged.state().tolist() == [25.0, 25.0 / 3, 0.0]
     columns = anchor_columns(["weak", "strong"], np.array([[3, 1, 0], [0, 0, 0]]))
     assert columns["anchor.weak.games"] == 4 and columns["anchor.weak.win_rate"] == 0.75
     assert columns["anchor.weak.draw_rate"] == 0.25 and np.isnan(columns["anchor.strong.win_rate"])

@@ -87,7 +87,7 @@ class Population:
                               starting_values(self.whole, live), self.run_dir, rundir.METRICS_FILE, p.synchronous)
             link.decider = decider
         if waiting and trainer.comm.Get_size() == 1:  # preempted in a round: take it up again first
-            link.resume_round(trainer, trainer.frames, trainer.stats.window_mean())
+            link.resume_round(trainer, trainer.frames, trainer.stats.fitness())
         return PopulationRole(link, trainer, decider)
 
     def rest(self, role) -> None:

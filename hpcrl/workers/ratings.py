@@ -11,14 +11,19 @@ The model's tau (its default) keeps the policy's uncertainty from collapsing, as
 keeps changing.
 
 Metrics: `rating` (the ordinal, mu - 3 sigma: a rating the policy holds with high confidence),
-`rating.mu` and `rating.sigma`. The learner root checkpoints (mu, sigma); every trainer computes
-the same rating from the same summed games.
+`rating.mu` and `rating.sigma`. The learner root checkpoints (mu, sigma, games rated); every
+trainer computes the same rating from the same summed games.
+
+A population member in self-play with anchors is judged on its rating (`fitness`): NaN until
+MIN_RATED_GAMES games have been rated, as a mean return needs that many episodes. A member that
+copies another's state starts again from the prior (`reset`), so its next judgement is of the copy.
 """
 from __future__ import annotations
 
 import numpy as np
 
 ANCHOR_SIGMA = 1.0  # an anchor's rating is given, not estimated
+MIN_RATED_GAMES = 20  # as hpcrl.workers.trainer_stats.RETURN_WINDOW_EPISODES
 RANKS = ([0, 1], [0, 0], [1, 0])  # OpenSkill's ranks (lower is better) of (policy, anchor): win, draw, loss
 
 
@@ -31,23 +36,34 @@ def spread(counts: np.ndarray) -> list[int]:
 
 class AnchorRating:
     def __init__(self, anchor_ratings: dict[str, float], state: np.ndarray | None = None):
-        """`anchor_ratings`: {name: fixed mean}, in the config's order; `state`: (mu, sigma) of a
-        resumed run's policy."""
+        """`anchor_ratings`: {name: fixed mean}, in the config's order; `state`: (mu, sigma, games
+        rated) of a resumed run's policy."""
         from openskill.models import PlackettLuce  # learners of runs with anchors only
         self.model = PlackettLuce()
         self.anchors = [self.model.rating(mu=mu, sigma=ANCHOR_SIGMA, name=name) for name, mu in anchor_ratings.items()]
-        mu, sigma = (float(v) for v in state) if state is not None and len(state) == 2 else (None, None)
-        self.policy = self.model.rating(mu=mu, sigma=sigma, name="policy")
+        self.reset()
+        if state is not None:
+            mu, sigma, games = (float(v) for v in state)
+            self.policy, self.games = self.model.rating(mu=mu, sigma=sigma, name="policy"), int(games)
+
+    def reset(self) -> None:
+        """The policy's rating back to OpenSkill's prior, no game rated."""
+        self.policy, self.games = self.model.rating(name="policy"), 0
 
     def add(self, games: np.ndarray) -> None:
         """Rate the games of one update: `games[k]` = (wins, draws, losses) against anchor k."""
         for anchor, counts in zip(self.anchors, games):
             for outcome in spread(counts):
                 (self.policy,), _ = self.model.rate([[self.policy], [anchor]], ranks=RANKS[outcome])
+                self.games += 1
 
     def columns(self) -> dict[str, float]:
         return {"rating": float(self.policy.ordinal()), "rating.mu": float(self.policy.mu),
                 "rating.sigma": float(self.policy.sigma)}
 
+    def fitness(self) -> float:
+        """The ordinal once MIN_RATED_GAMES games are rated, else NaN."""
+        return float(self.policy.ordinal()) if self.games >= MIN_RATED_GAMES else float("nan")
+
     def state(self) -> np.ndarray:
-        return np.array([self.policy.mu, self.policy.sigma], dtype=np.float64)
+        return np.array([self.policy.mu, self.policy.sigma, self.games], dtype=np.float64)

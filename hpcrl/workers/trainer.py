@@ -251,7 +251,7 @@ class LearnerRole:
         if self.root and self.population is not None:
             # report to the population when due and serve its orders, before the checkpoint, so that
             # it holds a copy taken now (or, preempted while waiting for a round, says so)
-            adoption, preempted = self.population.between_updates(self, row["frames"], self.stats.window_mean(),
+            adoption, preempted = self.population.between_updates(self, row["frames"], self.stats.fitness(),
                                                                   int(code))
             if preempted:  # (in a round: its checkpoint says which)
                 code = StopReason.PREEMPTED
@@ -307,11 +307,11 @@ class LearnerRole:
 
     def _adopt(self, adoption) -> None:
         """A copy's state is in this learner's arrays already: the parent's step state and the new
-        hyperparameters. The fitness window starts again, so the next judgement is of the copy."""
+        hyperparameters. Its fitness starts again, so the next judgement is of the copy."""
         self.step.restore(adoption.step_state)
         before = {k: getattr(self.cfg.algo, k) for k in self.live}
         self._set_hyperparameters(adoption.hyperparameters)
-        self.stats.windows.clear()
+        self.stats.reset_fitness()
         if self.root:
             changed = [f"algo.{k} {before[k]:.4g} -> {v:.4g}" for k, v in adoption.hyperparameters.items()
                        if v != before[k]]

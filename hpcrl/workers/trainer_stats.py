@@ -128,6 +128,17 @@ class TrainerStats:
         """The window as an array of (episodes, return sum) rows, for a checkpoint."""
         return np.array(list(self.windows), dtype=np.float64).reshape(-1, 2)
 
+    def fitness(self) -> float:
+        """What a population judges this run on: its rating against the anchors (self-play with
+        anchors), else the mean return of its recent episodes; NaN until enough are in."""
+        return self.rating.fitness() if self.rating is not None else self.window_mean()
+
+    def reset_fitness(self) -> None:
+        """After a copy of another member's state: the next judgement is of the copy."""
+        self.windows.clear()
+        if self.rating is not None:
+            self.rating.reset()
+
     def window_mean(self) -> float:
         episodes = sum(e for e, _ in self.windows)
         return sum(s for _, s in self.windows) / episodes if episodes else float("nan")
