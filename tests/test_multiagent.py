@@ -12,7 +12,9 @@ from tests.conftest import REPO, mpirun, run_dir, small_config, write_config
 from hpcrl.core.config import ConfigError, ModelConfig, parse_config
 from hpcrl.envs import EnvSpaces, make_vector_env, env_spaces
 from hpcrl.envs.multiagent import ParallelVector, pettingzoo_vector
+from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.io.metrics import read_metrics
+from hpcrl.workers.ratings import AnchorRating
 from hpcrl.models import ActorCritic, build_policy
 
 RELAY = "tests.ma_envs:Relay"
@@ -277,7 +279,22 @@ def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_
     anchored = evaluate(str(tmp_path / "early"), 50, opponent="tests.anchors:one_step_lookahead").summary()
     assert anchored["wins"] + anchored["draws"] + anchored["losses"] == 50 and anchored["win_rate"] <= 0.25, anchored
     m = read_metrics(str(tmp_path / "connect_four_selfplay" / "metrics.h5"))
-    assert m["selfplay.games"].sum() >= 500 and m["selfplay.wins"].sum() > 0.5 * m["selfplay.games"].sum()
+    assert m["selfplay.games"].sum() >= 300 and m["selfplay.wins"].sum() > 0.5 * m["selfplay.games"].sum()
+    # the anchors measured it all along (untrained games), and its rating rose and continued from
+    # the early checkpoint's: the first resumed update's games, rated from there, give its row
+    assert m["anchor.uniform.games"].sum() >= 50 and m["anchor.one_step.games"].sum() >= 50
+    assert m["rating"][-20:].mean() > m["rating"][0] + 2.0, (m["rating"][0], m["rating"][-20:])  # (about 22 -> 28)
+    early_frames = read_metrics(str(tmp_path / "early" / "metrics.h5"))["frames"][-1]
+    first = int(np.flatnonzero(m["frames"] > early_frames)[0])
+    saved = load_checkpoint(str(tmp_path / "early" / "checkpoint.h5"))["extra"]["rating"]
+    rating = AnchorRating(parse_config(open(path).read()).algo.selfplay.anchor_ratings(), saved)
+    games = []
+    for anchor in ("uniform", "one_step"):
+        played = m[f"anchor.{anchor}.games"][first]
+        wins, draws = (round(np.nan_to_num(m[f"anchor.{anchor}.{r}_rate"][first]) * played) for r in ("win", "draw"))
+        games.append([wins, draws, played - wins - draws])
+    rating.add(np.array(games))
+    assert rating.columns()["rating"] == m["rating"][first]
     solo = small_config(tmp_path, name="solo", roles={"inference": {"ranks": 0}}, run={"total_frames": 128})
     assert mpirun(1, "run", str(write_config(tmp_path, solo, "solo.yaml"))).returncode == 0
     with pytest.raises(RunDirError, match="has one agent; an opponent needs a multi-agent game"):

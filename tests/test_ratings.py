@@ -97,14 +97,14 @@ def test_the_rating_is_openskills_against_fixed_anchors_and_resumes_exactly():
     assert [(a.mu, a.sigma) for a in rating.anchors] == [(0.0, ANCHOR_SIGMA), (25.0, ANCHOR_SIGMA)]  # fixed
     for _ in range(40):  # wins 80% against the strong anchor: placed above it, with a narrowing doubt
         rating.add(np.array([[5, 0, 0], [8, 0, 2]]))
-    assert 25.0 < rating.columns()["rating.mu"] < 40.0 and rating.columns()["rating.sigma"] < 3.0
+    assert 25.0 < rating.columns()["rating"] < 40.0 and rating.columns()["rating.sigma"] < 3.0
     resumed = AnchorRating({"weak": 0.0, "strong": 25.0}, rating.state())
     for r in (rating, resumed):
         r.add(np.array([[0, 0, 3], [0, 1, 4]]))
-    assert resumed.columns() == rating.columns() and resumed.columns()["rating"] < resumed.columns()["rating.mu"]
+    assert resumed.columns() == rating.columns() and resumed.columns()["rating.ordinal"] < resumed.columns()["rating"]
     losing = AnchorRating({"weak": 0.0, "strong": 25.0})
     losing.add(np.array([[0, 0, 20], [0, 0, 0]]))  # losing to the weakest player ranks below it
-    assert losing.columns()["rating.mu"] < 0.0
+    assert losing.columns()["rating"] < 0.0
     judged = AnchorRating({"weak": 0.0})  # a population judges it once 20 games are rated, as a mean return
     judged.add(np.array([[10, 0, 9]]))
     assert np.isnan(judged.fitness())

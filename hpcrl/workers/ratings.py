@@ -10,11 +10,13 @@ the batch, so a batch of 8 wins and 2 losses does not first climb on 8 wins and 
 The model's tau (its default) keeps the policy's uncertainty from collapsing, as the policy itself
 keeps changing.
 
-Metrics: `rating` (the ordinal, mu - 3 sigma: a rating the policy holds with high confidence),
-`rating.mu` and `rating.sigma`. The learner root checkpoints (mu, sigma, games rated); every
+Metrics: `rating` (mu, the estimate), `rating.sigma` (its uncertainty) and `rating.ordinal`
+(mu - 3 sigma, OpenSkill's leaderboard value: a rating held with high confidence, which also
+rises as the uncertainty shrinks, so a learning curve draws mu). The learner root checkpoints (mu, sigma, games rated); every
 trainer computes the same rating from the same summed games.
 
-A population member in self-play with anchors is judged on its rating (`fitness`): NaN until
+A population member in self-play with anchors is judged on its rating's mu (`fitness`; a fresh
+copy's wide uncertainty would sink its ordinal whatever its play): NaN until
 MIN_RATED_GAMES games have been rated, as a mean return needs that many episodes. A member that
 copies another's state starts again from the prior (`reset`), so its next judgement is of the copy.
 """
@@ -58,12 +60,12 @@ class AnchorRating:
                 self.games += 1
 
     def columns(self) -> dict[str, float]:
-        return {"rating": float(self.policy.ordinal()), "rating.mu": float(self.policy.mu),
-                "rating.sigma": float(self.policy.sigma)}
+        return {"rating": float(self.policy.mu), "rating.sigma": float(self.policy.sigma),
+                "rating.ordinal": float(self.policy.ordinal())}
 
     def fitness(self) -> float:
-        """The ordinal once MIN_RATED_GAMES games are rated, else NaN."""
-        return float(self.policy.ordinal()) if self.games >= MIN_RATED_GAMES else float("nan")
+        """The rating (mu) once MIN_RATED_GAMES games are rated, else NaN."""
+        return float(self.policy.mu) if self.games >= MIN_RATED_GAMES else float("nan")
 
     def state(self) -> np.ndarray:
         return np.array([self.policy.mu, self.policy.sigma, self.games], dtype=np.float64)
