@@ -52,7 +52,7 @@ def test_the_lookahead_beats_a_uniform_player_nearly_always_in_either_seat():
 
 
 def test_eval_refuses_a_scripted_opponent_it_cannot_import(tmp_path):
-    from hpcrl.tools.evaluate import _scripted
+    from hpcrl.tools.evaluate import _Scripted as _scripted
     from hpcrl.tools.inspect import RunDirError
     with pytest.raises(RunDirError, match="cannot import module 'tests.no_such_module'"):
         _scripted("tests.no_such_module:player", 0)
