@@ -363,7 +363,7 @@ def test_recurrent_multiagent_runs_through_a_policy_server_and_plays_in_eval(tmp
     assert m["frames"][-1] >= cfg["run"]["total_frames"] and m["episodes"].sum() > 0
     if case == "selfplay-gru":  # games against the pool and the anchor (played on the env ranks) were judged
         assert m["selfplay.games"].sum() > 0 and m["anchor.uniform.games"].sum() > 0
-        assert np.isfinite(m["rating"]).all() and m["rating.sigma"][-1] < m["rating.sigma"][0]
+        assert np.isfinite(m["rating"]).all() and m["rating.sigma"][-1] < 25.0 / 3  # rated: below the prior's doubt
     played = mpirun(1, "eval", str(run_dir(cfg)), "--episodes", "2")
     assert played.returncode == 0 and "2 episodes" in played.stdout, played.stdout + played.stderr
 

@@ -130,9 +130,12 @@ def test_anchors_that_cannot_be_named_or_rated_are_refused(anchors, message):
 
 
 def test_anchor_share_must_leave_room_and_anchors_need_a_game():
-    with pytest.raises(ConfigError, match=r"algo.selfplay.anchor_share: expected a share in \(0, 1\) that leaves "
-                                          r"latest \(0.95\) room"):
-        parse_config(f"algo: {{name: ippo, selfplay: {{latest: 0.95, anchors: {ANCHORS}}}}}")
+    with pytest.raises(ConfigError, match=r"algo.selfplay.anchor_share: 0.1 and latest 0.9 leave no games for the "
+                                          r"pool \(latest \+ anchor_share < 1 with a pool; or set pool: 0\)"):
+        parse_config(f"algo: {{name: ippo, selfplay: {{pool: 2, latest: 0.9, anchors: {ANCHORS}}}}}")
+    assert parse_config(f"algo: {{name: ippo, selfplay: {{latest: 0.95, anchors: {ANCHORS}}}}}")  # no pool: latest unused
+    with pytest.raises(ConfigError, match=r"algo.selfplay.anchor_share: expected a share in \(0, 1\), got 1.0"):
+        parse_config(f"algo: {{name: ippo, selfplay: {{anchor_share: 1.0, anchors: {ANCHORS}}}}}")
     with pytest.raises(ConfigError, match="algo.selfplay.anchors: self-play needs a game of several agents"):
         parse_config(f"algo: {{name: ppo, selfplay: {{anchors: {ANCHORS}}}}}")
 

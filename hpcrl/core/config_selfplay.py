@@ -37,8 +37,8 @@ class SelfPlayConfig:
                     "them train the learning seat alone, and metrics.h5 gets a win rate per pool age", default=0)
     snapshot_every: int = doc("policy versions between snapshots into the pool (the oldest member gives way)",
                               default=20)
-    latest: float = doc("share of games in which the policy plays itself; the others go to a pool member drawn "
-                        "as `opponents` says", default=0.5)
+    latest: float = doc("share of games in which the policy plays itself; the others, but the anchors' share, go "
+                        "to a pool member drawn as `opponents` says", default=0.5)
     opponents: str = doc("how a game against the pool picks its pool age: 'uniform' (every age alike), or "
                          "prioritized fictitious self-play on the win rate p against each age: 'hard' weighs "
                          "an age by (1 - p)^2 (the ages it loses to), 'variance' by p(1 - p) (the ages it wins "
@@ -81,9 +81,11 @@ def validate_selfplay(s: SelfPlayConfig, multiagent: bool, policies: int) -> Non
     check(0.0 <= s.latest < 1.0, f"algo.selfplay.latest: expected a share in [0, 1) (1 would never use the "
                                  f"pool; set pool: 0 instead), got {s.latest}")
     if s.anchors:
-        check(0.0 < s.anchor_share < 1.0 and s.latest + s.anchor_share <= 1.0,
-              f"algo.selfplay.anchor_share: expected a share in (0, 1) that leaves latest ({s.latest}) room "
-              f"(latest + anchor_share <= 1), got {s.anchor_share}")
+        check(0.0 < s.anchor_share < 1.0, f"algo.selfplay.anchor_share: expected a share in (0, 1), got "
+                                          f"{s.anchor_share}")
+        check(not s.pool or s.latest + s.anchor_share < 1.0,
+              f"algo.selfplay.anchor_share: {s.anchor_share} and latest {s.latest} leave no games for the pool "
+              f"(latest + anchor_share < 1 with a pool; or set pool: 0)")
     what = "algo.selfplay.pool" if s.pool else "algo.selfplay.anchors"
     check(multiagent, f"{what}: self-play needs a game of several agents (algo.name mappo or ippo)")
     check(policies <= 1, f"{what}: a pool of past versions and anchors are kept for a run of one policy; remove "

@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from hpcrl.core.config_base import ConfigError
+from hpcrl.core.observations import count_rows
 
 
 def load_player(spec: str, where: str) -> Callable:
@@ -46,7 +47,7 @@ class ScriptedPlayer:
 
     def act(self, obs, mask: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
         actions = np.asarray(self.play(obs, mask, rng))
-        rows = len(mask) if mask is not None else len(obs)
+        rows = count_rows(obs)
         if actions.shape[:1] != (rows,):
             raise ValueError(f"{self.where} ({self.spec}): returned {actions.shape[:1]} actions for {rows} rows; "
                              f"a player returns one action per row")

@@ -93,7 +93,7 @@ def _open_read_only(path: str, swmr: bool, lock: bool) -> h5py.File:
     fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
     if swmr:
         fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
-    if not lock:
+    if not lock and hasattr(fapl, "set_file_locking"):  # (h5py built on HDF5 >= 1.10.7 / 1.12.1)
         fapl.set_file_locking(False, True)
     if _set_attempts(fapl.id, METADATA_READ_ATTEMPTS) < 0:
         raise RuntimeError("HDF5 refused H5Pset_metadata_read_attempts")

@@ -151,8 +151,8 @@ def plot_runs(run_dirs: list[str], output: str, metric: str | None = None, smoot
     import matplotlib.pyplot as plt
     run_dirs = expand_run_dirs(run_dirs)
     groups = group_runs(run_dirs, group_by)
-    curves = {d: load_curve(d, metric) for d in run_dirs}
-    name = curves[run_dirs[0]].metric
+    name = load_curve(run_dirs[0], metric).metric  # one series for every run: the first run's default
+    curves = {d: load_curve(d, name) for d in run_dirs}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, (label, dirs) in enumerate(groups):
         color = f"C{i % 10}"

@@ -61,11 +61,10 @@ class Seats:
     def _draw(self, env: int) -> None:
         rows = slice(env * self.agents, (env + 1) * self.agents)
         share = self.rng.random()
-        if share < self.latest:
-            self.opponent[env] = -1
-        elif self.anchors and share < self.latest + self.anchor_share:
+        anchor_share = self.anchor_share if self.anchors else 0.0  # (none: the draws are as before anchors)
+        if share < anchor_share:
             self.opponent[env] = self.ages + self.rng.integers(len(self.anchors))
-        elif not self.ages:  # anchors without a pool: the other games are against itself
+        elif share < anchor_share + self.latest or not self.ages:  # without a pool: every other game
             self.opponent[env] = -1
         elif self.opponents == "uniform":
             self.opponent[env] = self.rng.integers(self.ages)
