@@ -295,10 +295,22 @@ def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_
         games.append([wins, draws, played - wins - draws])
     rating.add(np.array(games))
     assert rating.columns()["rating"] == m["rating"][first]
+    # hpcrl inspect reports the rating and the latest 100+ games against each anchor; plot draws the rating
+    from hpcrl.tools.inspect import describe, format_report
+    from hpcrl.tools.plot import load_curve
+    report = format_report(describe(str(tmp_path / "connect_four_selfplay")))
+    rows = int(np.searchsorted(np.cumsum(m["anchor.one_step.games"][::-1]), 100)) + 1
+    won = np.nansum((m["anchor.one_step.win_rate"] * m["anchor.one_step.games"])[-rows:])
+    assert f"rating {m['rating'][-1]:.1f} +- {m['rating.sigma'][-1]:.1f} against the anchors; latest games won: " \
+           f"one_step {won / m['anchor.one_step.games'][-rows:].sum():.2f} of {m['anchor.one_step.games'][-rows:].sum()}" in report
+    assert load_curve(str(tmp_path / "connect_four_selfplay")).metric == "rating"
     solo = small_config(tmp_path, name="solo", roles={"inference": {"ranks": 0}}, run={"total_frames": 128})
     assert mpirun(1, "run", str(write_config(tmp_path, solo, "solo.yaml"))).returncode == 0
     with pytest.raises(RunDirError, match="has one agent; an opponent needs a multi-agent game"):
         evaluate(str(run_dir(solo)), 1, opponent="random")
+    from hpcrl.tools.plot import plot_runs  # one series for all: the rated run's rating, which solo lacks
+    with pytest.raises(RunDirError, match="'.*solo': metrics.h5 has no series 'rating'"):
+        plot_runs([str(tmp_path / "connect_four_selfplay"), str(run_dir(solo))], str(tmp_path / "both.png"))
 
 
 def test_single_agent_envs_that_give_masks_in_info_act_and_learn_under_them(tmp_path):

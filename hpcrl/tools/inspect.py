@@ -149,7 +149,8 @@ def describe(run_dir: str) -> dict:
             "frames": int(m["frames"][last]), "updates": last + 1,
             "policy_version": int(m["policy_version"][last]), "wall_time": float(m["wall_time"][last]),
             "return_window_mean": _last(m, "return_window_mean"), "return_mean": _last(m, "return_mean"),
-            "episodes": _episodes(m),
+            "episodes": _episodes(m), "rating": _last(m, "rating"), "rating_sigma": _last(m, "rating.sigma"),
+            "anchors": _recent_anchor_games(m),
             "last_write_age_s": time.time() - os.path.getmtime(os.path.join(run_dir, METRICS_FILE))}
     stopped_by = counters.get("stopped_by", "")
     info["stopped_by"] = stopped_by
@@ -164,6 +165,26 @@ def _repairs(run_dir: str) -> list[str]:
             return [line.rstrip("\n") for line in fh if line.strip()]
     except OSError:
         return []
+
+
+ANCHOR_GAMES_SHOWN = 100  # inspect's win rate against an anchor: over the latest rows holding this many games
+
+
+def _recent_anchor_games(metrics: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Per anchor of a self-play run (algo.selfplay.anchors): the win rate over its latest
+    ANCHOR_GAMES_SHOWN games or more (whole rows), and how many games that is."""
+    out = {}
+    for key in sorted(k for k in metrics if k.startswith("anchor.") and k.endswith(".games")):
+        name = key[len("anchor."):-len(".games")]
+        games, rates = metrics[key].astype(np.int64), metrics.get(f"anchor.{name}.win_rate")
+        if rates is None or games.ndim != 1 or rates.shape != games.shape:
+            continue
+        later = np.cumsum(games[::-1])  # games in the last 1, 2, ... rows
+        rows = int(np.searchsorted(later, ANCHOR_GAMES_SHOWN)) + 1
+        played = int(games[-rows:].sum())
+        wins = float(np.nansum(rates[-rows:] * games[-rows:]))
+        out[name] = {"games": played, "win_rate": wins / played if played else None}
+    return out
 
 
 def _last(metrics: dict[str, np.ndarray], key: str) -> float | None:
@@ -269,6 +290,11 @@ def format_report(info: dict, full_config: bool = False) -> str:
         lines += [f"progress     {p['frames']:,} frames{share}, {p['updates']:,} updates, policy version "
                   f"{p['policy_version']}, wall time {_duration(p['wall_time'])}",
                   f"             last return {ret} (mean of the last >= 20 episodes), {_count(p['episodes'])} episodes"]
+        if p.get("rating") is not None:
+            against = ", ".join(f"{name} {a['win_rate']:.2f} of {a['games']:,}" for name, a in p["anchors"].items()
+                                if a["win_rate"] is not None)
+            lines.append(f"             rating {p['rating']:.1f} +- {p['rating_sigma'] or 0:.1f} against the anchors; "
+                         f"latest games won: {against or 'none yet'}")
     lines.append(f"checkpoint   {_checkpoint_line(info['checkpoint'], run_dir)}")
     lines.append(f"previous     {_checkpoint_line(info['previous_checkpoint'], run_dir)}")
     if info["resumes_from"] is not None and info["checkpoint"] and info["resumes_from"] != info["checkpoint"]["file"]:
