@@ -134,8 +134,9 @@ def test_a_population_is_not_started_in_the_directory_of_a_single_run(tmp_path):
 
 def test_a_preempted_population_resumes_every_member_with_its_hyperparameters(tmp_path):
     """SIGTERM to the launcher once copies have happened: every member checkpoints and the job
-    exits 3; run again, each member resumes from its own checkpoint with the learning rate its
-    copies left it (its first report says so in the lineage), and the lineage goes on."""
+    exits 3; run again on twice the ranks (each member a learner and an env rank instead of one
+    serial rank), each member resumes from its own checkpoint with the learning rate its copies
+    left it (its first report says so in the lineage), and the lineage goes on."""
     cfg = population_config(tmp_path, 4, {"learner": {"ranks": 1}, "inference": {"ranks": 0}},
                             [1e-3, 2e-3, 3e-3, 4e-3], run={"total_frames": 10**8}, algo={"train": False})
     path = str(write_config(tmp_path, cfg))
@@ -151,10 +152,11 @@ def test_a_preempted_population_resumes_every_member_with_its_hyperparameters(tm
     for m in range(4):  # each checkpoint holds the rate the lineage last gave its member
         assert lrs[m] == before["algo.lr"][np.flatnonzero(before["member"] == m)[-1]], (m, lrs)
 
-    resumed = mpirun(4, "run", path, "--set", "run.total_frames=" + str(max(
+    resumed = mpirun(8, "run", path, "--set", "run.total_frames=" + str(max(
         int(saved[m]["counters"]["frames"]) for m in range(4)) + 1024))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert resumed.stdout.count("resuming from") == 4
+    assert "population of 4 members, each on 2 ranks as below" in resumed.stdout, resumed.stdout
     after = lineage(cfg)
     rows = len(before["event"])
     assert np.array_equal(after["event"][:rows], before["event"]) and len(after["event"]) > rows
