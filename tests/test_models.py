@@ -164,8 +164,30 @@ def test_mlp_encoder_on_frames_flattens_them():
     assert actions.shape == (4,)
 
 
+def test_grid_encoder_keeps_the_board_reads_planes_channel_last_and_is_one_trunk():
+    """Connect four's observations: a 6 x 7 board of 2 planes, channel-last (PettingZoo classic)."""
+    torch.manual_seed(0)
+    board = EnvSpaces((6, 7, 2), "int8", 7)
+    model = build_model(board, ModelConfig(encoder="grid", hidden_sizes=[32], activation="relu"))
+    convs = [m for m in model.trunk if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels, c.kernel_size, c.padding) for c in convs] == [
+        (2, 64, (3, 3), (1, 1)), (64, 64, (3, 3), (1, 1))]
+    assert (model.actor.in_features, model.critic.in_features) == (32, 32)
+    obs = torch.zeros((1, 6, 7, 2))
+    obs[0, 5, 3, 1] = 1.0  # the opponent's piece at the bottom of column 3
+    first = model.trunk[1](model.trunk[0](obs))  # after the first convolution: [N, 64, 6, 7]
+    assert first.shape == (1, 64, 6, 7)
+    torch.testing.assert_close(first[0, :, 5, 3], convs[0].weight[:, 1, 1, 1] + convs[0].bias)  # its centre tap
+    torch.testing.assert_close(first[0, :, 0, 0], convs[0].bias)  # far from the piece: nothing but the bias
+    actions, logp, values = model.sample(torch.randint(0, 2, (5, 6, 7, 2)).to(torch.int8))
+    assert actions.shape == logp.shape == values.shape == (5,)
+    model.value(obs).sum().backward()  # the critic's loss trains the shared convolutions too
+    assert convs[0].weight.grad.abs().sum() > 0 and model.actor.weight.grad is None
+
+
 @pytest.mark.parametrize("spaces,encoder,words", [
     (DISCRETE, "cnn", ["model.encoder: cnn", "[C, H, W]", "(3,)", "encoder: mlp"]),
+    (DISCRETE, "grid", ["model.encoder: grid needs board observations of shape [H, W, C]", "(3,)"]),
     (EnvSpaces((3, 16, 16), "uint8", 2), "auto", ["model.encoder: auto chose cnn", ">= 36", "(3, 16, 16)"]),
     (EnvSpaces((210, 160, 3), "uint8", 2), "cnn", ["channel-first", "(210, 160, 3)"]),
 ])
@@ -180,7 +202,7 @@ def test_encoder_and_obs_norm_config_keys():
     cfg = parse_config("model: {encoder: cnn, obs_norm: true}")
     assert (cfg.model.encoder, cfg.model.obs_norm) == ("cnn", True)
     assert (parse_config("").model.encoder, parse_config("").model.obs_norm) == ("auto", False)
-    with pytest.raises(ConfigError, match=r"model.encoder: expected one of auto, mlp, cnn, got 'resnet'"):
+    with pytest.raises(ConfigError, match=r"model.encoder: expected one of auto, mlp, cnn, grid, got 'resnet'"):
         parse_config("model: {encoder: resnet}")
     with pytest.raises(ConfigError, match=r"model.obs_norm: expected true/false"):
         parse_config("model: {obs_norm: 3}")

@@ -30,7 +30,7 @@ from hpcrl.core.config_selfplay import SelfPlayConfig, validate_selfplay
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.policies import check_table
 
-ENCODERS = ("auto", "mlp", "cnn")
+ENCODERS = ("auto", "mlp", "cnn", "grid")
 CORES = ("none", "lstm", "gru")
 # Sizes a run allocates from before `hpcrl plan`'s memory estimate can be made (core/sizing.py
 # memory_problem bounds their products against run.memory_limit_gib): far above any real run;
@@ -138,7 +138,10 @@ class ModelConfig:
     activation: str = doc("'tanh' or 'relu' (MLP encoder)", default="tanh")
     encoder: str = doc("'mlp' (flattened observations; separate actor and critic MLPs), 'cnn' (the Nature CNN "
                        "of Mnih et al. 2015 over channel-first [C, H, W] frame stacks, one trunk for both heads; "
-                       "uint8 frames are scaled by 1/255) or 'auto' (cnn for 3-D observations, mlp otherwise)",
+                       "uint8 frames are scaled by 1/255), 'grid' (small boards as channel-last [H, W, C] planes, "
+                       "as PettingZoo's classic games give: two 3x3 convolutions of 64 channels that keep the "
+                       "board's size, then an MLP of hidden_sizes; one trunk for both heads) or 'auto' (cnn for "
+                       "3-D observations, mlp otherwise)",
                        default="auto")
     obs_norm: bool = doc("normalise observations by a running mean and variance (clipped to +-10), kept in "
                          "the model, updated by the learners from every update's batch", default=False)

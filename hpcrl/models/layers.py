@@ -16,6 +16,7 @@ HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 NATURE_CNN = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels, kernel, stride): Mnih et al. 2015
 NATURE_CNN_FEATURES = 512
 CNN_MIN_SIZE = 36  # the smallest height/width the three Nature CNN convolutions reduce to 1x1
+GRID_CONVS = (64, 64)  # the grid encoder's 3x3 "same" convolutions (output channels), for small boards
 OBS_NORM_CLIP, OBS_NORM_EPS = 10.0, 1e-8  # as SB3 VecNormalize and gymnasium NormalizeObservation
 MASKED_LOGIT = -1e9  # the logit of an invalid action (action masks)
 MOMENT_ROWS = 1024  # observations per float64 slice when summing a batch's moments
@@ -51,6 +52,29 @@ def _nature_cnn(obs_shape: tuple) -> nn.Sequential:
         channels, h, w = out, (h - kernel) // stride + 1, (w - kernel) // stride + 1
     layers += [nn.Flatten(), _linear(channels * h * w, NATURE_CNN_FEATURES, math.sqrt(2)), nn.ReLU()]
     return nn.Sequential(*layers)
+
+
+class ChannelsFirst(nn.Module):
+    """[N, H, W, C] boards (PettingZoo's planes come channel-last) as [N, C, H, W] for Conv2d."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.permute(0, 3, 1, 2)
+
+
+def _grid_cnn(obs_shape: tuple, hidden: list[int], activation: type) -> nn.Sequential:
+    """The grid encoder: channel-last [H, W, C] boards through GRID_CONVS 3x3 convolutions that keep
+    the board's size (a piece's neighbours are what matter, and a 6 x 7 board has no room to
+    stride), ReLU after each, then an MLP of `hidden` ending in its activation; orthogonal init."""
+    h, w, channels = obs_shape
+    layers: list[nn.Module] = [ChannelsFirst()]
+    for out in GRID_CONVS:
+        conv = nn.Conv2d(channels, out, 3, padding=1)
+        nn.init.orthogonal_(conv.weight, math.sqrt(2))
+        nn.init.zeros_(conv.bias)
+        layers += [conv, nn.ReLU()]
+        channels = out
+    return nn.Sequential(*layers, nn.Flatten(), _mlp([channels * h * w, *hidden], activation, math.sqrt(2)),
+                         activation())
 
 
 class RunningNorm(nn.Module):

@@ -17,19 +17,22 @@ from torch import nn
 
 from hpcrl.core.config import ConfigError, ModelConfig
 from hpcrl.models.layers import (ACTIVATIONS, CNN_MIN_SIZE, HALF_LOG_2PI, NATURE_CNN_FEATURES, RunningNorm, _linear,
-                                 _masked_log_softmax, _mlp, _nature_cnn)
+                                 _grid_cnn, _masked_log_softmax, _mlp, _nature_cnn)
 
 if TYPE_CHECKING:  # not at run time: inference ranks need no gymnasium
     from hpcrl.envs import EnvSpaces
 
 def encoder_for(spaces: EnvSpaces, cfg: ModelConfig) -> str:
-    """'mlp' or 'cnn' for these observations; a ConfigError if model.encoder cannot take them."""
+    """'mlp', 'cnn' or 'grid' for these observations; a ConfigError if model.encoder cannot take them."""
     shape = tuple(spaces.obs_shape)
     if spaces.obs_leaves is not None:
-        if cfg.encoder == "cnn":
-            raise ConfigError("model.encoder: cnn reads Box image observations; this env's are a Dict or Tuple, "
+        if cfg.encoder in ("cnn", "grid"):
+            raise ConfigError(f"model.encoder: {cfg.encoder} reads Box observations; this env's are a Dict or Tuple, "
                               "whose leaves choose their own encoders (images: the CNN): use encoder: auto or mlp")
         return "mlp"
+    if cfg.encoder == "grid" and len(shape) != 3:
+        raise ConfigError(f"model.encoder: grid needs board observations of shape [H, W, C] (channel-last planes, "
+                          f"as PettingZoo's classic games give), got shape {shape}; use encoder: mlp")
     kind = cfg.encoder if cfg.encoder != "auto" else ("cnn" if len(shape) == 3 else "mlp")
     if kind == "cnn":
         how = "model.encoder: auto chose cnn for 3-D observations" if cfg.encoder == "auto" else "model.encoder: cnn"
@@ -69,9 +72,11 @@ class ObservationInput(nn.Module):
         """One trunk for every head (Q-networks, recurrent cores) and its output width: the Nature
         CNN over frames, or an MLP of model.hidden_sizes that ends in its activation, reading
         `width` numbers per row (default: the whole input row)."""
-        if encoder_for(spaces, cfg) == "cnn":
+        kind, act, hidden = encoder_for(spaces, cfg), ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
+        if kind == "cnn":
             return _nature_cnn(tuple(spaces.obs_shape)), NATURE_CNN_FEATURES
-        act, hidden = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
+        if kind == "grid":
+            return _grid_cnn(tuple(spaces.obs_shape), hidden, act), hidden[-1]
         width = self.input_width(spaces) if width is None else width
         return nn.Sequential(nn.Flatten(), _mlp([width, *hidden], act, out_gain=math.sqrt(2)), act()), hidden[-1]
 
@@ -122,9 +127,9 @@ class ActorCritic(ObservationInput):
         self.state_dim = spaces.state_dim
         self.value_norm = RunningNorm((), clip=None) if value_norm else None
         out = int(np.prod(self.action_shape)) if self.continuous else spaces.num_actions
-        if central_critic and encoder_for(spaces, cfg) == "cnn":
+        if central_critic and encoder_for(spaces, cfg) != "mlp":
             raise ConfigError("algo.name: mappo's centralised critic reads flat observations (model.encoder: mlp); "
-                              f"these are images of shape {tuple(spaces.obs_shape)}: use algo.name: ippo")
+                              f"these are images or boards of shape {tuple(spaces.obs_shape)}: use algo.name: ippo")
         self._build(spaces, cfg, out)
         if self.continuous:  # state-independent log-std, init 0 (std 1), as CleanRL ppo_continuous_action
             self.log_std = nn.Parameter(torch.zeros(out))
@@ -132,11 +137,12 @@ class ActorCritic(ObservationInput):
     def _build(self, spaces: EnvSpaces, cfg: ModelConfig, out: int) -> None:
         """The encoder and the two heads (`out` policy outputs)."""
         central_critic = self.central_critic
-        if encoder_for(spaces, cfg) == "cnn":
+        kind = encoder_for(spaces, cfg)
+        if kind != "mlp":
             # One trunk for both heads, as in Atari PPO: the features are learned once.
-            self.trunk = _nature_cnn(tuple(spaces.obs_shape))
-            self.actor = _linear(NATURE_CNN_FEATURES, out, 0.01)
-            self.critic = _linear(NATURE_CNN_FEATURES, 1, 1.0)
+            self.trunk, features = self.feature_trunk(spaces, cfg)
+            self.actor = _linear(features, out, 0.01)
+            self.critic = _linear(features, 1, 1.0)
         else:
             self.trunk = nn.Flatten() if self.structured is None else nn.Identity()
             act, hidden = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
