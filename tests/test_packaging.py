@@ -55,7 +55,7 @@ def test_env_family_and_bench_extras_are_declared():
     assert extras["mujoco"] == {"mujoco", "imageio"}
     assert extras["box2d"] == {"box2d", "pygame-ce"}  # the pygame mpe2 needs: one distribution of the module
     assert extras["envpool"] == {"envpool"}
-    assert extras["multiagent"] == {"pettingzoo", "mpe2"}
+    assert extras["multiagent"] == {"pettingzoo", "mpe2", "openskill"}  # openskill: ratings against anchors
     assert project()["optional-dependencies"]["bench"] == ["stable-baselines3==2.9.2"]
 
 
@@ -69,6 +69,11 @@ def test_hpcrl_never_imports_stable_baselines3():
             if any(m.split(".")[0] == "stable_baselines3" for m in modules):
                 importers.append(str(path.relative_to(REPO)))
     assert importers == []
+
+
+def test_only_the_learners_rating_module_imports_openskill():
+    """Env ranks and policy servers of self-play runs never load the rating library."""
+    assert importers("openskill") == ["workers/ratings.py"]
 
 
 def imports_of(path) -> set[str]:
