@@ -171,12 +171,12 @@ def test_grid_encoder_keeps_the_board_reads_planes_channel_last_and_is_one_trunk
     model = build_model(board, ModelConfig(encoder="grid", hidden_sizes=[32], activation="relu"))
     convs = [m for m in model.trunk if isinstance(m, torch.nn.Conv2d)]
     assert [(c.in_channels, c.out_channels, c.kernel_size, c.padding) for c in convs] == [
-        (2, 64, (3, 3), (1, 1)), (64, 64, (3, 3), (1, 1))]
+        (2, 32, (3, 3), (1, 1)), (32, 32, (3, 3), (1, 1))]
     assert (model.actor.in_features, model.critic.in_features) == (32, 32)
     obs = torch.zeros((1, 6, 7, 2))
     obs[0, 5, 3, 1] = 1.0  # the opponent's piece at the bottom of column 3
-    first = model.trunk[1](model.trunk[0](obs))  # after the first convolution: [N, 64, 6, 7]
-    assert first.shape == (1, 64, 6, 7)
+    first = model.trunk[1](model.trunk[0](obs))  # after the first convolution: [N, 32, 6, 7]
+    assert first.shape == (1, 32, 6, 7)
     torch.testing.assert_close(first[0, :, 5, 3], convs[0].weight[:, 1, 1, 1] + convs[0].bias)  # its centre tap
     torch.testing.assert_close(first[0, :, 0, 0], convs[0].bias)  # far from the piece: nothing but the bias
     actions, logp, values = model.sample(torch.randint(0, 2, (5, 6, 7, 2)).to(torch.int8))

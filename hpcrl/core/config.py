@@ -139,7 +139,7 @@ class ModelConfig:
     encoder: str = doc("'mlp' (flattened observations; separate actor and critic MLPs), 'cnn' (the Nature CNN "
                        "of Mnih et al. 2015 over channel-first [C, H, W] frame stacks, one trunk for both heads; "
                        "uint8 frames are scaled by 1/255), 'grid' (small boards as channel-last [H, W, C] planes, "
-                       "as PettingZoo's classic games give: two 3x3 convolutions of 64 channels that keep the "
+                       "as PettingZoo's classic games give: two 3x3 convolutions of 32 channels that keep the "
                        "board's size, then an MLP of hidden_sizes; one trunk for both heads) or 'auto' (cnn for "
                        "3-D observations, mlp otherwise)",
                        default="auto")
