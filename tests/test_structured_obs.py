@@ -83,9 +83,10 @@ def test_each_key_gets_its_own_encoder_and_normaliser():
 
 
 def test_dict_observations_refuse_what_cannot_take_them():
-    with pytest.raises(ConfigError, match="model.encoder: cnn reads Box image observations"):
-        cfg = parse_config(f"env: {DICT_ENV}\nmodel: {{encoder: cnn}}")
-        build_policy(env_spaces(cfg.env), cfg)
+    for encoder, what in (("cnn", "image"), ("grid", "board")):
+        with pytest.raises(ConfigError, match=f"model.encoder: {encoder} reads Box {what} observations"):
+            cfg = parse_config(f"env: {DICT_ENV}\nmodel: {{encoder: {encoder}}}")
+            build_policy(env_spaces(cfg.env), cfg)
 
 
 @pytest.mark.parametrize("ranks, mode, core", [(1, "sync", "none"), (3, "async", "gru")])

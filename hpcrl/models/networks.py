@@ -27,8 +27,10 @@ def encoder_for(spaces: EnvSpaces, cfg: ModelConfig) -> str:
     shape = tuple(spaces.obs_shape)
     if spaces.obs_leaves is not None:
         if cfg.encoder in ("cnn", "grid"):
-            raise ConfigError(f"model.encoder: {cfg.encoder} reads Box observations; this env's are a Dict or Tuple, "
-                              "whose leaves choose their own encoders (images: the CNN): use encoder: auto or mlp")
+            what = "image" if cfg.encoder == "cnn" else "board"
+            raise ConfigError(f"model.encoder: {cfg.encoder} reads Box {what} observations; this env's are a Dict "
+                              "or Tuple, whose leaves choose their own encoders (images: the CNN): use encoder: auto "
+                              "or mlp")
         return "mlp"
     if cfg.encoder == "grid" and len(shape) != 3:
         raise ConfigError(f"model.encoder: grid needs board observations of shape [H, W, C] (channel-last planes, "
