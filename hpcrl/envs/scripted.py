@@ -52,3 +52,8 @@ class ScriptedPlayer:
             raise ValueError(f"{self.where} ({self.spec}): returned {actions.shape[:1]} actions for {rows} rows; "
                              f"a player returns one action per row")
         return actions
+
+
+def anchor_players(selfplay) -> list[ScriptedPlayer]:
+    """A self-play run's anchors (algo.selfplay.anchors) as players, in the config's order."""
+    return [ScriptedPlayer(spec, f"algo.selfplay.anchors.{name}") for name, spec in selfplay.anchor_players().items()]

@@ -22,7 +22,7 @@ from hpcrl.io import rundir
 from hpcrl.io.metrics import write_crossed_nodes, write_startup
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.envs import EnvSpaces, env_spaces
-from hpcrl.envs.scripted import load_player
+from hpcrl.envs.scripted import anchor_players
 from hpcrl.core.layout import Layout, plan_layout
 from hpcrl.core.sizing import Sizes, memory, memory_problem, warnings
 from hpcrl.core.policies import num_policies, policy_names, policy_spaces
@@ -97,8 +97,7 @@ def _check(cfg: Config, layout: Layout, sizes: Sizes, config_path: str) -> dict:
 def _check_anchors(cfg: Config) -> None:
     """A self-play run's anchors import, and the learners can rate against them: a ConfigError now,
     not a failure of every env rank later."""
-    for name, spec in cfg.algo.selfplay.anchor_players().items():
-        load_player(spec, f"algo.selfplay.anchors.{name}")
+    anchor_players(cfg.algo.selfplay)
     if cfg.algo.selfplay.anchors and importlib.util.find_spec("openskill") is None:
         raise ConfigError("algo.selfplay.anchors: rating against anchors needs the openskill package: "
                           "pip install 'hpcrl[multiagent]' (or openskill), or remove the anchors")

@@ -16,7 +16,7 @@ from hpcrl.core.observations import assign, combine, fit, take
 from hpcrl.core.observations import count_rows
 from hpcrl.core.seeds import env_seeds, seed_for
 from hpcrl.envs import GAME_OVER, RAW_REWARD, make_vector_env
-from hpcrl.envs.scripted import ScriptedPlayer
+from hpcrl.envs.scripted import anchor_players
 from hpcrl.runtime.comm import RequestClient
 from hpcrl.workers.selfplay import Seats
 
@@ -143,8 +143,7 @@ def make_groups(cfg: Config, index: int, policies: list, row_policy: np.ndarray,
     per_group = cfg.env.num_envs // len(policies)
     rows = count_rows(policies[0].request["obs"])  # a group's rows: its envs, or envs x agents (PettingZoo)
     groups = []
-    anchors = [ScriptedPlayer(spec, f"algo.selfplay.anchors.{name}")
-               for name, spec in cfg.algo.selfplay.anchor_players().items()]
+    anchors = anchor_players(cfg.algo.selfplay)
     for g, policy in enumerate(policies):
         envs, first_obs = make_vector_env(cfg.env, seed=env_seeds(cfg.run.seed, index, g, per_group),
                                           gamma=cfg.algo.gamma, num_envs=per_group)
