@@ -12,8 +12,8 @@ keeps changing.
 
 Metrics: `rating` (mu, the estimate), `rating.sigma` (its uncertainty) and `rating.ordinal`
 (mu - 3 sigma, OpenSkill's leaderboard value: a rating held with high confidence, which also
-rises as the uncertainty shrinks, so a learning curve draws mu). The learner root checkpoints (mu, sigma, games rated); every
-trainer computes the same rating from the same summed games.
+rises as the uncertainty shrinks, so a learning curve draws mu). The learner root checkpoints
+(mu, sigma, games rated); every trainer computes the same rating from the same summed games.
 
 A population member in self-play with anchors is judged on its rating's mu (`fitness`; a fresh
 copy's wide uncertainty would sink its ordinal whatever its play): NaN until

@@ -42,7 +42,8 @@ class Seats:
         when None. `anchors`: the config's anchors as players (envs/scripted.py), in its order."""
         s = cfg.algo.selfplay
         self.ages, self.latest, self.agents = s.pool, s.latest, agents
-        self.anchors, self.anchor_share = list(anchors), s.anchor_share
+        self.anchors = list(anchors)
+        self.anchor_share = s.anchor_share if self.anchors else 0.0  # (none: the draws are as before anchors)
         self.first_pool_id = first_pool_id
         self.rng = rng
         # per env: the pool age it plays, ages + k: anchor k, -1: itself
@@ -61,10 +62,9 @@ class Seats:
     def _draw(self, env: int) -> None:
         rows = slice(env * self.agents, (env + 1) * self.agents)
         share = self.rng.random()
-        anchor_share = self.anchor_share if self.anchors else 0.0  # (none: the draws are as before anchors)
-        if share < anchor_share:
+        if share < self.anchor_share:
             self.opponent[env] = self.ages + self.rng.integers(len(self.anchors))
-        elif share < anchor_share + self.latest or not self.ages:  # without a pool: every other game
+        elif share < self.anchor_share + self.latest or not self.ages:  # without a pool: every other game
             self.opponent[env] = -1
         elif self.opponents == "uniform":
             self.opponent[env] = self.rng.integers(self.ages)
