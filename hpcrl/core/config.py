@@ -269,6 +269,11 @@ def validate(cfg: Config) -> None:
         _check(not cfg.policies, "population: members train one policy each; remove the policies table")
         _check(cfg.roles.learner.device == "cpu", "population: a member's state is copied from host memory; use "
                                                   "roles.learner.device: cpu")
+        if cfg.population.league.members:
+            _check(ALGORITHMS[a.name].multiagent, f"population.league: a league plays games of several agents "
+                                                  f"(algo.name mappo or ippo), not algo.name {a.name}")
+            _check(a.selfplay.pool >= 1, "population.league: each member's policy holders hold algo.selfplay.pool "
+                                         "league snapshots to play against; set algo.selfplay.pool >= 1")
     multiagent = [n for n, alg in ALGORITHMS.items() if alg.multiagent]
     _check(not cfg.policies or ALGORITHMS[a.name].multiagent,
            f"policies: maps the agents of PettingZoo envs to policies, for the multi-agent algorithms "

@@ -16,10 +16,41 @@ import math
 from dataclasses import dataclass
 
 from hpcrl.core.config_base import ConfigError, check, doc, shown
-from hpcrl.core.population import ExploreRule
+from hpcrl.core.population import PFSP_WEIGHTINGS, ExploreRule
+
+MAX_KEEP = 256  # snapshots an owner keeps: each a whole copy of the policy on its learner root
 
 MAX_MEMBERS = 100_000
 EXPLORE_KEYS = ("perturb", "resample", "low", "high")
+
+
+@dataclass
+class LeagueConfig:
+    """League self-play (core/league.py): members as main agents and exploiters, playing each other's snapshots."""
+
+    main: int = doc("main agents (members 0..main-1): they play every snapshot the league keeps, by PFSP, and "
+                    "themselves in algo.selfplay.latest of their games (0: no league)", default=0)
+    main_exploiters: int = doc("main exploiters (the next members): they play the main agents' newest snapshots "
+                               "only, and start again from their initial weights at each of their own snapshots",
+                               default=0)
+    league_exploiters: int = doc("league exploiters (the last members): they play every snapshot by PFSP, and "
+                                 "start again with probability exploiter_reset at each of their own snapshots",
+                                 default=0)
+    snapshot_frames: int = doc("frames of a member's training between its snapshots (its weights frozen into the "
+                               "league)", default=100_000)
+    keep: int = doc("snapshots each member keeps in the league (its newest; older ones leave it). Its learner "
+                    "root holds them in memory, and its checkpoints save them", default=16)
+    opponents: str = doc("how main agents and league exploiters weigh the snapshots when the population root "
+                         "fills their slots (algo.selfplay.pool of them): 'hard' (1 - p)^2, 'variance' p(1 - p) "
+                         "or 'uniform', p the member's win rate against the snapshot", default="hard")
+    payoff_decay: float = doc("decay per game of the payoff matrix's win rates (an EMA; AlphaStar's 0.99)",
+                              default=0.99)
+    exploiter_reset: float = doc("probability that a league exploiter starts again from its initial weights at "
+                                 "one of its snapshots (AlphaStar's 0.25)", default=0.25)
+
+    @property
+    def members(self) -> int:
+        return self.main + self.main_exploiters + self.league_exploiters
 
 
 @dataclass
@@ -46,6 +77,8 @@ class PopulationConfig:
     values: dict = doc("each member's own start: hyperparameter -> a list of one value per member (e.g. "
                        "algo.lr: [0.001, 0.03, ...]); keys not listed take the algo section's value",
                        default_factory=dict)
+    league: LeagueConfig = doc("league self-play for multi-agent games: the members' roles and snapshots (its "
+                               "members are not copied onto each other)", default_factory=LeagueConfig)
 
 
 def explore_rules(p: PopulationConfig) -> list[ExploreRule]:
@@ -83,7 +116,8 @@ def validate_population(p: PopulationConfig, live: tuple[str, ...], algo_name: s
     """Range checks, and every named hyperparameter a key the algorithm reads live (`live`: the
     algorithm's declaration, core/dataflow.py)."""
     if p.members == 0:
-        check(not p.explore and not p.values, "population.explore and population.values need population.members")
+        check(not p.explore and not p.values and not p.league.members,
+              "population.explore, population.values and population.league need population.members")
         return
     check(2 <= p.members <= MAX_MEMBERS, f"population.members: expected 0 (no population) or 2 to {MAX_MEMBERS:,}, "
                                          f"got {p.members}")
@@ -116,3 +150,31 @@ def validate_population(p: PopulationConfig, live: tuple[str, ...], algo_name: s
         _numbers(column, f"population.values.{key}")
         check(len(column) == p.members, lambda: f"population.values.{key}: expected one value per member "
                                                 f"({p.members}), got {len(column)}")
+    validate_league(p)
+
+
+def validate_league(p: PopulationConfig) -> None:
+    league = p.league
+    if not league.members:
+        return
+    for name in ("main", "main_exploiters", "league_exploiters"):
+        value = getattr(league, name)
+        check(isinstance(value, int) and value >= 0, lambda: f"population.league.{name}: expected a count >= 0, "
+                                                             f"got {shown(value)}")
+    check(league.main >= 1, f"population.league.main: a league needs at least one main agent, got {league.main}")
+    check(league.members == p.members,
+          f"population.league: main {league.main} + main_exploiters {league.main_exploiters} + league_exploiters "
+          f"{league.league_exploiters} = {league.members} members, but population.members is {p.members}; "
+          f"make them equal")
+    check(not p.explore, "population.explore: a league's members are not copied onto each other, so nothing is "
+                         "explored; remove it (population.values still gives each member its own start)")
+    check(league.snapshot_frames >= 1, f"population.league.snapshot_frames: expected a positive number of frames, "
+                                       f"got {league.snapshot_frames}")
+    check(1 <= league.keep <= MAX_KEEP, f"population.league.keep: expected 1 to {MAX_KEEP} snapshots per member, "
+                                        f"got {league.keep}")
+    check(league.opponents in PFSP_WEIGHTINGS, f"population.league.opponents: expected one of "
+                                               f"{', '.join(PFSP_WEIGHTINGS)}, got {league.opponents!r}")
+    check(0.0 <= league.payoff_decay < 1.0, f"population.league.payoff_decay: expected a decay in [0, 1), got "
+                                            f"{league.payoff_decay}")
+    check(0.0 <= league.exploiter_reset <= 1.0, f"population.league.exploiter_reset: expected a probability in "
+                                                f"[0, 1], got {league.exploiter_reset}")

@@ -10,6 +10,7 @@ import numpy as np
 from hpcrl.core.config import MAX_SEED, Config, validate
 from hpcrl.core.config_base import ConfigError, check
 from hpcrl.core.config_population import PopulationConfig
+from hpcrl.core.league import MAIN, member_roles
 
 
 def member_config(cfg: Config, index: int) -> Config:
@@ -26,6 +27,12 @@ def member_config(cfg: Config, index: int) -> Config:
     member.run.seed = cfg.run.seed + index
     for key, column in p.values.items():
         setattr(member.algo, key.split(".", 1)[1], float(column[index]))
+    if p.league.members:
+        # the population root draws each member's opponents by its role (core/league.py), so its env
+        # ranks draw a slot uniformly; an exploiter always plays the league, never itself
+        member.algo.selfplay.opponents = "uniform"
+        if member_role(cfg, index) != MAIN:
+            member.algo.selfplay.latest = 0.0
     try:
         validate(member)
     except ConfigError as exc:
@@ -50,3 +57,11 @@ def check_members(cfg: Config) -> None:
 def member_name(index: int, members: int) -> str:
     """'member3' of 10 members, 'member03' of 100: the member's run directory inside the population's."""
     return f"member{index:0{len(str(members - 1))}d}"
+
+
+def member_role(cfg: Config, index: int) -> str:
+    """A league member's role (core/league.py); '' outside a league."""
+    league = cfg.population.league
+    if not league.members:
+        return ""
+    return member_roles(league.main, league.main_exploiters, league.league_exploiters)[index]
