@@ -260,9 +260,14 @@ def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
         + ([("init_state", np.float32, (n, state_size)), ("starts", np.uint8, (t, n))] if state_size else []))
 
 
-def weights_spec(num_params: int) -> MessageSpec:
-    """learner root -> policy holders: the flat parameter vector of one policy version."""
-    return MessageSpec(header=("policy_id", "version", "flags"), fields=[("params", np.float32, (num_params,))])
+def weights_spec(num_params: int, league: bool = False) -> MessageSpec:
+    """learner root -> policy holders: the flat parameter vector of one policy version. A league
+    member's (core/league.py) also carries one of its slots: which, the league snapshot it holds
+    (-1: none yet), and that snapshot's weights (workers/league.py)."""
+    if not league:
+        return MessageSpec(header=("policy_id", "version", "flags"), fields=[("params", np.float32, (num_params,))])
+    return MessageSpec(header=("policy_id", "version", "flags", "slot", "slot_id"),
+                       fields=[("params", np.float32, (num_params,)), ("slot_params", np.float32, (num_params,))])
 
 
 # Fragment fields whose second axis (or, for these two, first) runs over the rows: a policy's

@@ -25,6 +25,7 @@ import numpy as np
 from hpcrl.core.config import DEFAULT_MAX_ENV_RANKS, Config, ConfigError
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.layout import INLINE, Layout
+from hpcrl.core.league import ring_size
 from hpcrl.core.messages import MessageSpec, replay_fields, weights_spec
 
 # Fragment buffers per env rank (one fills while the previous is in flight), and so the most
@@ -213,11 +214,14 @@ class Memory:
         return getattr(self, role)
 
 
-def memory(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int) -> Memory:
+def memory(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int, population=None) -> Memory:
+    """`population`: the population section of a league (core/league.py), whose member `cfg` is:
+    its weights messages carry a slot besides the policy, and its learner root holds snapshots."""
     G = sizes.env_groups
     req, rep = (m.nbytes for m in inference_messages(cfg, spaces, G))
     frag = ALGORITHMS[cfg.algo.name].record(cfg, spaces).nbytes
-    weights = weights_spec(num_params).nbytes
+    league = population is not None and population.league.members > 0
+    weights = weights_spec(num_params, league).nbytes
     model = 4 * num_params
     learner = sizes.busiest
     inference_fan = int(layout.fan_in("inference").max()) if len(layout.inference) else 0
@@ -235,6 +239,9 @@ def memory(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int) -
         data = replay_bytes(learner.replay, ALGORITHMS["dqn"].record(cfg, spaces)) + model
     else:
         data = learner.batch_fragments * frag
+    if league:  # the learner root's own snapshots and its slots (workers/league.py)
+        lg = population.league
+        data += (ring_size(lg.keep, population.ready_frames, lg.snapshot_frames) + cfg.algo.selfplay.pool) * model
     return Memory(env=env, inference=inference if inference_fan else 0,
                   learner=learner.sample_slots * frag + data + MODEL_COPIES["learner"] * model + weights)
 

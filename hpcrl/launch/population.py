@@ -17,7 +17,7 @@ import numpy as np
 
 from hpcrl.core.config import Config, ConfigError, to_yaml
 from hpcrl.core.config_population import explore_rules
-from hpcrl.core.members import member_config, member_name, starting_values
+from hpcrl.core.members import member_config, member_name, member_role, starting_values
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.layout import Layout
 from hpcrl.core.seeds import seed_for
@@ -54,6 +54,10 @@ class Population:
         self.run_dir = os.path.join(whole.run.output_dir, whole.run.name)
         comm.use_world(job.split(self.member, job.job_rank()))
         self.channel: PopulationChannel | None = None
+        self.league = whole.population.league if whole.population.league.members else None
+        self.role_name = member_role(whole, self.member)  # in a league: main, main_exploiter or league_exploiter
+        if self.league:
+            self.label = f" {member_name(self.member, n)} ({self.role_name})"
 
     def agree(self, verdict: dict) -> dict:
         return job.agree(verdict)
@@ -77,18 +81,44 @@ class Population:
         from hpcrl.workers.population import Decider, MemberLink, PopulationRole
         p, live = self.whole.population, ALGORITHMS[self.whole.algo.name].live
         waiting = trainer.waiting_round if trainer is not None else 0
-        link = MemberLink(self.channel, p.ready_frames, live, start_frames, p.synchronous, waiting)
+        league = self._league_member(trainer) if self.league and trainer is not None else None
+        link = MemberLink(self.channel, p.ready_frames, live, start_frames, p.synchronous, waiting, league)
         if trainer is not None:
             trainer.population = link
         decider = None
         if self.channel.member == POPULATION_ROOT:
-            decider = Decider(self.channel, live, p.truncation, explore_rules(p),
-                              np.random.default_rng(seed_for(self.whole.run.seed, "population", 0)),
-                              starting_values(self.whole, live), self.run_dir, rundir.METRICS_FILE, p.synchronous)
+            rng = np.random.default_rng(seed_for(self.whole.run.seed, "population", 0))
+            decider = Decider(self.channel, live, p.truncation, explore_rules(p), rng,
+                              starting_values(self.whole, live), self.run_dir, rundir.METRICS_FILE, p.synchronous,
+                              league=self._league_root(rng) if self.league else None)
             link.decider = decider
         if waiting and trainer.comm.Get_size() == 1:  # preempted in a round: take it up again first
             link.resume_round(trainer, trainer.frames, trainer.stats.fitness())
         return PopulationRole(link, trainer, decider)
+
+    def _league_member(self, trainer):
+        """A league member's snapshots and slots, on its learner root (from its checkpoint, when it resumes)."""
+        from hpcrl.workers.league import LeagueMember
+        saved = trainer.league_saved
+        try:
+            member = LeagueMember(self.role_name, self.member, self.cfg.run.seed, trainer.num_params,
+                                  self.cfg.algo.selfplay.pool, self.league.keep, self.league.snapshot_frames,
+                                  self.league.exploiter_reset, self.whole.population.ready_frames, saved=saved,
+                                  initial=trainer.copy_params)
+        except ValueError as exc:
+            raise ConfigError(f"population.league: cannot resume member {self.member}'s league snapshots: {exc}; "
+                              f"resume with the league's settings as they were, or start afresh with "
+                              f"--overwrite") from None
+        trainer.publish_extra = lambda message: member.fill_message(message, trainer.version)
+        return member
+
+    def _league_root(self, rng):
+        from hpcrl.core.league import League, member_roles
+        from hpcrl.workers.league import LeagueRoot
+        lg = self.league
+        league = League(member_roles(lg.main, lg.main_exploiters, lg.league_exploiters), lg.keep,
+                        self.whole.algo.selfplay.pool, lg.opponents, lg.payoff_decay)
+        return LeagueRoot(self.channel, league, rng, self.run_dir)
 
     def rest(self, role) -> None:
         """After this member's run: its learner root serves the population until the farewell

@@ -200,7 +200,8 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     peers = start_peer_watch(comm.WORLD, rank, control.neighbours, cfg.run.peer_timeout_s,
                              _rank_names(layout, hosts), comm.leave_cut_off_job)
     roles_here.extend(build_workers(cfg, state["spaces"], state["num_params"], layout, sizes, rank, start, control,
-                                    signals.requested, heartbeat=lambda: watchdog.tick(True), member_label=label))
+                                    signals.requested, heartbeat=lambda: watchdog.tick(True), member_label=label,
+                                    league=bool(population and population.league)))
     member_role = None
     if population and (member_role := population.role(_learner(roles_here), start.start_frames)):
         roles_here.append(member_role)
@@ -342,7 +343,8 @@ def _announce_layout(cfg: Config, layout: Layout, sizes: Sizes, spaces: EnvSpace
         print("[hpcrl] policies: " + "; ".join(
             f"{name} acts for {', '.join(s.agents)} (learner ranks {_ranges(layout.learners_of_policy(p))})"
             for p, (name, s) in enumerate(zip(cfg.policies, policy_spaces(spaces, cfg.policies)))), flush=True)
-    for warning in warnings(cfg, layout, memory(cfg, layout, sizes, spaces, max(n_params))):
+    for warning in warnings(cfg, layout, memory(cfg, layout, sizes, spaces, max(n_params),
+                                                     population.whole.population if population else None)):
         print(f"[hpcrl] warning: {warning}", flush=True)
 
 

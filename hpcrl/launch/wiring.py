@@ -84,6 +84,7 @@ class Wiring:
     preempt_requested: Callable[[], bool] = lambda: False
     heartbeat: Callable[[], None] = lambda: None
     member_label: str = ""  # a population member's name (' member03'; launch/population.py), for its lines
+    league: bool = False  # a league member: its pool's slots come from the population root (workers/league.py)
 
     @property
     def groups(self) -> int:
@@ -92,14 +93,15 @@ class Wiring:
 
 def build_workers(cfg: Config, spaces, n_params: list[int], layout: Layout, sizes: Sizes, rank: int,
                   start: RunStart, control: ControlStream, preempt_requested: Callable[[], bool] = lambda: False,
-                  heartbeat: Callable[[], None] = lambda: None, member_label: str = "") -> list:
+                  heartbeat: Callable[[], None] = lambda: None, member_label: str = "", league: bool = False) -> list:
     """This rank's workers, connected by the streams the algorithm declares (a sample and a
     parameter stream per policy). Collective over WORLD. `n_params`: each policy's size; `sizes`:
-    `Sizes.of(cfg, layout)`, handed to every worker."""
+    `Sizes.of(cfg, layout)`, handed to every worker. `league`: a league member's ranks (their
+    weights messages carry its slots)."""
     algorithm = ALGORITHMS[cfg.algo.name]
-    w = Wiring(cfg, spaces, layout, sizes, rank, start, algorithm, control, [weights_spec(n) for n in n_params],
+    w = Wiring(cfg, spaces, layout, sizes, rank, start, algorithm, control, [weights_spec(n, league) for n in n_params],
                policy_spaces=policy_spaces(spaces, cfg.policies), preempt_requested=preempt_requested,
-               heartbeat=heartbeat, member_label=member_label)
+               heartbeat=heartbeat, member_label=member_label, league=league)
     # MPI: the trainers' communicator (Horovod among them), then each declared stream's own communicator
     learner = rank in set(layout.learners.tolist())
     w.trainer_comm = comm.sub_communicator(learner)

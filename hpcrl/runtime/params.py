@@ -90,17 +90,19 @@ class ParameterPublisher:
     def __init__(self, tree_comm, spec: MessageSpec):
         size = 0 if tree_comm is None else tree_comm.Get_size()
         self.edges = _Edges(tree_comm, tree_children(0, size), spec, extra_buffers=2)
-        self._pending: tuple[int, Callable[[np.ndarray], None], int] | None = None
+        self._pending: tuple | None = None  # (version, fill, flags, extra)
 
     @property
     def message(self) -> Message | None:
         """The newest published version (serial mode reads it in place)."""
         return None if self.edges.newest is None else self.edges.pool[self.edges.newest]
 
-    def publish(self, version: int, fill: Callable[[np.ndarray], None], flags: int = 0) -> None:
+    def publish(self, version: int, fill: Callable[[np.ndarray], None], flags: int = 0,
+                extra: Callable[[Message], None] | None = None) -> None:
         """Make `version` (the model as `fill` copies it now) the one to distribute; a version
-        still waiting for a free buffer is replaced by this newer one."""
-        self._pending = (version, fill, flags)
+        still waiting for a free buffer is replaced by this newer one. `extra` fills the message's
+        other fields (a league member's slot: workers/league.py)."""
+        self._pending = (version, fill, flags, extra)
         self.poll()
 
     def poll(self) -> None:
@@ -108,9 +110,11 @@ class ParameterPublisher:
         if self._pending is not None:
             target = self.edges.free_buffer()
             if target is not None:
-                version, fill, flags = self._pending
+                version, fill, flags, extra = self._pending
                 self._pending = None
                 fill(self.edges.pool[target]["params"])
+                if extra is not None:
+                    extra(self.edges.pool[target])
                 self.edges.pool[target].set(version=version, flags=flags)
                 self.edges.set_newest(target)
 

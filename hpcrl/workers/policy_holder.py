@@ -13,7 +13,7 @@ import numpy as np
 from hpcrl.core.messages import END, VALUES_ONLY, Message
 from hpcrl.core.observations import apply, assign, count_rows, take
 from hpcrl.models import Runner
-from hpcrl.workers.selfplay import Pool
+from hpcrl.workers.selfplay import LeaguePool, Pool
 
 
 class PolicySet:
@@ -24,7 +24,7 @@ class PolicySet:
     its own agents: rows keep their order, so a request's rows of one policy are still whole envs.
     With a self-play pool (workers/selfplay.py), ids after the training policies' are its ages."""
 
-    def __init__(self, runners: list[Runner], weights: list, pool: Pool | None = None):
+    def __init__(self, runners: list[Runner], weights: list, pool: Pool | LeaguePool | None = None):
         self.runners, self.weights, self.pool = runners, weights, pool
         self.outputs = runners[0].outputs
         self.ended = False  # a parameter stream has closed: the trainers have stopped
@@ -84,7 +84,7 @@ class PolicySet:
                 runner.load(message["params"], message.get("version"))
                 weights.rearm()
                 if self.pool is not None:
-                    self.pool.offer(runner, runner.version)
+                    self.pool.offer(runner, runner.version, message)
         return taken
 
     def finished(self) -> bool:

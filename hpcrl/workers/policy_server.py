@@ -22,7 +22,7 @@ from hpcrl.core.startup import CLOCK
 from hpcrl.models import Runner
 from hpcrl.runtime.comm import LocalWeightSubscriber, RequestServer
 from hpcrl.workers.policy_holder import PolicySet, RequestBatch, holder_states, state_size
-from hpcrl.workers.selfplay import Pool
+from hpcrl.workers.selfplay import LeaguePool, Pool
 
 
 def build_policies(w, device: str, purpose: str, index: int) -> PolicySet:
@@ -31,8 +31,10 @@ def build_policies(w, device: str, purpose: str, index: int) -> PolicySet:
     weights = [LocalWeightSubscriber(w.params[0])] if w.layout.serial else w.params
     runners = [build_runner(w.cfg, spaces, device, purpose, index, policy=p) for p, spaces in enumerate(w.policy_spaces)]
     s = w.cfg.algo.selfplay
-    pool = (Pool([build_runner(w.cfg, w.policy_spaces[0], device, purpose, index, policy=len(runners) + k)
-                  for k in range(s.pool)], s.snapshot_every) if s.pool else None)
+    pool_runners = [build_runner(w.cfg, w.policy_spaces[0], device, purpose, index, policy=len(runners) + k)
+                    for k in range(s.pool)]
+    # a league member's slots are filled by the population root; else the holder snapshots its own
+    pool = (LeaguePool(pool_runners) if w.league else Pool(pool_runners, s.snapshot_every)) if s.pool else None
     return PolicySet(runners, weights, pool)
 
 

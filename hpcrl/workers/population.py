@@ -25,6 +25,7 @@ import numpy as np
 
 from hpcrl.core.stop import StopReason
 from hpcrl.runtime.member_copy import MemberState, PopulationChannel, receive_state, send_state
+from hpcrl.workers.league import SNAPSHOT_ORDERS, SNAPSHOT_RECEIVE, SNAPSHOT_SEND, LeagueMember
 from hpcrl.workers.population_root import ABORT, DONE, END_ROUND, READY, RECEIVE, SEND, Decider
 
 NAN_PATIENCE = 3  # ready_frames a member with no finished episode waits for one before it is judged
@@ -44,11 +45,13 @@ class Adoption:
 
 class MemberLink:
     def __init__(self, channel: PopulationChannel, ready_frames: int, live: tuple[str, ...], start_frames: int = 0,
-                 synchronous: bool = False, waiting_round: int = 0):
+                 synchronous: bool = False, waiting_round: int = 0, league: LeagueMember | None = None):
         """`live`: the algorithm's live keys (without 'algo.'), in the order every message uses.
         `synchronous`: rounds at every multiple of `ready_frames`, each waited for (population.
-        synchronous); `waiting_round`: the round a resumed member was waiting in when it stopped."""
+        synchronous); `waiting_round`: the round a resumed member was waiting in when it stopped.
+        `league`: a league member's snapshots and slots (workers/league.py)."""
         self.channel, self.live, self.ready_frames = channel, live, ready_frames
+        self.league = league
         self.synchronous, self.waiting_round = synchronous, waiting_round
         self._ready_from(start_frames)
         self.stopped = False  # DONE was sent
@@ -70,23 +73,31 @@ class MemberLink:
     def report(self, kind: float, trainer, frames: int, fitness: float, round_: int = 0,
                 preempted: bool = False, resumed: bool = False) -> None:
         hyper = [float(getattr(trainer.cfg.algo, k)) if trainer is not None else math.nan for k in self.live]
-        self.channel.report([kind, frames, fitness, -1 if resumed else self.taken, round_, preempted, *hyper])
+        league = self.league.report_part() if self.league is not None else []
+        self.channel.report([kind, frames, fitness, -1 if resumed else self.taken, round_, preempted, *hyper, *league])
 
     def between_updates(self, trainer, frames: int, fitness: float, code: int) -> tuple[Adoption | None, bool]:
         """After an update of the trainer root, before its checkpoint: report when due (DONE when
         the update's stop `code` says the run stops), then serve every order that has come;
         synchronous, wait for the round's end. (The adoption, when this member took a copy;
         whether it was preempted while it waited: it stops, and its checkpoint says the round.)"""
+        reset = None
+        if self.league is not None and not code:
+            self.league.add_games(trainer.stats.pool_games)
+            if self.league.snapshot_due(frames) and self.league.take_snapshot(trainer.copy_params, frames):
+                reset = trainer.reset_to_initial()  # an exploiter starts again (core/league.py)
         if code and not self.stopped:
             self.report(DONE, trainer, frames, fitness, preempted=code == StopReason.PREEMPTED)
             self.stopped = True
-        elif not code and frames >= self.ready_at and (not math.isnan(fitness) or frames >= self.patience_at):
+        elif not code and frames >= self.ready_at and (not math.isnan(fitness) or frames >= self.patience_at
+                                                       or self.league is not None):  # (a league copies none)
             round_ = frames // self.ready_frames if self.synchronous else 0
             self.report(READY, trainer, frames, fitness, round_)
             self._ready_from(frames)
             if self.synchronous:
-                return self.hold(trainer, round_, frames, fitness)
-        return self.serve(trainer), False
+                adopted, preempted = self.hold(trainer, round_, frames, fitness)
+                return adopted or reset, preempted
+        return self.serve(trainer) or reset, False
 
     def resume_round(self, trainer, frames: int, fitness: float) -> None:
         """A member that stopped while waiting in a round takes that round up again before it
@@ -139,6 +150,8 @@ class MemberLink:
                                    dict(zip(self.live, (float(v) for v in order[2:]))))
                 self._ready_from(trainer.frames)
                 self.taken += 1
+            elif kind in SNAPSHOT_ORDERS:
+                self._serve_snapshot(order)
             elif kind == END_ROUND:
                 self._round_over = True
             elif kind == ABORT:
@@ -147,6 +160,20 @@ class MemberLink:
                 self.farewell = True
             self.pause_s += time.perf_counter() - start
         return adopted
+
+
+    def _serve_snapshot(self, order: np.ndarray) -> None:
+        """A league snapshot's move: send one of this member's, take one into a slot, or copy
+        one of its own into a slot (workers/league.py)."""
+        kind, league = order[0], self.league
+        if kind == SNAPSHOT_SEND:
+            send_state(self.channel.comm, MemberState([league.snapshot(int(order[2]))]), int(order[1]))
+        elif kind == SNAPSHOT_RECEIVE:
+            slot = int(order[2])
+            receive_state(self.channel.comm, MemberState([league.slot_params[slot]]), int(order[1]))
+            league.set_slot(slot, int(order[3]))
+        else:
+            league.set_slot(int(order[1]), int(order[2]), league.snapshot(int(order[3])))
 
 
 class PopulationRole:

@@ -39,7 +39,7 @@ MAX_STATE_BYTES = 64 * 2**20  # the root's state is a few numbers per member; mo
 class Decider:
     def __init__(self, channel: PopulationChannel, live: tuple[str, ...], truncation: float,
                  rules: list[ExploreRule], rng: np.random.Generator, hyperparameters: np.ndarray,
-                 run_dir: str, metrics_file: str, synchronous: bool = False):
+                 run_dir: str, metrics_file: str, synchronous: bool = False, league=None):
         """`hyperparameters`: members x live keys, each member's start (its config's). A lineage
         the population's directory holds already (--overwrite empties it, so only this run's own)
         goes on, and in rounds the root's state is read back."""
@@ -47,6 +47,7 @@ class Decider:
         self.channel, self.live, self.truncation, self.rng = channel, live, truncation, rng
         self.rules = [ExploreRule(r.key.split(".", 1)[1], r.perturb, r.resample, r.low, r.high) for r in rules]
         self.synchronous = synchronous
+        self.league = league  # a league (workers/league.LeagueRoot): no member is copied onto another
         self.fitness = np.full(n, np.nan)
         self.known = np.zeros(n, dtype=bool)  # judged since its start or its last copy
         self.seen = np.zeros(n, dtype=bool)  # reported at least once in this launch
@@ -76,8 +77,11 @@ class Decider:
         while (got := self.channel.next_report()) is not None:
             member, v = got
             kind, frames, fitness, taken, preempted = v[0], int(v[1]), float(v[2]), int(v[3]), bool(v[5])
+            hyper_end = 6 + len(self.live)
             if taken >= 0:  # (a member complete before this launch knows none of its values)
-                self.hyper[member] = v[6:]  # the member's own word: a resumed member's come from its checkpoint
+                self.hyper[member] = v[6:hyper_end]  # the member's own word: a resumed member's come from its checkpoint
+            if self.league is not None:
+                self._league_report(member, kind, v[hyper_end:], taken)
             self.seen[member] = True
             if kind == READY and self.synchronous:
                 self._wait_for_round(member, frames, fitness)
@@ -114,6 +118,16 @@ class Decider:
             self._record(CANCELLED, member, parent, frames, math.nan, math.nan)
         self._record(STOPPED, member, -1, frames, fitness, math.nan)
 
+    def _league_report(self, member: int, kind: float, part: np.ndarray, taken: int) -> None:
+        """A league member's snapshots and games; after a READY report, its slots drawn anew."""
+        if taken < 0:  # complete before this launch: it holds no snapshots to send
+            self.league.league.absent[member] = True
+        if len(part):
+            self.league.report(member, part)
+        if kind == READY:
+            self.league.match(member)
+        self.league.save()
+
     # --- as they come -------------------------------------------------------------------------------
     def _judge(self, member: int, frames: int, fitness: float) -> None:
         """Exploit among the members judged since their last copy, once every member has reported
@@ -125,7 +139,7 @@ class Decider:
         self._decide(member, parent, frames, fitness)
 
     def _parent(self, member: int, judged: np.ndarray) -> int | None:
-        if len(judged) < 2:
+        if len(judged) < 2 or self.league is not None:
             return None
         pick = exploit_parent(int(np.searchsorted(judged, member)), self.fitness[judged], self.truncation, self.rng)
         return None if pick is None else int(judged[pick])
@@ -227,6 +241,8 @@ class Decider:
               flush=True)
 
     def close(self) -> None:
+        if self.league is not None:
+            self.league.save(now=True)
         try:
             self.metrics.close()
         except OSError as exc:

@@ -14,7 +14,7 @@ Two halves, joined by nothing but policy ids on the inference stream:
   (algo.selfplay.opponents, core/population.pfsp_weights) on the win rate against each age, an EMA
   of this actor's own games (so no message is needed for it). The ages are relative: age a is
   always the snapshot a places back, so its win rate follows whichever snapshot holds the place.
-- `Pool`, on a policy holder: K frozen copies of the policy. Every `snapshot_every` versions the
+- `Pool`, on a policy holder (in a league, `LeaguePool`: slots the population root fills): K frozen copies of the policy. Every `snapshot_every` versions the
   newest weights overwrite the oldest copy, so age 0 is the newest snapshot and age K-1 the oldest;
   until the pool has K snapshots the young ages share the first one. Holders snapshot on their
   own, at the first version they hold past each multiple of snapshot_every, so no weights travel
@@ -138,8 +138,8 @@ class Pool:
         age = min(age, self.taken - 1)
         return self.runners[(self.newest - age) % len(self.runners)]
 
-    def offer(self, source, version: int) -> None:
-        """The learning runner now holds `version`: snapshot it if one is due."""
+    def offer(self, source, version: int, message=None) -> None:
+        """The learning runner now holds `version` (from `message`): snapshot it if one is due."""
         if version < self.next_version:
             return
         self.newest = (self.newest + 1) % len(self.runners)
@@ -147,3 +147,25 @@ class Pool:
         self.runners[self.newest].version = version
         self.taken += 1
         self.next_version = (version // self.snapshot_every + 1) * self.snapshot_every
+
+
+class LeaguePool:
+    """A league member's policy holder's slots (core/league.py): each holds the league snapshot
+    the population root gave it. The weights ride the member's parameter stream, one slot per
+    version (workers/league.py), and a slot loads them when its snapshot changes. Until its first
+    snapshot comes, a slot plays its runner's own initial weights; the games then are not judged
+    against any snapshot (the learner root counts them against the slot's snapshot id, -1)."""
+
+    def __init__(self, runners: list):
+        self.runners = runners
+        self.ids = [-1] * len(runners)  # each slot's snapshot id
+
+    def runner(self, slot: int):
+        return self.runners[slot]
+
+    def offer(self, source, version: int, message=None) -> None:
+        """The slot this version carries: loaded when its snapshot is new to this holder."""
+        slot, sid = int(message.get("slot")), int(message.get("slot_id"))
+        if sid >= 0 and 0 <= slot < len(self.runners) and self.ids[slot] != sid:
+            self.runners[slot].load(message["slot_params"], version)
+            self.ids[slot] = sid

@@ -13,6 +13,7 @@ weights stay bit-identical.
 """
 from __future__ import annotations
 
+import copy
 import time
 from typing import Callable
 
@@ -29,18 +30,17 @@ from hpcrl.envs.state import NotCapturable
 from hpcrl.io.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from hpcrl.io.learner_outputs import LearnerOutputs
 from hpcrl.models import build_optimizer, build_policy, copy_params_to, policy_digest
-from hpcrl.models.member import member_arrays, member_layout
 from hpcrl.runtime import comm
 from hpcrl.runtime.control import ControlStream
-from hpcrl.runtime.member_copy import MemberState, broadcast_state
 from hpcrl.runtime.params import END, ParameterPublisher
 from hpcrl.workers.averaging import start_averaging
+from hpcrl.workers.trainer_member import MemberParts
 from hpcrl.workers.trainer_stats import TrainerStats
 
 MEMBER_WAIT_SLEEP_S = 1e-4  # a population member's learners, waiting for their root's word after an update
 
 
-class LearnerRole:
+class LearnerRole(MemberParts):
     name = "learner"
 
     @classmethod
@@ -101,6 +101,9 @@ class LearnerRole:
         self.root = trainer_comm.Get_rank() == 0
         self.population, self.live = None, live
         self._member_state = None  # built at a member's first copy (workers/population.py)
+        self.spaces = spaces
+        self.publish_extra = None  # a league member's: its slot in each weights message (workers/league.py)
+        self.league_saved = None  # (root) a league member's snapshots and slots, from its checkpoint
         # only the trainers, never the whole world; with several policies, each policy's block of
         # trainers averages that policy's gradients (none at all where a block is one trainer)
         self.averaging = start_averaging(trainer_comm, len(self.policy_names), self.policy_comm.Get_size(), policy)
@@ -124,6 +127,7 @@ class LearnerRole:
         self.optimizer = self.averaging.wrap(self.model, optimizer)
         self.step = step(cfg, self.model, self.optimizer, self.device, self.rng, spaces.obs_dtype,
                          spaces.action_dtype)
+        self._initial_step_state = copy.deepcopy(self.step.state())  # a league exploiter's reset takes it again
         counters = self._start_from(resume_path)
         self.version = int(counters.get("policy_version", 0))
         self.updates = int(counters.get("updates", 0))
@@ -161,6 +165,8 @@ class LearnerRole:
         # (several policies: each block's trainers seeded alike start alike; a resume's weights
         # come with the optimizer state below)
         self.env_state = checkpoint["extra"].get("env_state") if checkpoint else None
+        self.league_saved = ({k: v for k, v in checkpoint["extra"].items() if k.startswith("league_")} or None
+                             if checkpoint else None)
         # (root) a population member preempted while it waited in a round (workers/population.py)
         self.waiting_round = int(checkpoint["extra"].get("population_waiting_round", 0)) if checkpoint else 0
         # MPI: the root's optimizer state, counters and step state (with several policies, every
@@ -281,48 +287,6 @@ class LearnerRole:
         else:
             self._set_waiting_status()
 
-    # --- a population member ----------------------------------------------------------------------
-    def member_state(self) -> MemberState:
-        """This member's weights, normalisers and Adam state as the arrays a copy moves in place."""
-        if self._member_state is None:
-            self._member_state = MemberState(member_arrays(self.model, self.optimizer), member_layout(self.model))
-        return self._member_state
-
-    def _share_adoption(self, adoption) -> None:
-        """MPI over the member's learners: the state its root received (the root's arrays) and the
-        adoption, taken by the others as the root took it."""
-        broadcast_state(self.comm, self.member_state())
-        adoption = comm.broadcast_object_on(self.comm, adoption)
-        if not self.root:
-            self._adopt(adoption)
-
-    def adopt_before_training(self, adoption) -> None:
-        """A copy taken at start-up (a member resumed in the round it was preempted in). Serial
-        mode: the actor reads the weights in place and has not read them yet, so the version
-        published at start-up is published again, with the copy (elsewhere holders may have that
-        version already, and the copy reaches them with the next)."""
-        self._adopt(adoption)
-        if self.local_env is not None:
-            self._publish()
-
-    def _adopt(self, adoption) -> None:
-        """A copy's state is in this learner's arrays already: the parent's step state and the new
-        hyperparameters. Its fitness starts again, so the next judgement is of the copy."""
-        self.step.restore(adoption.step_state)
-        before = {k: getattr(self.cfg.algo, k) for k in self.live}
-        self._set_hyperparameters(adoption.hyperparameters)
-        self.stats.reset_fitness()
-        if self.root:
-            changed = [f"algo.{k} {before[k]:.4g} -> {v:.4g}" for k, v in adoption.hyperparameters.items()
-                       if v != before[k]]
-            print(f"[hpcrl{self.files.label}] exploit: took member {adoption.parent}'s state at {self.frames:,} "
-                  f"frames{'; ' + ', '.join(changed) if changed else ''}", flush=True)
-
-    def _set_hyperparameters(self, values: dict) -> None:
-        for key, value in values.items():
-            if key in self.live:
-                setattr(self.cfg.algo, key, float(value))
-
     def _set_waiting_status(self) -> None:
         """From now on the status names what is missing (the watchdog's message, if it fires). It
         is worked out only when read: a scan of every actor on each arrival would cost O(fan-in)
@@ -340,7 +304,7 @@ class LearnerRole:
     def _publish(self) -> None:
         if self.publisher is not None:  # after the stop word, the last version closes the stream
             self.publisher.publish(self.version, lambda flat: copy_params_to(self.model, flat),
-                                   flags=END if self.stop_flags else 0)
+                                   flags=END if self.stop_flags else 0, extra=self.publish_extra)
 
     # --- learner root only --------------------------------------------------------------------------
     def save(self, path: str) -> None:
@@ -355,6 +319,8 @@ class LearnerRole:
             extra["rating"] = rating
         if self.population is not None:
             extra["population_waiting_round"] = self.population.waiting_round
+            if self.population.league is not None:  # its snapshots and slots (workers/league.py)
+                extra.update(self.population.league.saved_parts())
         if self.live:
             extra["hyperparameters"] = {k: float(getattr(self.cfg.algo, k)) for k in self.live}
         if self.local_env is not None:  # serial mode: the env's state too, for an exact continuation

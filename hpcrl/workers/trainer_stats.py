@@ -112,6 +112,7 @@ class TrainerStats:
                 row[f"{name}.episodes"] = int(own[1])
                 row[f"{name}.return_mean"] = own[2] / own[1] if own[1] else np.nan
                 row.update({f"{name}.{k}": float(v) / (n // P) for k, v in zip(keys, own[first_loss:])})
+        self.pool_games = games[:self.selfplay_ages]  # a league member's learner root reads them (workers/league.py)
         if self.selfplay_ages:
             row.update(selfplay_columns(games[:self.selfplay_ages]))
         if self.rating is not None:

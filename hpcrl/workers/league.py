@@ -1,0 +1,210 @@
+"""A league member's side of league self-play (core/league.py decides), on its learner root.
+
+- Snapshots. The member's weights are frozen at its start (seq 0) and then every
+  `snapshot_frames` of its training, into a ring a little larger than what the league keeps, so a
+  snapshot the population root picked just before newer ones pushed it out of the league is still
+  here to send. Each report tells the root the newest seq. Right after a snapshot
+  an exploiter may start again from its initial weights (core/league.resets_after_snapshot).
+- Slots. The K snapshots the member's policy holders play against (algo.selfplay.pool). The root
+  orders each change: the snapshot's owner sends the weights to this learner root, over MPI in
+  memory as a population's copies travel (runtime/member_copy.py); a snapshot of its own it copies
+  from its ring.
+- The holders. Every weights message carries one slot besides the policy (core/messages.
+  weights_spec), and a holder loads it when its snapshot is new to it (workers/selfplay.LeaguePool).
+  The slots go in a fresh random order every K versions, drawn from the version, so a holder that
+  skips versions (the parameter stream is newest-only) still gets each slot again within a few
+  cycles (a fixed order could keep step with its skips), and a resumed run sends them as the
+  uninterrupted one would. So no stream of its own is needed and nothing is sent twice to a
+  holder that keeps up: each slot travels once per K versions.
+- Games. The trainers count the games against each slot (workers/trainer_stats.py); the learner
+  root adds them up by the snapshot the slot holds and sends them with its next report. Games
+  played in the versions between a slot's change and its arrival at a holder count against the
+  new snapshot, a small error the EMA forgets.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable
+
+import numpy as np
+
+from hpcrl.core.league import League, resets_after_snapshot, ring_size
+from hpcrl.core.seeds import seed_for
+
+# The population root's orders of a snapshot's move (after workers/population_root.py's):
+# [SNAPSHOT_SEND, to member, seq] to the owner; [SNAPSHOT_RECEIVE, from owner, slot, snapshot id] to
+# the member; [SNAPSHOT_LOCAL, slot, snapshot id, seq] to a member given a snapshot of its own.
+SNAPSHOT_SEND, SNAPSHOT_RECEIVE, SNAPSHOT_LOCAL = 6.0, 7.0, 8.0
+SNAPSHOT_ORDERS = (SNAPSHOT_SEND, SNAPSHOT_RECEIVE, SNAPSHOT_LOCAL)
+STATE_FILE = "league_state.json"
+MAX_STATE_BYTES = 64 * 2**20
+SAVE_INTERVAL_S = 10.0  # the league's state is written at most this often (and when the population ends)
+
+SAVED_KEYS = ("league_ring", "league_ring_seq", "league_slots", "league_slot_ids", "league_counters")
+
+
+class LeagueMember:
+    def __init__(self, role: str, member: int, run_seed: int, num_params: int, slots: int, keep: int,
+                 snapshot_frames: int, exploiter_reset: float, ready_frames: int, saved: dict | None = None,
+                 initial: Callable[[np.ndarray], None] | None = None):
+        """`saved`: what a checkpoint held (`saved_parts`); else `initial` copies the weights it
+        starts with into snapshot 0 (the ring: core/league.ring_size)."""
+        self.role, self.member, self.run_seed = role, member, run_seed
+        self.snapshot_frames, self.exploiter_reset = snapshot_frames, exploiter_reset
+        ring = ring_size(keep, ready_frames, snapshot_frames)
+        self.ring = np.zeros((ring, num_params), dtype=np.float32)
+        self.ring_seq = np.full(ring, -1, dtype=np.int64)
+        self.slot_params = np.zeros((slots, num_params), dtype=np.float32)
+        self.slot_ids = np.full(slots, -1, dtype=np.int64)
+        self.seq, self.next_snapshot = -1, 0
+        self.games: dict[int, np.ndarray] = {}  # snapshot id -> (wins, draws, losses) since the last report
+        self._warned = False
+        if saved:
+            self.restore(saved)
+        else:
+            self.take_snapshot(initial, 0)
+
+    # --- snapshots ----------------------------------------------------------------------------------
+    def snapshot_due(self, frames: int) -> bool:
+        return frames >= self.next_snapshot
+
+    def take_snapshot(self, fill: Callable[[np.ndarray], None], frames: int) -> bool:
+        """Freeze the weights (`fill` copies them into a vector) as the next seq; whether the
+        member now starts again from its initial weights."""
+        self.seq += 1
+        i = self.seq % len(self.ring)
+        fill(self.ring[i])
+        self.ring_seq[i] = self.seq
+        self.next_snapshot = (frames // self.snapshot_frames + 1) * self.snapshot_frames
+        return self.seq > 0 and resets_after_snapshot(self.role, self.exploiter_reset, self.run_seed, self.member,
+                                                      self.seq)
+
+    def snapshot(self, seq: int) -> np.ndarray:
+        """Snapshot `seq`'s weights, to send. One already out of the ring (the root picked it
+        before it learned of two newer ones) gives way to the oldest held, said once."""
+        i = seq % len(self.ring)
+        if self.ring_seq[i] != seq:
+            i = int(np.argmin(np.where(self.ring_seq >= 0, self.ring_seq, np.iinfo(np.int64).max)))
+            if not self._warned:
+                print(f"[hpcrl] league: member {self.member}'s snapshot {seq} is no longer kept; sending snapshot "
+                      f"{self.ring_seq[i]} in its place (it took more snapshots than expected between the root's pick and this send)", flush=True)
+                self._warned = True
+        return self.ring[i]
+
+    # --- slots --------------------------------------------------------------------------------------
+    def set_slot(self, slot: int, sid: int, weights: np.ndarray | None = None) -> None:
+        """Slot `slot` now holds snapshot `sid` (its weights received in place, or `weights`)."""
+        if weights is not None:
+            self.slot_params[slot] = weights
+        self.slot_ids[slot] = sid
+
+    def fill_message(self, message, version: int) -> None:
+        """Put one slot into the weights message of `version`: the k-th of a random order of the
+        slots drawn for each cycle of K versions."""
+        k = len(self.slot_ids)
+        cycle, place = divmod(int(version), k)
+        slot = int(np.random.default_rng(seed_for(self.run_seed, "league", self.member, cycle, 1)).permutation(k)[place])
+        message["slot_params"][...] = self.slot_params[slot]
+        message.set(slot=slot, slot_id=int(self.slot_ids[slot]))
+
+    # --- games and reports --------------------------------------------------------------------------
+    def add_games(self, slot_games: np.ndarray) -> None:
+        """One update's games against each slot (wins, draws, losses), by the snapshot it holds."""
+        for slot, row in enumerate(np.asarray(slot_games)):
+            sid = int(self.slot_ids[slot])
+            if row.sum() and sid >= 0:
+                self.games[sid] = self.games.get(sid, np.zeros(3)) + row
+
+    def report_part(self) -> list[float]:
+        """What the next report adds: the newest seq, each slot's snapshot id, then (id, wins,
+        draws, losses) per snapshot played since the last report (taken: counted once)."""
+        games = [v for sid, row in sorted(self.games.items()) for v in (sid, *row)]
+        self.games = {}
+        return [self.seq, *self.slot_ids.tolist(), *games]
+
+    # --- checkpoints --------------------------------------------------------------------------------
+    def saved_parts(self) -> dict[str, np.ndarray]:
+        return {"league_ring": self.ring, "league_ring_seq": self.ring_seq, "league_slots": self.slot_params,
+                "league_slot_ids": self.slot_ids,
+                "league_counters": np.array([self.seq, self.next_snapshot], dtype=np.int64)}
+
+    def restore(self, saved: dict) -> None:
+        """From a checkpoint of a member of the same model and league shape (ValueError otherwise)."""
+        parts = {k: np.asarray(saved[k]) for k in SAVED_KEYS}
+        for key, mine in (("league_ring", self.ring), ("league_slots", self.slot_params)):
+            if parts[key].shape != mine.shape:
+                raise ValueError(f"the checkpoint's {key} is {parts[key].shape}, this league member holds "
+                                 f"{mine.shape} (population.league.keep, algo.selfplay.pool or the model changed)")
+        self.ring[...], self.ring_seq[...] = parts["league_ring"], parts["league_ring_seq"]
+        self.slot_params[...], self.slot_ids[...] = parts["league_slots"], parts["league_slot_ids"]
+        self.seq, self.next_snapshot = (int(v) for v in parts["league_counters"])
+
+
+def parse_report_part(values: np.ndarray, slots: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """The population root's reading of `LeagueMember.report_part`: (newest seq, slot ids,
+    rows of (snapshot id, wins, draws, losses))."""
+    values = np.asarray(values, dtype=np.float64)
+    return int(values[0]), values[1:1 + slots].astype(np.int64), values[1 + slots:].reshape(-1, 4)
+
+
+class LeagueRoot:
+    """The population root's league: it reads the members' reports into the league (their new
+    snapshots, their games), draws each reporting member's slots anew and orders the moves, and
+    saves the league (its snapshots and payoff matrix) beside the lineage, as JSON data, every
+    SAVE_INTERVAL_S at most (its size grows with members x keep) and when the population ends; a
+    resumed population reads it back."""
+
+    def __init__(self, channel, league: League, rng: np.random.Generator, run_dir: str):
+        self.channel, self.league, self.rng = channel, league, rng
+        self.path = os.path.join(run_dir, STATE_FILE)
+        self.write_failed = False
+        self.saved_at = -SAVE_INTERVAL_S
+        if os.path.exists(self.path):
+            self._load()
+
+    def report(self, member: int, part: np.ndarray) -> None:
+        """A member's report: its newest snapshot, what its slots hold, its games since the last."""
+        newest, slot_ids, games = parse_report_part(part, self.league.slots)
+        if newest < self.league.newest[member]:
+            self.league.rewind(member, newest)
+        self.league.add_snapshots(member, newest)
+        self.league.assigned[member] = slot_ids  # the member's own word (a resumed member's, from its checkpoint)
+        for sid, wins, draws, losses in games:
+            self.league.record(member, int(sid), wins, draws, losses)
+
+    def match(self, member: int) -> None:
+        """Draw the member's slots anew and order the moves of the snapshots that change."""
+        for slot, sid in self.league.assign(member, self.rng):
+            owner, seq = self.league.snapshots[sid]
+            if owner == member:
+                self.channel.order(member, [SNAPSHOT_LOCAL, slot, sid, seq])
+            else:  # the pair back to back: every member serves its orders in the order they were issued
+                self.channel.order(owner, [SNAPSHOT_SEND, member, seq])
+                self.channel.order(member, [SNAPSHOT_RECEIVE, owner, slot, sid])
+
+    def save(self, now: bool = False) -> None:
+        """The league's state, if SAVE_INTERVAL_S have passed since the last save (or `now`)."""
+        if self.write_failed or (not now and time.monotonic() - self.saved_at < SAVE_INTERVAL_S):
+            return
+        self.saved_at = time.monotonic()
+        temporary = self.path + ".tmp"
+        try:
+            with open(temporary, "w", encoding="utf-8") as fh:
+                json.dump(self.league.state(), fh)
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            self.write_failed = True
+            print(f"[hpcrl] warning: league: cannot write {self.path} ({exc.strerror or exc}); the league plays on, "
+                  f"but a resume would start its payoff matrix from the last one saved", flush=True)
+
+    def _load(self) -> None:
+        """The league a previous launch left (data, read bounded)."""
+        try:
+            with open(self.path, "rb") as fh:
+                state = json.loads(fh.read(MAX_STATE_BYTES + 1)[:MAX_STATE_BYTES + 1])
+            self.league.restore(state)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RuntimeError(f"cannot resume the league from {self.path}: {type(exc).__name__}: {exc}; move it "
+                               f"aside to start the league's payoff matrix afresh") from None

@@ -1,0 +1,87 @@
+"""The parts of a trainer (workers/trainer.py) that only a population member uses: its state as
+the arrays a copy moves in place, the adoption of another member's state, and, in a league, its
+snapshots' weights and an exploiter's start again from its initial weights (workers/population.py
+and workers/league.py call these on the learner root; `_share_adoption` reaches its other learners).
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from hpcrl.models import build_policy, copy_params_to, num_params
+from hpcrl.models.member import member_arrays, member_layout
+from hpcrl.runtime import comm
+from hpcrl.runtime.member_copy import MemberState, broadcast_state
+
+
+class MemberParts:
+    """Mixed into LearnerRole, whose attributes these read (model, optimizer, step, cfg, comm...)."""
+
+    def member_state(self) -> MemberState:
+        """This member's weights, normalisers and Adam state as the arrays a copy moves in place."""
+        if self._member_state is None:
+            self._member_state = MemberState(member_arrays(self.model, self.optimizer), member_layout(self.model))
+        return self._member_state
+
+    def _share_adoption(self, adoption) -> None:
+        """MPI over the member's learners: the state its root received (the root's arrays) and the
+        adoption, taken by the others as the root took it."""
+        broadcast_state(self.comm, self.member_state())
+        adoption = comm.broadcast_object_on(self.comm, adoption)
+        if not self.root:
+            self._adopt(adoption)
+
+    def adopt_before_training(self, adoption) -> None:
+        """A copy taken at start-up (a member resumed in the round it was preempted in). Serial
+        mode: the actor reads the weights in place and has not read them yet, so the version
+        published at start-up is published again, with the copy (elsewhere holders may have that
+        version already, and the copy reaches them with the next)."""
+        self._adopt(adoption)
+        if self.local_env is not None:
+            self._publish()
+
+    @property
+    def num_params(self) -> int:
+        return num_params(self.model)
+
+    def copy_params(self, flat: np.ndarray) -> None:
+        """The weights into a float32 vector (a league snapshot: workers/league.py)."""
+        copy_params_to(self.model, flat)
+
+    def reset_to_initial(self):
+        """(root) A league exploiter starts again: the weights and normalisers it was built with
+        (the same seed, so the same ones), and a fresh optimizer and step state. The adoption
+        that tells its other learners (they take the root's arrays, as a copy's)."""
+        with torch.random.fork_rng():  # the run's own random streams go on untouched
+            torch.manual_seed(self.cfg.run.seed)
+            fresh = build_policy(self.spaces, self.cfg)
+        self.model.load_state_dict(fresh.state_dict())
+        for arena in self.optimizer.ensure_state():
+            arena.zero_()
+        from hpcrl.workers.population import Adoption
+        return Adoption(-1, copy.deepcopy(self._initial_step_state),
+                        {k: float(getattr(self.cfg.algo, k)) for k in self.live})
+
+    def _adopt(self, adoption) -> None:
+        """A copy's state is in this learner's arrays already: the parent's step state and the new
+        hyperparameters. Its fitness starts again, so the next judgement is of the copy (parent
+        -1: a league exploiter's reset to its initial state)."""
+        self.step.restore(adoption.step_state)
+        before = {k: getattr(self.cfg.algo, k) for k in self.live}
+        self._set_hyperparameters(adoption.hyperparameters)
+        self.stats.reset_fitness()
+        if self.root and adoption.parent < 0:
+            print(f"[hpcrl{self.files.label}] league: started again from its initial weights at {self.frames:,} "
+                  f"frames, after its snapshot", flush=True)
+        elif self.root:
+            changed = [f"algo.{k} {before[k]:.4g} -> {v:.4g}" for k, v in adoption.hyperparameters.items()
+                       if v != before[k]]
+            print(f"[hpcrl{self.files.label}] exploit: took member {adoption.parent}'s state at {self.frames:,} "
+                  f"frames{'; ' + ', '.join(changed) if changed else ''}", flush=True)
+
+    def _set_hyperparameters(self, values: dict) -> None:
+        for key, value in values.items():
+            if key in self.live:
+                setattr(self.cfg.algo, key, float(value))

@@ -1,0 +1,269 @@
+"""League self-play (core/league.py, workers/league.py): the roles' opponents, PFSP draws and the
+payoff EMA against hand-checked cases, a member's snapshots and slots, the holders' slots, the
+config's refusals, and a league of 3 members on 6 ranks that resumes."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+import yaml
+
+from hpcrl.core.config import ConfigError, parse_config
+from hpcrl.core.league import (LEAGUE_EXPLOITER, MAIN, MAIN_EXPLOITER, League, ema_of_games, member_roles,
+                               resets_after_snapshot)
+from hpcrl.core.messages import weights_spec
+from hpcrl.io.checkpoint import load_checkpoint
+from hpcrl.workers.league import LeagueMember, parse_report_part
+from tests.conftest import mpirun, run_dir, small_config, write_config
+
+ROLES = member_roles(1, 1, 1)
+
+
+def test_roles_come_in_member_order():
+    assert member_roles(2, 1, 1) == [MAIN, MAIN, MAIN_EXPLOITER, LEAGUE_EXPLOITER]
+
+
+def test_each_role_is_offered_the_snapshots_its_role_plays():
+    """Main agents and league exploiters: every snapshot the league keeps; main exploiters: the
+    main agents' newest only. An owner keeps its last `keep`; an absent owner's are never offered."""
+    league = League(ROLES, keep=2, slots=4)
+    assert league.snapshots == {0: (0, 0), 1: (1, 0), 2: (2, 0)}  # every member's initial weights
+    assert league.add_snapshots(0, 3) == [3, 4, 5]  # member 0's seqs 1..3
+    assert league.add_snapshots(2, 1) == [6]
+    assert league.candidates(0).tolist() == [1, 2, 4, 5, 6]  # member 0 keeps seqs 2 and 3
+    assert 0 not in league.snapshots and 3 not in league.snapshots  # its seqs 0 and 1 left the league
+    assert league.candidates(2).tolist() == [1, 2, 4, 5, 6]
+    assert league.candidates(1).tolist() == [5]  # the main agent's newest
+    league.absent[2] = True
+    assert league.candidates(0).tolist() == [1, 4, 5]
+
+
+def test_slots_are_drawn_by_pfsp_and_keep_what_is_drawn_again():
+    """Win rates 0.5, 0 and 1 against the three initial snapshots: "hard" weighs them (1 - p)^2
+    = 0.25, 1, 0, so 0.2, 0.8 and 0: the same draws as numpy's with those by hand."""
+    league = League(ROLES, keep=4, slots=6)
+    league.payoff = {(0, 0): 0.5, (0, 1): 0.0, (0, 2): 1.0}
+    changes = league.assign(0, np.random.default_rng(7))
+    expected = np.random.default_rng(7).choice([0, 1, 2], size=6, p=[0.2, 0.8, 0.0])
+    assert changes == [(slot, int(sid)) for slot, sid in enumerate(expected)]
+    assert 2 not in league.assigned[0]  # it always beats snapshot 2
+    before = league.assigned[0].copy()
+    again = league.assign(0, np.random.default_rng(8))
+    drawn = np.random.default_rng(8).choice([0, 1, 2], size=6, p=[0.2, 0.8, 0.0])
+    assert sorted(league.assigned[0].tolist()) == sorted(drawn.tolist())
+    kept = 6 - len(again)  # a slot keeps its snapshot where the new draws hold it again
+    assert kept == sum(min(list(before).count(s), list(drawn).count(s)) for s in set(drawn.tolist()))
+    for slot, sid in again:
+        assert before[slot] != sid
+    # a main exploiter draws its mains uniformly, whatever its win rates
+    league.payoff[(1, 0)] = 1.0
+    league.assign(1, np.random.default_rng(0))
+    assert set(league.assigned[1].tolist()) == {0}
+
+
+def test_the_payoff_ema_moves_towards_each_batch_as_game_by_game():
+    assert ema_of_games(0.5, 2, 0, 0, decay=0.5) == pytest.approx(0.875)  # 0.5 -> 0.75 -> 0.875
+    sequential = 0.5
+    for _ in range(10):
+        sequential = 0.99 * sequential + 0.01 * 0.0
+    assert ema_of_games(0.5, 0, 0, 10, decay=0.99) == pytest.approx(sequential)
+    assert ema_of_games(0.3, 0, 0, 0, decay=0.9) == 0.3
+    assert ema_of_games(0.5, 0, 4, 0, decay=0.9) == pytest.approx(0.5)  # draws count half
+    league = League(ROLES, keep=4, slots=2, decay=0.5)
+    league.record(0, 1, 1, 0, 1)
+    league.record(0, 99, 5, 0, 0)  # no such snapshot: nothing to judge
+    assert league.payoff == {(0, 1): pytest.approx(0.5)} and league.games == {(0, 1): 2}
+
+
+def test_exploiters_reset_after_their_snapshots_as_their_roles_say():
+    assert not any(resets_after_snapshot(MAIN, 1.0, 1, 0, s) for s in range(1, 50))
+    assert all(resets_after_snapshot(MAIN_EXPLOITER, 0.0, 1, 1, s) for s in range(1, 50))
+    draws = [resets_after_snapshot(LEAGUE_EXPLOITER, 0.25, 1, 2, s) for s in range(1, 401)]
+    assert 60 <= sum(draws) <= 140  # 100 expected
+    assert draws == [resets_after_snapshot(LEAGUE_EXPLOITER, 0.25, 1, 2, s) for s in range(1, 401)]  # a resume draws alike
+
+
+def test_the_league_state_round_trips_and_a_member_that_went_back_retires_its_later_snapshots():
+    league = League(ROLES, keep=3, slots=2)
+    league.record(0, 1, 1, 0, 0)
+    league.add_snapshots(1, 4)  # ids 3 to 6; it keeps seqs 2 to 4 (ids 4 to 6)
+    assert (0, 1) not in league.payoff  # its seq 0 left the league with its payoffs
+    league.record(0, 4, 3, 1, 0)
+    again = League(ROLES, keep=3, slots=2)
+    again.restore(json.loads(json.dumps(league.state())))
+    assert again.snapshots == league.snapshots and again.payoff == league.payoff and again.games == league.games
+    assert again.newest.tolist() == [0, 4, 0]
+    again.rewind(1, 2)  # member 1 resumed from a checkpoint at its seq 2
+    assert again.add_snapshots(1, 3) == [7]  # its new seq 3 is a new snapshot
+    assert [again.snapshots[i] for i in again.candidates(0)] == [(0, 0), (2, 0), (1, 2), (1, 3)]
+    assert (0, 4) in again.payoff
+    with pytest.raises(ValueError, match="roles"):
+        League(member_roles(2, 1, 0), keep=3, slots=2).restore(league.state())
+
+
+def _member(ring_snapshots: int = 2, slots: int = 3) -> LeagueMember:
+    counter = iter(range(100))
+    return LeagueMember(MAIN_EXPLOITER, 1, 5, num_params=4, slots=slots, keep=ring_snapshots, snapshot_frames=100,
+                        exploiter_reset=0.25, ready_frames=100, initial=lambda flat: flat.fill(next(counter)))
+
+
+def test_a_member_snapshots_on_its_frame_rule_and_keeps_a_ring():
+    member = _member()  # a ring of keep 2 + 1 + ready/snapshot 1 = 4
+    assert member.seq == 0 and member.snapshot(0).tolist() == [0.0] * 4
+    assert not member.snapshot_due(99) and member.snapshot_due(100)
+    value = iter(range(1, 100))
+    for frames in (130, 250, 300, 420, 510):
+        assert member.take_snapshot(lambda flat: flat.fill(next(value)), frames)  # a main exploiter always resets
+    assert member.seq == 5 and member.next_snapshot == 600
+    assert [member.snapshot(s)[0] for s in (2, 3, 4, 5)] == [2, 3, 4, 5]
+    assert member.snapshot(1)[0] == 2  # gone from the ring: the oldest held instead
+
+
+def test_weights_messages_carry_every_slot_once_per_cycle_and_games_count_by_snapshot():
+    member = _member(slots=3)
+    for slot, sid in enumerate((10, 11, 12)):
+        member.set_slot(slot, sid, np.full(4, sid, dtype=np.float32))
+    message = weights_spec(4, league=True).allocate()
+    for cycle in range(3):
+        seen = []
+        for version in range(3 * cycle, 3 * cycle + 3):
+            member.fill_message(message, version)
+            seen.append(int(message.get("slot")))
+            assert message["slot_params"][0] == message.get("slot_id") == 10 + seen[-1]
+        assert sorted(seen) == [0, 1, 2]
+    member.add_games(np.array([[2, 0, 1], [0, 0, 0], [1, 1, 0]]))
+    member.set_slot(2, 10)
+    member.add_games(np.array([[1, 0, 0], [0, 0, 0], [0, 0, 3]]))
+    newest, slot_ids, games = parse_report_part(np.array(member.report_part()), 3)
+    assert newest == 0 and slot_ids.tolist() == [10, 11, 10]
+    assert games.tolist() == [[10, 3, 0, 4], [12, 1, 1, 0]]
+    assert parse_report_part(np.array(member.report_part()), 3)[2].size == 0  # counted once
+
+
+def test_a_member_restores_its_snapshots_and_slots_from_a_checkpoint():
+    member = _member()
+    member.take_snapshot(lambda flat: flat.fill(7), 150)
+    member.set_slot(1, 3, np.arange(4, dtype=np.float32))
+    again = LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 3, 2, 100, 0.25, 100,
+                         saved={k: v.copy() for k, v in member.saved_parts().items()})
+    assert again.seq == 1 and again.next_snapshot == 200 and again.snapshot(1)[0] == 7
+    assert again.slot_ids.tolist() == [-1, 3, -1] and again.slot_params[1].tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="league_ring"):
+        LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 3, 5, 100, 0.25, 100, saved=member.saved_parts())
+
+
+def test_a_holder_loads_a_slot_only_when_its_snapshot_changes():
+    """A league member's policy holder, as env ranks and policy servers build it: each weights
+    message carries one slot, which its runner loads when the snapshot is new to it."""
+    from hpcrl.workers.selfplay import LeaguePool
+    from hpcrl.workers.policy_server import build_runner
+    from hpcrl.envs import env_spaces
+    cfg = _parsed(_league_dict())
+    spaces = env_spaces(cfg.env)
+    pool = LeaguePool([build_runner(cfg, spaces, "cpu", "inline_policy", 0, policy=1 + k) for k in range(2)])
+    from hpcrl.models import num_params
+    n = num_params(pool.runners[0].model)
+    message = weights_spec(n, league=True).allocate()
+    message["slot_params"][...] = 0.25
+    message.set(slot=1, slot_id=-1, version=3)
+    pool.offer(None, 3, message)  # no snapshot in that slot yet
+    assert pool.ids == [-1, -1]
+    message.set(slot=1, slot_id=4)
+    pool.offer(None, 3, message)
+    assert pool.ids == [-1, 4] and all((p == 0.25).all() for p in pool.runner(1).model.parameters())
+    message["slot_params"][...] = 0.5  # the same snapshot again: not loaded again
+    pool.offer(None, 4, message)
+    assert all((p == 0.25).all() for p in pool.runner(1).model.parameters())
+    assert not all((p == 0.25).all() for p in pool.runner(0).model.parameters())
+
+
+def _league_dict(tmp_path=None, **league) -> dict:
+    cfg = small_config(tmp_path or __import__("pathlib").Path("/tmp"), name="league",
+                       roles={"learner": {"ranks": 1}, "inference": {"ranks": 0}},
+                       env={"id": "pettingzoo:classic/connect_four-v3", "num_envs": 4},
+                       algo={"name": "ippo", "rollout_length": 32,
+                             "selfplay": {"pool": 4, "latest": 0.4, "anchor_share": 0.2,
+                                          "anchors": {"uniform": "tests.anchors:uniform"}}},
+                       run={"total_frames": 12288}, model={"encoder": "mlp", "hidden_sizes": [32]})
+    cfg["population"] = {"members": 3, "ready_frames": 1024,
+                         "league": {"main": 1, "main_exploiters": 1, "league_exploiters": 1, "snapshot_frames": 2048,
+                                    "keep": 3, **league}}
+    return cfg
+
+
+def _parsed(data: dict):
+    return parse_config(yaml.safe_dump(data), "league.yaml")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"population": {"league": {"main": 0, "main_exploiters": 2, "league_exploiters": 1}}}, "at least one main"),
+    ({"population": {"league": {"main": 2}}}, "population.members is 3"),
+    ({"population": {"explore": {"algo.lr": {"perturb": [0.8, 1.2]}}}}, "not copied onto each other"),
+    ({"population": {"league": {"keep": 0}}}, "population.league.keep"),
+    ({"population": {"league": {"opponents": "easy"}}}, "population.league.opponents"),
+    ({"population": {"league": {"exploiter_reset": 1.5}}}, "exploiter_reset"),
+    ({"algo": {"selfplay": {"pool": 0}}}, "algo.selfplay.pool >= 1"),
+])
+def test_a_league_config_is_refused_with_the_key_to_change(change, message):
+    cfg = _league_dict()
+    for section, values in change.items():
+        for key, value in values.items():
+            if isinstance(value, dict) and isinstance(cfg[section].get(key), dict):
+                cfg[section][key] = {**cfg[section][key], **value}
+            else:
+                cfg[section][key] = value
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _parsed(cfg)
+
+
+def test_exploiters_never_play_themselves_and_draw_their_slots_uniformly():
+    from hpcrl.core.members import member_config, member_role
+    cfg = _parsed(_league_dict())
+    assert [member_role(cfg, m) for m in range(3)] == ROLES
+    members = [member_config(cfg, m) for m in range(3)]
+    assert [m.algo.selfplay.latest for m in members] == [0.4, 0.0, 0.0]
+    assert {m.algo.selfplay.opponents for m in members} == {"uniform"}
+
+
+def test_a_league_of_three_members_on_6_ranks_plays_each_others_snapshots_and_resumes(tmp_path):
+    """Each member on 2 ranks (a learner and an env rank that holds the policy inline, so the slots
+    travel down the parameter stream to another rank). The population root's league: every
+    member's snapshots, the main agent's games against the exploiters' snapshots, the main
+    exploiter's only against the main agent's; the main exploiter starts again after every
+    snapshot and the main agent never; checkpoints hold the snapshots and slots; a resumed league
+    goes on from the saved payoff matrix."""
+    cfg = _league_dict(tmp_path)
+    path = write_config(tmp_path, cfg)
+    result = mpirun(6, "run", str(path), timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    state = json.loads((run_dir(cfg) / "league_state.json").read_text())
+    newest = state["newest"]
+    assert all(n >= 4 for n in newest), newest  # 12,288 frames, a snapshot every 2,048
+    owners = {sid: o for sid, o, _ in state["snapshots"]}
+    games = {}  # (member, owner) -> games
+    for m, sid, p, g in state["payoff"]:
+        assert 0.0 <= p <= 1.0
+        games[(m, owners[sid])] = games.get((m, owners[sid]), 0) + g
+    assert games.get((0, 1), 0) + games.get((0, 2), 0) > 0, games  # the main agent plays the exploiters
+    assert games.get((2, 0), 0) + games.get((2, 1), 0) > 0, games
+    assert {o for (m, o) in games if m == 1} == {0}, games  # the main exploiter: the main agent only
+    resets = {m: len(re.findall(rf"member{m} \(\w+\)\] league: started again", result.stdout)) for m in range(3)}
+    assert resets[0] == 0 and resets[1] == newest[1], (resets, newest)
+    saved = load_checkpoint(str(run_dir(cfg) / "member1" / "checkpoint.h5"))["extra"]
+    assert saved["league_counters"][0] == newest[1]
+    assert (saved["league_slot_ids"] >= 0).all()
+    assert len(saved["league_ring"]) == 3 + 1 + 1024 // 2048
+
+    before = {(m, s): g for m, s, _, g in state["payoff"]}
+    cfg["run"]["total_frames"] = 16384
+    result = mpirun(6, "run", str(write_config(tmp_path, cfg)), timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("resuming from") == 3
+    state = json.loads((run_dir(cfg) / "league_state.json").read_text())
+    assert all(n >= 6 for n in state["newest"]), state["newest"]
+    after = {(m, s): g for m, s, _, g in state["payoff"]}
+    common = set(before) & set(after)  # (the snapshots still kept: the others left the league)
+    assert common and all(after[k] >= before[k] for k in common)  # the payoff matrix went on from the saved one
+    assert sum(after[k] for k in common) > sum(before[k] for k in common)
