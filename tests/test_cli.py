@@ -1,7 +1,10 @@
 """`hpcrl plan` (no MPI) and the console entry point."""
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO, run_hpcrl as hpcrl
 
@@ -66,6 +69,30 @@ def test_plan_lays_out_a_thousand_members_on_a_hundred_thousand_ranks():
     wrong = hpcrl("plan", "jobs/cartpole_pbt.yaml", "--world-size", "12")
     assert wrong.returncode == 2 and "8 members need a world size that is a multiple of 8" in wrong.stderr
     assert "run on 8 or 16 ranks" in wrong.stderr
+
+
+def test_plan_sizes_a_league_of_a_thousand_members_with_its_snapshots_and_payoff_matrix():
+    """The league's lines: roles, the snapshots each learner root holds (its ring of 16 kept + 1 +
+    20,000 / 100,000 = 17 and 8 slots), the moves and the payoff matrix, warned about at 16M
+    win rates; the learner's memory counts the snapshots."""
+    args = ("plan", "jobs/connect_four_league.yaml", "--world-size", "100000", "--ranks-per-node", "100",
+            "--set", "population.members=1000", "--set", "population.league.main=500",
+            "--set", "population.league.main_exploiters=250", "--set", "population.league.league_exploiters=250")
+    result = hpcrl(*args)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "league: 500 main agents, 250 main exploiters, 250 league exploiters; a snapshot every 100,000 " \
+           "frames of each, 16,000 kept in the league (16 per member)" in out
+    assert "each learner root holds 17 of its own snapshots and 8 slots" in out
+    assert "payoff matrix holds up to 16,000,000 win rates" in out
+    assert "warning: a payoff matrix of 16,000,000 win rates" in out and "population.league.keep <= 1 keeps" in out
+    assert "a copy (exploit)" not in out  # a league copies no member onto another
+    small = hpcrl(*args, "--set", "population.league.keep=1")
+    assert small.returncode == 0 and "warning: a payoff matrix" not in small.stdout
+    assert "each learner root holds 2 of its own snapshots and 8 slots" in small.stdout
+    # 15 snapshots fewer on the learner root: 15 x 708,616 bytes (177,154 float32 parameters)
+    mib = [float(re.search(r"  learner ([\d.]+) MiB", r.stdout).group(1)) for r in (result, small)]
+    assert mib[0] - mib[1] == pytest.approx(15 * 708_616 / 2**20, abs=0.1)
 
 
 def test_plan_prints_memory_per_role_and_warns_above_the_memory_per_rank():

@@ -261,7 +261,7 @@ def _plan(args) -> int:
         spaces = env_spaces(cfg.env)
         n_params = policy_params(cfg, spaces)  # counted, not allocated; ConfigError: model.encoder unfit
         sizes = Sizes.of(cfg, layout)  # ConfigError: a batch that does not fit, slots that cannot hold one
-        mem = memory(cfg, layout, sizes, spaces, n_params)
+        mem = memory(cfg, layout, sizes, spaces, n_params, whole.population if population else None)
     except ConfigError as exc:
         return _user_error(f"hpcrl: config error: {exc}")
     t = traffic(cfg, layout, sizes, spaces, n_params, args.env_steps_per_s)

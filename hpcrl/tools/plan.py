@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcrl.core.league import ring_size
+from hpcrl.workers.league import SAVE_INTERVAL_S
 from hpcrl.core.config import Config
 from hpcrl.core.layout import INLINE, Layout
 from hpcrl.core.sizing import (DEFAULT_MEMORY_PER_RANK, Crossing, Memory, Sizes, Traffic, crossing, format_bytes,
@@ -120,6 +122,8 @@ def format_plan(cfg: Config, layout: Layout, sizes: Sizes, t: Traffic, steps_per
 
 
 
+MAX_PAYOFFS = 1_000_000  # win rates in a league's payoff matrix beyond which plan warns
+PAYOFF_JSON_BYTES = 40  # one win rate in league_state.json: [member, snapshot id, rate, games]
 ROOT_REPORTS_PER_S = 1_000  # a report costs the population root a receive, a ranking and a lineage row
 
 
@@ -143,10 +147,13 @@ def format_population(cfg: Config, world_size: int, node_of_rank: np.ndarray, me
              f"  nodes per member: {nodes_each[0]}",
              f"  the population root receives {reports:,.1f} reports/s ({p.members:,} members, one per "
              f"{p.ready_frames:,} frames of each, at {frames_per_second:,.0f} frames/s per member) and writes one "
-             f"lineage row per report",
-             f"  a copy (exploit) moves {format_bytes(state_bytes)} from one learner root to another (weights, "
-             f"normalisers, Adam's state), then to the member's other learners; up to "
-             f"{max(1, int(p.members * p.truncation)):,} copies per round of judgements"]
+             f"lineage row per report"]
+    if p.league.members:  # a league copies no member onto another
+        lines += _league_lines(cfg, reports, state_bytes // 3)
+    else:
+        lines.append(f"  a copy (exploit) moves {format_bytes(state_bytes)} from one learner root to another (weights, "
+                     f"normalisers, Adam's state), then to the member's other learners; up to "
+                     f"{max(1, int(p.members * p.truncation)):,} copies per round of judgements")
     if reports > ROOT_REPORTS_PER_S:
         wanted = p.members * frames_per_second / ROOT_REPORTS_PER_S
         lines.append(f"warning: {reports:,.0f} reports/s would keep the population root (one rank, which also "
@@ -157,3 +164,26 @@ def format_population(cfg: Config, world_size: int, node_of_rank: np.ndarray, me
                      f"traffic crosses the network); a member size that divides the ranks per node, or a "
                      f"multiple of it, keeps each member on whole nodes")
     return lines
+
+
+def _league_lines(cfg: Config, reports: float, weights_bytes: int) -> list[str]:
+    """What a league adds (core/league.py): the roles, the snapshots each learner root holds and
+    the payoff matrix the population root keeps, and the snapshots' moves."""
+    p, lg, slots = cfg.population, cfg.population.league, cfg.algo.selfplay.pool
+    ring = ring_size(lg.keep, p.ready_frames, lg.snapshot_frames)
+    kept = p.members * lg.keep
+    return [f"  league: {lg.main:,} main agent{'s' if lg.main != 1 else ''}, {lg.main_exploiters:,} main exploiter"
+            f"{'s' if lg.main_exploiters != 1 else ''}, {lg.league_exploiters:,} league exploiter"
+            f"{'s' if lg.league_exploiters != 1 else ''}; a snapshot every {lg.snapshot_frames:,} frames of each, "
+            f"{kept:,} kept in the league ({lg.keep:,} per member)",
+            f"  each learner root holds {ring:,} of its own snapshots and {slots:,} slots: "
+            f"{format_bytes((ring + slots) * weights_bytes)}; its weights messages carry one slot besides the policy "
+            f"(twice the weights), and each policy holder holds {slots:,} slot copies",
+            f"  a report redraws the member's {slots:,} slots: up to {reports * slots:,.1f} snapshot moves/s of "
+            f"{format_bytes(weights_bytes)}, learner root to learner root; the population root's payoff matrix holds "
+            f"up to {p.members * kept:,} win rates (members x snapshots kept)"] + (
+        [f"warning: a payoff matrix of {p.members * kept:,} win rates makes the population root's league_state.json "
+         f"about {format_bytes(PAYOFF_JSON_BYTES * p.members * kept)}, written every {SAVE_INTERVAL_S:g} s, and each "
+         f"report draws from {kept:,} snapshots; population.league.keep <= "
+         f"{max(1, MAX_PAYOFFS // (p.members * p.members)):,} keeps it under {MAX_PAYOFFS:,}"]
+        if p.members * kept > MAX_PAYOFFS else [])
