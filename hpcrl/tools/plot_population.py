@@ -11,6 +11,8 @@ import os
 
 import numpy as np
 
+from hpcrl.core.config_population import MAX_MEMBERS
+from hpcrl.core.league import member_roles
 from hpcrl.core.population import EXPLOIT, LINEAGE_KEYS, exploits_taken
 from hpcrl.io.metrics import read_metrics
 from hpcrl.io.rundir import METRICS_FILE
@@ -26,6 +28,16 @@ def is_population(path: str) -> bool:
     except RunDirError:
         return False
     return isinstance(population, dict) and bool(population.get("members"))
+
+
+def league_roles(pop_dir: str) -> list[str]:
+    """Each member's role in a league (core/league.py), from the population's config.yaml (data);
+    [] outside a league, or where the counts are not whole numbers."""
+    league = (load_config_dict(pop_dir).get("population") or {}).get("league") or {}
+    counts = [league.get(k, 0) for k in ("main", "main_exploiters", "league_exploiters")]
+    if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_MEMBERS for c in counts):
+        return []
+    return member_roles(*counts)
 
 
 def member_dirs(pop_dir: str) -> list[str]:
@@ -80,8 +92,10 @@ def plot_population(pop_dir: str, output: str, metric: str | None = None, smooth
     ax = axes[0][0]
     exploits = np.flatnonzero(lineage["event"] == EXPLOIT)
     taken = set(exploits_taken(lineage["event"], lineage["member"], lineage["parent"]).tolist())
+    roles = league_roles(pop_dir)
     for m, curve in zip(members, curves):
-        ax.plot(curve.frames, smooth(curve.values, smoothing), color=f"C{m % 10}", label=f"member {m}", lw=1.2)
+        label = f"member {m}" + (f" ({roles[m].replace('_', ' ')})" if m < len(roles) else "")
+        ax.plot(curve.frames, smooth(curve.values, smoothing), color=f"C{m % 10}", label=label, lw=1.2)
     for i in exploits:  # where the member took another's state: a marker in its colour, the parent's number
         m, frames = int(lineage["member"][i]), lineage["frames"][i]
         y = np.interp(frames, curves[m].frames, curves[m].values)
@@ -91,7 +105,11 @@ def plot_population(pop_dir: str, output: str, metric: str | None = None, smooth
     ax.set_xlabel("frames (the member's own)")
     ax.set_ylabel(curves[0].metric)
     late = f"; {len(exploits) - len(taken)} hollow: came after the member stopped" if len(taken) < len(exploits) else ""
-    ax.set_title(f"{len(taken)} exploits (v: took the state of the member numbered{late})", fontsize="medium")
+    if roles:  # a league copies no member; an exploiter that starts again drops to a new rating
+        ax.set_title("league: the exploiters start again from their initial weights after snapshots",
+                     fontsize="medium")
+    else:
+        ax.set_title(f"{len(taken)} exploits (v: took the state of the member numbered{late})", fontsize="medium")
     ax.legend(loc="best", fontsize="small")
     for ax, key in zip(axes[0][1:], keys):
         for m in members:
