@@ -15,7 +15,8 @@ from hpcrl.core.league import (LEAGUE_EXPLOITER, MAIN, MAIN_EXPLOITER, League, e
 from hpcrl.core.messages import weights_spec
 from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.workers.league import LeagueMember, parse_report_part
-from tests.conftest import mpirun, run_dir, small_config, write_config
+from hpcrl.tools.plot_population import league_roles
+from tests.conftest import mpirun, run_dir, run_hpcrl, small_config, write_config
 
 ROLES = member_roles(1, 1, 1)
 
@@ -118,6 +119,24 @@ def test_a_member_snapshots_on_its_frame_rule_and_keeps_a_ring():
     assert member.seq == 5 and member.next_snapshot == 600
     assert [member.snapshot(s)[0] for s in (2, 3, 4, 5)] == [2, 3, 4, 5]
     assert member.snapshot(1)[0] == 2  # gone from the ring: the oldest held instead
+
+
+def test_a_member_snapshots_early_once_it_beats_its_slots_often_enough():
+    member = LeagueMember(MAIN, 0, 5, 4, 2, 2, 1000, 0.0, 100, initial=lambda flat: flat.fill(0),
+                          snapshot_win_rate=0.7)
+    member.set_slot(0, 3)
+    member.set_slot(1, 4)
+    member.add_games(np.array([[60, 10, 20], [0, 0, 0]]))  # 90 games: too few to judge
+    assert not member.snapshot_due(10)
+    member.add_games(np.array([[0, 0, 0], [6, 0, 4]]))  # 100 games, (66 + 5) / 100 = 0.71
+    assert member.snapshot_due(10)
+    assert not member.take_snapshot(lambda flat: flat.fill(1), 10)  # a main agent never resets
+    assert not member.snapshot_due(10) and member.next_snapshot == 1000
+    again = LeagueMember(MAIN, 0, 5, 4, 2, 2, 1000, 0.0, 100, saved=member.saved_parts(), snapshot_win_rate=0.7)
+    again.add_games(np.array([[99, 0, 0], [0, 0, 0]]))
+    assert not again.snapshot_due(10)
+    again.add_games(np.array([[1, 0, 0], [0, 0, 0]]))
+    assert again.snapshot_due(10)
 
 
 def test_weights_messages_carry_every_slot_once_per_cycle_and_games_count_by_snapshot():
@@ -226,13 +245,14 @@ def test_exploiters_never_play_themselves_and_draw_their_slots_uniformly():
     assert {m.algo.selfplay.opponents for m in members} == {"uniform"}
 
 
-def test_a_league_of_three_members_on_6_ranks_plays_each_others_snapshots_and_resumes(tmp_path):
+def test_a_league_of_three_members_on_6_ranks_plays_each_others_snapshots_and_resumes_on_3(tmp_path):
     """Each member on 2 ranks (a learner and an env rank that holds the policy inline, so the slots
     travel down the parameter stream to another rank). The population root's league: every
     member's snapshots, the main agent's games against the exploiters' snapshots, the main
     exploiter's only against the main agent's; the main exploiter starts again after every
-    snapshot and the main agent never; checkpoints hold the snapshots and slots; a resumed league
-    goes on from the saved payoff matrix."""
+    snapshot and the main agent never; checkpoints hold the snapshots and slots. Resumed on 3
+    ranks (every member serial: its slots now reach its holder in-process), the league goes on
+    from the saved payoff matrix; `hpcrl plot` labels the members by role."""
     cfg = _league_dict(tmp_path)
     path = write_config(tmp_path, cfg)
     result = mpirun(6, "run", str(path), timeout=400)
@@ -258,12 +278,15 @@ def test_a_league_of_three_members_on_6_ranks_plays_each_others_snapshots_and_re
 
     before = {(m, s): g for m, s, _, g in state["payoff"]}
     cfg["run"]["total_frames"] = 16384
-    result = mpirun(6, "run", str(write_config(tmp_path, cfg)), timeout=400)
+    result = mpirun(3, "run", str(write_config(tmp_path, cfg)), timeout=400)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("resuming from") == 3
+    assert result.stdout.count("resuming from") == 3 and "serial mode" in result.stdout
     state = json.loads((run_dir(cfg) / "league_state.json").read_text())
     assert all(n >= 6 for n in state["newest"]), state["newest"]
     after = {(m, s): g for m, s, _, g in state["payoff"]}
     common = set(before) & set(after)  # (the snapshots still kept: the others left the league)
     assert common and all(after[k] >= before[k] for k in common)  # the payoff matrix went on from the saved one
     assert sum(after[k] for k in common) > sum(before[k] for k in common)
+    assert league_roles(str(run_dir(cfg))) == ROLES
+    plotted = run_hpcrl("plot", str(run_dir(cfg)), "-o", str(tmp_path / "league.png"))
+    assert plotted.returncode == 0 and (tmp_path / "league.png").stat().st_size > 0, plotted.stderr

@@ -104,7 +104,7 @@ class Population:
             member = LeagueMember(self.role_name, self.member, self.cfg.run.seed, trainer.num_params,
                                   self.cfg.algo.selfplay.pool, self.league.keep, self.league.snapshot_frames,
                                   self.league.exploiter_reset, self.whole.population.ready_frames, saved=saved,
-                                  initial=trainer.copy_params)
+                                  initial=trainer.copy_params, snapshot_win_rate=self.league.snapshot_win_rate)
         except ValueError as exc:
             raise ConfigError(f"population.league: cannot resume member {self.member}'s league snapshots: {exc}; "
                               f"resume with the league's settings as they were, or start afresh with "

@@ -42,17 +42,21 @@ STATE_FILE = "league_state.json"
 MAX_STATE_BYTES = 64 * 2**20
 SAVE_INTERVAL_S = 10.0  # the league's state is written at most this often (and when the population ends)
 
-SAVED_KEYS = ("league_ring", "league_ring_seq", "league_slots", "league_slot_ids", "league_counters")
+SAVED_KEYS = ("league_ring", "league_ring_seq", "league_slots", "league_slot_ids", "league_counters",
+              "league_since")
+WIN_RATE_GAMES = 100  # games a snapshot's win-rate rule waits for (population.league.snapshot_win_rate)
 
 
 class LeagueMember:
     def __init__(self, role: str, member: int, run_seed: int, num_params: int, slots: int, keep: int,
                  snapshot_frames: int, exploiter_reset: float, ready_frames: int, saved: dict | None = None,
-                 initial: Callable[[np.ndarray], None] | None = None):
+                 initial: Callable[[np.ndarray], None] | None = None, snapshot_win_rate: float = 0.0):
         """`saved`: what a checkpoint held (`saved_parts`); else `initial` copies the weights it
         starts with into snapshot 0 (the ring: core/league.ring_size)."""
         self.role, self.member, self.run_seed = role, member, run_seed
         self.snapshot_frames, self.exploiter_reset = snapshot_frames, exploiter_reset
+        self.snapshot_win_rate = snapshot_win_rate
+        self.since = np.zeros(3)  # (wins, draws, losses) against the slots since the last snapshot
         ring = ring_size(keep, ready_frames, snapshot_frames)
         self.ring = np.zeros((ring, num_params), dtype=np.float32)
         self.ring_seq = np.full(ring, -1, dtype=np.int64)
@@ -68,7 +72,11 @@ class LeagueMember:
 
     # --- snapshots ----------------------------------------------------------------------------------
     def snapshot_due(self, frames: int) -> bool:
-        return frames >= self.next_snapshot
+        """By the frame rule, or early by the win-rate rule (snapshot_win_rate, over WIN_RATE_GAMES)."""
+        games = self.since.sum()
+        return frames >= self.next_snapshot or bool(
+            self.snapshot_win_rate and games >= WIN_RATE_GAMES
+            and (self.since[0] + 0.5 * self.since[1]) / games >= self.snapshot_win_rate)
 
     def take_snapshot(self, fill: Callable[[np.ndarray], None], frames: int) -> bool:
         """Freeze the weights (`fill` copies them into a vector) as the next seq; whether the
@@ -77,6 +85,7 @@ class LeagueMember:
         i = self.seq % len(self.ring)
         fill(self.ring[i])
         self.ring_seq[i] = self.seq
+        self.since[:] = 0.0
         self.next_snapshot = (frames // self.snapshot_frames + 1) * self.snapshot_frames
         return self.seq > 0 and resets_after_snapshot(self.role, self.exploiter_reset, self.run_seed, self.member,
                                                       self.seq)
@@ -116,6 +125,7 @@ class LeagueMember:
             sid = int(self.slot_ids[slot])
             if row.sum() and sid >= 0:
                 self.games[sid] = self.games.get(sid, np.zeros(3)) + row
+                self.since += row
 
     def report_part(self) -> list[float]:
         """What the next report adds: the newest seq, each slot's snapshot id, then (id, wins,
@@ -128,7 +138,8 @@ class LeagueMember:
     def saved_parts(self) -> dict[str, np.ndarray]:
         return {"league_ring": self.ring, "league_ring_seq": self.ring_seq, "league_slots": self.slot_params,
                 "league_slot_ids": self.slot_ids,
-                "league_counters": np.array([self.seq, self.next_snapshot], dtype=np.int64)}
+                "league_counters": np.array([self.seq, self.next_snapshot], dtype=np.int64),
+                "league_since": self.since}
 
     def restore(self, saved: dict) -> None:
         """From a checkpoint of a member of the same model and league shape (ValueError otherwise)."""
@@ -140,6 +151,7 @@ class LeagueMember:
         self.ring[...], self.ring_seq[...] = parts["league_ring"], parts["league_ring_seq"]
         self.slot_params[...], self.slot_ids[...] = parts["league_slots"], parts["league_slot_ids"]
         self.seq, self.next_snapshot = (int(v) for v in parts["league_counters"])
+        self.since[...] = parts["league_since"]
 
 
 def parse_report_part(values: np.ndarray, slots: int) -> tuple[int, np.ndarray, np.ndarray]:
