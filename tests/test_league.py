@@ -27,16 +27,19 @@ def test_roles_come_in_member_order():
 
 def test_each_role_is_offered_the_snapshots_its_role_plays():
     """Main agents and league exploiters: every snapshot the league keeps; main exploiters: the
-    main agents' newest only. An owner keeps its last `keep`; an absent owner's are never offered."""
+    main agents' newest only. An owner keeps its last `keep`; only the owners present (that have
+    reported in this launch, holding their snapshots) are offered."""
     league = League(ROLES, keep=2, slots=4)
     assert league.snapshots == {0: (0, 0), 1: (1, 0), 2: (2, 0)}  # every member's initial weights
+    assert not len(league.candidates(0))  # nobody has reported yet
+    league.present[:] = True
     assert league.add_snapshots(0, 3) == [3, 4, 5]  # member 0's seqs 1..3
     assert league.add_snapshots(2, 1) == [6]
     assert league.candidates(0).tolist() == [1, 2, 4, 5, 6]  # member 0 keeps seqs 2 and 3
     assert 0 not in league.snapshots and 3 not in league.snapshots  # its seqs 0 and 1 left the league
     assert league.candidates(2).tolist() == [1, 2, 4, 5, 6]
     assert league.candidates(1).tolist() == [5]  # the main agent's newest
-    league.absent[2] = True
+    league.present[2] = False
     assert league.candidates(0).tolist() == [1, 4, 5]
 
 
@@ -44,6 +47,7 @@ def test_slots_are_drawn_by_pfsp_and_keep_what_is_drawn_again():
     """Win rates 0.5, 0 and 1 against the three initial snapshots: "hard" weighs them (1 - p)^2
     = 0.25, 1, 0, so 0.2, 0.8 and 0: the same draws as numpy's with those by hand."""
     league = League(ROLES, keep=4, slots=6)
+    league.present[:] = True
     league.payoff = {(0, 0): 0.5, (0, 1): 0.0, (0, 2): 1.0}
     changes = league.assign(0, np.random.default_rng(7))
     expected = np.random.default_rng(7).choice([0, 1, 2], size=6, p=[0.2, 0.8, 0.0])
@@ -95,6 +99,7 @@ def test_the_league_state_round_trips_and_a_member_that_went_back_retires_its_la
     again.restore(json.loads(json.dumps(league.state())))
     assert again.snapshots == league.snapshots and again.payoff == league.payoff and again.games == league.games
     assert again.newest.tolist() == [0, 4, 0]
+    again.present[:] = True
     again.rewind(1, 2)  # member 1 resumed from a checkpoint at its seq 2
     assert again.add_snapshots(1, 3) == [7]  # its new seq 3 is a new snapshot
     assert [again.snapshots[i] for i in again.candidates(0)] == [(0, 0), (2, 0), (1, 2), (1, 3)]

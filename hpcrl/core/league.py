@@ -77,7 +77,9 @@ class League:
         self.snapshots: dict[int, tuple[int, int]] = {m: (m, 0) for m in range(n)}
         self.next_id = n
         self.newest = np.zeros(n, dtype=np.int64)  # each owner's newest seq (0: its initial weights)
-        self.absent = np.zeros(n, dtype=bool)  # owners that hold no snapshots in this launch
+        # owners that have said, in this launch, that they hold their snapshots (a member that was
+        # complete before it holds none): only theirs are offered, so every ordered send is served
+        self.present = np.zeros(n, dtype=bool)
         self.payoff: dict[tuple[int, int], float] = {}  # (member, snapshot id) -> its win rate EMA
         self.games: dict[tuple[int, int], int] = {}  # (member, snapshot id) -> games judged
         self.assigned = np.full((n, slots), -1, dtype=np.int64)  # member's slot -> snapshot id
@@ -112,8 +114,8 @@ class League:
             self.games.pop(key, None)
 
     def candidates(self, member: int) -> np.ndarray:
-        """The snapshots `member` may be given, by its role (none of an owner not here to send them)."""
-        here = [(sid, s) for sid, s in sorted(self.snapshots.items()) if not self.absent[s[0]]]
+        """The snapshots `member` may be given, by its role (only those of owners present)."""
+        here = [(sid, s) for sid, s in sorted(self.snapshots.items()) if self.present[s[0]]]
         if self.roles[member] == MAIN_EXPLOITER:
             wanted = {(m, int(self.newest[m])) for m, r in enumerate(self.roles) if r == MAIN}
             return np.array([sid for sid, s in here if s in wanted], dtype=np.int64)

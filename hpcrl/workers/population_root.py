@@ -120,8 +120,8 @@ class Decider:
 
     def _league_report(self, member: int, kind: float, part: np.ndarray, taken: int) -> None:
         """A league member's snapshots and games; after a READY report, its slots drawn anew."""
-        if taken < 0:  # complete before this launch: it holds no snapshots to send
-            self.league.league.absent[member] = True
+        # a member complete before this launch holds no snapshots to send; the others do
+        self.league.league.present[member] = taken >= 0
         if len(part):
             self.league.report(member, part)
         if kind == READY:
