@@ -86,7 +86,8 @@ def test_exploiters_reset_after_their_snapshots_as_their_roles_say():
     assert all(resets_after_snapshot(MAIN_EXPLOITER, 0.0, 1, 1, s) for s in range(1, 50))
     draws = [resets_after_snapshot(LEAGUE_EXPLOITER, 0.25, 1, 2, s) for s in range(1, 401)]
     assert 60 <= sum(draws) <= 140  # 100 expected
-    assert draws == [resets_after_snapshot(LEAGUE_EXPLOITER, 0.25, 1, 2, s) for s in range(1, 401)]  # a resume draws alike
+    # a resume draws alike
+    assert draws == [resets_after_snapshot(LEAGUE_EXPLOITER, 0.25, 1, 2, s) for s in range(1, 401)]
 
 
 def test_the_league_state_round_trips_and_a_member_that_went_back_retires_its_later_snapshots():

@@ -98,7 +98,8 @@ class LeagueMember:
             i = int(np.argmin(np.where(self.ring_seq >= 0, self.ring_seq, np.iinfo(np.int64).max)))
             if not self._warned:
                 print(f"[hpcrl] league: member {self.member}'s snapshot {seq} is no longer kept; sending snapshot "
-                      f"{self.ring_seq[i]} in its place (it took more snapshots than expected between the root's pick and this send)", flush=True)
+                      f"{self.ring_seq[i]} in its place (it took more snapshots than expected between the root's "
+                      f"pick and this send)", flush=True)
                 self._warned = True
         return self.ring[i]
 
@@ -114,7 +115,8 @@ class LeagueMember:
         slots drawn for each cycle of K versions."""
         k = len(self.slot_ids)
         cycle, place = divmod(int(version), k)
-        slot = int(np.random.default_rng(seed_for(self.run_seed, "league", self.member, cycle, 1)).permutation(k)[place])
+        order = np.random.default_rng(seed_for(self.run_seed, "league", self.member, cycle, 1)).permutation(k)
+        slot = int(order[place])
         message["slot_params"][...] = self.slot_params[slot]
         message.set(slot=slot, slot_id=int(self.slot_ids[slot]))
 

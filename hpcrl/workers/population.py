@@ -161,7 +161,6 @@ class MemberLink:
             self.pause_s += time.perf_counter() - start
         return adopted
 
-
     def _serve_snapshot(self, order: np.ndarray) -> None:
         """A league snapshot's move: send one of this member's, take one into a slot, or copy
         one of its own into a slot (workers/league.py)."""

@@ -79,7 +79,8 @@ class Decider:
             kind, frames, fitness, taken, preempted = v[0], int(v[1]), float(v[2]), int(v[3]), bool(v[5])
             hyper_end = 6 + len(self.live)
             if taken >= 0:  # (a member complete before this launch knows none of its values)
-                self.hyper[member] = v[6:hyper_end]  # the member's own word: a resumed member's come from its checkpoint
+                # the member's own word: a resumed member's come from its checkpoint
+                self.hyper[member] = v[6:hyper_end]
             if self.league is not None:
                 self._league_report(member, kind, v[hyper_end:], taken)
             self.seen[member] = True

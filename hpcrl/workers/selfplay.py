@@ -14,7 +14,8 @@ Two halves, joined by nothing but policy ids on the inference stream:
   (algo.selfplay.opponents, core/population.pfsp_weights) on the win rate against each age, an EMA
   of this actor's own games (so no message is needed for it). The ages are relative: age a is
   always the snapshot a places back, so its win rate follows whichever snapshot holds the place.
-- `Pool`, on a policy holder (in a league, `LeaguePool`: slots the population root fills): K frozen copies of the policy. Every `snapshot_every` versions the
+- `Pool`, on a policy holder (in a league, `LeaguePool`: slots the population root fills):
+  K frozen copies of the policy. Every `snapshot_every` versions the
   newest weights overwrite the oldest copy, so age 0 is the newest snapshot and age K-1 the oldest;
   until the pool has K snapshots the young ages share the first one. Holders snapshot on their
   own, at the first version they hold past each multiple of snapshot_every, so no weights travel
