@@ -14,6 +14,7 @@ from hpcrl.core.league import (LEAGUE_EXPLOITER, MAIN, MAIN_EXPLOITER, League, e
                                resets_after_snapshot)
 from hpcrl.core.messages import weights_spec
 from hpcrl.io.checkpoint import load_checkpoint
+from hpcrl.io.metrics import read_metrics
 from hpcrl.workers.league import LeagueMember, parse_report_part
 from hpcrl.tools.plot_population import league_roles
 from tests.conftest import mpirun, run_dir, run_hpcrl, small_config, write_config
@@ -251,17 +252,21 @@ def test_exploiters_never_play_themselves_and_draw_their_slots_uniformly():
     assert {m.algo.selfplay.opponents for m in members} == {"uniform"}
 
 
-def test_a_league_of_three_members_on_6_ranks_plays_each_others_snapshots_and_resumes_on_3(tmp_path):
-    """Each member on 2 ranks (a learner and an env rank that holds the policy inline, so the slots
-    travel down the parameter stream to another rank). The population root's league: every
-    member's snapshots, the main agent's games against the exploiters' snapshots, the main
-    exploiter's only against the main agent's; the main exploiter starts again after every
-    snapshot and the main agent never; checkpoints hold the snapshots and slots. Resumed on 3
-    ranks (every member serial: its slots now reach its holder in-process), the league goes on
-    from the saved payoff matrix; `hpcrl plot` labels the members by role."""
+def test_a_league_of_three_members_on_12_ranks_plays_each_others_snapshots_and_resumes_on_3(tmp_path):
+    """Each member on 4 ranks: 2 learners averaging with Horovod, and 2 env ranks that hold the
+    policy inline, so the slots travel down the parameter stream to other ranks. The population
+    root's league: every member's snapshots, the main agent's games against the exploiters'
+    snapshots, the main exploiter's only against the main agent's. The main exploiter starts
+    again after every snapshot and the main agent never; the main exploiter's 2 learners stay
+    bit-identical through its resets (the root's reset reaches the other learner as a copy
+    does); checkpoints hold the snapshots and slots. Resumed on 3 ranks (every member serial: its
+    slots now reach its holder in-process), the league goes on from the saved payoff matrix, and
+    `hpcrl plot` labels the members by role."""
     cfg = _league_dict(tmp_path)
+    cfg["roles"]["learner"]["ranks"] = 2
+    cfg["run"]["replica_digests"] = True
     path = write_config(tmp_path, cfg)
-    result = mpirun(6, "run", str(path), timeout=400)
+    result = mpirun(12, "run", str(path), timeout=400)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     state = json.loads((run_dir(cfg) / "league_state.json").read_text())
@@ -277,6 +282,8 @@ def test_a_league_of_three_members_on_6_ranks_plays_each_others_snapshots_and_re
     assert {o for (m, o) in games if m == 1} == {0}, games  # the main exploiter: the main agent only
     resets = {m: len(re.findall(rf"member{m} \(\w+\)\] league: started again", result.stdout)) for m in range(3)}
     assert resets[0] == 0 and resets[1] == newest[1], (resets, newest)
+    digests = read_metrics(str(run_dir(cfg) / "member1" / "metrics.h5"))["replica_digest"]
+    assert digests.shape[1] == 2 and np.all(digests[:, 0] == digests[:, 1])
     saved = load_checkpoint(str(run_dir(cfg) / "member1" / "checkpoint.h5"))["extra"]
     assert saved["league_counters"][0] == newest[1]
     assert (saved["league_slot_ids"] >= 0).all()
@@ -284,6 +291,7 @@ def test_a_league_of_three_members_on_6_ranks_plays_each_others_snapshots_and_re
 
     before = {(m, s): g for m, s, _, g in state["payoff"]}
     cfg["run"]["total_frames"] = 16384
+    cfg["roles"]["learner"]["ranks"] = 1
     result = mpirun(3, "run", str(write_config(tmp_path, cfg)), timeout=400)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("resuming from") == 3 and "serial mode" in result.stdout
