@@ -19,6 +19,7 @@ import yaml
 
 from hpcrl.core.config_base import ConfigError, check, doc, load_yaml, shown
 from hpcrl.core.config_dqn import DQNConfig, ReplayConfig, validate_dqn
+from hpcrl.core.config_sac import CONTINUOUS_ALGORITHMS, REPLAY_ALGORITHMS, SACConfig, validate_sac
 # the env and roles sections have modules of their own; every name they had here is re-exported,
 # so callers still import any config name from hpcrl.core.config
 from hpcrl.core.config_env import (ENV_BACKENDS, ENV_PRESETS, MAX_FRAME_SIZE, MAX_FRAME_STACK,  # noqa: F401
@@ -124,7 +125,9 @@ class AlgoConfig:
     train: bool = doc("false: learners take fragments and count them but do not train (the weights never "
                       "change); measures a layout's sampling throughput (bench/sampling.py)", default=True)
     dqn: DQNConfig = doc("DQN only: the Q-learning step and exploration", default_factory=DQNConfig)
-    replay: ReplayConfig = doc("DQN only: the prioritized replay shards", default_factory=ReplayConfig)
+    sac: SACConfig = doc("SAC and TD3 only: the continuous-control step and its exploration",
+                         default_factory=SACConfig)
+    replay: ReplayConfig = doc("DQN, SAC and TD3: the prioritized replay shards", default_factory=ReplayConfig)
     selfplay: SelfPlayConfig = doc("multi-agent games: self-play against a pool of frozen past versions",
                                    default_factory=SelfPlayConfig)
 
@@ -279,17 +282,23 @@ def validate(cfg: Config) -> None:
            f"policies: maps the agents of PettingZoo envs to policies, for the multi-agent algorithms "
            f"({', '.join(multiagent)}); algo.name {a.name} trains one policy, so remove the policies table")
     if a.name == "dqn":
-        _check(not a.value_norm, "algo.value_norm: a PPO option, not used by algo.name dqn; use false or null")
         validate_dqn(a.dqn, a.replay, recurrent=m.core != "none")
-        _check(m.core != "none" or a.rollout_length > a.dqn.n_step,
-               f"algo.rollout_length: a DQN record holds rollout_length x env.num_envs transitions and one env step "
-               f"may complete n_step + 1 of them per env; expected more than algo.dqn.n_step ({a.dqn.n_step}), "
-               f"got {a.rollout_length}")
-        _check(not e.normalize_reward, "env.normalize_reward: not supported with algo.name dqn (replayed "
-                                       "rewards would be scaled by statistics of another time); use false")
-        _check(a.batch_frames is None, "algo.batch_frames: not used by algo.name dqn (its batch is "
-                                       "algo.dqn.batch_size transitions per gradient step); use null")
-        _check(not m.obs_norm, "model.obs_norm: not supported with algo.name dqn yet; use false")
+    if a.name in CONTINUOUS_ALGORITHMS:
+        validate_sac(a.sac, a.name, a.replay)
+        _check(m.core == "none", f"model.core: algo.name {a.name} has no recurrent version; use none")
+    if a.name in REPLAY_ALGORITHMS:
+        section = "algo.sac" if a.name in CONTINUOUS_ALGORITHMS else "algo.dqn"
+        n_step = (a.sac if a.name in CONTINUOUS_ALGORITHMS else a.dqn).n_step
+        _check(not a.value_norm, f"algo.value_norm: a PPO option, not used by algo.name {a.name}; use false or null")
+        _check(m.core != "none" or a.rollout_length > n_step,
+               f"algo.rollout_length: a {a.name.upper()} record holds rollout_length x env.num_envs transitions and "
+               f"one env step may complete n_step + 1 of them per env; expected more than {section}.n_step "
+               f"({n_step}), got {a.rollout_length}")
+        _check(not e.normalize_reward, f"env.normalize_reward: not supported with algo.name {a.name} (replayed "
+                                       f"rewards would be scaled by statistics of another time); use false")
+        _check(a.batch_frames is None, f"algo.batch_frames: not used by algo.name {a.name} (its batch is "
+                                       f"{section}.batch_size transitions per gradient step); use null")
+        _check(not m.obs_norm, f"model.obs_norm: not supported with algo.name {a.name} yet; use false")
     _check(a.max_policy_lag >= 0, f"algo.max_policy_lag: expected >= 0 policy versions, got {a.max_policy_lag}")
     for key in ("vtrace_rho_bar", "vtrace_c_bar"):
         value = getattr(a, key)

@@ -62,9 +62,11 @@ class ReplayConfig:
 
     capacity: int = doc("transitions (sequences, with model.core) held, all shards together (the oldest are "
                         "overwritten)", default=1_000_000)
-    warmup: int = doc("transitions (sequences, with model.core) held, all shards together, before the learners "
-                      "start training", default=50_000)
-    alpha: float = doc("priority exponent: P(i) ~ p_i ^ alpha (0: uniform replay)", default=0.6)
+    warmup: Union[int, None] = doc("transitions (sequences, with model.core) held, all shards together, before "
+                                   "the learners start training (null: 50,000 for dqn; for sac and td3 "
+                                   "algo.sac.learning_starts, at least algo.sac.batch_size)", default=None)
+    alpha: Union[float, None] = doc("priority exponent: P(i) ~ p_i ^ alpha (0: uniform replay; null: 0.6 for dqn, "
+                                    "0 for sac and td3)", default=None)
     beta: float = doc("importance-sampling exponent at the start, annealed linearly to 1 at run.total_frames",
                       default=0.4)
     replay_ratio: Union[float, None] = doc(
@@ -75,6 +77,9 @@ class ReplayConfig:
                            "so a resume with the same learner count trains on at once; it can be gigabytes. Without "
                            "it a resumed run fills its replay again (warmup transitions) before it trains",
                            default=False)
+
+
+DQN_WARMUP, DQN_ALPHA = 50_000, 0.6  # algo.replay's defaults for dqn
 
 
 def validate_dqn(d: DQNConfig, r: ReplayConfig, recurrent: bool = False) -> None:
@@ -88,6 +93,8 @@ def validate_dqn(d: DQNConfig, r: ReplayConfig, recurrent: bool = False) -> None
               f"algo.dqn.sequence_period: expected 1 to sequence_length - burn_in ({trained}) steps, so that every "
               f"step is trained in some sequence, got {d.sequence_period}")
         check(0.0 <= d.priority_eta <= 1.0, f"algo.dqn.priority_eta: expected a number in [0, 1], got {d.priority_eta}")
+    r.warmup = DQN_WARMUP if r.warmup is None else r.warmup  # resolved: the run directory's config.yaml says it
+    r.alpha = DQN_ALPHA if r.alpha is None else r.alpha
     check(d.n_step >= 1, f"algo.dqn.n_step: expected >= 1, got {d.n_step}")
     check(d.batch_size >= 1, f"algo.dqn.batch_size: expected >= 1, got {d.batch_size}")
     check(d.gradient_steps >= 1, f"algo.dqn.gradient_steps: expected >= 1, got {d.gradient_steps}")

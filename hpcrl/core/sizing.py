@@ -24,6 +24,7 @@ import numpy as np
 
 from hpcrl.core.config import DEFAULT_MAX_ENV_RANKS, Config, ConfigError
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
+from hpcrl.core.config_sac import REPLAY_ALGORITHMS, replay_settings
 from hpcrl.core.layout import INLINE, Layout
 from hpcrl.core.league import ring_size
 from hpcrl.core.messages import MessageSpec, replay_fields, weights_spec
@@ -75,7 +76,7 @@ class Sizes:
         """A ConfigError when algo.batch_frames (or DQN's batch_size) does not fit the layout, or
         roles.learner.sample_slots cannot hold a batch."""
         F = cfg.algo.rollout_length * cfg.env.num_envs
-        replay = _replay_shard(cfg, layout) if cfg.algo.name == "dqn" else None
+        replay = _replay_shard(cfg, layout) if cfg.algo.name in REPLAY_ALGORITHMS else None
         k = _fragments_per_version(cfg, layout, F)
         update = cfg.algo.batch_frames if cfg.algo.batch_frames is not None else len(layout.envs) * F
         fans = layout.fan_in("learner")
@@ -107,15 +108,15 @@ def _nearest(value: int, step: int) -> str:
 
 
 def _replay_shard(cfg: Config, layout: Layout) -> ReplayShard:
-    """DQN: the replay shard of one learner; a ConfigError when algo.dqn.batch_size is not the
-    same whole number for every learner."""
-    d, r, L = cfg.algo.dqn, cfg.algo.replay, len(layout.learners)
+    """DQN, SAC, TD3: the replay shard of one learner; a ConfigError when the batch size
+    (algo.dqn.batch_size, algo.sac.batch_size) is not the same whole number for every learner."""
+    (d, where), r, L = replay_settings(cfg.algo), cfg.algo.replay, len(layout.learners)
     if d.batch_size % L:
         low = d.batch_size // L * L
         rows = f"{d.batch_size} transitions (sequences, with model.core) per gradient step"
-        raise ConfigError(f"algo.dqn.batch_size: {rows} are not the same number for each of the "
+        raise ConfigError(f"{where}.batch_size: {rows} are not the same number for each of the "
                           f"{_count(L, 'learner')}; use a multiple of {L} ({_nearest(d.batch_size, L)})" if low else
-                          f"algo.dqn.batch_size: {rows} cannot be shared by {_count(L, 'learner')}; use at least "
+                          f"{where}.batch_size: {rows} cannot be shared by {_count(L, 'learner')}; use at least "
                           f"{L} (a multiple of {L})")
     return ReplayShard(-(-r.capacity // L), -(-r.warmup // L), d.batch_size // L)
 
@@ -125,7 +126,7 @@ def _fragments_per_version(cfg: Config, layout: Layout, F: int) -> int:
     null, in async mode and for DQN. The rule that a batch fits the layout: a ConfigError when
     batch_frames is not a whole number of fragments per env rank (sync) or per learner (async)."""
     a, E = cfg.algo, len(layout.envs)
-    if a.name == "dqn" or a.batch_frames is None:
+    if a.name in REPLAY_ALGORITHMS or a.batch_frames is None:
         return 1
     if a.mode == "async":
         L = layout.learners_per_policy
@@ -167,7 +168,7 @@ def _sample_slots(cfg: Config, layout: Layout, k: int, batch: int, fan_in: int) 
     next batch arrives while one trains (two per env rank when batch_frames is null)."""
     minimum = batch + (FRAGMENT_BUFFERS * (fan_in - 1) if cfg.algo.mode == "sync" and k > FRAGMENT_BUFFERS else 0)
     slots = cfg.roles.learner.sample_slots
-    if slots is None and cfg.algo.name == "dqn":
+    if slots is None and cfg.algo.name in REPLAY_ALGORITHMS:
         # a replay takes records in as they come, unless it holds them back to keep its replay
         # ratio: then every slot more is a record that waits and grows older (policy lag)
         return fan_in
@@ -235,8 +236,8 @@ def memory(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int, p
     inference = inference_fan * G * (2 * req + 2 * rep) + MODEL_COPIES["inference"] * layout.policies * model + holder
     # learner: the sample slots, the batch assembled from them (a copy of its fragments), the model;
     # DQN: the replay shard and its sum-tree instead of the batch, and a target network
-    if cfg.algo.name == "dqn":
-        data = replay_bytes(learner.replay, ALGORITHMS["dqn"].record(cfg, spaces)) + model
+    if cfg.algo.name in REPLAY_ALGORITHMS:  # (SAC, TD3: the target networks are part of the model)
+        data = replay_bytes(learner.replay, ALGORITHMS[cfg.algo.name].record(cfg, spaces)) + model
     else:
         data = learner.batch_fragments * frag
     if league:  # the learner root's own snapshots and its slots (workers/league.py)
@@ -288,7 +289,7 @@ def memory_problem(cfg: Config, layout: Layout, sizes: Sizes, spaces, n_params: 
 
 def _data_key(cfg: Config, role: str) -> str:
     """The config key whose value sizes a role's buffers most."""
-    if role == "learner" and cfg.algo.name == "dqn":
+    if role == "learner" and cfg.algo.name in REPLAY_ALGORITHMS:
         return "algo.replay.capacity"
     if role == "learner" and cfg.algo.batch_frames is not None:
         return "algo.batch_frames"
@@ -298,7 +299,7 @@ def _data_key(cfg: Config, role: str) -> str:
 def _lower_memory(cfg: Config, role: str) -> str:
     """What shrinks the buffers and batch of one rank of `role`."""
     if role == "learner":
-        return ("add learners or lower algo.replay.capacity" if cfg.algo.name == "dqn" else
+        return ("add learners or lower algo.replay.capacity" if cfg.algo.name in REPLAY_ALGORITHMS else
                 "add learners or lower roles.learner.sample_slots, env.num_envs or algo.rollout_length"
                 if cfg.algo.batch_frames is None else
                 "add learners or lower roles.learner.sample_slots or algo.batch_frames")
@@ -334,7 +335,7 @@ def traffic(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int, 
     req, rep = inference_messages(cfg, spaces, G)
     frag = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
     # per group and step one request (G per env step), plus one per rollout for bootstrap values (PPO)
-    dqn = cfg.algo.name == "dqn"
+    dqn = cfg.algo.name in REPLAY_ALGORITHMS  # one request per step, updates by the replay ratio
     requests_per_s = G * steps_per_second * (1 if dqn else (T + 1) / T)
     fragments_per_s = steps_per_second / T
     remote = not layout.inline_inference
@@ -342,7 +343,7 @@ def traffic(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int, 
     learner_fan = int(layout.fan_in("learner").max())
     frames_per_s = fragments_per_s * len(layout.envs) * T * N
     if dqn:  # replay_ratio samples per frame, in updates of gradient_steps x batch_size (null: as fast as they can)
-        d = cfg.algo.dqn
+        d, _ = replay_settings(cfg.algo)
         updates_per_s = frames_per_s * (cfg.algo.replay.replay_ratio or 0.0) / (d.gradient_steps * d.batch_size)
         steps_per_update = d.gradient_steps
     else:  # one update per batch_frames frames (a fragment per env rank by default), if training keeps up

@@ -221,8 +221,8 @@ def _config_summary(cfg: dict) -> list[str]:
     run, env, algo, model, roles = (_section(cfg, k) for k in ("run", "env", "algo", "model", "roles"))
     role_counts = ", ".join(f"{name} {_role_count(spec)}" for name, spec in roles.items() if isinstance(spec, dict))
     target = run.get("target_return")
-    if algo.get("name") == "dqn":  # its step's own settings, not PPO's epochs
-        dqn, replay = _section(algo, "dqn"), _section(algo, "replay")
+    if algo.get("name") in ("dqn", "sac", "td3"):  # its step's own settings, not PPO's epochs
+        dqn, replay = _section(algo, "dqn" if algo.get("name") == "dqn" else "sac"), _section(algo, "replay")
         step = (f"{dqn.get('n_step')}-step, batch {dqn.get('batch_size')}, replay {_count(replay.get('capacity', 0))} "
                 f"ratio {replay.get('replay_ratio') or 'null'}")
     else:

@@ -12,6 +12,7 @@ import numpy as np
 from hpcrl.core.league import ring_size
 from hpcrl.workers.league import SAVE_INTERVAL_S
 from hpcrl.core.config import Config
+from hpcrl.core.config_sac import REPLAY_ALGORITHMS, replay_settings
 from hpcrl.core.layout import INLINE, Layout
 from hpcrl.core.sizing import (DEFAULT_MEMORY_PER_RANK, Crossing, Memory, Sizes, Traffic, crossing, format_bytes,
                                warnings)
@@ -43,8 +44,8 @@ def _rate(x: float) -> str:
 def _batch_line(cfg: Config, sizes: Sizes) -> str:
     """The batch of one update: frames over all learners, fragments per env rank and per learner
     (DQN: transitions per gradient step, and the replay shards)."""
-    if cfg.algo.name == "dqn":
-        d, r = cfg.algo.dqn, cfg.algo.replay
+    if cfg.algo.name in REPLAY_ALGORITHMS:
+        (d, _), r = replay_settings(cfg.algo), cfg.algo.replay
         shard = sizes.busiest.replay
         capacity, warmup, batch = shard.capacity, shard.warmup, shard.batch
         ratio = f"replay ratio {r.replay_ratio:g}" if r.replay_ratio else "no replay ratio (as fast as they can)"

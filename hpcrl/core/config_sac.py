@@ -1,0 +1,81 @@
+"""The config section of SAC and TD3 (algo.sac): continuous control off the replay workers.
+
+Both run on the same dataflow as Ape-X DQN (core/dataflow.py): the env ranks write n-step
+transitions (workers/action_writer.py), each learner keeps a replay shard (algo.replay), and the
+learners average every gradient step with Horovod. Sizes are for all learners together, as DQN's.
+
+`replay_settings` is the one place that says which section holds a replay algorithm's n-step,
+batch and gradient-step counts, so the sizing, the writers and the batch source read them alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from hpcrl.core.config_base import check, doc
+
+REPLAY_ALGORITHMS = ("dqn", "sac", "td3")
+CONTINUOUS_ALGORITHMS = ("sac", "td3")
+
+
+@dataclass
+class SACConfig:
+    """SAC (Haarnoja et al. 2018) and TD3 (Fujimoto et al. 2018) on n-step transitions from the actors."""
+
+    n_step: int = doc("steps in each return, computed by the actors (1: the papers' one-step targets)", default=1)
+    batch_size: int = doc("transitions per gradient step, all learners together (each samples batch_size / "
+                          "learners from its own replay shard; Horovod averages the gradients)", default=256)
+    gradient_steps: int = doc("gradient steps per update, each on its own sample; the weights are published and "
+                              "a metrics row written once per update", default=1)
+    learning_starts: int = doc("frames (all env ranks together) of uniformly random actions before the policy "
+                               "acts; the learners wait for algo.replay.warmup transitions besides", default=10_000)
+    tau: float = doc("Polyak step of the target networks after every gradient step: target <- (1 - tau) target "
+                     "+ tau online", default=0.005)
+    alpha: Union[float, None] = doc("SAC: the entropy coefficient; null: tuned automatically towards "
+                                    "target_entropy (Haarnoja et al. 2018b)", default=None)
+    alpha_init: float = doc("SAC, alpha null: the entropy coefficient at the start", default=1.0)
+    target_entropy: Union[float, None] = doc("SAC, alpha null: the entropy the tuning aims at; null: -|A| "
+                                             "(minus the action dimension)", default=None)
+    policy_delay: int = doc("gradient steps per actor (and target) update: TD3's delayed policy updates (2); "
+                            "SAC: 1", default=1)
+    target_noise: float = doc("TD3: std of the Gaussian noise on the target policy's actions (target policy "
+                              "smoothing), in units of the action range's half-width", default=0.2)
+    target_noise_clip: float = doc("TD3: that noise is clipped to +-this", default=0.5)
+    exploration_noise: float = doc("TD3: std of the Gaussian noise the env ranks add to the policy's actions, "
+                                   "per env, in units of the action range's half-width", default=0.1)
+
+
+def replay_settings(algo) -> tuple[object, str]:
+    """The section that holds a replay algorithm's n_step, batch_size and gradient_steps, and its
+    key prefix for messages: (algo.dqn, 'algo.dqn') or (algo.sac, 'algo.sac')."""
+    return (algo.sac, "algo.sac") if algo.name in CONTINUOUS_ALGORITHMS else (algo.dqn, "algo.dqn")
+
+
+def validate_sac(s: SACConfig, name: str, replay) -> None:
+    """`replay`: algo.replay, whose capacity the start must fit; its null warmup and alpha are
+    resolved (to learning_starts, at least batch_size, and 0: uniform replay)."""
+    if replay.warmup is None:
+        replay.warmup = min(max(s.learning_starts, s.batch_size), replay.capacity)
+    if replay.alpha is None:
+        replay.alpha = 0.0
+    check(s.n_step >= 1, f"algo.sac.n_step: expected >= 1, got {s.n_step}")
+    check(s.batch_size >= 1, f"algo.sac.batch_size: expected >= 1, got {s.batch_size}")
+    check(s.gradient_steps >= 1, f"algo.sac.gradient_steps: expected >= 1, got {s.gradient_steps}")
+    check(0 <= s.learning_starts <= replay.capacity,
+          f"algo.sac.learning_starts: {s.learning_starts:,} random frames would not fit algo.replay.capacity "
+          f"({replay.capacity:,} transitions): expected 0 to {replay.capacity:,}")
+    check(0.0 < s.tau <= 1.0, f"algo.sac.tau: expected a Polyak step in (0, 1], got {s.tau}")
+    check(s.alpha is None or s.alpha >= 0, f"algo.sac.alpha: expected a coefficient >= 0 or null (tuned), got {s.alpha}")
+    check(s.alpha_init > 0, f"algo.sac.alpha_init: expected > 0, got {s.alpha_init}")
+    check(s.policy_delay >= 1, f"algo.sac.policy_delay: expected >= 1 gradient steps, got {s.policy_delay}")
+    for key in ("target_noise", "target_noise_clip", "exploration_noise"):
+        value = getattr(s, key)
+        check(value >= 0, f"algo.sac.{key}: expected >= 0, got {value}")
+    check(replay.capacity >= s.batch_size, f"algo.replay.capacity: expected at least algo.sac.batch_size "
+                                           f"({s.batch_size}) transitions, got {replay.capacity}")
+    check(s.batch_size <= replay.warmup <= replay.capacity,
+          f"algo.replay.warmup: expected between algo.sac.batch_size ({s.batch_size}) and algo.replay.capacity "
+          f"({replay.capacity}) transitions, got {replay.warmup}")
+    check(replay.alpha >= 0, f"algo.replay.alpha: expected >= 0, got {replay.alpha}")
+    check(replay.replay_ratio is None or replay.replay_ratio > 0,
+          f"algo.replay.replay_ratio: expected a number > 0 or null, got {replay.replay_ratio}")
