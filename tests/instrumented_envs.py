@@ -1,7 +1,7 @@
 """CartPoles that explode, hang, run slowly or report their imports, for tests that watch a run from
 inside; registered on import ('tests.instrumented_envs:HpcrlTest/...')."""
 import gymnasium as gym
-from gymnasium.envs.classic_control import CartPoleEnv
+from gymnasium.envs.classic_control import CartPoleEnv, PendulumEnv
 
 
 class ExplodingCartPole(CartPoleEnv):
@@ -22,8 +22,8 @@ class ExplodingCartPole(CartPoleEnv):
 gym.register("HpcrlTest/Exploding-v0", entry_point=ExplodingCartPole, max_episode_steps=500)
 
 
-class ModuleReportingCartPole(CartPoleEnv):
-    """CartPole that, on close, writes which heavy modules its process has imported."""
+class ReportsModulesOnClose:
+    """An env that, on close, writes which heavy modules its process has imported (mixed in first)."""
 
     def __init__(self, report_dir: str, **kwargs):
         super().__init__(**kwargs)
@@ -39,7 +39,18 @@ class ModuleReportingCartPole(CartPoleEnv):
         super().close()
 
 
+class ModuleReportingCartPole(ReportsModulesOnClose, CartPoleEnv):
+    """CartPole that reports its process's imports on close."""
+
+
 gym.register("HpcrlTest/ModuleReporting-v0", entry_point=ModuleReportingCartPole, max_episode_steps=500)
+
+
+class ModuleReportingPendulum(ReportsModulesOnClose, PendulumEnv):
+    """Pendulum (Box actions) that reports its process's imports on close."""
+
+
+gym.register("HpcrlTest/ModuleReportingPendulum-v0", entry_point=ModuleReportingPendulum, max_episode_steps=200)
 
 
 class HangingCartPole(CartPoleEnv):

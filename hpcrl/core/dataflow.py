@@ -16,8 +16,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from hpcrl.core.messages import (MessageSpec, fragment_spec, q_reply_spec, reply_spec, request_spec,
-                                 sequence_spec, transition_spec)
+from hpcrl.core.messages import (MessageSpec, action_reply_spec, fragment_spec, q_reply_spec, reply_spec,
+                                 request_spec, sequence_spec, transition_spec)
 from hpcrl.core.policies import rows_carry_policy
 
 # The four stream kinds (runtime/): each has its own duplicated communicator.
@@ -27,7 +27,7 @@ PARAMETER = "parameter"  # newest-only, hierarchical weights (runtime/params.py)
 CONTROL = "control"      # the run's stop word, independent of the weights (runtime/control.py)
 STREAM_KINDS = (INFERENCE, SAMPLE, PARAMETER, CONTROL)
 # The networks an algorithm may ask for (hpcrl.models.build_policy builds them)
-POLICY_KINDS = ("actor_critic", "central_critic", "q")
+POLICY_KINDS = ("actor_critic", "central_critic", "q", "sac", "td3")
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,17 @@ def replay_writer(cfg) -> str:
     return RECORD_WRITERS["sequences" if state_size(cfg.model) else "transitions"]
 
 
+def action_reply(cfg, spaces, n: int) -> MessageSpec:
+    """SAC's and TD3's reply: the policy's actions, squashed into [-1, 1] (the actor explores,
+    rescales them to the env's bounds and stores them as they are)."""
+    return action_reply_spec(n, spaces.action_shape)
+
+
+def action_writer(cfg) -> str:
+    """SAC's and TD3's record writer: n-step transitions of continuous actions."""
+    return RECORD_WRITERS["actions"]
+
+
 def q_reply(cfg, spaces, n: int) -> MessageSpec:
     """DQN's reply: every action's Q-value (the actor explores and computes priorities), and with a
     recurrent Q-network the hidden state they came from."""
@@ -171,6 +182,7 @@ RECORD_WRITERS = {
     "fragments": "hpcrl.workers.fragment_writer:FragmentWriter",  # PPO, APPO, MAPPO, IPPO
     "transitions": "hpcrl.workers.transition_writer:TransitionWriter",  # Ape-X DQN
     "sequences": "hpcrl.workers.sequence_writer:SequenceWriter",  # R2D2 (DQN with model.core)
+    "actions": "hpcrl.workers.action_writer:ActionWriter",  # SAC, TD3
 }
 # The streams of an actor -> policy server -> trainer dataflow (PPO and DQN alike).
 ACTOR_LEARNER_STREAMS = (
@@ -237,4 +249,20 @@ DQN = Algorithm(
         "stored recurrent states, burn-in, priorities mixing max and mean TD error",
 )
 
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (PPO, MAPPO, IPPO, DQN)}
+# Continuous control on DQN's dataflow: the same streams, records (n-step transitions of Box
+# actions) and replay batch source; the actors' writer, the network and the step differ.
+SAC = Algorithm(
+    name="sac", modes=DQN.modes, workers=DQN.workers, streams=ACTOR_LEARNER_STREAMS, record=replay_record,
+    reply=action_reply, writer=action_writer, policy="sac", batch_source=DQN.batch_source,
+    step="hpcrl.algos.sac:SACStep", live=("lr",),
+    doc="SAC: a squashed Gaussian actor, twin Q critics with Polyak-averaged targets, the entropy coefficient "
+        "tuned towards a target entropy; n-step transitions from the actors into the learners' replay shards")
+
+TD3 = Algorithm(
+    name="td3", modes=DQN.modes, workers=DQN.workers, streams=ACTOR_LEARNER_STREAMS, record=replay_record,
+    reply=action_reply, writer=action_writer, policy="td3", batch_source=DQN.batch_source,
+    step="hpcrl.algos.sac:TD3Step", live=("lr",),
+    doc="TD3: a deterministic actor with Gaussian exploration noise per env, twin Q critics, target policy "
+        "smoothing and delayed actor and target updates")
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (PPO, MAPPO, IPPO, DQN, SAC, TD3)}

@@ -161,6 +161,15 @@ def reply_spec(num_envs: int, action_shape: tuple, action_dtype, state_size: int
         + ([("state", np.float32, (num_envs, state_size))] if state_size else []))
 
 
+def action_reply_spec(num_envs: int, action_shape: tuple) -> MessageSpec:
+    """inference -> env (SAC, TD3): the policy's action per env, squashed into [-1, 1]; the actor
+    explores and rescales. `final_values` as the other replies have it (none are asked for)."""
+    return MessageSpec(
+        header=("policy_id", "version", "flags"),
+        fields=[("actions", np.float32, (num_envs, *action_shape)),
+                ("final_values", np.float32, (num_envs,))])
+
+
 def q_reply_spec(num_envs: int, num_actions: int, state_size: int = 0) -> MessageSpec:
     """inference -> env (DQN): the Q-value of every action per env. The actor picks its actions
     (epsilon-greedy, per env) and computes its transitions' initial priorities from them, so it

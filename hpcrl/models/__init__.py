@@ -1,9 +1,10 @@
 """hpcrl's networks and what builds them: actor-critics (networks.py, recurrent.py), Q-networks
-(q.py), Dict observations (structured.py), their building blocks (layers.py), and the runners
-that run them for policy holders and pack their weights (runner.py); the trainers' optimizer
-(adam.py) and a population member's state as contiguous arrays (arena.py, member.py). The modules
-import one another only downward (layers <- structured <- networks <- recurrent <- q; runner;
-arena <- adam <- member), and this package's builders sit above them all."""
+(q.py), SAC's and TD3's actor and twin critics (sac.py), Dict observations (structured.py),
+their building blocks (layers.py), and the runners that run them for policy holders and pack
+their weights (runner.py); the trainers' optimizer (adam.py) and a population member's state as
+contiguous arrays (arena.py, member.py). The modules import one another only downward (layers <-
+structured <- networks <- recurrent <- q; networks <- sac; runner; arena <- adam <- member), and
+this package's builders sit above them all."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -47,6 +48,9 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
     if algorithm.policy == "q":
         from hpcrl.models.q import build_q_network
         return build_q_network(spaces, cfg)
+    if algorithm.policy in ("sac", "td3"):
+        from hpcrl.models.sac import build_continuous
+        return build_continuous(spaces, cfg)
     if algorithm.multiagent and not spaces.multiagent:
         raise ConfigError(f"algo.name: {cfg.algo.name} trains PettingZoo envs (env.id such as "
                           f"mpe2:simple_spread_v3), and {cfg.env.id} is a single-agent env; use algo.name: ppo")
@@ -63,7 +67,11 @@ def policy_params(cfg: Config, spaces: EnvSpaces) -> int:
 
 
 def make_runner(model: ObservationInput, device: str, seed: int, play: str | None = None) -> Runner:
-    """The runner that answers requests with `model`: PolicyRunner or QRunner; with `play`
-    ("sample" or "greedy", hpcrl eval), one that answers with actions alone (models/runner.py)."""
+    """The runner that answers requests with `model`: PolicyRunner, QRunner or ContinuousRunner;
+    with `play` ("sample" or "greedy", hpcrl eval), one that answers with actions alone
+    (models/runner.py)."""
     from hpcrl.models.q import QNetwork, QRunner
-    return (QRunner if isinstance(model, QNetwork) else PolicyRunner)(model, device, seed, play=play)
+    from hpcrl.models.sac import ContinuousActorCritics, ContinuousRunner
+    cls = (QRunner if isinstance(model, QNetwork) else ContinuousRunner if isinstance(model, ContinuousActorCritics)
+           else PolicyRunner)
+    return cls(model, device, seed, play=play)

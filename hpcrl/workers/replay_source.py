@@ -24,6 +24,7 @@ import numpy as np
 
 from hpcrl.algos.replay import PrioritizedReplay
 from hpcrl.io.checkpoint import CheckpointError, load_arrays, save_arrays
+from hpcrl.core.config_sac import replay_settings
 from hpcrl.core.messages import STOP, Message, MessageSpec, replay_fields
 from hpcrl.core.seeds import seed_for
 from hpcrl.runtime.streams import SampleReceiver
@@ -81,7 +82,7 @@ class ReplaySource:
         trainer's (hpcrl.core.sizing.LearnerSizes), which hold its shard's."""
         learners = len(layout.learners)
         capacity, warmup, batch = sizes.replay.capacity, sizes.replay.warmup, sizes.replay.batch
-        r, d = cfg.algo.replay, cfg.algo.dqn
+        r, (d, _) = cfg.algo.replay, replay_settings(cfg.algo)
         index = layout.index_in("learner", stream.comm.Get_rank())  # the stream's communicator is a copy of WORLD
         return cls(stream, actors, shard_for(stream.slots[0].spec, capacity, r.alpha), batch, warmup,
                    d.gradient_steps, r.replay_ratio, r.beta, cfg.run.total_frames, learners,
@@ -192,7 +193,10 @@ class ReplaySource:
     def _take_in(self, slot: int) -> None:
         record = self.stream.slots[slot]
         count = record.get("count")
-        self.replay.add({name: record[name][:count] for name in self.replay.fields}, record["priorities"][:count])
+        priorities = record["priorities"][:count]
+        # negative: the writer could not compute them (SAC's, TD3's need the critics): the shard's max, as PER gives
+        self.replay.add({name: record[name][:count] for name in self.replay.fields},
+                        None if count and priorities[0] < 0 else priorities)
         self.arrivals.append(RecordHeader(record))
         self.stream.release(slot)  # a credit for the actor again
         if self.inserted_at_warm is None and self._warm():  # the ratio counts from here

@@ -49,6 +49,7 @@ class ReplayWriter:
     ships once it has no room for `rows_per_step` more rows (the most one group step may write)."""
 
     record_name = "transitions"
+    rows_class = RecordRows  # what appends rows to a record
 
     def __init__(self, cfg: Config, env_ranks: int = 1, frames: int = 0):
         """`env_ranks`: the run's, over which Ape-X spreads its epsilons. `frames`: this rank's env
@@ -75,7 +76,7 @@ class ReplayWriter:
         d, index = self.dqn, env_rank.index
         self.epsilons = apex_epsilons(d.eps, d.eps_alpha, self.env_ranks * n)[index * n:(index + 1) * n]
         self.record = self.sender.current()
-        self.out = RecordRows(self.record)
+        self.out = self.rows_class(self.record)
 
     def epsilon(self, group: EnvGroup) -> np.ndarray:
         """The exploration of `group`'s envs now."""
@@ -110,7 +111,7 @@ class ReplayWriter:
                         count=self.out.rows)
         self.record["episode_stats"][:] = self.tally.stats[0]
         self.record = self.sender.send()
-        self.out = RecordRows(self.record)
+        self.out = self.rows_class(self.record)
         self.record_frames, self.record_version = 0, -1
 
     def next_record(self) -> None:
