@@ -199,8 +199,7 @@ def test_actors_act_at_random_until_learning_starts_then_take_the_policys_action
     from hpcrl.workers.action_writer import ActionWriter
     policy = {"actions": np.full((4000, 1), 0.9, dtype=np.float32)}
     for name, noise in (("sac", 0.0), ("td3", 0.3)):
-        writer = ActionWriter(config(name, learning_starts=1000, exploration_noise=0.3), env_ranks=2, frames=499,
-                              low=(-2.0,), high=(2.0,))
+        writer = ActionWriter(config(name, learning_starts=1000, exploration_noise=0.3), env_ranks=2, frames=499)
         writer.rng = np.random.default_rng(0)
         early = writer.actions(policy)
         assert -1.0 <= early.min() < -0.9 and 0.9 < early.max() <= 1.0  # 998 frames of the run: still random

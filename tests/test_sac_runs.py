@@ -69,3 +69,18 @@ def test_sac_is_refused_for_discrete_actions_before_any_rank_starts_work(tmp_pat
     result = mpirun(2, "run", str(write_config(tmp_path, cfg)))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "sac needs a Box (continuous) action space" in result.stderr and "use algo.name: dqn or ppo" in result.stderr
+
+
+def test_hpcrl_tune_models_sac_as_it_models_dqn(tmp_path):
+    """Measured costs (a gradient step by rows, a record's insert), a layout that keeps
+    algo.sac.batch_size and the replay ratio, written as a config that validates."""
+    from hpcrl.core.config import parse_config
+    from tests.conftest import run_hpcrl
+    out = tmp_path / "sac.yaml"
+    tuned = run_hpcrl("tune", str(REPO / "jobs/pendulum_sac.yaml"), "--ranks-per-node", "4", "--budget-s", "2",
+                      "--no-averaging-measure", "-o", str(out))
+    assert tuned.returncode == 0, tuned.stdout + tuned.stderr
+    assert "gradient steps/s, replay ratio 256.00" in tuned.stdout and "insert" in tuned.stdout
+    assert "algo.sac.batch_size 256" in tuned.stdout
+    cfg = parse_config(out.read_text())
+    assert cfg.algo.name == "sac" and cfg.algo.sac.batch_size == 256 and cfg.algo.replay.replay_ratio == 256

@@ -34,24 +34,17 @@ class UnknownPriorityRows(RecordRows):
 class ActionWriter(ReplayWriter):
     rows_class = UnknownPriorityRows
 
-    def __init__(self, cfg, env_ranks: int = 1, frames: int = 0, low=(), high=()):
+    def __init__(self, cfg, env_ranks: int = 1, frames: int = 0):
         super().__init__(cfg, env_ranks, frames)
         self.sac = cfg.algo.sac
         self.noise = self.sac.exploration_noise if cfg.algo.name == "td3" else 0.0
-        self.bounds = np.asarray(low, dtype=np.float32), np.asarray(high, dtype=np.float32)
-
-    @classmethod
-    def build(cls, w) -> ActionWriter:
-        env_ranks = len(w.layout.envs)
-        return cls(w.cfg, env_ranks=env_ranks, frames=w.start.start_frames // env_ranks,
-                   low=w.spaces.action_low, high=w.spaces.action_high)
 
     def attach(self, env_rank) -> None:
         super().attach(env_rank)
         self.rows_per_step = self.per_group * (self.sac.n_step + 1)
-        shape = self.record["actions"].shape[1:]
-        self.low, self.high = (b.reshape(shape) for b in self.bounds)
-        actions = np.zeros((self.per_group, *shape), dtype=np.float32)
+        space = self.groups[0].envs.single_action_space  # the bounds the actions are rescaled to
+        self.low, self.high = (np.asarray(b, dtype=np.float32) for b in (space.low, space.high))
+        actions = np.zeros((self.per_group, *self.record["actions"].shape[1:]), dtype=np.float32)
         self.windows = [NStepWindow(self.sac.n_step, self.cfg.algo.gamma, self.per_group, g.request["obs"], actions)
                         for g in self.groups]
         self.no_values = np.zeros(self.per_group)  # no Q-values here: the priorities are the learner's

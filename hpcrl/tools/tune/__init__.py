@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpcrl.core.config import ConfigError, load_config, to_dict
-from hpcrl.core.config_sac import CONTINUOUS_ALGORITHMS
 from hpcrl.core.layout import plan_layout, simulated_nodes
 from hpcrl.envs import env_spaces
 from hpcrl.core.sizing import DEFAULT_MEMORY_PER_RANK
@@ -53,9 +52,6 @@ def tune(config_path: str, ranks_per_node: int, nodes: int = 1, cores_per_node: 
     import torch
     import yaml
     cfg, _ = load_config(config_path, overrides)
-    if cfg.algo.name in CONTINUOUS_ALGORITHMS:  # its model of a replay learner reads algo.dqn's steps
-        raise ConfigError(f"algo.name: hpcrl tune models PPO, APPO, MAPPO, IPPO and DQN layouts, not {cfg.algo.name} "
-                          f"yet; lay a {cfg.algo.name} job out with hpcrl plan (its replay and traffic lines)")
     spaces = env_spaces(cfg.env)
     gpu = gpus_per_node > 0 or "cuda" in (cfg.roles.learner.device, cfg.roles.inference.device)
     world = nodes * ranks_per_node

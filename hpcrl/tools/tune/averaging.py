@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     from hpcrl.runtime import comm  # MPI at THREAD_MULTIPLE before Horovod starts its thread
     from hpcrl.core.config import load_config
     from hpcrl.envs import env_spaces
+    from hpcrl.core.config_sac import replay_settings
     from hpcrl.tools.tune.measure import UpdateBench, on_devices, replays
     from hpcrl.workers.averaging import averaging_hooks, averaging_optimizer, start_horovod
     world = comm.WORLD
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     spaces = env_spaces(cfg.env)
     start_horovod(world)
     # one learner's share of a batch split in two: half a DQN batch, or a fragment of PPO's
-    size = max(1, cfg.algo.dqn.batch_size // 2) if replays(cfg) else 1
+    size = max(1, replay_settings(cfg.algo)[0].batch_size // 2) if replays(cfg) else 1
     alone = UpdateBench(cfg, spaces)
     averaged = UpdateBench(cfg, spaces, wrap=averaging_optimizer, hooks=averaging_hooks)
     seconds = {name: wall_seconds(bench.call(size), args.seconds, world)

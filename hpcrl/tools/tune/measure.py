@@ -18,6 +18,7 @@ import numpy as np
 
 import hpcrl
 from hpcrl.core.config import Config
+from hpcrl.core.config_sac import replay_settings
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.observations import zeros
 from hpcrl.envs import EnvSpaces
@@ -27,7 +28,8 @@ FORWARD_ROWS = (1, 8, 64, 512)
 
 
 def replays(cfg: Config) -> bool:
-    """The algorithm trains from a replay shard in every learner (DQN), not from batches of fragments."""
+    """The algorithm trains from a replay shard in every learner (DQN, SAC, TD3), not from batches
+    of fragments."""
     return ALGORITHMS[cfg.algo.name].batch_source == ALGORITHMS["dqn"].batch_source
 
 
@@ -127,8 +129,9 @@ class UpdateBench:
         cfg, spaces = self.cfg, self.spaces
         if self.replay is not None:
             from hpcrl.workers.replay_source import ReplaySource
-            cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, dqn=dataclasses.replace(
-                cfg.algo.dqn, gradient_steps=1)))
+            section, where = replay_settings(cfg.algo)  # one gradient step a call
+            one_step = dataclasses.replace(section, gradient_steps=1)
+            cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, **{where.split(".")[1]: one_step}))
             batch = ReplaySource(None, [], self.replay, size, 0, 1, None, cfg.algo.replay.beta, cfg.run.total_frames,
                                  1, np.random.default_rng(0))
         else:
@@ -149,7 +152,8 @@ def measure_update(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list
     bench = UpdateBench(cfg, spaces)
     clock = _clock(bench.device)
     if replays(cfg):
-        sizes = sorted({max(1, cfg.algo.dqn.batch_size // 4), cfg.algo.dqn.batch_size})
+        batch = replay_settings(cfg.algo)[0].batch_size
+        sizes = sorted({max(1, batch // 4), batch})
         return sizes, [_timed(bench.call(rows), seconds / 2, least=2, clock=clock) for rows in sizes]
     frames = cfg.algo.rollout_length * cfg.env.num_envs
     return [k * frames for k in (1, 4)], [_timed(bench.call(k), seconds / 2, least=2, clock=clock) for k in (1, 4)]
@@ -163,7 +167,8 @@ def _filled_shard(cfg: Config, spec):
     names = replay_fields(spec)
     rows = record["priorities"].shape[0]
     # the sum-tree's depth grows with the capacity (log), so a smaller shard costs about the same
-    replay = shard_for(spec, min(cfg.algo.replay.capacity, max(8 * rows, 4 * cfg.algo.dqn.batch_size)),
+    batch = replay_settings(cfg.algo)[0].batch_size
+    replay = shard_for(spec, min(cfg.algo.replay.capacity, max(8 * rows, 4 * batch)),
                        cfg.algo.replay.alpha)
     record["priorities"][...] = 1.0
     while replay.size < replay.capacity:

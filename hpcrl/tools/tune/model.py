@@ -21,10 +21,10 @@ all roles together (a saturated machine), and each role's ranks over the CPU a f
 add, and while sampling the env and inference ranks share the cores among them (they poll between
 steps rather than sleep). The role whose term is least is the bound; 'cores' means every core is busy.
 
-DQN (a replay shard in every learner, `Shape.replay`): the env and inference ranks cost as above;
-a learner takes each record into its shard (the message and the insert) and takes
-algo.dqn.gradient_steps steps of its share of algo.dqn.batch_size per update (`Measured.update` is
-one gradient step, by rows). With algo.replay.replay_ratio r the learners train r rows per row
+DQN, SAC and TD3 (a replay shard in every learner, `Shape.replay`): the env and inference ranks
+cost as above; a learner takes each record into its shard (the message and the insert) and takes
+gradient_steps steps of its share of the batch size per update (algo.dqn's, or algo.sac's;
+`Measured.update` is one gradient step, by rows). With algo.replay.replay_ratio r the learners train r rows per row
 inserted and hold their actors back to it (credits), so a learner costs CPU per frame like any role.
 Without one (Ape-X) the learners train flat out: each keeps its core (or its share of an
 oversubscribed node's cores), the env and inference ranks share the rest, a learner bounds the
@@ -97,7 +97,7 @@ class Shape:
     # DQN (replay): each learner's update is gradient_steps steps of step_rows rows of its shard
     replay: bool = False
     replay_ratio: float | None = None  # rows sampled per row inserted (None: learners train flat out, Ape-X)
-    step_rows: int = 0  # rows of one gradient step of one learner (algo.dqn.batch_size / learners)
+    step_rows: int = 0  # rows of one gradient step of one learner (the batch size / learners)
     record_rows: int = 0  # rows one record brings to a shard
     record_frames: int = 0  # env steps one record holds
     # on a GPU each (one per rank): the learners, the inference ranks

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+from hpcrl.core.config_sac import replay_settings
 from hpcrl.tools.tune.measure import replays
 from hpcrl.tools.tune.model import Prediction
 from hpcrl.tools.tune.search import Choice
@@ -29,7 +30,8 @@ def header(config_path: str, points: dict, best: Choice, shipped: Prediction | N
         lines.append(f"  {what} " + ", ".join(f"{x:,} {unit}: {y * 1e6:,.0f} us" for x, y in zip(xs, ys)))
     L, I, E = best.counts
     a = best.cfg.algo
-    batch = (f"algo.dqn.batch_size {a.dqn.batch_size:,} ({a.dqn.batch_size // L:,} per learner)" if replays(best.cfg)
+    (d, where) = replay_settings(a)
+    batch = (f"{where}.batch_size {d.batch_size:,} ({d.batch_size // L:,} per learner)" if replays(best.cfg)
              else f"algo.batch_frames {a.batch_frames:,}")
     on = {role: " on GPUs" if getattr(best.cfg.roles, role).device == "cuda" else "" for role in ("learner", "inference")}
     lines.append(f"chosen: {L} learner{on['learner']}, {I} inference{' (inline)' if not I else on['inference']}, "

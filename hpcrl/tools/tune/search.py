@@ -2,7 +2,7 @@
 plan`'s planner (`plan_layout`: counts, node-aware routing, fan-in) and checked as a run would check
 it (batch_frames fitting, memory per rank), each predicted by the throughput model (model.py); and
 the choice among them. The frames per update stay the config's own (algo.batch_frames, or what its
-roles table gives at the target size); DQN's layouts keep algo.dqn.batch_size (shared by the
+roles table gives at the target size); DQN's (and SAC's, TD3's) layouts keep their batch size (shared by the
 learners) and, without a replay ratio (Ape-X), the config's learner count.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcrl.core.config import Config, ConfigError
+from hpcrl.core.config_sac import replay_settings
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.layout import plan_layout, simulated_nodes
 from hpcrl.envs import EnvSpaces
@@ -138,7 +139,7 @@ class _Planner:
         self.gpus = np.full(self.world, self.gpus_per_node) if self.gpus_per_node else None
         # the algorithm's frames per update: the config's, or what its roles table gives at this size
         own = plan_layout(self.cfg.roles, self.world, self.node_map, self.gpus)
-        # (DQN's batch is algo.dqn.batch_size, shared by the learners: the config's own count may not
+        # (a replay algorithm's batch is algo.dqn.batch_size or algo.sac.batch_size, shared by the learners: the config's own count may not
         # split it, and others do)
         self.batch = 0 if replays(self.cfg) else self.cfg.algo.batch_frames or Sizes.of(self.cfg, own).update_frames
         self.fixed_learners = fixed_learners(self.cfg, own)
@@ -162,7 +163,8 @@ class _Planner:
                             "; learners hold their batch: more learners, or a smaller algo.batch_frames)"))
         if self.rejected["batch"]:
             parts.append(f"{self.rejected['batch']} do not split " + (
-                f"algo.dqn.batch_size {c.algo.dqn.batch_size} evenly over the learners" if replays(c) else
+                f"{replay_settings(c.algo)[1]}.batch_size {replay_settings(c.algo)[0].batch_size} evenly over the "
+                f"learners" if replays(c) else
                 f"algo.batch_frames {self.batch:,} into whole fragments of algo.rollout_length "
                 f"{c.algo.rollout_length} x a power-of-two env.num_envs per learner (a multiple of "
                 f"{c.algo.rollout_length * 64:,} splits for most)"))
@@ -171,7 +173,7 @@ class _Planner:
     def __call__(self, c: Config) -> Choice | None:
         self.tried += 1
         replay = replays(c)
-        if not replay:  # DQN's batch is algo.dqn.batch_size, shared by the learners
+        if not replay:  # a replay algorithm's batch size is shared by the learners
             c = dataclasses.replace(c, algo=dataclasses.replace(c.algo, batch_frames=self.batch))
         try:
             layout = plan_layout(c.roles, self.world, self.node_map, self.gpus)
@@ -194,7 +196,8 @@ class _Planner:
                       envs_per_learner=int(layout.fan_in("learner").max()),
                       request_bytes=request.group_offset("final_obs"), reply_bytes=reply.nbytes,
                       fragment_bytes=record.nbytes, sync=c.algo.mode == "sync",
-                      gradient_steps=c.algo.dqn.gradient_steps if replay else c.algo.epochs * c.algo.num_minibatches,
+                      gradient_steps=(replay_settings(c.algo)[0].gradient_steps if replay
+                                      else c.algo.epochs * c.algo.num_minibatches),
                       gradient_bytes=4 * self.n_params, replay=replay, replay_ratio=c.algo.replay.replay_ratio,
                       step_rows=sizes.busiest.replay.batch if replay else 0,
                       **(_record_size(c, record, G) if replay else {}),
@@ -207,7 +210,7 @@ def _record_size(c: Config, record, groups: int) -> dict[str, int]:
     """DQN: the rows and env steps a record holds as its actor ships it. Transitions: one per env
     step, shipped once another group step might not fit (workers/replay_writer.py: a step may write n_step
     + 1 rows per env); sequences: one per env every sequence_period steps, shipped full."""
-    rows, per_group, d = record.field("priorities").shape[0], c.env.num_envs // groups, c.algo.dqn
+    rows, per_group, (d, _) = record.field("priorities").shape[0], c.env.num_envs // groups, replay_settings(c.algo)
     if "state0" in (f.name for f in record.fields):
         return {"record_rows": rows, "record_frames": rows * d.sequence_period}
     filled = max(rows - d.n_step * per_group, per_group)
