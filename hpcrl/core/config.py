@@ -19,7 +19,8 @@ import yaml
 
 from hpcrl.core.config_base import ConfigError, check, doc, load_yaml, shown
 from hpcrl.core.config_dqn import DQNConfig, ReplayConfig, validate_dqn
-from hpcrl.core.config_sac import CONTINUOUS_ALGORITHMS, REPLAY_ALGORITHMS, SACConfig, validate_sac
+from hpcrl.core.config_sac import (CONTINUOUS_ALGORITHMS, REPLAY_ALGORITHMS, SACConfig, replay_settings,
+                                   validate_sac)
 # the env and roles sections have modules of their own; every name they had here is re-exported,
 # so callers still import any config name from hpcrl.core.config
 from hpcrl.core.config_env import (ENV_BACKENDS, ENV_PRESETS, MAX_FRAME_SIZE, MAX_FRAME_STACK,  # noqa: F401
@@ -287,8 +288,8 @@ def validate(cfg: Config) -> None:
         validate_sac(a.sac, a.name, a.replay)
         _check(m.core == "none", f"model.core: algo.name {a.name} has no recurrent version; use none")
     if a.name in REPLAY_ALGORITHMS:
-        section = "algo.sac" if a.name in CONTINUOUS_ALGORITHMS else "algo.dqn"
-        n_step = (a.sac if a.name in CONTINUOUS_ALGORITHMS else a.dqn).n_step
+        settings, section = replay_settings(a)
+        n_step = settings.n_step
         _check(not a.value_norm, f"algo.value_norm: a PPO option, not used by algo.name {a.name}; use false or null")
         _check(m.core != "none" or a.rollout_length > n_step,
                f"algo.rollout_length: a {a.name.upper()} record holds rollout_length x env.num_envs transitions and "

@@ -236,7 +236,7 @@ def memory(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int, p
     inference = inference_fan * G * (2 * req + 2 * rep) + MODEL_COPIES["inference"] * layout.policies * model + holder
     # learner: the sample slots, the batch assembled from them (a copy of its fragments), the model;
     # DQN: the replay shard and its sum-tree instead of the batch, and a target network
-    if cfg.algo.name in REPLAY_ALGORITHMS:  # (SAC, TD3: the target networks are part of the model)
+    if cfg.algo.name in REPLAY_ALGORITHMS:  # and a target network (SAC's, TD3's: a whole copy)
         data = replay_bytes(learner.replay, ALGORITHMS[cfg.algo.name].record(cfg, spaces)) + model
     else:
         data = learner.batch_fragments * frag
