@@ -107,10 +107,16 @@ def validate_dqn(d: DQNConfig, r: ReplayConfig, recurrent: bool = False) -> None
         check(0.0 <= value <= 1.0, f"algo.dqn.{key}: expected a number in [0, 1], got {value}")
     check(d.eps_alpha >= 0, f"algo.dqn.eps_alpha: expected >= 0, got {d.eps_alpha}")
     check(d.eps_decay_frames >= 1, f"algo.dqn.eps_decay_frames: expected >= 1, got {d.eps_decay_frames}")
-    check(r.capacity >= d.batch_size, f"algo.replay.capacity: expected at least algo.dqn.batch_size "
-                                      f"({d.batch_size}) transitions, got {r.capacity}")
-    check(d.batch_size <= r.warmup <= r.capacity,
-          f"algo.replay.warmup: expected between algo.dqn.batch_size ({d.batch_size}) and algo.replay.capacity "
+    validate_replay(r, d.batch_size, "algo.dqn")
+
+
+def validate_replay(r: ReplayConfig, batch_size: int, section: str) -> None:
+    """algo.replay against the batch of the algorithm's `section` (algo.dqn or algo.sac), once
+    its null warm-up and alpha are resolved."""
+    check(r.capacity >= batch_size, f"algo.replay.capacity: expected at least {section}.batch_size "
+                                    f"({batch_size}) transitions, got {r.capacity}")
+    check(batch_size <= r.warmup <= r.capacity,
+          f"algo.replay.warmup: expected between {section}.batch_size ({batch_size}) and algo.replay.capacity "
           f"({r.capacity}) transitions, got {r.warmup}")
     check(r.alpha >= 0, f"algo.replay.alpha: expected >= 0, got {r.alpha}")
     check(0.0 <= r.beta <= 1.0, f"algo.replay.beta: expected a number in [0, 1], got {r.beta}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from hpcrl.core.config_base import check, doc
+from hpcrl.core.config_dqn import validate_replay
 
 REPLAY_ALGORITHMS = ("dqn", "sac", "td3")
 CONTINUOUS_ALGORITHMS = ("sac", "td3")
@@ -71,11 +72,4 @@ def validate_sac(s: SACConfig, name: str, replay) -> None:
     for key in ("target_noise", "target_noise_clip", "exploration_noise"):
         value = getattr(s, key)
         check(value >= 0, f"algo.sac.{key}: expected >= 0, got {value}")
-    check(replay.capacity >= s.batch_size, f"algo.replay.capacity: expected at least algo.sac.batch_size "
-                                           f"({s.batch_size}) transitions, got {replay.capacity}")
-    check(s.batch_size <= replay.warmup <= replay.capacity,
-          f"algo.replay.warmup: expected between algo.sac.batch_size ({s.batch_size}) and algo.replay.capacity "
-          f"({replay.capacity}) transitions, got {replay.warmup}")
-    check(replay.alpha >= 0, f"algo.replay.alpha: expected >= 0, got {replay.alpha}")
-    check(replay.replay_ratio is None or replay.replay_ratio > 0,
-          f"algo.replay.replay_ratio: expected a number > 0 or null, got {replay.replay_ratio}")
+    validate_replay(replay, s.batch_size, "algo.sac")
