@@ -1,0 +1,127 @@
+"""Does the league learn? jobs/connect_four_league.yaml (a main agent, a main exploiter and a league
+exploiter on connect four, one rank each), summed up from its population directory:
+
+- per member, its win rate against each anchor (tests/anchors.py: a uniform player and a one-step
+  lookahead player) by quarter of its frames, from the anchor games the run plays untrained (a
+  tenth of its games), and its OpenSkill rating at the start, its peak and its end;
+- `hpcrl eval` of each member's final checkpoint: GAMES games against each anchor, and the main
+  agent against each exploiter;
+- the league's payoff matrix as the population root left it (league_state.json), by owner.
+
+Writes summary.json and two plots (`hpcrl plot` of the population: the ratings, and the win rate
+against the one-step player) into --out-dir, and prints the summary as JSON.
+
+    .venv/bin/python bench/league.py --population runs/connect_four_league \\
+        [--out-dir jobs/results/connect_four_league]
+    .venv/bin/python bench/league.py --run   (runs the job first, on 3 ranks: about an hour here)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from report import emit  # noqa: E402
+from solve import timed  # noqa: E402
+from hpcrl.core.league import League, member_roles  # noqa: E402
+from hpcrl.io.metrics import read_metrics  # noqa: E402
+
+JOB = REPO / "jobs" / "connect_four_league.yaml"
+ANCHORS = {"uniform": "tests.anchors:uniform", "one_step": "tests.anchors:one_step_lookahead"}
+GAMES = 200
+QUARTERS = 4
+
+
+def by_quarter(metrics: dict, anchor: str) -> list[float | None]:
+    """The win rate against `anchor` over the anchor games of each quarter of the member's frames."""
+    frames, games = metrics["frames"], metrics[f"anchor.{anchor}.games"]
+    wins = np.nan_to_num(metrics[f"anchor.{anchor}.win_rate"]) * games
+    edges = np.linspace(0, frames[-1], QUARTERS + 1)
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        rows = (frames > lo) & (frames <= hi)
+        out.append(round(float(wins[rows].sum() / games[rows].sum()), 3) if games[rows].sum() else None)
+    return out
+
+
+def evaluate(run: Path, opponent: str) -> dict:
+    cmd = [sys.executable, "-m", "hpcrl", "eval", str(run), "--episodes", str(GAMES), "--json", "--opponent", opponent]
+    _, out = timed(cmd, f"hpcrl eval {run.name} --opponent {opponent}")
+    result = json.loads(out)
+    return {k: result[k] for k in ("wins", "draws", "losses", "win_rate")}
+
+
+def league_table(pop: Path, roles: list[str], keep: int, slots: int) -> dict:
+    league = League(roles, keep, slots)
+    league.restore(json.loads((pop / "league_state.json").read_text()))
+    table = {}
+    for (member, sid), rate in league.payoff.items():
+        owner = league.snapshots[sid][0]
+        games = league.games.get((member, sid), 0)
+        cell = table.setdefault(f"member {member} vs member {owner}'s snapshots", [0, 0.0])
+        cell[0] += games
+        cell[1] += rate * games
+    return {k: {"games": g, "win_rate": round(s / g, 3) if g else None} for k, (g, s) in sorted(table.items())}
+
+
+def summarize(pop: Path) -> dict:
+    import yaml
+    cfg = yaml.safe_load((pop / "config.yaml").read_text())
+    lg = cfg["population"]["league"]
+    roles = member_roles(lg.get("main", 0), lg.get("main_exploiters", 0), lg.get("league_exploiters", 0))
+    members = {}
+    for m, role in enumerate(roles):
+        run = pop / f"member{m}"
+        metrics = read_metrics(str(run / "metrics.h5"))
+        rating = metrics["rating"][np.isfinite(metrics["rating"])]
+        members[f"member{m}"] = {
+            "role": role, "frames": int(metrics["frames"][-1]), "wall_time_s": round(float(metrics["wall_time"][-1])),
+            "rating": {"first": round(float(rating[0]), 1), "peak": round(float(rating.max()), 1),
+                       "last": round(float(rating[-1]), 1)},
+            "anchor_win_rate_by_quarter": {a: by_quarter(metrics, a) for a in ANCHORS},
+            "eval": {a: evaluate(run, player) for a, player in ANCHORS.items()}}
+    for m in range(1, len(roles)):
+        members["member0"]["eval"][f"member{m}"] = evaluate(pop / "member0", str(pop / f"member{m}"))
+    return {"job": str(JOB.relative_to(REPO)), "eval_games": GAMES, "members": members,
+            "payoff": league_table(pop, roles, lg.get("keep", 16), cfg["algo"]["selfplay"]["pool"])}
+
+
+def plots(pop: Path, out: Path) -> None:
+    for name, extra in (("rating.png", []), ("one_step.png", ["--metric", "anchor.one_step.win_rate"])):
+        subprocess.run([sys.executable, "-m", "hpcrl", "plot", str(pop), "-o", str(out / name), "--smooth", "0.95",
+                        *extra], check=True, cwd=REPO)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--population", type=Path, help="a finished league's directory")
+    parser.add_argument("--run", action="store_true", help="run the job first (3 ranks)")
+    parser.add_argument("--out-dir", type=Path, default=REPO / "jobs/results/connect_four_league")
+    args = parser.parse_args()
+    if args.run == bool(args.population):
+        parser.error("give either --population DIR or --run")
+    with tempfile.TemporaryDirectory() as tmp:
+        pop = args.population
+        seconds = None
+        if args.run:
+            cmd = ["bash", str(REPO / "scripts/mpirun.sh"), "-n", "3", sys.executable, "-m", "hpcrl", "run", str(JOB),
+                   "--set", f"run.output_dir={tmp}"]
+            seconds, _ = timed(cmd, JOB.name)
+            pop = Path(tmp) / "connect_four_league"
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        summary = {**summarize(pop), **({"seconds_from_launch": round(seconds)} if seconds else {})}
+        plots(pop, args.out_dir)
+    (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    emit(summary, str(REPO / "bench/results/league.json"))
+
+
+if __name__ == "__main__":
+    main()
