@@ -13,7 +13,6 @@ weights stay bit-identical.
 """
 from __future__ import annotations
 
-import copy
 import time
 from typing import Callable
 
@@ -127,7 +126,6 @@ class LearnerRole(MemberParts):
         self.optimizer = self.averaging.wrap(self.model, optimizer)
         self.step = step(cfg, self.model, self.optimizer, self.device, self.rng, spaces.obs_dtype,
                          spaces.action_dtype)
-        self._initial_step_state = copy.deepcopy(self.step.state())  # a league exploiter's reset takes it again
         counters = self._start_from(resume_path)
         self.version = int(counters.get("policy_version", 0))
         self.updates = int(counters.get("updates", 0))

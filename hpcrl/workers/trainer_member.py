@@ -5,7 +5,6 @@ and workers/league.py call these on the learner root; `_share_adoption` reaches 
 """
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import torch
@@ -60,9 +59,11 @@ class MemberParts:
         self.model.load_state_dict(fresh.state_dict())
         for arena in self.optimizer.ensure_state():
             arena.zero_()
+        # a fresh step's state (a reward scale that has seen nothing), built only when a reset comes
+        new_step = type(self.step)(self.cfg, self.model, self.optimizer, self.device, np.random.default_rng(0),
+                                   self.spaces.obs_dtype, self.spaces.action_dtype)
         from hpcrl.workers.population import Adoption
-        return Adoption(-1, copy.deepcopy(self._initial_step_state),
-                        {k: float(getattr(self.cfg.algo, k)) for k in self.live})
+        return Adoption(-1, new_step.state(), {k: float(getattr(self.cfg.algo, k)) for k in self.live})
 
     def _adopt(self, adoption) -> None:
         """A copy's state is in this learner's arrays already: the parent's step state and the new
