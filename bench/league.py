@@ -62,14 +62,8 @@ def evaluate(run: Path, opponent: str) -> dict:
 def league_table(pop: Path, roles: list[str], keep: int, slots: int) -> dict:
     league = League(roles, keep, slots)
     league.restore(json.loads((pop / "league_state.json").read_text()))
-    table = {}
-    for (member, sid), rate in league.payoff.items():
-        owner = league.snapshots[sid][0]
-        games = league.games.get((member, sid), 0)
-        cell = table.setdefault(f"member {member} vs member {owner}'s snapshots", [0, 0.0])
-        cell[0] += games
-        cell[1] += rate * games
-    return {k: {"games": g, "win_rate": round(s / g, 3) if g else None} for k, (g, s) in sorted(table.items())}
+    return {f"member {member} vs member {owner}'s snapshots": {"games": games, "win_rate": round(rate, 3)}
+            for (member, owner), (games, rate) in league.by_owner().items()}
 
 
 def summarize(pop: Path) -> dict:

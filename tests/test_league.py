@@ -101,6 +101,7 @@ def test_the_league_state_round_trips_and_a_member_that_went_back_retires_its_la
     again.restore(json.loads(json.dumps(league.state())))
     assert again.snapshots == league.snapshots and again.payoff == league.payoff and again.games == league.games
     assert again.newest.tolist() == [0, 4, 0]
+    assert again.by_owner() == {(0, 1): (4, pytest.approx(league.payoff[(0, 4)]))}  # 3 wins, 1 draw
     again.present[:] = True
     again.rewind(1, 2)  # member 1 resumed from a checkpoint at its seq 2
     assert again.add_snapshots(1, 3) == [7]  # its new seq 3 is a new snapshot

@@ -177,17 +177,14 @@ class League:
         self.payoff = {(int(m), int(s)): float(p) for m, s, p, _ in state["payoff"]}
         self.games = {(int(m), int(s)): int(g) for m, s, _, g in state["payoff"]}
 
-    def table(self) -> str:
-        """The payoff matrix in words, for the log: each member's win rate against each owner's
-        snapshots it has played, games-weighted."""
-        lines = []
-        for m, role in enumerate(self.roles):
-            parts = []
-            for owner in range(len(self.roles)):
-                games = [(self.payoff[(m, s)], self.games[(m, s)]) for s, (o, _) in self.snapshots.items()
-                         if o == owner and (m, s) in self.payoff and self.games.get((m, s), 0)]
-                total = sum(g for _, g in games)
-                if total:
-                    parts.append(f"vs member {owner} {sum(p * g for p, g in games) / total:.2f} ({total} games)")
-            lines.append(f"member {m} ({role}): {', '.join(parts) if parts else 'no games yet'}")
-        return "\n".join(lines)
+    def by_owner(self) -> dict[tuple[int, int], tuple[int, float]]:
+        """(member, owner) -> (games, win rate): each member's games against each owner's kept
+        snapshots, their win rates weighted by games (pairs with no games left out)."""
+        cells: dict[tuple[int, int], list[float]] = {}
+        for (m, sid), rate in self.payoff.items():
+            games = self.games.get((m, sid), 0)
+            if games and sid in self.snapshots:
+                cell = cells.setdefault((m, self.snapshots[sid][0]), [0, 0.0])
+                cell[0] += games
+                cell[1] += rate * games
+        return {key: (int(g), s / g) for key, (g, s) in sorted(cells.items())}
