@@ -178,6 +178,17 @@ class LeagueRoot:
         if os.path.exists(self.path):
             self._load()
 
+    def on_report(self, member: int, part: np.ndarray, ready: bool, holds_snapshots: bool) -> None:
+        """A member's report, with its league part (`part`; none from a member complete before this
+        launch, which holds no snapshots to send): read it, draw the member's slots anew after a
+        READY report, and save when due."""
+        self.league.present[member] = holds_snapshots
+        if len(part):
+            self.report(member, part)
+        if ready:
+            self.match(member)
+        self.save()
+
     def report(self, member: int, part: np.ndarray) -> None:
         """A member's report: its newest snapshot, what its slots hold, its games since the last."""
         newest, slot_ids, games = parse_report_part(part, self.league.slots)

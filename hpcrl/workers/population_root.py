@@ -81,8 +81,8 @@ class Decider:
             if taken >= 0:  # (a member complete before this launch knows none of its values)
                 # the member's own word: a resumed member's come from its checkpoint
                 self.hyper[member] = v[6:hyper_end]
-            if self.league is not None:
-                self._league_report(member, kind, v[hyper_end:], taken)
+            if self.league is not None:  # its snapshots and games; after READY, its slots drawn anew
+                self.league.on_report(member, v[hyper_end:], ready=kind == READY, holds_snapshots=taken >= 0)
             self.seen[member] = True
             if kind == READY and self.synchronous:
                 self._wait_for_round(member, frames, fitness)
@@ -118,16 +118,6 @@ class Decider:
         for parent in self.copies[member][max(taken, 0):]:  # ordered, but it had stopped before taking them
             self._record(CANCELLED, member, parent, frames, math.nan, math.nan)
         self._record(STOPPED, member, -1, frames, fitness, math.nan)
-
-    def _league_report(self, member: int, kind: float, part: np.ndarray, taken: int) -> None:
-        """A league member's snapshots and games; after a READY report, its slots drawn anew."""
-        # a member complete before this launch holds no snapshots to send; the others do
-        self.league.league.present[member] = taken >= 0
-        if len(part):
-            self.league.report(member, part)
-        if kind == READY:
-            self.league.match(member)
-        self.league.save()
 
     # --- as they come -------------------------------------------------------------------------------
     def _judge(self, member: int, frames: int, fitness: float) -> None:
