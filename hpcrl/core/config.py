@@ -285,7 +285,7 @@ def validate(cfg: Config) -> None:
     if a.name == "dqn":
         validate_dqn(a.dqn, a.replay, recurrent=m.core != "none")
     if a.name in CONTINUOUS_ALGORITHMS:
-        validate_sac(a.sac, a.name, a.replay)
+        validate_sac(a.sac, a.replay)
         _check(m.core == "none", f"model.core: algo.name {a.name} has no recurrent version; use none")
     if a.name in REPLAY_ALGORITHMS:
         settings, section = replay_settings(a)

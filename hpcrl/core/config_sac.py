@@ -14,9 +14,11 @@ from typing import Union
 
 from hpcrl.core.config_base import check, doc
 from hpcrl.core.config_dqn import validate_replay
+from hpcrl.core.dataflow import ALGORITHMS
 
-REPLAY_ALGORITHMS = ("dqn", "sac", "td3")
-CONTINUOUS_ALGORITHMS = ("sac", "td3")
+# the algorithms that train from a replay shard in every learner, as their declarations say
+REPLAY_ALGORITHMS = tuple(n for n, a in ALGORITHMS.items() if a.batch_source == ALGORITHMS["dqn"].batch_source)
+CONTINUOUS_ALGORITHMS = ("sac", "td3")  # those whose settings are algo.sac
 
 
 @dataclass
@@ -52,7 +54,7 @@ def replay_settings(algo) -> tuple[object, str]:
     return (algo.sac, "algo.sac") if algo.name in CONTINUOUS_ALGORITHMS else (algo.dqn, "algo.dqn")
 
 
-def validate_sac(s: SACConfig, name: str, replay) -> None:
+def validate_sac(s: SACConfig, replay) -> None:
     """`replay`: algo.replay, whose capacity the start must fit; its null warmup and alpha are
     resolved (to learning_starts, at least batch_size, and 0: uniform replay)."""
     if replay.warmup is None:

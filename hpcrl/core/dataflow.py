@@ -12,6 +12,7 @@ Trainer steps and batch sources are named by import path, so actors never import
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Callable
@@ -258,10 +259,8 @@ SAC = Algorithm(
     doc="SAC: a squashed Gaussian actor, twin Q critics with Polyak-averaged targets, the entropy coefficient "
         "tuned towards a target entropy; n-step transitions from the actors into the learners' replay shards")
 
-TD3 = Algorithm(
-    name="td3", modes=DQN.modes, workers=DQN.workers, streams=ACTOR_LEARNER_STREAMS, record=replay_record,
-    reply=action_reply, writer=action_writer, policy="td3", batch_source=DQN.batch_source,
-    step="hpcrl.algos.sac:TD3Step", live=("lr",),
+TD3 = dataclasses.replace(
+    SAC, name="td3", policy="td3", step="hpcrl.algos.sac:TD3Step",
     doc="TD3: a deterministic actor with Gaussian exploration noise per env, twin Q critics, target policy "
         "smoothing and delayed actor and target updates")
 

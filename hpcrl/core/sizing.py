@@ -335,14 +335,14 @@ def traffic(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int, 
     req, rep = inference_messages(cfg, spaces, G)
     frag = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
     # per group and step one request (G per env step), plus one per rollout for bootstrap values (PPO)
-    dqn = cfg.algo.name in REPLAY_ALGORITHMS  # one request per step, updates by the replay ratio
-    requests_per_s = G * steps_per_second * (1 if dqn else (T + 1) / T)
+    replay = cfg.algo.name in REPLAY_ALGORITHMS  # one request per step, updates by the replay ratio
+    requests_per_s = G * steps_per_second * (1 if replay else (T + 1) / T)
     fragments_per_s = steps_per_second / T
     remote = not layout.inline_inference
     inf_fan = int(layout.fan_in("inference").max()) if remote else 0
     learner_fan = int(layout.fan_in("learner").max())
     frames_per_s = fragments_per_s * len(layout.envs) * T * N
-    if dqn:  # replay_ratio samples per frame, in updates of gradient_steps x batch_size (null: as fast as they can)
+    if replay:  # replay_ratio samples per frame, in updates of gradient_steps x batch_size (null: as fast as they can)
         d, _ = replay_settings(cfg.algo)
         updates_per_s = frames_per_s * (cfg.algo.replay.replay_ratio or 0.0) / (d.gradient_steps * d.batch_size)
         steps_per_update = d.gradient_steps

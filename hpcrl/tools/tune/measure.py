@@ -18,7 +18,7 @@ import numpy as np
 
 import hpcrl
 from hpcrl.core.config import Config
-from hpcrl.core.config_sac import replay_settings
+from hpcrl.core.config_sac import REPLAY_ALGORITHMS, replay_settings
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.observations import zeros
 from hpcrl.envs import EnvSpaces
@@ -30,7 +30,7 @@ FORWARD_ROWS = (1, 8, 64, 512)
 def replays(cfg: Config) -> bool:
     """The algorithm trains from a replay shard in every learner (DQN, SAC, TD3), not from batches
     of fragments."""
-    return ALGORITHMS[cfg.algo.name].batch_source == ALGORITHMS["dqn"].batch_source
+    return cfg.algo.name in REPLAY_ALGORITHMS
 
 
 # --- measuring ------------------------------------------------------------------------------------
