@@ -267,8 +267,7 @@ def _plan(args) -> int:
     t = traffic(cfg, layout, sizes, spaces, n_params, args.env_steps_per_s)
     if population:
         frames = args.env_steps_per_s * cfg.env.num_envs * len(layout.envs if len(layout.envs) else [0])
-        # a copy: the weights, Adam's two moments (float32 each) and its step counts; buffers are small
-        print("\n".join(format_population(whole, args.world_size, nodes, layout, frames, 3 * 4 * n_params)))
+        print("\n".join(format_population(whole, args.world_size, nodes, layout, frames, n_params)))
     print(format_plan(cfg, layout, sizes, t, args.env_steps_per_s, args.per_rank or world <= 64, mem,
                       int(args.memory_per_rank_gib * 2**30), n_params))
     return 0

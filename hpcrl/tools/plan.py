@@ -129,11 +129,14 @@ ROOT_REPORTS_PER_S = 1_000  # a report costs the population root a receive, a ra
 
 
 def format_population(cfg: Config, world_size: int, node_of_rank: np.ndarray, member_layout: Layout,
-                      frames_per_second: float, state_bytes: int) -> list[str]:
+                      frames_per_second: float, n_params: int) -> list[str]:
     """A population's lines (launch/population.py): members and their blocks of ranks, how the
-    blocks sit on nodes, and what the population root and a copy carry. `frames_per_second`: one
-    member's env frames per second at the assumed step rate; `state_bytes`: what a copy moves
-    (weights, normaliser statistics, Adam's state)."""
+    blocks sit on nodes, and what the population root and a copy carry (or, in a league, the
+    snapshots). `frames_per_second`: one member's env frames per second at the assumed step
+    rate; `n_params`: the policy's size."""
+    # a copy: the weights, Adam's two moments (float32 each) and its step counts; buffers are small
+    weights_bytes = 4 * n_params
+    state_bytes = 3 * weights_bytes
     p = cfg.population
     per = world_size // p.members
     blocks = node_of_rank.reshape(p.members, per)
@@ -150,7 +153,7 @@ def format_population(cfg: Config, world_size: int, node_of_rank: np.ndarray, me
              f"{p.ready_frames:,} frames of each, at {frames_per_second:,.0f} frames/s per member) and writes one "
              f"lineage row per report"]
     if p.league.members:  # a league copies no member onto another
-        lines += _league_lines(cfg, reports, state_bytes // 3)
+        lines += _league_lines(cfg, reports, weights_bytes)
     else:
         lines.append(f"  a copy (exploit) moves {format_bytes(state_bytes)} from one learner root to another (weights, "
                      f"normalisers, Adam's state), then to the member's other learners; up to "
