@@ -141,9 +141,10 @@ class ReplaySource:
     def save(self, run_dir: str, version: int) -> None:
         """Beside the root's checkpoint of policy version `version`: this learner's shard."""
         if self.save_shard:
+            origin = None if self.inserted_at_warm is None else [self.inserted_at_warm, self.sampled_at_warm]
             save_arrays(self.shard_path(run_dir), self.replay.state(),
                         {"policy_version": version, "learners": self.learners,
-                         "rng": json.dumps(self.rng.bit_generator.state)})
+                         "rng": json.dumps(self.rng.bit_generator.state), "ratio_origin": json.dumps(origin)})
 
     def resume(self, run_dir: str, version: int | None) -> None:
         """At start: a resume (checkpoint of policy `version`) takes its shard back when it was saved
@@ -164,13 +165,25 @@ class ReplaySource:
                 try:
                     self.replay.restore(arrays)
                     self.rng.bit_generator.state = json.loads(attrs["rng"])
+                    origin = _ratio_origin(attrs.get("ratio_origin"))
                 except ValueError as exc:  # another capacity or record layout
                     why = f"{path} does not fit this run's replay ({exc})"
         if why:
             print(f"[hpcrl] warning: learner {self.index}: no saved replay shard to resume from ({why}); it fills "
                   f"its replay again ({self.warmup:,} {self.unit}) before it trains", flush=True)
-        elif self._warm():  # the replay ratio counts on from here
+        elif origin is not None:  # the updates owed at the checkpoint are owed still
+            self.inserted_at_warm, self.sampled_at_warm = origin
+        elif self._warm():  # (a shard saved before the origin was): the replay ratio counts on from here
             self.inserted_at_warm, self.sampled_at_warm = self.replay.inserted, self.replay.sampled
+
+    # --- serial mode (launch/wiring.py) ----------------------------------------------------------------
+    def owes_updates(self) -> bool:
+        """An update is due by the replay ratio (never without one: then the learner trains freely)."""
+        return self.replay_ratio is not None and self._update_due()
+
+    def holds_records(self) -> bool:
+        """Records arrived that are not in the shard yet."""
+        return bool(self.waiting)
 
     # --- taking records in -------------------------------------------------------------------------------
     def _warm(self) -> bool:
@@ -219,3 +232,14 @@ class ReplaySource:
                     f"{self.unit} (algo.replay.warmup / learners)")
         return (f"waiting for {self.unit}: the replay ratio {self.replay_ratio} is met "
                 f"({self.replay.sampled:,} sampled, {self.replay.inserted:,} inserted)")
+
+
+def _ratio_origin(text) -> tuple[int, int] | None:
+    """A saved shard's (inserted, sampled) where its replay ratio counts from; None when it was not
+    warm yet, or saved without it. ValueError when it is not such a pair."""
+    origin = json.loads(text) if text is not None else None
+    if origin is None:
+        return None
+    if not (isinstance(origin, list) and len(origin) == 2 and all(isinstance(v, int) and v >= 0 for v in origin)):
+        raise ValueError(f"its ratio_origin {text!r} is not a pair of counts")
+    return origin[0], origin[1]
