@@ -17,6 +17,27 @@ from tests.conftest import MPIRUN, REPO, mpirun, run_dir, small_config, write_co
 EXIT_PREEMPTED = 3
 
 
+def whole_and_halves(tmp_path, config, total: int) -> tuple[dict, dict]:
+    """One serial run of `total` frames, and one of total / 2 resumed to `total` (its second
+    launch must say it resumes): their metrics rows, and their last checkpoints."""
+    whole = config(name="whole", run={"total_frames": total})
+    assert mpirun(1, "run", str(write_config(tmp_path, whole, "whole.yaml"))).returncode == 0
+    halves = config(name="halves", run={"total_frames": total // 2})
+    path = str(write_config(tmp_path, halves, "halves.yaml"))
+    assert mpirun(1, "run", path).returncode == 0
+    second = mpirun(1, "run", path, "--set", f"run.total_frames={total}")
+    assert second.returncode == 0, second.stderr
+    assert "resuming from" in second.stdout and "warning" not in second.stdout, second.stdout
+    return ({"metrics": read_metrics(str(run_dir(c) / "metrics.h5")), "checkpoint":
+             load_checkpoint(str(run_dir(c) / "checkpoint.h5")), "stdout": out}
+            for c, out in ((whole, ""), (halves, second.stdout)))
+
+
+def assert_same_models(a: dict, b: dict) -> None:
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
 @pytest.mark.parametrize("normalize_reward, core", [(False, "none"), (True, "none"), (False, "lstm")])
 def test_serial_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, normalize_reward, core):
     """With env.normalize_reward the trainer's reward scale (every env rank's return statistics)
@@ -24,27 +45,57 @@ def test_serial_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, nor
     the env rows' hidden states travel in it too (episodes go on across the resume)."""
     algo, env = {"lr_schedule": "constant"}, {"normalize_reward": normalize_reward}
     model = {"core": core, "core_size": 16}
-    whole = small_config(tmp_path, name="whole", run={"total_frames": 1280}, algo=algo, env=env, model=model)
-    assert mpirun(1, "run", str(write_config(tmp_path, whole, "whole.yaml"))).returncode == 0
-    halves = small_config(tmp_path, name="halves", run={"total_frames": 640}, algo=algo, env=env, model=model)
-    path = str(write_config(tmp_path, halves, "halves.yaml"))
-    assert mpirun(1, "run", path).returncode == 0
-    second = mpirun(1, "run", path, "--set", "run.total_frames=1280")
-    assert second.returncode == 0, second.stderr
-    assert "resuming from" in second.stdout and "policy version 10, 640 frames" in second.stdout
-
-    a, b = read_metrics(str(run_dir(whole) / "metrics.h5")), read_metrics(str(run_dir(halves) / "metrics.h5"))
+    a, b = whole_and_halves(tmp_path, lambda name, run: small_config(
+        tmp_path, name=name, run=run, algo=algo, env=env, model=model), 1280)
+    assert "policy version 10, 640 frames" in b["stdout"]
     for key in ("frames", "policy_version", "episodes", "return_mean", "return_window_mean", "loss_policy",
                 "loss_value", "entropy"):
-        np.testing.assert_array_equal(a[key], b[key], err_msg=key)  # bit-identical, row for row
-    ca, cb = load_checkpoint(str(run_dir(whole) / "checkpoint.h5")), load_checkpoint(str(run_dir(halves) / "checkpoint.h5"))
-    for key in ca["model"]:
-        assert torch.equal(ca["model"][key], cb["model"][key]), key
+        np.testing.assert_array_equal(a["metrics"][key], b["metrics"][key], err_msg=key)  # bit-identical, row for row
+    ca, cb = a["checkpoint"], b["checkpoint"]
+    assert_same_models(ca, cb)
     saved = cb["extra"]["step"]
     assert ("reward_return_moments" in saved) == normalize_reward
     if normalize_reward:  # count: SB3's 1e-4 start plus one return per frame
         assert saved["reward_return_moments"][2] == pytest.approx(1280 + 1e-4)
         np.testing.assert_array_equal(saved["reward_return_moments"], ca["extra"]["step"]["reward_return_moments"])
+
+
+# DQN with n-step windows across records; SAC whose replay ratio owes several updates per record
+# (the actor waits for them) and whose random actions end in the first half; TD3 free-running (a
+# checkpoint due mid-record waits for the next record's arrival)
+REPLAY_CASES = {
+    "dqn": ("dqn", {"dqn": {"n_step": 3, "gradient_steps": 2}, "replay": {"replay_ratio": 4}}),
+    "sac": ("sac", {"sac": {"n_step": 2, "gradient_steps": 1, "learning_starts": 200}}),
+    "td3": ("td3", {"sac": {"gradient_steps": 2, "learning_starts": 200}, "replay": {"replay_ratio": None}}),
+}
+
+
+@pytest.mark.parametrize("case", list(REPLAY_CASES))
+def test_serial_replay_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, case):
+    """Async replay algorithms: the checkpoint holds the envs, the actor's n-step windows and
+    exploration generator, the replay shard and the updates its ratio still owes, and is taken only
+    where the actor is between records, so the resumed run repeats the uninterrupted one."""
+    from tests.test_dqn_runs import dqn_config
+    from tests.test_sac_runs import sac_config
+    name, settings = REPLAY_CASES[case]
+
+    def config(name: str, run: dict) -> dict:
+        run = {**run, "name": name, "checkpoint_interval_s": 0.05}  # checkpoints fall due mid-record too
+        sections = dict(run=run, roles={"inference": {"ranks": 0}}, model={"hidden_sizes": [16, 16]})
+        cfg = dqn_config(tmp_path, **sections) if case == "dqn" else sac_config(tmp_path, case, **sections)
+        algo = cfg["algo"]
+        for key, value in settings.items():
+            algo[key] = {**algo[key], **value}
+        algo["lr_schedule"] = "constant"
+        algo["replay"].update(checkpoint=True, beta=1.0)  # beta anneals over run.total_frames, which differ
+        return cfg
+    a, b = whole_and_halves(tmp_path, config, 1024)
+    ma, mb = a["metrics"], b["metrics"]
+    assert len(ma["frames"]) == len(mb["frames"]) and mb["frames"][-1] >= 1024
+    for key in set(ma) - {"wall_time", "fps", "learner_rss_mib"}:
+        np.testing.assert_array_equal(ma[key], mb[key], err_msg=key)  # bit-identical, row for row
+    assert_same_models(a["checkpoint"], b["checkpoint"])
+    assert np.all(np.isfinite(ma["td_error"])) and ma["replay_size"][-1] > 900
 
 
 def wait_for_rows(path, rows: int, proc, timeout: float = 120) -> None:

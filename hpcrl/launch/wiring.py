@@ -121,9 +121,7 @@ def build_workers(cfg: Config, spaces, n_params: list[int], layout: Layout, size
         import torch  # remote-inference actors never import torch
         torch.set_num_threads(cfg.run.torch_threads)
     workers = [algorithm.worker_class(role).build(w) for role in layout.roles_of(rank)]
-    if layout.serial:
-        _link_serial(cfg, workers)
-    return workers
+    return _link_serial(workers) if layout.serial else workers
 
 
 def holds_a_policy(layout: Layout, rank: int) -> bool:
@@ -132,13 +130,16 @@ def holds_a_policy(layout: Layout, rank: int) -> bool:
     return any(role != "env" or layout.inline_inference for role in layout.roles_of(rank))
 
 
-def _link_serial(cfg: Config, workers: list) -> None:
-    """Serial sync mode: the trainer's checkpoints carry the actor's state, for exact resumes.
-    (Async mode steps on while the trainer trains, so there is no exact point to save it at.)"""
-    if cfg.algo.mode != "sync":
-        return
+def _link_serial(workers: list) -> list:
+    """Serial mode: the actor polls first, then the trainer, so a checkpoint (taken in the
+    trainer's turn) ends a pass, and a resumed run's first pass is the one the uninterrupted run
+    goes on with. Where the actor's state can be saved (sync mode; DQN's, SAC's and TD3's
+    transitions), the trainer's checkpoints carry it, for exact resumes; with a replay ratio the
+    actor waits while the trainer owes updates, so every update finds it between records."""
     trainer, actor = workers
-    trainer.local_env = actor
-    if trainer.env_state is not None:
-        actor.restore(trainer.env_state)
-
+    if actor.writer.serial_parts() is not None:
+        trainer.local_env = actor
+        if trainer.env_state is not None:
+            actor.restore(trainer.env_state)
+        actor.hold = trainer.source.owes_updates
+    return [actor, trainer]

@@ -127,6 +127,13 @@ class FragmentQueue:
         self.dropped.append((fragment.get("frames"), fragment["episode_stats"].copy()))
         self.stream.release(slot)
 
+    def owes_updates(self) -> bool:
+        return False  # an update comes with each batch; the actors never wait for one in serial mode
+
+    def holds_records(self) -> bool:
+        """Fragments arrived that no update has taken yet."""
+        return bool(self.queue) or any(self.have.values())
+
     # --- shutdown --------------------------------------------------------------------------------
     def drain(self) -> int:
         """After the stop word: discard fragments (their slots grant credits for the actors' last

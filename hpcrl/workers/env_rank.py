@@ -49,6 +49,14 @@ class RecordWriter(Protocol):
     def next_record(self) -> None:
         """The record has shipped and the tally is reset: begin the next one."""
 
+    def between_records(self) -> bool:
+        """No step has gone into a record since the last one shipped."""
+
+    def serial_parts(self) -> dict | None:
+        """Serial mode: the live objects a snapshot must hold besides the groups' (n-step windows,
+        exploration generators), as `state.capture` reads them; None when the writer's state cannot
+        be saved, so a serial resume starts new episodes."""
+
 
 def _as_arrays(sampling_state):
     """A policy's sampling state as numpy arrays: a torch generator's state is a CPU byte tensor,
@@ -107,6 +115,9 @@ class EnvRank:
         self.status = "starting"
         self.writer = writer
         writer.attach(self)
+        # serial mode with a replay ratio (launch/wiring.py): true while the trainer in this process
+        # owes updates, and the actor waits, so every update finds it between records
+        self.hold = None
 
     @classmethod
     def build(cls, w) -> EnvRank:
@@ -139,6 +150,9 @@ class EnvRank:
             self.stopping = True
         if self.stopping:
             return self._stop_groups()
+        if self.hold is not None and self.hold():
+            self.status = "waiting for the updates its trainer owes the replay ratio (serial mode)"
+            return 0
         work = 0
         for group in self.groups:
             if group.phase is Phase.READY:
@@ -261,15 +275,22 @@ class EnvRank:
                             for g, s in zip(self.groups, sampling)],
                  "version": self.version, "version_fragments": self.version_fragments,
                  "fragments_sent": self.fragments_sent}
+        if writer := self.writer.serial_parts():  # (absent where empty: older checkpoints keep their layout)
+            parts["writer"] = writer
         return parts, sampling
+
+    def between_records(self) -> bool:
+        """Serial mode: no step has gone into a record since the last one shipped (the point a
+        snapshot holds, and an uninterrupted run passes through)."""
+        return self.writer.between_records()
 
     def snapshot(self) -> dict:
         """Serial mode: everything needed to continue exactly, taken between rollouts (when the
         learner checkpoints), as data the checkpoint stores without pickle: {"tree": the JSON text
         as uint8, "arrays": {key: array}} (hpcrl/envs/state.py). NotCapturable for envs whose
         state is not plain data."""
-        if any(g.t != 0 for g in self.groups):
-            raise RuntimeError("env snapshots are taken between rollouts")
+        if not self.between_records():
+            raise RuntimeError("env snapshots are taken between records")
         tree, arrays = state.capture(self._saved_parts()[0])
         return {"tree": np.frombuffer(tree.encode(), dtype=np.uint8), "arrays": arrays}
 

@@ -127,6 +127,14 @@ class FragmentWriter:
         if not several:
             self.fragment = current
 
+    def between_records(self) -> bool:
+        return all(g.t == 0 for g in self.groups)
+
+    def serial_parts(self) -> dict | None:
+        """Sync mode: the groups hold it all. Async mode steps the next fragment as one ships, so
+        no point between fragments is one an uninterrupted run rests at."""
+        return {} if self.sync else None
+
     def next_record(self) -> None:
         for group in self.groups:
             group.t, group.phase = 0, Phase.READY

@@ -116,3 +116,11 @@ class ReplayWriter:
 
     def next_record(self) -> None:
         pass  # every group asked again at its last reply
+
+    def between_records(self) -> bool:
+        return self.record_frames == 0
+
+    def serial_parts(self) -> dict | None:
+        """The exploration generator and the n-step windows (the envs' last steps, whose
+        transitions the next records complete)."""
+        return {"rng": self.rng, "windows": self.windows}

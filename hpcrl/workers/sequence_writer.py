@@ -108,6 +108,9 @@ class SequenceWriter(ReplayWriter):
         self.windows = [SequenceWindow(self.cfg, self.per_group, g.request["obs"], self.record["actions"].dtype,
                                        state_size) for g in self.groups]
 
+    def serial_parts(self) -> dict | None:
+        return None  # its windows hold the recurrent states of sequences in flight: not saved yet
+
     def step(self, group: EnvGroup, reply: Message) -> None:
         window, q = self.windows[group.index], reply["q"]
         if len(group.final_rows):  # the last step truncated episodes: their final observations' values

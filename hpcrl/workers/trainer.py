@@ -246,6 +246,8 @@ class LearnerRole(MemberParts):
                 code = StopReason.TOTAL_FRAMES
             elif self.stats.target_reached(self.cfg.run.target_return):
                 code = StopReason.TARGET_RETURN
+            if code and not self._between_records():
+                code = StopReason.GOING_ON  # serial mode: the stop waits for the actor's next record
             self.stopped_by = code.text
         due = None  # several policies: whether this update checkpoints, decided before the others' states travel
         if len(self.policy_names) > 1:  # MPI: the other policies' states reach the root for its checkpoint
@@ -263,6 +265,8 @@ class LearnerRole(MemberParts):
             if adoption is not None:
                 self._adopt(adoption)
         if self.root:
+            if due is None and not self._between_records():
+                due = 0  # serial mode: a checkpoint due waits for the actor's next record too
             code = self.files.report(row, code, self.save, checkpoint=None if due is None else bool(due))
         # MPI: all trainers stop after the same update, the same way, save with the root's
         # checkpoint, and take the state the root received from another member
@@ -284,6 +288,14 @@ class LearnerRole(MemberParts):
             self.status = "stopping: waiting for the env ranks' last messages"
         else:
             self._set_waiting_status()
+
+    def _between_records(self) -> bool:
+        """Serial mode: whether the actor in this process is between records, and every record it
+        sent is in. Only such a point is one an uninterrupted run passes through alike, so only
+        there may a checkpoint (with the actor's state) be taken or the run stop. With a replay
+        ratio every update is one (the actor waits while updates are owed); free-running, the
+        update after each record's arrival. Always true in runs of several ranks."""
+        return self.local_env is None or (self.local_env.between_records() and not self.source.holds_records())
 
     def _set_waiting_status(self) -> None:
         """From now on the status names what is missing (the watchdog's message, if it fires). It
