@@ -5,6 +5,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import yaml
@@ -55,7 +56,11 @@ def test_members_copy_states_and_hyperparameters_as_the_lineage_says(tmp_path):
     assert sorted(members[events == STOPPED].tolist()) == [0, 1, 2, 3]
     assert len(exploits_taken(events, members, parents)) >= 1
     assert np.all(np.isin(events, (START, JUDGED, EXPLOIT, STOPPED, CANCELLED)))
-    assert result.stdout.count("exploit: took member") == len(exploits_taken(events, members, parents))
+    # every copy a member announces is one the lineage holds (under load mpirun's output forwarding
+    # may merge and drop a line of several ranks writing at once, so the announcements may be fewer)
+    announced = Counter(re.findall(r"member(\d)\] exploit: took member (\d)'s", result.stdout))
+    held = Counter((str(members[i]), str(parents[i])) for i in exploits_taken(events, members, parents))
+    assert announced and announced <= held, (announced, held)
 
     origin = list(range(4))  # whose seeded weights each member holds
     lr = dict(enumerate(lrs))
