@@ -75,7 +75,9 @@ class ReplayConfig:
         "for them (Ape-X)", default=None)
     checkpoint: bool = doc("save every learner's replay shard (replay-K.h5 in the run directory) with each checkpoint, "
                            "so a resume with the same learner count trains on at once; it can be gigabytes. Without "
-                           "it a resumed run fills its replay again (warmup transitions) before it trains",
+                           "it a resumed run fills its replay again (warmup transitions) before it trains. With it a "
+                           "serial DQN, SAC or TD3 resume is exact ([algorithms]"
+                           "(algorithms.md#an-exact-serial-resume-of-a-replay-run))",
                            default=False)
 
 
