@@ -28,9 +28,9 @@ def whole_and_halves(tmp_path, config, total: int) -> tuple[dict, dict]:
     second = mpirun(1, "run", path, "--set", f"run.total_frames={total}")
     assert second.returncode == 0, second.stderr
     assert "resuming from" in second.stdout and "warning" not in second.stdout, second.stdout
-    return ({"metrics": read_metrics(str(run_dir(c) / "metrics.h5")), "checkpoint":
-             load_checkpoint(str(run_dir(c) / "checkpoint.h5")), "stdout": out}
-            for c, out in ((whole, ""), (halves, second.stdout)))
+    return tuple({"metrics": read_metrics(str(run_dir(c) / "metrics.h5")), "checkpoint":
+                  load_checkpoint(str(run_dir(c) / "checkpoint.h5")), "stdout": out}
+                 for c, out in ((whole, ""), (halves, second.stdout)))
 
 
 def assert_same_models(a: dict, b: dict) -> None:

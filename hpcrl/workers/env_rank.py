@@ -285,7 +285,7 @@ class EnvRank:
         return self.writer.between_records()
 
     def snapshot(self) -> dict:
-        """Serial mode: everything needed to continue exactly, taken between rollouts (when the
+        """Serial mode: everything needed to continue exactly, taken between records (when the
         learner checkpoints), as data the checkpoint stores without pickle: {"tree": the JSON text
         as uint8, "arrays": {key: array}} (hpcrl/envs/state.py). NotCapturable for envs whose
         state is not plain data."""

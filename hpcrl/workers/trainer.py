@@ -239,6 +239,7 @@ class LearnerRole(MemberParts):
             row["replica_digest"] = comm.gather_to_root(self.comm, np.array([policy_digest(self.model)],
                                                                            dtype=np.int64))
         code = StopReason.GOING_ON
+        at_rest = self._between_records()
         if self.root:
             if self.preempt_requested():
                 code = StopReason.PREEMPTED
@@ -246,12 +247,13 @@ class LearnerRole(MemberParts):
                 code = StopReason.TOTAL_FRAMES
             elif self.stats.target_reached(self.cfg.run.target_return):
                 code = StopReason.TARGET_RETURN
-            if code and not self._between_records():
+            if code and not at_rest:
                 code = StopReason.GOING_ON  # serial mode: the stop waits for the actor's next record
             self.stopped_by = code.text
         due = None  # several policies: whether this update checkpoints, decided before the others' states travel
         if len(self.policy_names) > 1:  # MPI: the other policies' states reach the root for its checkpoint
-            code, due = comm.broadcast_ints(self.comm, [code, int(self.root and self.files.checkpoint_due(code))])
+            code, due = comm.broadcast_ints(self.comm, [code, int(self.root and at_rest and
+                                                                  self.files.checkpoint_due(code))])
             self._other_policies = self._gather_policies() if due else None
         adoption = None
         if self.root and self.population is not None:
@@ -265,7 +267,7 @@ class LearnerRole(MemberParts):
             if adoption is not None:
                 self._adopt(adoption)
         if self.root:
-            if due is None and not self._between_records():
+            if due is None and not at_rest and not code:
                 due = 0  # serial mode: a checkpoint due waits for the actor's next record too
             code = self.files.report(row, code, self.save, checkpoint=None if due is None else bool(due))
         # MPI: all trainers stop after the same update, the same way, save with the root's
@@ -333,7 +335,9 @@ class LearnerRole(MemberParts):
                 extra.update(self.population.league.saved_parts())
         if self.live:
             extra["hyperparameters"] = {k: float(getattr(self.cfg.algo, k)) for k in self.live}
-        if self.local_env is not None:  # serial mode: the env's state too, for an exact continuation
+        # serial mode: the env's state too, for an exact continuation (none where the actor is
+        # mid-record: a population's preemption stops a member wherever it finds it)
+        if self.local_env is not None and self.local_env.between_records():
             try:
                 extra["env_state"] = self.local_env.snapshot()
             except NotCapturable as exc:

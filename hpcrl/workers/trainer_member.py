@@ -5,7 +5,6 @@ and workers/league.py call these on the learner root; `_share_adoption` reaches 
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 
