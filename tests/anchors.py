@@ -20,16 +20,45 @@ def one_step_lookahead(obs: np.ndarray, mask: np.ndarray, rng: np.random.Generat
 
 
 def _one_step(board: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> int:
-    mine, theirs = board[..., 0].astype(bool), board[..., 1].astype(bool)
     valid = np.flatnonzero(mask)
     if not len(valid):  # not this row's turn
         return 0
-    for plane in (mine, theirs):  # a winning move first, then a block
-        for column in valid:
+    wins, blocks = chances(board, mask)
+    return int((wins or blocks or [rng.choice(valid)])[0])  # a winning move first, then a block
+
+
+def chances(board: np.ndarray, mask: np.ndarray) -> tuple[list[int], list[int]]:
+    """The columns that win at once for the agent to move, and those where the opponent's next
+    piece would win (the ones to block), on its [6, 7, 2] (or flattened) board."""
+    board = board.reshape(ROWS, COLUMNS, 2)
+    mine, theirs = board[..., 0].astype(bool), board[..., 1].astype(bool)
+    out: tuple[list[int], list[int]] = ([], [])
+    for found, plane in zip(out, (mine, theirs)):
+        for column in np.flatnonzero(mask):
             row = _drop_row(mine | theirs, column)
             if row is not None and _fours(plane, row, column):
-                return int(column)
-    return int(rng.choice(valid))
+                found.append(int(column))
+    return out
+
+
+MISTAKES = ("missed win", "missed block", "under a threat")
+
+
+def mistake(board: np.ndarray, mask: np.ndarray, column: int) -> str | None:
+    """What is wrong with playing `column` here, as the one-step player punishes it: a win left
+    untaken, a threat of the opponent's left unblocked (with no win to take instead), or a piece
+    that lets the opponent win on top of it; None for a move without such a fault."""
+    wins, blocks = chances(board, mask)
+    if wins:
+        return None if column in wins else MISTAKES[0]
+    if blocks and column not in blocks:
+        return MISTAKES[1]
+    board = board.reshape(ROWS, COLUMNS, 2)
+    taken = board[..., 0].astype(bool) | board[..., 1].astype(bool)
+    row = _drop_row(taken, column)
+    if row is not None and row > 0 and _fours(board[..., 1].astype(bool), row - 1, column):
+        return MISTAKES[2]
+    return None
 
 
 def _drop_row(taken: np.ndarray, column: int) -> int | None:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from pettingzoo.classic import connect_four_v3
 
-from tests.anchors import one_step_lookahead, uniform
+from tests.anchors import chances, mistake, one_step_lookahead, uniform
 
 
 def board(mine=(), theirs=()) -> np.ndarray:
@@ -25,6 +25,24 @@ def test_the_lookahead_wins_when_it_can_and_blocks_when_it_must():
     assert one_step_lookahead(their_column, open_columns, rng).tolist() == [4]  # (2, 4) would be their fourth
     # a row not to move (no valid column) gets a placeholder the env does not use
     assert one_step_lookahead(board(), np.zeros((1, 7), dtype=np.int8), rng).tolist() == [0]
+
+
+def test_mistakes_are_the_ones_the_lookahead_punishes_at_once():
+    open_columns = np.ones(7, dtype=np.int8)
+    three_in_a_row = board(mine=[(5, 0), (5, 1), (5, 2)], theirs=[(5, 4), (4, 4), (3, 4)])
+    assert chances(three_in_a_row, open_columns) == ([3], [4])
+    assert mistake(three_in_a_row, open_columns, 3) is None
+    assert mistake(three_in_a_row, open_columns, 4) == "missed win"  # a win beats a block
+    their_column = board(mine=[(5, 0), (5, 1)], theirs=[(5, 4), (4, 4), (3, 4)])
+    assert [mistake(their_column, open_columns, c) for c in (4, 2)] == [None, "missed block"]
+    # their three on row 4 wants (4, 3); a piece at (5, 3) lifts it within reach
+    under = board(mine=[(5, 0), (5, 1), (5, 2), (5, 5)], theirs=[(4, 0), (4, 1), (4, 2), (5, 6)])
+    assert chances(under, open_columns) == ([3], [])  # ...but here the bottom row wins first
+    under = board(mine=[(5, 0), (5, 1), (5, 4), (5, 5)], theirs=[(4, 0), (4, 1), (4, 2), (5, 2)])
+    assert chances(under, open_columns) == ([], [])
+    assert [mistake(under, open_columns, c) for c in (3, 6)] == ["under a threat", None]
+    # a column that is not valid (full) is no one's chance
+    assert chances(three_in_a_row, np.array([1, 1, 1, 0, 1, 1, 1], dtype=np.int8)) == ([], [4])
 
 
 def play(first, second, games: int, seed: int = 0) -> tuple[int, int]:
