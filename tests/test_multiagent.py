@@ -276,7 +276,14 @@ def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_
     assert versus_early.summary()["win_rate"] >= 0.6
     # the fixed anchor a league is rated against (tests/anchors.py, a scripted --opponent) beats the
     # early snapshot nearly always: an untrained policy is about as good as a uniform player
-    anchored = evaluate(str(tmp_path / "early"), 50, opponent="tests.anchors:one_step_lookahead").summary()
+    seen = []  # every step, as `watch` sees it: one row of two moves, the run's seat alternating by game
+    anchored = evaluate(str(tmp_path / "early"), 50, opponent="tests.anchors:one_step_lookahead",
+                        watch=lambda game, seat, rows, mask, actions, active: seen.append(
+                            (game, seat, active.copy(), mask[active].sum())))
+    assert len(seen) == sum(anchored.lengths) and [g for g, *_ in seen] == sorted(g for g, *_ in seen)
+    assert all(seat == game % 2 and active.sum() == 1 for game, seat, active, _ in seen)
+    assert [n for *_, n in seen[:2]] == [7, 7]  # the first two moves of the first game: every column open
+    anchored = anchored.summary()
     assert anchored["wins"] + anchored["draws"] + anchored["losses"] == 50 and anchored["win_rate"] <= 0.25, anchored
     m = read_metrics(str(tmp_path / "connect_four_selfplay" / "metrics.h5"))
     assert m["selfplay.games"].sum() >= 300 and m["selfplay.wins"].sum() > 0.5 * m["selfplay.games"].sum()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from typing import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -171,10 +172,15 @@ def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Genera
 
 
 def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int = 0,
-             video: str | None = None, opponent: str | None = None, trust_env_code: bool = False) -> EvalResult:
+             video: str | None = None, opponent: str | None = None, trust_env_code: bool = False,
+             watch: Callable | None = None) -> EvalResult:
     """Play the run's latest checkpoint. `trust_env_code`: make its env even where env.id names a
     module outside the env families hpcrl supports (tests.ma_envs:Relay, mypackage:MyEnv), which is
-    imported and called with env.kwargs; without it such a run is refused (RunDirError)."""
+    imported and called with env.kwargs; without it such a run is refused (RunDirError).
+    `watch(game, seat, rows, mask, actions, active)`, if given, sees every step before it is taken:
+    the game's number (its index in the result's returns), the run's seat, the rows' observations,
+    action masks and actions, and which rows move (None: all); bench/league.py counts a connect
+    four player's tactical mistakes with it."""
     if video and not os.path.isdir(os.path.dirname(os.path.abspath(video))):
         raise RunDirError(f"--video {video}: directory {os.path.dirname(video)!r} does not exist")
     cfg, checkpoint, found, problems = load_run(run_dir)
@@ -215,6 +221,8 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
                 actions[others] = (_random_actions(mask, rng) if rival == "random" else rival.act(rows, mask))[others]
             if isinstance(space, gym.spaces.Box):  # Gaussian policies: keep actions inside the bounds
                 actions = np.clip(actions, space.low, space.high)
+            if watch is not None:
+                watch(len(result.returns), seat, rows, mask, actions, getattr(envs.unwrapped, "active", None))
             obs, reward, terminated, truncated, info = envs.step(actions)
             starts = episode_starts(terminated | truncated, info)  # as training saw them (an Atari life loss too)
             for player in (model, rival):
