@@ -6,7 +6,9 @@ exploiter on connect four, one rank each), summed up from its population directo
   tenth of its games), and its OpenSkill rating at the start, its peak and its end;
 - `hpcrl eval` of each member's final checkpoint: GAMES games against each anchor, and the main
   agent against each exploiter;
-- the league's payoff matrix as the population root left it (league_state.json), by owner.
+- the league's payoff matrix as the population root left it (league_state.json), by owner;
+- the main agent's mistakes against the one-step player, in GAMES more games: how often it took
+  the wins and blocked the threats it had, and the first mistake of each game it lost.
 
 Writes summary.json and two plots (`hpcrl plot` of the population: the ratings, and the win rate
 against the one-step player) into --out-dir, and prints the summary as JSON.
@@ -59,6 +61,32 @@ def evaluate(run: Path, opponent: str) -> dict:
     return {k: result[k] for k in ("wins", "draws", "losses", "win_rate")}
 
 
+def mistakes(run: Path) -> dict:
+    """The run's final weights against the one-step player (sampled actions, as `evaluate`): its
+    chances to win at once and to block, what it missed (tests/anchors.py:mistake), and by which
+    first mistake it lost each game it lost (one the one-step player punishes at once)."""
+    from hpcrl.tools.evaluate import evaluate as play
+    from tests.anchors import MISTAKES, chances, mistake
+    counts = {"win chances": 0, "block chances": 0, **{kind: 0 for kind in MISTAKES}}
+    first: dict[int, str] = {}
+
+    def watch(game, seat, rows, mask, actions, active):
+        if not active[seat]:
+            return
+        wins, blocks = chances(rows[seat], mask[seat])
+        counts["win chances"] += bool(wins)
+        counts["block chances"] += bool(blocks) and not wins
+        kind = mistake(rows[seat], mask[seat], int(actions[seat]))
+        if kind:
+            counts[kind] += 1
+            first.setdefault(game, kind)
+
+    result = play(str(run), GAMES, opponent=ANCHORS["one_step"], seed=1, watch=watch)
+    lost = [g for g, r in enumerate(result.returns) if r < 0]
+    return {**counts, "games": GAMES, "won": sum(r > 0 for r in result.returns), "lost": len(lost),
+            "lost after": {kind or "no such mistake": sum(first.get(g) == kind for g in lost) for kind in (*MISTAKES, None)}}
+
+
 def league_table(pop: Path, roles: list[str], keep: int, slots: int) -> dict:
     league = League(roles, keep, slots)
     league.restore(json.loads((pop / "league_state.json").read_text()))
@@ -84,6 +112,7 @@ def summarize(pop: Path) -> dict:
             "eval": {a: evaluate(run, player) for a, player in ANCHORS.items()}}
     for m in range(1, len(roles)):
         members["member0"]["eval"][f"member{m}"] = evaluate(pop / "member0", str(pop / f"member{m}"))
+    members["member0"]["mistakes against one_step"] = mistakes(pop / "member0")
     return {"job": str(JOB.relative_to(REPO)), "eval_games": GAMES, "members": members,
             "payoff": league_table(pop, roles, lg.get("keep", 16), cfg["algo"]["selfplay"]["pool"])}
 
