@@ -73,18 +73,19 @@ def mistakes(run: Path) -> dict:
     def watch(game, seat, rows, mask, actions, active):
         if not active[seat]:
             return
-        wins, blocks = chances(rows[seat], mask[seat])
+        found = wins, blocks = chances(rows[seat], mask[seat])
         counts["win chances"] += bool(wins)
         counts["block chances"] += bool(blocks) and not wins
-        kind = mistake(rows[seat], mask[seat], int(actions[seat]))
+        kind = mistake(rows[seat], mask[seat], int(actions[seat]), found)
         if kind:
             counts[kind] += 1
             first.setdefault(game, kind)
 
     result = play(str(run), GAMES, opponent=ANCHORS["one_step"], seed=1, watch=watch)
     lost = [g for g, r in enumerate(result.returns) if r < 0]
+    lost_after = {kind or "no such mistake": sum(first.get(g) == kind for g in lost) for kind in (*MISTAKES, None)}
     return {**counts, "games": GAMES, "won": sum(r > 0 for r in result.returns), "lost": len(lost),
-            "lost after": {kind or "no such mistake": sum(first.get(g) == kind for g in lost) for kind in (*MISTAKES, None)}}
+            "lost after": lost_after}
 
 
 def league_table(pop: Path, roles: list[str], keep: int, slots: int) -> dict:

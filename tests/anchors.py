@@ -30,8 +30,7 @@ def _one_step(board: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> 
 def chances(board: np.ndarray, mask: np.ndarray) -> tuple[list[int], list[int]]:
     """The columns that win at once for the agent to move, and those where the opponent's next
     piece would win (the ones to block), on its [6, 7, 2] (or flattened) board."""
-    board = board.reshape(ROWS, COLUMNS, 2)
-    mine, theirs = board[..., 0].astype(bool), board[..., 1].astype(bool)
+    mine, theirs = _planes(board)
     out: tuple[list[int], list[int]] = ([], [])
     for found, plane in zip(out, (mine, theirs)):
         for column in np.flatnonzero(mask):
@@ -44,21 +43,29 @@ def chances(board: np.ndarray, mask: np.ndarray) -> tuple[list[int], list[int]]:
 MISTAKES = ("missed win", "missed block", "under a threat")
 
 
-def mistake(board: np.ndarray, mask: np.ndarray, column: int) -> str | None:
+def mistake(board: np.ndarray, mask: np.ndarray, column: int,
+            found: tuple[list[int], list[int]] | None = None) -> str | None:
     """What is wrong with playing `column` here, as the one-step player punishes it: a win left
     untaken, a threat of the opponent's left unblocked (with no win to take instead), or a piece
-    that lets the opponent win on top of it; None for a move without such a fault."""
-    wins, blocks = chances(board, mask)
+    that lets the opponent win on top of it; None for a move without such a fault. `found`: the
+    board's `chances`, where the caller has them already."""
+    wins, blocks = found if found is not None else chances(board, mask)
     if wins:
         return None if column in wins else MISTAKES[0]
     if blocks and column not in blocks:
         return MISTAKES[1]
-    board = board.reshape(ROWS, COLUMNS, 2)
-    taken = board[..., 0].astype(bool) | board[..., 1].astype(bool)
-    row = _drop_row(taken, column)
-    if row is not None and row > 0 and _fours(board[..., 1].astype(bool), row - 1, column):
+    mine, theirs = _planes(board)
+    row = _drop_row(mine | theirs, column)
+    if row is not None and row > 0 and _fours(theirs, row - 1, column):
         return MISTAKES[2]
     return None
+
+
+def _planes(board: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The [6, 7] boolean planes of the agent's own pieces and the opponent's, from its [6, 7, 2]
+    (or flattened) board."""
+    board = board.reshape(ROWS, COLUMNS, 2)
+    return board[..., 0].astype(bool), board[..., 1].astype(bool)
 
 
 def _drop_row(taken: np.ndarray, column: int) -> int | None:
