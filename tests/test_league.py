@@ -180,7 +180,7 @@ def test_a_member_restores_its_snapshots_and_slots_from_a_checkpoint():
         LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 3, 5, 100, 0.25, 100, saved=member.saved_parts())
 
 
-def test_a_holder_loads_a_slot_only_when_its_snapshot_changes():
+def test_a_holder_loads_a_slot_only_when_its_snapshot_changes_and_never_from_a_first_version():
     """A league member's policy holder, as env ranks and policy servers build it: each weights
     message carries one slot, which its runner loads when the snapshot is new to it."""
     from hpcrl.workers.selfplay import LeaguePool
@@ -191,6 +191,11 @@ def test_a_holder_loads_a_slot_only_when_its_snapshot_changes():
     pool = LeaguePool([build_runner(cfg, spaces, "cpu", "inline_policy", 0, policy=1 + k) for k in range(2)])
     from hpcrl.models import num_params
     n = num_params(pool.runners[0].model)
+    from hpcrl.workers.trainer import _no_slot
+    first = weights_spec(n, league=True).allocate()  # a fresh member's first version: no slot in it yet
+    _no_slot(first)
+    pool.offer(None, 0, first)
+    assert pool.ids == [-1, -1] and (first.get("slot"), first.get("slot_id")) == (-1, -1)
     message = weights_spec(n, league=True).allocate()
     message["slot_params"][...] = 0.25
     message.set(slot=1, slot_id=-1, version=3)

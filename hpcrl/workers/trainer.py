@@ -316,7 +316,7 @@ class LearnerRole(MemberParts):
     def _publish(self) -> None:
         if self.publisher is not None:  # after the stop word, the last version closes the stream
             self.publisher.publish(self.version, lambda flat: copy_params_to(self.model, flat),
-                                   flags=END if self.stop_flags else 0, extra=self.publish_extra)
+                                   flags=END if self.stop_flags else 0, extra=self.publish_extra or _no_slot)
 
     # --- learner root only --------------------------------------------------------------------------
     def save(self, path: str) -> None:
@@ -362,3 +362,12 @@ class LearnerRole(MemberParts):
             self.files.close()
         self.done = True
         self.status = "finished"
+
+
+def _no_slot(message) -> None:
+    """A league member's weights before its league part is built (a fresh run's first version, sent
+    while the optimizer is built) carry no slot: snapshot id -1, which holders never load. Left at
+    the buffer's zeros, they said "slot 0 holds snapshot 0" with zero weights, and every holder took
+    that uniform player for member 0's first snapshot until slot 0 was given another."""
+    if "slot_id" in message.spec.header:
+        message.set(slot=-1, slot_id=-1)
