@@ -185,6 +185,33 @@ def test_grid_encoder_keeps_the_board_reads_planes_channel_last_and_is_one_trunk
     assert convs[0].weight.grad.abs().sum() > 0 and model.actor.weight.grad is None
 
 
+def test_grid_convs_set_the_grid_encoders_convolutions_and_valid_ones_shrink_the_board():
+    """model.grid_convs: [channels, kernel] keeps the 6 x 7 board (an even kernel padded one more
+    after than before), [channels, kernel, valid] reads each kernel x kernel window once; a stack
+    that leaves nothing of the board, or a malformed entry, is a config error."""
+    board = EnvSpaces((6, 7, 2), "int8", 7)
+    cfg = parse_config("model: {encoder: grid, hidden_sizes: [16], grid_convs: [[8, 4, valid], [4, 1]]}").model
+    model = build_model(board, cfg)
+    convs = [m for m in model.trunk if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size, c.padding) for c in convs] == [(8, (4, 4), (0, 0)), (4, (1, 1), (0, 0))]
+    assert model.actor.in_features == 16 and model.trunk[-2][0].in_features == 4 * 3 * 4  # 3 x 4 windows of 4 x 4
+    obs = torch.zeros((1, 6, 7, 2))
+    obs[0, 5, 6, 0] = 1.0  # the bottom right cell: only the last window reads it
+    windows = model.trunk[2](model.trunk[1](model.trunk[0](obs)))[0]  # after the first convolution and ReLU
+    torch.testing.assert_close(windows[:, 2, 3], torch.relu(convs[0].weight[:, 0, 3, 3] + convs[0].bias))
+    torch.testing.assert_close(windows[:, 0, 0], torch.relu(convs[0].bias))
+    even = build_model(board, parse_config("model: {encoder: grid, hidden_sizes: [16], grid_convs: [[8, 4]]}").model)
+    assert even.trunk[1].padding == (1, 2, 1, 2) and even.trunk[3](even.trunk[2](even.trunk[1](
+        even.trunk[0](obs)))).shape == (1, 8, 6, 7)
+    with pytest.raises(ConfigError, match=r"model.grid_convs: the 'valid' convolutions of \[\[8, 4, 'valid'\], "
+                                          r"\[8, 4, 'valid'\]\] leave nothing of the 6 x 7 board"):
+        build_model(board, parse_config("model: {encoder: grid, grid_convs: [[8, 4, valid], [8, 4, valid]]}").model)
+    for bad in ("[[8, 4, full]]", "[[0, 3]]", "[[8]]", "[]", "[[8, 3.5]]"):
+        with pytest.raises(ConfigError, match=r"model.grid_convs: expected a list of 1 to 64 convolutions, each "
+                                              r"\[channels, kernel\] or \[channels, kernel, valid\]"):
+            parse_config(f"model: {{grid_convs: {bad}}}")
+
+
 @pytest.mark.parametrize("spaces,encoder,words", [
     (DISCRETE, "cnn", ["model.encoder: cnn", "[C, H, W]", "(3,)", "encoder: mlp"]),
     (DISCRETE, "grid", ["model.encoder: grid needs board observations of shape [H, W, C]", "(3,)"]),

@@ -40,6 +40,7 @@ CORES = ("none", "lstm", "gru")
 MAX_SEED = 2**63 - 1  # numpy's SeedSequence takes seeds >= 0, torch.manual_seed < 2**64; int64 stores it
 MAX_ROLLOUT_LENGTH = 65_536
 MAX_LAYERS, MAX_WIDTH = 64, 65_536  # model.hidden_sizes, model.core_size
+MAX_KERNEL = 64  # model.grid_convs: boards are small
 INT64 = 2**63  # config integers fit int64, as numpy and torch take them: no count needs more
 
 
@@ -143,10 +144,15 @@ class ModelConfig:
     encoder: str = doc("'mlp' (flattened observations; separate actor and critic MLPs), 'cnn' (the Nature CNN "
                        "of Mnih et al. 2015 over channel-first [C, H, W] frame stacks, one trunk for both heads; "
                        "uint8 frames are scaled by 1/255), 'grid' (small boards as channel-last [H, W, C] planes, "
-                       "as PettingZoo's classic games give: two 3x3 convolutions of 32 channels that keep the "
-                       "board's size, then an MLP of hidden_sizes; one trunk for both heads) or 'auto' (cnn for "
-                       "3-D observations, mlp otherwise)",
+                       "as PettingZoo's classic games give: the convolutions of grid_convs, then an MLP of "
+                       "hidden_sizes; one trunk for both heads) or 'auto' (cnn for 3-D observations, mlp otherwise)",
                        default="auto")
+    grid_convs: list = doc("the grid encoder's convolutions, in order: [channels, kernel] keeps the board's size "
+                           "('same' padding: a piece's neighbours are what matter, and a small board has no room to "
+                           "stride); [channels, kernel, valid] leaves the padding out, so each output reads one "
+                           "kernel x kernel window of the board (connect four: [128, 4, valid], a detector per "
+                           "window that every line of four fits in); ReLU after each",
+                           default_factory=lambda: [[32, 3], [32, 3]])
     obs_norm: bool = doc("normalise observations by a running mean and variance (clipped to +-10), kept in "
                          "the model, updated by the learners from every update's batch", default=False)
     core: str = doc("'none' (feed-forward), 'lstm' or 'gru': a recurrent core between the encoder and the "
@@ -331,6 +337,10 @@ def validate(cfg: Config) -> None:
            and all(isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= MAX_WIDTH for h in m.hidden_sizes),
            lambda: f"model.hidden_sizes: expected a list of 1 to {MAX_LAYERS} widths, each 1 to {MAX_WIDTH:,}, "
                    f"got {shown(m.hidden_sizes)}")
+    _check(1 <= len(m.grid_convs) <= MAX_LAYERS and all(_grid_conv(c) for c in m.grid_convs),
+           lambda: f"model.grid_convs: expected a list of 1 to {MAX_LAYERS} convolutions, each [channels, kernel] "
+                   f"or [channels, kernel, valid] with channels 1 to {MAX_WIDTH:,} and kernel 1 to {MAX_KERNEL}, "
+                   f"got {shown(m.grid_convs)}")
     _check(m.activation in ("tanh", "relu"), f"model.activation: expected 'tanh' or 'relu', got {m.activation!r}")
     _check(m.encoder in ENCODERS, f"model.encoder: expected one of {', '.join(ENCODERS)}, got {m.encoder!r}")
     _check(m.core in CORES, f"model.core: expected one of {', '.join(CORES)}, got {m.core!r}")
@@ -339,6 +349,14 @@ def validate(cfg: Config) -> None:
            f"algo.num_minibatches: a recurrent core's minibatches are whole sequences of whole envs (a fragment's "
            f"columns of one env: its agents, for PettingZoo envs), so at most env.num_envs ({e.num_envs}) of "
            f"them, got {a.num_minibatches}")
+
+
+def _grid_conv(conv: Any) -> bool:
+    """Whether `conv` is one of model.grid_convs: [channels, kernel] or [channels, kernel, padding]."""
+    def whole(x: Any, top: int) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= top
+    return (isinstance(conv, list) and len(conv) in (2, 3) and whole(conv[0], MAX_WIDTH) and whole(conv[1], MAX_KERNEL)
+            and conv[2:] in ([], ["same"], ["valid"]))
 
 
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:

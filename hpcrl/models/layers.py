@@ -16,7 +16,6 @@ HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 NATURE_CNN = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels, kernel, stride): Mnih et al. 2015
 NATURE_CNN_FEATURES = 512
 CNN_MIN_SIZE = 36  # the smallest height/width the three Nature CNN convolutions reduce to 1x1
-GRID_CONVS = (32, 32)  # the grid encoder's 3x3 "same" convolutions (output channels), for small boards
 OBS_NORM_CLIP, OBS_NORM_EPS = 10.0, 1e-8  # as SB3 VecNormalize and gymnasium NormalizeObservation
 MASKED_LOGIT = -1e9  # the logit of an invalid action (action masks)
 MOMENT_ROWS = 1024  # observations per float64 slice when summing a batch's moments
@@ -61,20 +60,34 @@ class ChannelsFirst(nn.Module):
         return x.permute(0, 3, 1, 2)
 
 
-def _grid_cnn(obs_shape: tuple, hidden: list[int], activation: type) -> nn.Sequential:
-    """The grid encoder: channel-last [H, W, C] boards through GRID_CONVS 3x3 convolutions that keep
-    the board's size (a piece's neighbours are what matter, and a 6 x 7 board has no room to
-    stride), ReLU after each, then an MLP of `hidden` ending in its activation; orthogonal init."""
+def grid_shape(obs_shape: tuple, convs: list) -> tuple[int, int, int]:
+    """The [channels, H, W] the grid encoder's convolutions (model.grid_convs) leave of an
+    [H, W, C] board: 'same' ones keep H and W, 'valid' ones take kernel - 1 off each."""
     h, w, channels = obs_shape
+    for out, kernel, *padding in convs:
+        if padding == ["valid"]:
+            h, w = h - kernel + 1, w - kernel + 1
+        channels = out
+    return channels, h, w
+
+
+def _grid_cnn(obs_shape: tuple, convs: list, hidden: list[int], activation: type) -> nn.Sequential:
+    """The grid encoder: channel-last [H, W, C] boards through the convolutions of model.grid_convs
+    ([channels, kernel] with 'same' padding, or [channels, kernel, 'valid']), ReLU after each,
+    then an MLP of `hidden` ending in its activation; orthogonal init."""
+    channels = obs_shape[2]
     layers: list[nn.Module] = [ChannelsFirst()]
-    for out in GRID_CONVS:
-        conv = nn.Conv2d(channels, out, 3, padding=1)
+    for out, kernel, *padding in convs:
+        same = padding != ["valid"]
+        if same and kernel % 2 == 0:  # an even kernel's 'same' padding is one more after than before
+            layers.append(nn.ZeroPad2d(((kernel - 1) // 2, kernel // 2) * 2))
+        conv = nn.Conv2d(channels, out, kernel, padding=kernel // 2 if same and kernel % 2 else 0)
         nn.init.orthogonal_(conv.weight, math.sqrt(2))
         nn.init.zeros_(conv.bias)
         layers += [conv, nn.ReLU()]
         channels = out
-    return nn.Sequential(*layers, nn.Flatten(), _mlp([channels * h * w, *hidden], activation, math.sqrt(2)),
-                         activation())
+    return nn.Sequential(*layers, nn.Flatten(), _mlp([math.prod(grid_shape(obs_shape, convs)), *hidden], activation,
+                                                     math.sqrt(2)), activation())
 
 
 class RunningNorm(nn.Module):

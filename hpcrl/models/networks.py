@@ -17,7 +17,7 @@ from torch import nn
 
 from hpcrl.core.config import ConfigError, ModelConfig
 from hpcrl.models.layers import (ACTIVATIONS, CNN_MIN_SIZE, HALF_LOG_2PI, NATURE_CNN_FEATURES, RunningNorm, _linear,
-                                 _grid_cnn, _masked_log_softmax, _mlp, _nature_cnn)
+                                 _grid_cnn, _masked_log_softmax, grid_shape, _mlp, _nature_cnn)
 
 if TYPE_CHECKING:  # not at run time: inference ranks need no gymnasium
     from hpcrl.envs import EnvSpaces
@@ -35,6 +35,10 @@ def encoder_for(spaces: EnvSpaces, cfg: ModelConfig) -> str:
     if cfg.encoder == "grid" and len(shape) != 3:
         raise ConfigError(f"model.encoder: grid needs board observations of shape [H, W, C] (channel-last planes, "
                           f"as PettingZoo's classic games give), got shape {shape}; use encoder: mlp")
+    if cfg.encoder == "grid" and min(grid_shape(shape, cfg.grid_convs)[1:]) < 1:
+        raise ConfigError(f"model.grid_convs: the 'valid' convolutions of {cfg.grid_convs} leave nothing of the "
+                          f"{shape[0]} x {shape[1]} board (each takes kernel - 1 off its height and width); use "
+                          f"smaller kernels or 'same' padding")
     kind = cfg.encoder if cfg.encoder != "auto" else ("cnn" if len(shape) == 3 else "mlp")
     if kind == "cnn":
         how = "model.encoder: auto chose cnn for 3-D observations" if cfg.encoder == "auto" else "model.encoder: cnn"
@@ -78,7 +82,7 @@ class ObservationInput(nn.Module):
         if kind == "cnn":
             return _nature_cnn(tuple(spaces.obs_shape)), NATURE_CNN_FEATURES
         if kind == "grid":
-            return _grid_cnn(tuple(spaces.obs_shape), hidden, act), hidden[-1]
+            return _grid_cnn(tuple(spaces.obs_shape), cfg.grid_convs, hidden, act), hidden[-1]
         width = self.input_width(spaces) if width is None else width
         return nn.Sequential(nn.Flatten(), _mlp([width, *hidden], act, out_gain=math.sqrt(2)), act()), hidden[-1]
 
