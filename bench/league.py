@@ -64,11 +64,15 @@ def evaluate(run: Path, opponent: str) -> dict:
 def mistakes(run: Path) -> dict:
     """The run's final weights against the one-step player (sampled actions, as `evaluate`): its
     chances to win at once and to block, what it missed (tests/anchors.py:mistake), and by which
-    first mistake it lost each game it lost (one the one-step player punishes at once)."""
+    first mistake it lost each game it lost (one the one-step player punishes at once). Also the
+    policy's mean probability of a winning column where it had one, and of a blocking column where
+    it faced a threat without a win: a measure of the tactics less noisy than the sampled moves."""
     from hpcrl.tools.evaluate import evaluate as play
     from tests.anchors import MISTAKES, chances, mistake
     counts = {"win chances": 0, "block chances": 0, **{kind: 0 for kind in MISTAKES}}
     first: dict[int, str] = {}
+    chance_of = _column_probabilities(run)
+    taken: dict[str, list[float]] = {"p(win)": [], "p(block)": []}
 
     def watch(game, seat, rows, mask, actions, active):
         if not active[seat]:
@@ -76,6 +80,8 @@ def mistakes(run: Path) -> dict:
         found = wins, blocks = chances(rows[seat], mask[seat])
         counts["win chances"] += bool(wins)
         counts["block chances"] += bool(blocks) and not wins
+        if wins or blocks:
+            taken["p(win)" if wins else "p(block)"].append(float(chance_of(rows[seat], mask[seat])[wins or blocks].sum()))
         kind = mistake(rows[seat], mask[seat], int(actions[seat]), found)
         if kind:
             counts[kind] += 1
@@ -84,8 +90,27 @@ def mistakes(run: Path) -> dict:
     result = play(str(run), GAMES, opponent=ANCHORS["one_step"], seed=1, watch=watch)
     lost = [g for g, r in enumerate(result.returns) if r < 0]
     lost_after = {kind or "no such mistake": sum(first.get(g) == kind for g in lost) for kind in (*MISTAKES, None)}
-    return {**counts, "games": GAMES, "won": sum(r > 0 for r in result.returns), "lost": len(lost),
-            "lost after": lost_after}
+    return {**counts, **{k: round(float(np.mean(v)), 3) if v else None for k, v in taken.items()}, "games": GAMES,
+            "won": sum(r > 0 for r in result.returns), "lost": len(lost), "lost after": lost_after}
+
+
+def _column_probabilities(run: Path):
+    """f(row, mask): the run's final policy's probability of each action for one agent's row."""
+    import torch
+    from hpcrl.envs import env_spaces
+    from hpcrl.models import build_policy
+    from hpcrl.tools.evaluate import load_run
+    cfg, checkpoint, _, _ = load_run(str(run))
+    model = build_policy(env_spaces(cfg.env), cfg)
+    model.load_state_dict(checkpoint["model"])
+
+    @torch.no_grad()
+    def chance_of(row: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        n = len(mask)
+        obs = torch.as_tensor(row, dtype=torch.float32)[None].expand(n, *row.shape)
+        logp, _, _ = model.evaluate(obs, torch.arange(n), torch.as_tensor(mask, dtype=torch.bool)[None].expand(n, n))
+        return logp.exp().numpy()
+    return chance_of
 
 
 def league_table(pop: Path, roles: list[str], keep: int, slots: int) -> dict:
