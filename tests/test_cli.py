@@ -90,9 +90,9 @@ def test_plan_sizes_a_league_of_a_thousand_members_with_its_snapshots_and_payoff
     small = hpcrl(*args, "--set", "population.league.keep=1")
     assert small.returncode == 0 and "warning: a payoff matrix" not in small.stdout
     assert "each learner root holds 2 of its own snapshots and 8 slots" in small.stdout
-    # 15 snapshots fewer on the learner root: 15 x 708,616 bytes (177,154 float32 parameters)
+    # 15 snapshots fewer on the learner root: 15 x 1,599,020 bytes (399,755 float32 parameters)
     mib = [float(re.search(r"  learner ([\d.]+) MiB", r.stdout).group(1)) for r in (result, small)]
-    assert mib[0] - mib[1] == pytest.approx(15 * 708_616 / 2**20, abs=0.1)
+    assert mib[0] - mib[1] == pytest.approx(15 * 1_599_020 / 2**20, abs=0.1)
 
 
 def test_plan_prints_memory_per_role_and_warns_above_the_memory_per_rank():
