@@ -334,7 +334,7 @@ def validate(cfg: Config) -> None:
            f"algo.num_minibatches: {a.num_minibatches} minibatches cannot be cut from one fragment of "
            f"{batch_per_env_rank} frames (rollout_length x env.num_envs); use at most {batch_per_env_rank}")
     _check(1 <= len(m.hidden_sizes) <= MAX_LAYERS
-           and all(isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= MAX_WIDTH for h in m.hidden_sizes),
+           and all(_whole(h, MAX_WIDTH) for h in m.hidden_sizes),
            lambda: f"model.hidden_sizes: expected a list of 1 to {MAX_LAYERS} widths, each 1 to {MAX_WIDTH:,}, "
                    f"got {shown(m.hidden_sizes)}")
     _check(1 <= len(m.grid_convs) <= MAX_LAYERS and all(_grid_conv(c) for c in m.grid_convs),
@@ -351,12 +351,15 @@ def validate(cfg: Config) -> None:
            f"them, got {a.num_minibatches}")
 
 
+def _whole(x: Any, top: int) -> bool:
+    """Whether `x` is a whole number from 1 to `top` (a width, a channel count, a kernel)."""
+    return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= top
+
+
 def _grid_conv(conv: Any) -> bool:
     """Whether `conv` is one of model.grid_convs: [channels, kernel] or [channels, kernel, padding]."""
-    def whole(x: Any, top: int) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= top
-    return (isinstance(conv, list) and len(conv) in (2, 3) and whole(conv[0], MAX_WIDTH) and whole(conv[1], MAX_KERNEL)
-            and conv[2:] in ([], ["same"], ["valid"]))
+    return (isinstance(conv, list) and len(conv) in (2, 3) and _whole(conv[0], MAX_WIDTH)
+            and _whole(conv[1], MAX_KERNEL) and conv[2:] in ([], ["same"], ["valid"]))
 
 
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:
