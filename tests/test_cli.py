@@ -90,6 +90,11 @@ def test_plan_sizes_a_league_of_a_thousand_members_with_its_snapshots_and_payoff
     small = hpcrl(*args, "--set", "population.league.keep=1")
     assert small.returncode == 0 and "warning: a payoff matrix" not in small.stdout
     assert "each learner root holds 2 of its own snapshots and 8 slots" in small.stdout
+    quick = hpcrl(*args, "--set", "population.league.exploiter_snapshot_frames=5000",
+                  "--set", "population.league.snapshot_win_rate=0.7")
+    assert "a snapshot every 100,000 frames of each main agent, every 5,000 of each exploiter (sooner once it " \
+           "wins 70% of its games)" in quick.stdout
+    assert "each learner root holds 21 of its own snapshots" in quick.stdout  # 16 + 1 + 20,000 / 5,000
     # 15 snapshots fewer on the learner root: 15 x 1,599,020 bytes (399,755 float32 parameters)
     mib = [float(re.search(r"  learner ([\d.]+) MiB", r.stdout).group(1)) for r in (result, small)]
     assert mib[0] - mib[1] == pytest.approx(15 * 1_599_020 / 2**20, abs=0.1)

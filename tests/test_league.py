@@ -11,7 +11,7 @@ import yaml
 
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.league import (LEAGUE_EXPLOITER, MAIN, MAIN_EXPLOITER, League, ema_of_games, member_roles,
-                               resets_after_snapshot)
+                               resets_after_snapshot, snapshot_rule)
 from hpcrl.core.messages import weights_spec
 from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.io.metrics import read_metrics
@@ -129,8 +129,11 @@ def test_a_member_snapshots_on_its_frame_rule_and_keeps_a_ring():
     assert member.snapshot(1)[0] == 2  # gone from the ring: the oldest held instead
 
 
-def test_a_member_snapshots_early_once_it_beats_its_slots_often_enough():
-    member = LeagueMember(MAIN, 0, 5, 4, 2, 2, 1000, 0.0, 100, initial=lambda flat: flat.fill(0),
+def test_exploiters_snapshot_early_once_they_beat_their_slots_often_enough_and_mains_by_frames():
+    assert snapshot_rule(MAIN, 1000, 2000, 0.7) == (1000, 0.0)  # a main agent: the frame rule alone
+    assert snapshot_rule(MAIN_EXPLOITER, 1000, 2000, 0.7) == (2000, 0.7)  # an exploiter: its own timeout
+    assert snapshot_rule(LEAGUE_EXPLOITER, 1000, 0, 0.0) == (1000, 0.0)  # 0: the main agents' interval
+    member = LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, 2, 1000, 0.0, 100, initial=lambda flat: flat.fill(0),
                           snapshot_win_rate=0.7)
     member.set_slot(0, 3)
     member.set_slot(1, 4)
@@ -138,9 +141,10 @@ def test_a_member_snapshots_early_once_it_beats_its_slots_often_enough():
     assert not member.snapshot_due(10)
     member.add_games(np.array([[0, 0, 0], [6, 0, 4]]))  # 100 games, (66 + 5) / 100 = 0.71
     assert member.snapshot_due(10)
-    assert not member.take_snapshot(lambda flat: flat.fill(1), 10)  # a main agent never resets
+    assert not member.take_snapshot(lambda flat: flat.fill(1), 10)  # exploiter_reset 0: never resets
     assert not member.snapshot_due(10) and member.next_snapshot == 1000
-    again = LeagueMember(MAIN, 0, 5, 4, 2, 2, 1000, 0.0, 100, saved=member.saved_parts(), snapshot_win_rate=0.7)
+    again = LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, 2, 1000, 0.0, 100, saved=member.saved_parts(),
+                         snapshot_win_rate=0.7)
     again.add_games(np.array([[99, 0, 0], [0, 0, 0]]))
     assert not again.snapshot_due(10)
     again.add_games(np.array([[1, 0, 0], [0, 0, 0]]))
@@ -235,6 +239,7 @@ def _parsed(data: dict):
     ({"population": {"league": {"keep": 0}}}, "population.league.keep"),
     ({"population": {"league": {"opponents": "easy"}}}, "population.league.opponents"),
     ({"population": {"league": {"exploiter_reset": 1.5}}}, "exploiter_reset"),
+    ({"population": {"league": {"exploiter_snapshot_frames": -1}}}, "exploiter_snapshot_frames: expected a number"),
     ({"algo": {"selfplay": {"pool": 0}}}, "algo.selfplay.pool >= 1"),
 ])
 def test_a_league_config_is_refused_with_the_key_to_change(change, message):

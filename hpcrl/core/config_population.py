@@ -38,9 +38,14 @@ class LeagueConfig:
                                  default=0)
     snapshot_frames: int = doc("frames of a member's training between its snapshots (its weights frozen into the "
                                "league)", default=100_000)
-    snapshot_win_rate: float = doc("also snapshot a member early once its win rate against its slots since its "
+    exploiter_snapshot_frames: int = doc("frames of an exploiter's training between its snapshots, at most (with "
+                                         "snapshot_win_rate, its timeout: AlphaStar's is twice the main agents' "
+                                         "interval). 0: snapshot_frames", default=0)
+    snapshot_win_rate: float = doc("also snapshot an exploiter early once its win rate against its slots since its "
                                     "last snapshot reaches this, over at least 100 games (AlphaStar's 0.7; a draw "
-                                    "counts half). 0: the frame rule only", default=0.0)
+                                    "counts half); a main exploiter then starts again. Main agents keep the frame "
+                                    "rule: they beat their frozen slots most of the time. 0: the frame rule only",
+                                    default=0.0)
     keep: int = doc("snapshots each member keeps in the league (its newest; older ones leave it). Its learner "
                     "root holds them in memory, and its checkpoints save them", default=16)
     opponents: str = doc("how main agents and league exploiters weigh the snapshots when the population root "
@@ -173,6 +178,9 @@ def validate_league(p: PopulationConfig) -> None:
                          "explored; remove it (population.values still gives each member its own start)")
     check(league.snapshot_frames >= 1, f"population.league.snapshot_frames: expected a positive number of frames, "
                                        f"got {league.snapshot_frames}")
+    check(isinstance(league.exploiter_snapshot_frames, int) and league.exploiter_snapshot_frames >= 0,
+          lambda: f"population.league.exploiter_snapshot_frames: expected a number of frames >= 0 (0: "
+                  f"snapshot_frames), got {shown(league.exploiter_snapshot_frames)}")
     check(0.0 <= league.snapshot_win_rate <= 1.0, f"population.league.snapshot_win_rate: expected a win rate in "
                                                   f"[0, 1] (0: off), got {league.snapshot_win_rate}")
     check(1 <= league.keep <= MAX_KEEP, f"population.league.keep: expected 1 to {MAX_KEEP} snapshots per member, "

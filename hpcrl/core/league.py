@@ -7,8 +7,9 @@ A league is a population whose members play each other's frozen snapshots. Each 
   they start again from their initial weights at each of their own snapshots;
 - league exploiters play the whole league by PFSP, as main agents do, to find what no snapshot
   beats; they start again with probability `exploiter_reset` at each of their own snapshots.
-A snapshot is a member's weights frozen every `snapshot_frames` of its training; its owner keeps its
-last `keep`, and those are the league. Each member's policy holders hold `slots` snapshots (its
+A snapshot is a member's weights frozen by its role's rule (`snapshot_rule`): every `snapshot_frames`
+of a main agent's training; an exploiter's at its own interval, or earlier once it beats its
+opponents often enough. Its owner keeps its last `keep`, and those are the league. Each member's policy holders hold `slots` snapshots (its
 self-play pool); the population root decides which, drawing them by the member's role, and each
 env rank draws a slot per game uniformly, so the games follow the draws.
 
@@ -41,6 +42,18 @@ def ring_size(keep: int, ready_frames: int, snapshot_frames: int) -> int:
     between two reports (`ready_frames` apart), plus one: the population root may pick a snapshot
     it still counts as kept until the next report tells it of newer ones."""
     return keep + 1 + ready_frames // snapshot_frames
+
+
+def snapshot_rule(role: str, snapshot_frames: int, exploiter_snapshot_frames: int,
+                  snapshot_win_rate: float) -> tuple[int, float]:
+    """A member's snapshot rule by its role: (frames between its snapshots at most, the win rate
+    against its slots that snapshots it early, 0 for none). After AlphaStar: main agents snapshot
+    on the frame rule alone (they beat their frozen slots most of the time, so a win-rate rule
+    would freeze them every few games); exploiters once they win often enough, with their own
+    frame rule as the timeout."""
+    if role == MAIN:
+        return snapshot_frames, 0.0
+    return exploiter_snapshot_frames or snapshot_frames, snapshot_win_rate
 
 
 def resets_after_snapshot(role: str, reset_probability: float, run_seed: int, member: int, seq: int) -> bool:

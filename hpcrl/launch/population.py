@@ -20,6 +20,7 @@ from hpcrl.core.config_population import explore_rules
 from hpcrl.core.members import member_config, member_name, member_role, starting_values
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.layout import Layout
+from hpcrl.core.league import snapshot_rule
 from hpcrl.core.seeds import seed_for
 from hpcrl.core.stop import EXIT_OUTPUT_FAILED
 from hpcrl.io import rundir
@@ -99,12 +100,14 @@ class Population:
     def _league_member(self, trainer):
         """A league member's snapshots and slots, on its learner root (from its checkpoint, when it resumes)."""
         from hpcrl.workers.league import LeagueMember
-        saved = trainer.league_saved
+        saved, lg = trainer.league_saved, self.league
+        frames, win_rate = snapshot_rule(self.role_name, lg.snapshot_frames, lg.exploiter_snapshot_frames,
+                                         lg.snapshot_win_rate)
         try:
             member = LeagueMember(self.role_name, self.member, self.cfg.run.seed, trainer.num_params,
-                                  self.cfg.algo.selfplay.pool, self.league.keep, self.league.snapshot_frames,
-                                  self.league.exploiter_reset, self.whole.population.ready_frames, saved=saved,
-                                  initial=trainer.copy_params, snapshot_win_rate=self.league.snapshot_win_rate)
+                                  self.cfg.algo.selfplay.pool, lg.keep, frames, lg.exploiter_reset,
+                                  self.whole.population.ready_frames, saved=saved, initial=trainer.copy_params,
+                                  snapshot_win_rate=win_rate)
         except ValueError as exc:
             raise ConfigError(f"population.league: cannot resume member {self.member}'s league snapshots: {exc}; "
                               f"resume with the league's settings as they were, or start afresh with "

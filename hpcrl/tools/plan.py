@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcrl.core.league import ring_size
+from hpcrl.core.league import LEAGUE_EXPLOITER, ring_size, snapshot_rule
 from hpcrl.workers.league import SAVE_INTERVAL_S
 from hpcrl.core.config import Config
 from hpcrl.core.config_sac import REPLAY_ALGORITHMS, replay_settings
@@ -174,12 +174,18 @@ def _league_lines(cfg: Config, reports: float, weights_bytes: int) -> list[str]:
     """What a league adds (core/league.py): the roles, the snapshots each learner root holds and
     the payoff matrix the population root keeps, and the snapshots' moves."""
     p, lg, slots = cfg.population, cfg.population.league, cfg.algo.selfplay.pool
-    ring = ring_size(lg.keep, p.ready_frames, lg.snapshot_frames)
+    exploiters = lg.main_exploiters + lg.league_exploiters
+    frames, win_rate = snapshot_rule(LEAGUE_EXPLOITER, lg.snapshot_frames, lg.exploiter_snapshot_frames,
+                                     lg.snapshot_win_rate)
+    ring = ring_size(lg.keep, p.ready_frames, min(lg.snapshot_frames, frames) if exploiters else lg.snapshot_frames)
     kept = p.members * lg.keep
+    every = f"a snapshot every {lg.snapshot_frames:,} frames of each"
+    if exploiters and (frames != lg.snapshot_frames or win_rate):
+        every = (f"a snapshot every {lg.snapshot_frames:,} frames of each main agent, every {frames:,} of each "
+                 f"exploiter" + (f" (sooner once it wins {win_rate:.0%} of its games)" if win_rate else ""))
     return [f"  league: {lg.main:,} main agent{'s' if lg.main != 1 else ''}, {lg.main_exploiters:,} main exploiter"
             f"{'s' if lg.main_exploiters != 1 else ''}, {lg.league_exploiters:,} league exploiter"
-            f"{'s' if lg.league_exploiters != 1 else ''}; a snapshot every {lg.snapshot_frames:,} frames of each, "
-            f"{kept:,} kept in the league ({lg.keep:,} per member)",
+            f"{'s' if lg.league_exploiters != 1 else ''}; {every}, {kept:,} kept in the league ({lg.keep:,} per member)",
             f"  each learner root holds {ring:,} of its own snapshots and {slots:,} slots: "
             f"{format_bytes((ring + slots) * weights_bytes)}; its weights messages carry one slot besides the policy "
             f"(twice the weights), and each policy holder holds {slots:,} slot copies",
