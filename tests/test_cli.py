@@ -82,7 +82,8 @@ def test_plan_sizes_a_league_of_a_thousand_members_with_its_snapshots_and_payoff
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "league: 500 main agents, 250 main exploiters, 250 league exploiters; a snapshot every 100,000 " \
-           "frames of each, 16,000 kept in the league (16 per member)" in out
+           "frames of each main agent, every 200,000 of each exploiter (sooner once it wins 70% of its games), " \
+           "16,000 kept in the league (16 per member)" in out
     assert "each learner root holds 17 of its own snapshots and 8 slots" in out
     assert "payoff matrix holds up to 16,000,000 win rates" in out
     assert "warning: a payoff matrix of 16,000,000 win rates" in out and "population.league.keep <= 1 keeps" in out
@@ -90,8 +91,7 @@ def test_plan_sizes_a_league_of_a_thousand_members_with_its_snapshots_and_payoff
     small = hpcrl(*args, "--set", "population.league.keep=1")
     assert small.returncode == 0 and "warning: a payoff matrix" not in small.stdout
     assert "each learner root holds 2 of its own snapshots and 8 slots" in small.stdout
-    quick = hpcrl(*args, "--set", "population.league.exploiter_snapshot_frames=5000",
-                  "--set", "population.league.snapshot_win_rate=0.7")
+    quick = hpcrl(*args, "--set", "population.league.exploiter_snapshot_frames=5000")
     assert "a snapshot every 100,000 frames of each main agent, every 5,000 of each exploiter (sooner once it " \
            "wins 70% of its games)" in quick.stdout
     assert "each learner root holds 21 of its own snapshots" in quick.stdout  # 16 + 1 + 20,000 / 5,000
