@@ -73,7 +73,7 @@ def test_plan_lays_out_a_thousand_members_on_a_hundred_thousand_ranks():
 
 def test_plan_sizes_a_league_of_a_thousand_members_with_its_snapshots_and_payoff_matrix():
     """The league's lines: roles, the snapshots each learner root holds (its ring of 16 kept + 1 +
-    20,000 / 100,000 = 17 and 8 slots), the moves and the payoff matrix, warned about at 16M
+    20,000 / 100,000 + 1 early (the exploiters' win-rate rule) = 18 and 8 slots), the moves and the payoff matrix, warned about at 16M
     win rates; the learner's memory counts the snapshots."""
     args = ("plan", "jobs/connect_four_league.yaml", "--world-size", "100000", "--ranks-per-node", "100",
             "--set", "population.members=1000", "--set", "population.league.main=500",
@@ -84,17 +84,17 @@ def test_plan_sizes_a_league_of_a_thousand_members_with_its_snapshots_and_payoff
     assert "league: 500 main agents, 250 main exploiters, 250 league exploiters; a snapshot every 100,000 " \
            "frames of each main agent, every 200,000 of each exploiter (sooner once it wins 70% of its games), " \
            "16,000 kept in the league (16 per member)" in out
-    assert "each learner root holds 17 of its own snapshots and 8 slots" in out
+    assert "each learner root holds 18 of its own snapshots and 8 slots" in out  # 16 + 1 + 1 early
     assert "payoff matrix holds up to 16,000,000 win rates" in out
     assert "warning: a payoff matrix of 16,000,000 win rates" in out and "population.league.keep <= 1 keeps" in out
     assert "a copy (exploit)" not in out  # a league copies no member onto another
     small = hpcrl(*args, "--set", "population.league.keep=1")
     assert small.returncode == 0 and "warning: a payoff matrix" not in small.stdout
-    assert "each learner root holds 2 of its own snapshots and 8 slots" in small.stdout
+    assert "each learner root holds 3 of its own snapshots and 8 slots" in small.stdout
     quick = hpcrl(*args, "--set", "population.league.exploiter_snapshot_frames=5000")
     assert "a snapshot every 100,000 frames of each main agent, every 5,000 of each exploiter (sooner once it " \
            "wins 70% of its games)" in quick.stdout
-    assert "each learner root holds 21 of its own snapshots" in quick.stdout  # 16 + 1 + 20,000 / 5,000
+    assert "each learner root holds 22 of its own snapshots" in quick.stdout  # 16 + 1 + 20,000 / 5,000 + 1
     # 15 snapshots fewer on the learner root: 15 x 1,599,020 bytes (399,755 float32 parameters)
     mib = [float(re.search(r"  learner ([\d.]+) MiB", r.stdout).group(1)) for r in (result, small)]
     assert mib[0] - mib[1] == pytest.approx(15 * 1_599_020 / 2**20, abs=0.1)

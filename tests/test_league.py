@@ -138,17 +138,21 @@ def test_exploiters_snapshot_early_once_they_beat_their_slots_often_enough_and_m
     member.set_slot(0, 3)
     member.set_slot(1, 4)
     member.add_games(np.array([[60, 10, 20], [0, 0, 0]]))  # 90 games: too few to judge
-    assert not member.snapshot_due(10)
+    assert not member.snapshot_due(150)
     member.add_games(np.array([[0, 0, 0], [6, 0, 4]]))  # 100 games, (66 + 5) / 100 = 0.71
-    assert member.snapshot_due(10)
-    assert not member.take_snapshot(lambda flat: flat.fill(1), 10)  # exploiter_reset 0: never resets
-    assert not member.snapshot_due(10) and member.next_snapshot == 1000
+    assert not member.snapshot_due(99)  # not yet ready_frames (100) after its last snapshot, at 0
+    assert member.snapshot_due(150)
+    assert not member.take_snapshot(lambda flat: flat.fill(1), 150)  # exploiter_reset 0: never resets
+    assert not member.snapshot_due(150) and member.next_snapshot == 1000
+    assert member.ring.shape[0] == 2 + 1 + 100 // 1000 + 1  # room for one early snapshot between reports
     again = LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, 2, 1000, 0.0, 100, saved=member.saved_parts(),
                          snapshot_win_rate=0.7)
     again.add_games(np.array([[99, 0, 0], [0, 0, 0]]))
-    assert not again.snapshot_due(10)
+    assert not again.snapshot_due(260)
     again.add_games(np.array([[1, 0, 0], [0, 0, 0]]))
-    assert again.snapshot_due(10)
+    assert not again.snapshot_due(249) and again.snapshot_due(250)  # the resumed member waits from 150 too
+    older = {**member.saved_parts(), "league_counters": member.saved_parts()["league_counters"][:2]}
+    assert LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, 2, 1000, 0.0, 100, saved=older).last_snapshot == 0
 
 
 def test_weights_messages_carry_every_slot_once_per_cycle_and_games_count_by_snapshot():
@@ -180,8 +184,10 @@ def test_a_member_restores_its_snapshots_and_slots_from_a_checkpoint():
                          saved={k: v.copy() for k, v in member.saved_parts().items()})
     assert again.seq == 1 and again.next_snapshot == 200 and again.snapshot(1)[0] == 7
     assert again.slot_ids.tolist() == [-1, 3, -1] and again.slot_params[1].tolist() == [0, 1, 2, 3]
-    with pytest.raises(ValueError, match="league_ring"):
-        LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 3, 5, 100, 0.25, 100, saved=member.saved_parts())
+    larger = LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 3, 5, 100, 0.25, 100, saved=member.saved_parts())  # keep 5
+    assert len(larger.ring) == 7 and [larger.snapshot(s)[0] for s in (0, 1)] == [0, 7]  # each at its seq's place
+    with pytest.raises(ValueError, match="league_ring"):  # another model
+        LeagueMember(MAIN_EXPLOITER, 1, 5, 6, 3, 2, 100, 0.25, 100, saved=member.saved_parts())
 
 
 def test_a_holder_loads_a_slot_only_when_its_snapshot_changes_and_never_from_a_first_version():

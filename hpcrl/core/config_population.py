@@ -42,9 +42,10 @@ class LeagueConfig:
                                          "snapshot_win_rate, its timeout: AlphaStar's is twice the main agents' "
                                          "interval). 0: snapshot_frames", default=0)
     snapshot_win_rate: float = doc("also snapshot an exploiter early once its win rate against its slots since its "
-                                    "last snapshot reaches this, over at least 100 games (AlphaStar's 0.7; a draw "
-                                    "counts half); a main exploiter then starts again. Main agents keep the frame "
-                                    "rule: they beat their frozen slots most of the time. 0: the frame rule only",
+                                    "last snapshot reaches this, over at least 100 games and population.ready_frames "
+                                    "frames (AlphaStar's 0.7; a draw counts half); a main exploiter then starts "
+                                    "again. Main agents keep the frame rule: they beat their frozen slots most of "
+                                    "the time. 0: the frame rule only",
                                     default=0.0)
     keep: int = doc("snapshots each member keeps in the league (its newest; older ones leave it). Its learner "
                     "root holds them in memory, and its checkpoints save them", default=16)

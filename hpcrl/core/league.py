@@ -37,11 +37,22 @@ def member_roles(main: int, main_exploiters: int, league_exploiters: int) -> lis
     return [MAIN] * main + [MAIN_EXPLOITER] * main_exploiters + [LEAGUE_EXPLOITER] * league_exploiters
 
 
-def ring_size(keep: int, ready_frames: int, snapshot_frames: int) -> int:
+def ring_size(keep: int, ready_frames: int, snapshot_frames: int, win_rate: float = 0.0) -> int:
     """The snapshots a member's learner root holds: what the league keeps, plus those it may take
-    between two reports (`ready_frames` apart), plus one: the population root may pick a snapshot
-    it still counts as kept until the next report tells it of newer ones."""
-    return keep + 1 + ready_frames // snapshot_frames
+    between two reports (`ready_frames` apart: one every `snapshot_frames`, and one more by a
+    win-rate rule, which waits `ready_frames` after a snapshot), plus one: the population root may
+    pick a snapshot it still counts as kept until the next report tells it of newer ones."""
+    return keep + 1 + ready_frames // snapshot_frames + (1 if win_rate else 0)
+
+
+def largest_ring(league, ready_frames: int) -> int:
+    """The largest ring (`ring_size`) any member of this league (a population.league config)
+    holds, by its role's snapshot rule."""
+    roles = set(member_roles(league.main, league.main_exploiters, league.league_exploiters))
+    return max(ring_size(league.keep, ready_frames, *snapshot_rule(role, league.snapshot_frames,
+                                                                   league.exploiter_snapshot_frames,
+                                                                   league.snapshot_win_rate))
+               for role in roles)
 
 
 def snapshot_rule(role: str, snapshot_frames: int, exploiter_snapshot_frames: int,

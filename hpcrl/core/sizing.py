@@ -26,7 +26,7 @@ from hpcrl.core.config import DEFAULT_MAX_ENV_RANKS, Config, ConfigError
 from hpcrl.core.dataflow import ALGORITHMS, inference_messages
 from hpcrl.core.config_sac import REPLAY_ALGORITHMS, replay_settings
 from hpcrl.core.layout import INLINE, Layout
-from hpcrl.core.league import ring_size
+from hpcrl.core.league import largest_ring
 from hpcrl.core.messages import MessageSpec, replay_fields, weights_spec
 
 # Fragment buffers per env rank (one fills while the previous is in flight), and so the most
@@ -242,7 +242,7 @@ def memory(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int, p
         data = learner.batch_fragments * frag
     if league:  # the learner root's own snapshots and its slots (workers/league.py)
         lg = population.league
-        data += (ring_size(lg.keep, population.ready_frames, lg.snapshot_frames) + cfg.algo.selfplay.pool) * model
+        data += (largest_ring(lg, population.ready_frames) + cfg.algo.selfplay.pool) * model
     return Memory(env=env, inference=inference if inference_fan else 0,
                   learner=learner.sample_slots * frag + data + MODEL_COPIES["learner"] * model + weights)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcrl.core.league import LEAGUE_EXPLOITER, ring_size, snapshot_rule
+from hpcrl.core.league import LEAGUE_EXPLOITER, largest_ring, snapshot_rule
 from hpcrl.workers.league import SAVE_INTERVAL_S
 from hpcrl.core.config import Config
 from hpcrl.core.config_sac import REPLAY_ALGORITHMS, replay_settings
@@ -177,7 +177,7 @@ def _league_lines(cfg: Config, reports: float, weights_bytes: int) -> list[str]:
     exploiters = lg.main_exploiters + lg.league_exploiters
     frames, win_rate = snapshot_rule(LEAGUE_EXPLOITER, lg.snapshot_frames, lg.exploiter_snapshot_frames,
                                      lg.snapshot_win_rate)
-    ring = ring_size(lg.keep, p.ready_frames, min(lg.snapshot_frames, frames) if exploiters else lg.snapshot_frames)
+    ring = largest_ring(lg, p.ready_frames)
     kept = p.members * lg.keep
     every = f"a snapshot every {lg.snapshot_frames:,} frames of each"
     if exploiters and (frames != lg.snapshot_frames or win_rate):

@@ -57,7 +57,8 @@ class LeagueMember:
         self.snapshot_frames, self.exploiter_reset = snapshot_frames, exploiter_reset
         self.snapshot_win_rate = snapshot_win_rate
         self.since = np.zeros(3)  # (wins, draws, losses) against the slots since the last snapshot
-        ring = ring_size(keep, ready_frames, snapshot_frames)
+        self.ready_frames, self.last_snapshot = ready_frames, 0
+        ring = ring_size(keep, ready_frames, snapshot_frames, snapshot_win_rate)
         self.ring = np.zeros((ring, num_params), dtype=np.float32)
         self.ring_seq = np.full(ring, -1, dtype=np.int64)
         self.slot_params = np.zeros((slots, num_params), dtype=np.float32)
@@ -72,10 +73,12 @@ class LeagueMember:
 
     # --- snapshots ----------------------------------------------------------------------------------
     def snapshot_due(self, frames: int) -> bool:
-        """By the frame rule, or early by the win-rate rule (snapshot_win_rate, over WIN_RATE_GAMES)."""
+        """By the frame rule, or early by the win-rate rule (snapshot_win_rate, over WIN_RATE_GAMES),
+        which waits `ready_frames` after the last snapshot: the league hears of a snapshot at the
+        member's next report, and the ring holds one early snapshot between two reports."""
         games = self.since.sum()
         return frames >= self.next_snapshot or bool(
-            self.snapshot_win_rate and games >= WIN_RATE_GAMES
+            self.snapshot_win_rate and games >= WIN_RATE_GAMES and frames - self.last_snapshot >= self.ready_frames
             and (self.since[0] + 0.5 * self.since[1]) / games >= self.snapshot_win_rate)
 
     def take_snapshot(self, fill: Callable[[np.ndarray], None], frames: int) -> bool:
@@ -86,6 +89,7 @@ class LeagueMember:
         fill(self.ring[i])
         self.ring_seq[i] = self.seq
         self.since[:] = 0.0
+        self.last_snapshot = frames
         self.next_snapshot = (frames // self.snapshot_frames + 1) * self.snapshot_frames
         return self.seq > 0 and resets_after_snapshot(self.role, self.exploiter_reset, self.run_seed, self.member,
                                                       self.seq)
@@ -140,19 +144,29 @@ class LeagueMember:
     def saved_parts(self) -> dict[str, np.ndarray]:
         return {"league_ring": self.ring, "league_ring_seq": self.ring_seq, "league_slots": self.slot_params,
                 "league_slot_ids": self.slot_ids,
-                "league_counters": np.array([self.seq, self.next_snapshot], dtype=np.int64),
+                "league_counters": np.array([self.seq, self.next_snapshot, self.last_snapshot], dtype=np.int64),
                 "league_since": self.since}
 
     def restore(self, saved: dict) -> None:
         """From a checkpoint of a member of the same model and league shape (ValueError otherwise)."""
         parts = {k: np.asarray(saved[k]) for k in SAVED_KEYS}
-        for key, mine in (("league_ring", self.ring), ("league_slots", self.slot_params)):
-            if parts[key].shape != mine.shape:
+        for key, mine in (("league_ring", self.ring[0]), ("league_slots", self.slot_params)):
+            theirs = parts[key].shape[1:] if key == "league_ring" else parts[key].shape
+            if theirs != mine.shape:
                 raise ValueError(f"the checkpoint's {key} is {parts[key].shape}, this league member holds "
-                                 f"{mine.shape} (population.league.keep, algo.selfplay.pool or the model changed)")
-        self.ring[...], self.ring_seq[...] = parts["league_ring"], parts["league_ring_seq"]
+                                 f"{self.ring.shape if key == 'league_ring' else mine.shape} (algo.selfplay.pool "
+                                 f"or the model changed)")
+        # the ring may differ in length (keep or the snapshot rule changed): each snapshot goes to its
+        # seq's place, oldest first, so the newest win where two meet
+        for i in np.argsort(parts["league_ring_seq"], kind="stable"):
+            seq = int(parts["league_ring_seq"][i])
+            if seq >= 0:
+                self.ring[seq % len(self.ring)], self.ring_seq[seq % len(self.ring)] = parts["league_ring"][i], seq
         self.slot_params[...], self.slot_ids[...] = parts["league_slots"], parts["league_slot_ids"]
-        self.seq, self.next_snapshot = (int(v) for v in parts["league_counters"])
+        counters = [int(v) for v in parts["league_counters"]]
+        self.seq, self.next_snapshot = counters[:2]
+        # a checkpoint from before the win-rate rule waited has no last snapshot: the frame rule's last point
+        self.last_snapshot = counters[2] if len(counters) > 2 else max(0, self.next_snapshot - self.snapshot_frames)
         self.since[...] = parts["league_since"]
 
 
