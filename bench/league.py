@@ -8,7 +8,8 @@ exploiter on connect four, one rank each), summed up from its population directo
   agent against each exploiter;
 - the league's payoff matrix as the population root left it (league_state.json), by owner;
 - the main agent's mistakes against the one-step player, in GAMES more games: how often it took
-  the wins and blocked the threats it had, and the first mistake of each game it lost.
+  the wins and blocked the threats it had, and the first mistake of each game it lost;
+- for scale, two scripted players with perfect one-move tactics against the one-step player.
 
 Writes summary.json and two plots (`hpcrl plot` of the population: the ratings, and the win rate
 against the one-step player) into --out-dir, and prints the summary as JSON.
@@ -120,6 +121,50 @@ def league_table(pop: Path, roles: list[str], keep: int, slots: int) -> dict:
             for (member, owner), (games, rate) in league.by_owner().items()}
 
 
+def tactician(centre: bool):
+    """A scripted player with perfect one-move tactics: a win, else a block, else a column that
+    gives the opponent no win on top of it (tests/anchors.py:mistake), drawn uniformly or, with
+    `centre`, weighted towards the centre ((4 - |column - 3|)^2)."""
+    from tests.anchors import chances, mistake
+
+    def play(board: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> int:
+        found = wins, blocks = chances(board, mask)
+        if wins or blocks:
+            return (wins or blocks)[0]
+        valid = [int(c) for c in np.flatnonzero(mask)]
+        safe = [c for c in valid if mistake(board, mask, c, found) is None] or valid
+        weights = np.array([(4 - abs(c - 3)) ** 2 if centre else 1 for c in safe], dtype=float)
+        return int(rng.choice(safe, p=weights / weights.sum()))
+    return play
+
+
+def references(games: int = 2 * GAMES, seed: int = 0) -> dict:
+    """What 80% against the one-step player takes: the win rates of the two tacticians against it
+    in PettingZoo's own game, the seats alternating."""
+    from pettingzoo.classic import connect_four_v3
+    from tests.anchors import one_step_lookahead
+
+    def one_step(board, mask, rng):
+        return int(one_step_lookahead(board.reshape(1, -1), mask[None], rng)[0])
+    rng, env, out = np.random.default_rng(seed), connect_four_v3.env(), {}
+    for name, player in (("tactics, else uniform", tactician(False)),
+                         ("tactics, else towards the centre", tactician(True))):
+        won = 0
+        for game in range(games):
+            env.reset(seed=seed + game)
+            mine = env.agents[game % 2]
+            for agent in env.agent_iter():
+                obs, reward, terminated, truncated, _ = env.last()
+                if terminated or truncated:
+                    won += agent == mine and reward > 0
+                    env.step(None)
+                    continue
+                move = player if agent == mine else one_step
+                env.step(move(obs["observation"], obs["action_mask"].astype(bool), rng))
+        out[name] = round(won / games, 3)
+    return out
+
+
 def summarize(pop: Path) -> dict:
     import yaml
     cfg = yaml.safe_load((pop / "config.yaml").read_text())
@@ -139,6 +184,7 @@ def summarize(pop: Path) -> dict:
     for m in range(1, len(roles)):
         members["member0"]["eval"][f"member{m}"] = evaluate(pop / "member0", str(pop / f"member{m}"))
     members["member0"]["mistakes against one_step"] = mistakes(pop / "member0")
+    members["member0"]["scripted players against one_step"] = references()
     return {"job": str(JOB.relative_to(REPO)), "eval_games": GAMES, "members": members,
             "payoff": league_table(pop, roles, lg.get("keep", 16), cfg["algo"]["selfplay"]["pool"])}
 
