@@ -9,9 +9,10 @@ A league is a population whose members play each other's frozen snapshots. Each 
   beats; they start again with probability `exploiter_reset` at each of their own snapshots.
 A snapshot is a member's weights frozen by its role's rule (`snapshot_rule`): every `snapshot_frames`
 of a main agent's training; an exploiter's at its own interval, or earlier once it beats its
-opponents often enough. Its owner keeps its last `keep`, and those are the league. Each member's policy holders hold `slots` snapshots (its
-self-play pool); the population root decides which, drawing them by the member's role, and each
-env rank draws a slot per game uniformly, so the games follow the draws.
+opponents often enough. Its owner keeps its last `keep`, and those are the league. Each member's
+policy holders hold `slots` snapshots (its self-play pool); the population root decides which,
+drawing them by the member's role, and each env rank draws a slot per game uniformly, so the
+games follow the draws.
 
 The payoff matrix is the population root's: each member's win rate against each snapshot, an EMA
 over the games its learner root reports (a draw counts half, every pair starts at 0.5).

@@ -185,7 +185,8 @@ def _league_lines(cfg: Config, reports: float, weights_bytes: int) -> list[str]:
                  f"exploiter" + (f" (sooner once it wins {win_rate:.0%} of its games)" if win_rate else ""))
     return [f"  league: {lg.main:,} main agent{'s' if lg.main != 1 else ''}, {lg.main_exploiters:,} main exploiter"
             f"{'s' if lg.main_exploiters != 1 else ''}, {lg.league_exploiters:,} league exploiter"
-            f"{'s' if lg.league_exploiters != 1 else ''}; {every}, {kept:,} kept in the league ({lg.keep:,} per member)",
+            f"{'s' if lg.league_exploiters != 1 else ''}; {every}, {kept:,} kept in the league "
+            f"({lg.keep:,} per member)",
             f"  each learner root holds {ring:,} of its own snapshots and {slots:,} slots: "
             f"{format_bytes((ring + slots) * weights_bytes)}; its weights messages carry one slot besides the policy "
             f"(twice the weights), and each policy holder holds {slots:,} slot copies",

@@ -148,21 +148,21 @@ class LeagueMember:
                 "league_since": self.since}
 
     def restore(self, saved: dict) -> None:
-        """From a checkpoint of a member of the same model and league shape (ValueError otherwise)."""
+        """From a checkpoint of a member of the same model and pool (ValueError otherwise); its ring
+        may have another length."""
         parts = {k: np.asarray(saved[k]) for k in SAVED_KEYS}
-        for key, mine in (("league_ring", self.ring[0]), ("league_slots", self.slot_params)):
-            theirs = parts[key].shape[1:] if key == "league_ring" else parts[key].shape
-            if theirs != mine.shape:
-                raise ValueError(f"the checkpoint's {key} is {parts[key].shape}, this league member holds "
-                                 f"{self.ring.shape if key == 'league_ring' else mine.shape} (algo.selfplay.pool "
-                                 f"or the model changed)")
+        ring, slots = parts["league_ring"], parts["league_slots"]
+        if ring.shape[1:] != self.ring.shape[1:] or slots.shape != self.slot_params.shape:
+            raise ValueError(f"the checkpoint's league_ring and league_slots are {ring.shape} and {slots.shape}, "
+                             f"this league member holds {self.ring.shape} and {self.slot_params.shape} "
+                             f"(algo.selfplay.pool or the model changed)")
         # the ring may differ in length (keep or the snapshot rule changed): each snapshot goes to its
         # seq's place, oldest first, so the newest win where two meet
         for i in np.argsort(parts["league_ring_seq"], kind="stable"):
             seq = int(parts["league_ring_seq"][i])
             if seq >= 0:
-                self.ring[seq % len(self.ring)], self.ring_seq[seq % len(self.ring)] = parts["league_ring"][i], seq
-        self.slot_params[...], self.slot_ids[...] = parts["league_slots"], parts["league_slot_ids"]
+                self.ring[seq % len(self.ring)], self.ring_seq[seq % len(self.ring)] = ring[i], seq
+        self.slot_params[...], self.slot_ids[...] = slots, parts["league_slot_ids"]
         counters = [int(v) for v in parts["league_counters"]]
         self.seq, self.next_snapshot = counters[:2]
         # a checkpoint from before the win-rate rule waited has no last snapshot: the frame rule's last point
