@@ -10,6 +10,7 @@ from hpcrl.envs import EnvSpaces
 from hpcrl.io.metrics import read_metrics
 from hpcrl.models import (PolicyRunner, build_model, copy_params_to, load_params_from, num_params, policy_digest,
                           policy_tensors)
+from hpcrl.models.layers import SpatialPolicy
 from tests.conftest import mpirun, run_dir, small_config, write_config
 
 DISCRETE = EnvSpaces((3,), "float32", 4)
@@ -210,6 +211,42 @@ def test_grid_convs_set_the_grid_encoders_convolutions_and_valid_ones_shrink_the
         with pytest.raises(ConfigError, match=r"model.grid_convs: expected a list of 1 to 64 convolutions, each "
                                               r"\[channels, kernel\] or \[channels, kernel, valid\]"):
             parse_config(f"model: {{grid_convs: {bad}}}")
+
+
+def test_a_columns_policy_knows_a_pattern_in_every_column_and_cells_one_logit_per_cell():
+    """model.grid_policy: columns reads the convolutions' map with one 1x1 convolution, so the same
+    three-piece stack shifted one column over shifts its logit with it (away from the borders'
+    padding); the critic has an MLP of its own; cells gives tic-tac-toe a logit per square."""
+    torch.manual_seed(0)
+    board = EnvSpaces((6, 7, 2), "int8", 7)
+    cfg = parse_config("model: {encoder: grid, grid_policy: columns, hidden_sizes: [16], grid_convs: [[8, 3], [8, 3]]}")
+    model = build_model(board, cfg.model)
+    assert isinstance(model.actor, SpatialPolicy) and model.critic[1][0].in_features == 8 * 6 * 7
+    torch.nn.init.normal_(model.actor.conv.weight)  # a policy that is not near-uniform, to compare logits
+    stacks = torch.zeros((2, 6, 7, 2))
+    stacks[0, 3:, 2, 0] = 1.0  # three of the agent's pieces in column 2
+    stacks[1, 3:, 3, 0] = 1.0  # the same in column 3
+    logits = model.actor(model.features(stacks))
+    assert logits.shape == (2, 7)
+    torch.testing.assert_close(logits[0, 2], logits[1, 3])
+    assert not torch.allclose(logits[0, 2], logits[0, 5])
+    model.value(stacks).sum().backward()
+    assert model.trunk[1].weight.grad.abs().sum() > 0 and model.actor.conv.weight.grad is None
+    squares = EnvSpaces((3, 3, 2), "int8", 9)  # tic-tac-toe: square 3 i + j is the observation's [i, j]
+    cells = build_model(squares, parse_config("model: {encoder: grid, grid_policy: cells, grid_convs: [[4, 1]]}").model)
+    torch.nn.init.normal_(cells.actor.conv.weight)
+    piece = torch.zeros((1, 3, 3, 2))
+    piece[0, 1, 2, 0] = 1.0  # 1x1 convolutions: only its own square's logit moves off the zero biases
+    assert torch.nonzero(cells.actor(cells.features(piece))[0]).flatten().tolist() == [5]
+    with pytest.raises(ConfigError, match=r"model.grid_policy: columns gives one action per column of the "
+                                          r"convolutions' 3 x 4 map, 4 in all, and this env has 7 actions"):
+        build_model(board, parse_config("model: {encoder: grid, grid_policy: columns, "
+                                        "grid_convs: [[8, 4, valid]]}").model)
+    with pytest.raises(ConfigError, match=r"model.grid_policy: cells reads the grid encoder's map, so it needs "
+                                          r"model.encoder: grid and model.core: none"):
+        parse_config("model: {encoder: grid, grid_policy: cells, core: lstm}")
+    with pytest.raises(ConfigError, match=r"model.grid_policy: expected one of mlp, columns, cells, got 'rows'"):
+        parse_config("model: {encoder: grid, grid_policy: rows}")
 
 
 @pytest.mark.parametrize("spaces,encoder,words", [

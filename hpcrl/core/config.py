@@ -33,6 +33,7 @@ from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.policies import check_table
 
 ENCODERS = ("auto", "mlp", "cnn", "grid")
+GRID_POLICIES = ("mlp", "columns", "cells")
 CORES = ("none", "lstm", "gru")
 # Sizes a run allocates from before `hpcrl plan`'s memory estimate can be made (core/sizing.py
 # memory_problem bounds their products against run.memory_limit_gib): far above any real run;
@@ -153,6 +154,14 @@ class ModelConfig:
                            "kernel x kernel window of the board (connect four: [128, 4, valid], a detector per "
                            "window that every line of four fits in); ReLU after each",
                            default_factory=lambda: [[32, 3], [32, 3]])
+    grid_policy: str = doc("the grid encoder's policy head: 'mlp' (a linear layer over the MLP after the "
+                           "convolutions, which the critic shares), 'columns' (a logit per board column: a 1x1 "
+                           "convolution over the convolutions' map, log-sum-exp down each column; connect four, "
+                           "whose actions are its columns) or 'cells' (a logit per cell, row-major: tic-tac-toe). "
+                           "These read the map itself, so a pattern learned at one place is known at every place; "
+                           "the critic then has an MLP of hidden_sizes of its own. They need a map of the board's "
+                           "width (columns) or one cell per action (cells): 'same' convolutions. Actor-critic "
+                           "algorithms without a recurrent core", default="mlp")
     obs_norm: bool = doc("normalise observations by a running mean and variance (clipped to +-10), kept in "
                          "the model, updated by the learners from every update's batch", default=False)
     core: str = doc("'none' (feed-forward), 'lstm' or 'gru': a recurrent core between the encoder and the "
@@ -344,6 +353,11 @@ def validate(cfg: Config) -> None:
     _check(m.activation in ("tanh", "relu"), f"model.activation: expected 'tanh' or 'relu', got {m.activation!r}")
     _check(m.encoder in ENCODERS, f"model.encoder: expected one of {', '.join(ENCODERS)}, got {m.encoder!r}")
     _check(m.core in CORES, f"model.core: expected one of {', '.join(CORES)}, got {m.core!r}")
+    _check(m.grid_policy in GRID_POLICIES,
+           f"model.grid_policy: expected one of {', '.join(GRID_POLICIES)}, got {m.grid_policy!r}")
+    _check(m.grid_policy == "mlp" or (m.encoder == "grid" and m.core == "none"),
+           f"model.grid_policy: {m.grid_policy} reads the grid encoder's map, so it needs model.encoder: grid and "
+           f"model.core: none (got encoder {m.encoder!r}, core {m.core!r}); or use grid_policy: mlp")
     _check(1 <= m.core_size <= MAX_WIDTH, f"model.core_size: expected 1 to {MAX_WIDTH:,}, got {m.core_size}")
     _check(m.core == "none" or a.name == "dqn" or a.num_minibatches <= e.num_envs,
            f"algo.num_minibatches: a recurrent core's minibatches are whole sequences of whole envs (a fragment's "

@@ -72,9 +72,17 @@ def grid_shape(obs_shape: tuple, convs: list) -> tuple[int, int, int]:
 
 
 def _grid_cnn(obs_shape: tuple, convs: list, hidden: list[int], activation: type) -> nn.Sequential:
-    """The grid encoder: channel-last [H, W, C] boards through the convolutions of model.grid_convs
-    ([channels, kernel] with 'same' padding, or [channels, kernel, 'valid']), ReLU after each,
-    then an MLP of `hidden` ending in its activation; orthogonal init."""
+    """The grid encoder: the convolutions of `_grid_convs`, then an MLP of `hidden` ending in its
+    activation; orthogonal init."""
+    return nn.Sequential(*_grid_convs(obs_shape, convs), nn.Flatten(),
+                         _mlp([math.prod(grid_shape(obs_shape, convs)), *hidden], activation, math.sqrt(2)),
+                         activation())
+
+
+def _grid_convs(obs_shape: tuple, convs: list) -> nn.Sequential:
+    """Channel-last [H, W, C] boards through the convolutions of model.grid_convs ([channels,
+    kernel] with 'same' padding, or [channels, kernel, 'valid']), ReLU after each: the
+    [N, channels, H', W'] map of `grid_shape`; orthogonal init."""
     channels = obs_shape[2]
     layers: list[nn.Module] = [ChannelsFirst()]
     for out, kernel, *padding in convs:
@@ -86,8 +94,26 @@ def _grid_cnn(obs_shape: tuple, convs: list, hidden: list[int], activation: type
         nn.init.zeros_(conv.bias)
         layers += [conv, nn.ReLU()]
         channels = out
-    return nn.Sequential(*layers, nn.Flatten(), _mlp([math.prod(grid_shape(obs_shape, convs)), *hidden], activation,
-                                                     math.sqrt(2)), activation())
+    return nn.Sequential(*layers)
+
+
+class SpatialPolicy(nn.Module):
+    """A policy head over the grid encoder's [N, C, H, W] map (model.grid_policy): a 1x1
+    convolution gives each cell a logit; 'cells' keeps one per cell (row-major, as tic-tac-toe
+    numbers its squares), 'columns' takes the log-sum-exp down each column (a piece dropped in a
+    column lands on one of its cells: connect four). The same weights read every place, so a
+    pattern learned in one column is known in all."""
+
+    def __init__(self, channels: int, columns: bool):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, 1, 1)
+        nn.init.orthogonal_(self.conv.weight, 0.01)  # a near-uniform first policy, as _linear's policy heads
+        nn.init.zeros_(self.conv.bias)
+        self.columns = columns
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.conv(x)[:, 0]
+        return torch.logsumexp(logits, dim=1) if self.columns else logits.flatten(1)
 
 
 class RunningNorm(nn.Module):

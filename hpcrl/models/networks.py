@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from hpcrl.core.config import ConfigError, ModelConfig
-from hpcrl.models.layers import (ACTIVATIONS, CNN_MIN_SIZE, HALF_LOG_2PI, NATURE_CNN_FEATURES, RunningNorm, _linear,
-                                 _grid_cnn, _masked_log_softmax, grid_shape, _mlp, _nature_cnn)
+from hpcrl.models.layers import (ACTIVATIONS, CNN_MIN_SIZE, HALF_LOG_2PI, NATURE_CNN_FEATURES, RunningNorm,
+                                 SpatialPolicy, _linear, _grid_cnn, _grid_convs, _masked_log_softmax, grid_shape,
+                                 _mlp, _nature_cnn)
 
 if TYPE_CHECKING:  # not at run time: inference ranks need no gymnasium
     from hpcrl.envs import EnvSpaces
@@ -144,7 +145,9 @@ class ActorCritic(ObservationInput):
         """The encoder and the two heads (`out` policy outputs)."""
         central_critic = self.central_critic
         kind = encoder_for(spaces, cfg)
-        if kind != "mlp":
+        if kind == "grid" and cfg.grid_policy != "mlp":
+            self._spatial(spaces, cfg, out)
+        elif kind != "mlp":
             # One trunk for both heads, as in Atari PPO: the features are learned once.
             self.trunk, features = self.feature_trunk(spaces, cfg)
             self.actor = _linear(features, out, 0.01)
@@ -161,6 +164,22 @@ class ActorCritic(ObservationInput):
             else:  # every agent's observation of the env and the agent's one-hot
                 critic_dim = (obs_dim + 1) * self.num_agents
             self.critic = _mlp([critic_dim, *hidden, 1], act, out_gain=1.0)
+
+    def _spatial(self, spaces: EnvSpaces, cfg: ModelConfig, out: int) -> None:
+        """model.grid_policy columns or cells: the convolutions' map is the trunk, the policy a
+        SpatialPolicy over it, the critic an MLP of hidden_sizes over the flattened map."""
+        shape, columns = tuple(spaces.obs_shape), cfg.grid_policy == "columns"
+        channels, h, w = grid_shape(shape, cfg.grid_convs)
+        wanted = w if columns else h * w
+        if out != wanted:
+            raise ConfigError(f"model.grid_policy: {cfg.grid_policy} gives one action per "
+                              f"{'column' if columns else 'cell'} of the convolutions' {h} x {w} map, {wanted} in "
+                              f"all, and this env has {out} actions; use 'same' convolutions (model.grid_convs) on "
+                              f"a board with one action per {'column' if columns else 'cell'}, or grid_policy: mlp")
+        self.trunk = _grid_convs(shape, cfg.grid_convs)
+        self.actor = SpatialPolicy(channels, columns)
+        self.critic = nn.Sequential(nn.Flatten(), _mlp([channels * h * w, *cfg.hidden_sizes, 1],
+                                                       ACTIVATIONS[cfg.activation], out_gain=1.0))
 
     # --- the policy --------------------------------------------------------------------------------
     def critic_input(self, x: torch.Tensor) -> torch.Tensor:
