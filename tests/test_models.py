@@ -245,6 +245,9 @@ def test_a_columns_policy_knows_a_pattern_in_every_column_and_cells_one_logit_pe
     with pytest.raises(ConfigError, match=r"model.grid_policy: cells reads the grid encoder's map, so it needs "
                                           r"model.encoder: grid and model.core: none"):
         parse_config("model: {encoder: grid, grid_policy: cells, core: lstm}")
+    with pytest.raises(ConfigError, match=r"model.grid_policy: columns is an actor-critic's policy head, and dqn "
+                                          r"trains a Q-network"):
+        parse_config("algo: {name: dqn}\nmodel: {encoder: grid, grid_policy: columns}")
     with pytest.raises(ConfigError, match=r"model.grid_policy: expected one of mlp, columns, cells, got 'rows'"):
         parse_config("model: {encoder: grid, grid_policy: rows}")
 

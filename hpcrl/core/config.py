@@ -358,6 +358,10 @@ def validate(cfg: Config) -> None:
     _check(m.grid_policy == "mlp" or (m.encoder == "grid" and m.core == "none"),
            f"model.grid_policy: {m.grid_policy} reads the grid encoder's map, so it needs model.encoder: grid and "
            f"model.core: none (got encoder {m.encoder!r}, core {m.core!r}); or use grid_policy: mlp")
+    trains = ALGORITHMS[a.name].policy
+    _check(m.grid_policy == "mlp" or trains not in ("q", "sac", "td3"),
+           f"model.grid_policy: {m.grid_policy} is an actor-critic's policy head, and {a.name} trains a "
+           f"{'Q-network' if trains == 'q' else 'continuous actor'}; use grid_policy: mlp")
     _check(1 <= m.core_size <= MAX_WIDTH, f"model.core_size: expected 1 to {MAX_WIDTH:,}, got {m.core_size}")
     _check(m.core == "none" or a.name == "dqn" or a.num_minibatches <= e.num_envs,
            f"algo.num_minibatches: a recurrent core's minibatches are whole sequences of whole envs (a fragment's "

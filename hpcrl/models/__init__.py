@@ -45,10 +45,6 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
     critic for MAPPO), or a Q-network."""
     from hpcrl.core.dataflow import ALGORITHMS
     algorithm = ALGORITHMS[cfg.algo.name]
-    if algorithm.policy in ("q", "sac", "td3") and cfg.model.grid_policy != "mlp":
-        raise ConfigError(f"model.grid_policy: {cfg.model.grid_policy} is an actor-critic's policy head, and "
-                          f"{cfg.algo.name} trains a {'Q-network' if algorithm.policy == 'q' else 'continuous actor'}"
-                          f"; use grid_policy: mlp")
     if algorithm.policy == "q":
         from hpcrl.models.q import build_q_network
         return build_q_network(spaces, cfg)
