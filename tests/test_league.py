@@ -13,9 +13,10 @@ from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.league import (LEAGUE_EXPLOITER, MAIN, MAIN_EXPLOITER, League, ema_of_games, member_roles,
                                resets_after_snapshot, snapshot_rule)
 from hpcrl.core.messages import weights_spec
+from hpcrl.core.population import EXPLOIT, exploits_taken
 from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.io.metrics import read_metrics
-from hpcrl.workers.league import LeagueMember, parse_report_part
+from hpcrl.workers.league import LeagueMember, LeagueRoot, parse_report_part
 from hpcrl.tools.plot_population import league_roles
 from tests.conftest import mpirun, run_dir, run_hpcrl, small_config, write_config
 
@@ -89,6 +90,43 @@ def test_exploiters_reset_after_their_snapshots_as_their_roles_say():
     assert 60 <= sum(draws) <= 140  # 100 expected
     # a resume draws alike
     assert draws == [resets_after_snapshot(LEAGUE_EXPLOITER, 0.25, 1, 2, s) for s in range(1, 401)]
+
+
+def test_with_restart_main_an_exploiter_starts_again_from_the_main_agent_it_beats_least(tmp_path):
+    """The population root's pick (restart 'main'): after a snapshot that resets the exploiter (its
+    role's draw, by its own seed), the present main agent whose newest snapshot it beats least;
+    none for a main agent, a snapshot that does not reset, or restart 'initial'."""
+    league = League(member_roles(2, 1, 1), keep=3, slots=2)
+    root = LeagueRoot(None, league, np.random.default_rng(0), str(tmp_path), restart=([5, 6, 7, 8], 0.25))
+    league.present[:] = True
+    league.add_snapshots(0, 2)  # member 0's newest: seq 2, id 5
+    league.add_snapshots(1, 1)  # member 1's: seq 1, id 6
+    league.record(2, 5, 1, 0, 3)  # the main exploiter wins a quarter against member 0's newest
+    assert root.restart_parent(2, [1]) == 0
+    league.record(2, 6, 0, 0, 50)  # and loses nearly all against member 1's
+    assert root.restart_parent(2, [1, 2]) == 1
+    league.present[1] = False  # (complete before this launch: no state to send)
+    assert root.restart_parent(2, [1]) == 0
+    assert root.restart_parent(2, [0]) is None  # its initial weights are no snapshot of its training
+    assert root.restart_parent(0, [3]) is None  # a main agent never starts again
+    resets = [s for s in range(1, 40) if resets_after_snapshot(LEAGUE_EXPLOITER, 0.25, 8, 3, s)]
+    assert 0 < len(resets) < 39
+    assert [s for s in range(1, 40) if root.restart_parent(3, [s]) is not None] == resets
+    assert LeagueRoot(None, league, np.random.default_rng(0), str(tmp_path)).restart_parent(2, [1]) is None
+
+
+def test_a_member_that_restarts_from_a_main_agent_never_resets_itself_and_judges_the_copy_afresh():
+    member = LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 2, 2, 1000, 0.25, 100, initial=lambda flat: flat.fill(0),
+                          snapshot_win_rate=0.7, restart_from_main=True)
+    member.set_slot(0, 3)
+    member.add_games(np.array([[90, 0, 10], [0, 0, 0]]))
+    assert member.snapshot_due(150)
+    assert not member.take_snapshot(lambda flat: flat.fill(1), 150)  # the root orders the restart instead
+    member.add_games(np.array([[100, 0, 0], [0, 0, 0]]))  # its own weights win on until the copy comes
+    member.restarted(180)
+    assert member.since.sum() == 0 and member.last_snapshot == 180
+    member.add_games(np.array([[100, 0, 0], [0, 0, 0]]))
+    assert not member.snapshot_due(279) and member.snapshot_due(280)  # ready_frames after the copy
 
 
 def test_the_league_state_round_trips_and_a_member_that_went_back_retires_its_later_snapshots():
@@ -245,6 +283,7 @@ def _parsed(data: dict):
     ({"population": {"league": {"keep": 0}}}, "population.league.keep"),
     ({"population": {"league": {"opponents": "easy"}}}, "population.league.opponents"),
     ({"population": {"league": {"exploiter_reset": 1.5}}}, "exploiter_reset"),
+    ({"population": {"league": {"restart": "random"}}}, "population.league.restart: expected one of initial, main"),
     ({"population": {"league": {"exploiter_snapshot_frames": -1}}}, "exploiter_snapshot_frames: expected a number"),
     ({"algo": {"selfplay": {"pool": 0}}}, "algo.selfplay.pool >= 1"),
 ])
@@ -309,11 +348,21 @@ def test_a_league_of_three_members_on_12_ranks_plays_each_others_snapshots_and_r
     before = {(m, s): g for m, s, _, g in state["payoff"]}
     cfg["run"]["total_frames"] = 16384
     cfg["roles"]["learner"]["ranks"] = 1
+    cfg["population"]["league"]["restart"] = "main"
     result = mpirun(3, "run", str(write_config(tmp_path, cfg)), timeout=400)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("resuming from") == 3 and "serial mode" in result.stdout
     state = json.loads((run_dir(cfg) / "league_state.json").read_text())
     assert all(n >= 6 for n in state["newest"]), state["newest"]
+    # restart 'main': the main exploiter starts again from the main agent's state, copied at its next
+    # report after each snapshot (the lineage's exploits), and never from its initial weights any more
+    table = read_metrics(str(run_dir(cfg) / "metrics.h5"))
+    copies = table["event"] == EXPLOIT
+    assert set(table["parent"][copies].astype(int)) == {0} and 1 in set(table["member"][copies].astype(int))
+    taken = exploits_taken(table["event"], table["member"], table["parent"])
+    assert len(taken) >= 1
+    assert result.stdout.count("league: started again from main agent 0's state") == len(taken)
+    assert "started again from its initial weights" not in result.stdout
     after = {(m, s): g for m, s, _, g in state["payoff"]}
     common = set(before) & set(after)  # (the snapshots still kept: the others left the league)
     assert common and all(after[k] >= before[k] for k in common)  # the payoff matrix went on from the saved one

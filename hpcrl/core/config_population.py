@@ -22,6 +22,7 @@ MAX_KEEP = 256  # snapshots an owner keeps: each a whole copy of the policy on i
 
 MAX_MEMBERS = 100_000
 EXPLORE_KEYS = ("perturb", "resample", "low", "high")
+RESTARTS = ("initial", "main")  # population.league.restart
 
 
 @dataclass
@@ -31,7 +32,7 @@ class LeagueConfig:
     main: int = doc("main agents (members 0..main-1): they play every snapshot the league keeps, by PFSP, and "
                     "themselves in algo.selfplay.latest of their games (0: no league)", default=0)
     main_exploiters: int = doc("main exploiters (the next members): they play the main agents' newest snapshots "
-                               "only, and start again from their initial weights at each of their own snapshots",
+                               "only, and start again (restart says from what) at each of their own snapshots",
                                default=0)
     league_exploiters: int = doc("league exploiters (the last members): they play every snapshot by PFSP, and "
                                  "start again with probability exploiter_reset at each of their own snapshots",
@@ -54,8 +55,14 @@ class LeagueConfig:
                          "or 'uniform', p the member's win rate against the snapshot", default="hard")
     payoff_decay: float = doc("decay per game of the payoff matrix's win rates (an EMA; AlphaStar's 0.99)",
                               default=0.99)
-    exploiter_reset: float = doc("probability that a league exploiter starts again from its initial weights at "
+    exploiter_reset: float = doc("probability that a league exploiter starts again (restart says from what) at "
                                  "one of its snapshots (AlphaStar's 0.25)", default=0.25)
+    restart: str = doc("what an exploiter starts again from after its snapshot: 'initial', the weights it was "
+                       "built with, or 'main', the state of the main agent whose newest snapshot it beats least "
+                       "(weights, optimizer and normalisers, copied over MPI at the exploiter's next report, as a "
+                       "population's copies; its hyperparameters stay its own). AlphaStar's exploiters start again "
+                       "from a supervised agent: 'main' is the nearest here, a player that knows the game, so a "
+                       "new exploiter has something to learn against a strong main agent", default="initial")
 
     @property
     def members(self) -> int:
@@ -192,3 +199,5 @@ def validate_league(p: PopulationConfig) -> None:
                                             f"{league.payoff_decay}")
     check(0.0 <= league.exploiter_reset <= 1.0, f"population.league.exploiter_reset: expected a probability in "
                                                 f"[0, 1], got {league.exploiter_reset}")
+    check(league.restart in RESTARTS, lambda: f"population.league.restart: expected one of {', '.join(RESTARTS)}, "
+                                              f"got {shown(league.restart)}")

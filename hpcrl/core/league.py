@@ -4,9 +4,12 @@ A league is a population whose members play each other's frozen snapshots. Each 
 - main agents play the whole league: every snapshot still kept, their own included, drawn by
   prioritized fictitious self-play (PFSP) on their win rate against each;
 - main exploiters play the main agents only, each main's newest snapshot, to find its weaknesses;
-  they start again from their initial weights at each of their own snapshots;
+  they start again at each of their own snapshots;
 - league exploiters play the whole league by PFSP, as main agents do, to find what no snapshot
   beats; they start again with probability `exploiter_reset` at each of their own snapshots.
+An exploiter starts again from its initial weights, or (population.league.restart 'main') from the
+state of the main agent it beats least: AlphaStar's start from a supervised agent, a player that
+knows the game; from random weights an exploiter learns nothing against a strong main agent.
 A snapshot is a member's weights frozen by its role's rule (`snapshot_rule`): every `snapshot_frames`
 of a main agent's training; an exploiter's at its own interval, or earlier once it beats its
 opponents often enough. Its owner keeps its last `keep`, and those are the league. Each member's

@@ -13,6 +13,11 @@ from hpcrl.core.config_population import PopulationConfig
 from hpcrl.core.league import MAIN, member_roles
 
 
+def member_seed(cfg: Config, index: int) -> int:
+    """Member `index`'s run.seed: the population's, plus its index."""
+    return cfg.run.seed + index
+
+
 def member_config(cfg: Config, index: int) -> Config:
     """Member `index`'s own config: a plain run (no population section) in the population's
     directory, with its seed (run.seed + index) and its values. Its config.yaml there runs the
@@ -22,9 +27,10 @@ def member_config(cfg: Config, index: int) -> Config:
     member.population = PopulationConfig()
     member.run.output_dir = os.path.join(cfg.run.output_dir, cfg.run.name)
     member.run.name = member_name(index, p.members)
-    check(cfg.run.seed + index <= MAX_SEED, f"run.seed: member {index} would run with seed {cfg.run.seed + index}, "
-                                            f"above {MAX_SEED}; use a smaller seed")
-    member.run.seed = cfg.run.seed + index
+    seed = member_seed(cfg, index)
+    check(seed <= MAX_SEED, f"run.seed: member {index} would run with seed {seed}, above {MAX_SEED}; use a smaller "
+                            f"seed")
+    member.run.seed = seed
     for key, column in p.values.items():
         setattr(member.algo, key.split(".", 1)[1], float(column[index]))
     if p.league.members:

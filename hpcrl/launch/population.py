@@ -17,7 +17,7 @@ import numpy as np
 
 from hpcrl.core.config import Config, ConfigError, to_yaml
 from hpcrl.core.config_population import explore_rules
-from hpcrl.core.members import member_config, member_name, member_role, starting_values
+from hpcrl.core.members import member_config, member_name, member_role, member_seed, starting_values
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.layout import Layout
 from hpcrl.core.league import snapshot_rule
@@ -107,7 +107,7 @@ class Population:
             member = LeagueMember(self.role_name, self.member, self.cfg.run.seed, trainer.num_params,
                                   self.cfg.algo.selfplay.pool, lg.keep, frames, lg.exploiter_reset,
                                   self.whole.population.ready_frames, saved=saved, initial=trainer.copy_params,
-                                  snapshot_win_rate=win_rate)
+                                  snapshot_win_rate=win_rate, restart_from_main=lg.restart == "main")
         except ValueError as exc:
             raise ConfigError(f"population.league: cannot resume member {self.member}'s league snapshots: {exc}; "
                               f"resume with the league's settings as they were, or start afresh with "
@@ -121,7 +121,10 @@ class Population:
         lg = self.league
         league = League(member_roles(lg.main, lg.main_exploiters, lg.league_exploiters), lg.keep,
                         self.whole.algo.selfplay.pool, lg.opponents, lg.payoff_decay)
-        return LeagueRoot(self.channel, league, rng, self.run_dir)
+        # each member's own seed: its own draws of whether it starts again (core/league.resets_after_snapshot)
+        restart = ([member_seed(self.whole, m) for m in range(lg.members)], lg.exploiter_reset) \
+            if lg.restart == "main" else None
+        return LeagueRoot(self.channel, league, rng, self.run_dir, restart)
 
     def rest(self, role) -> None:
         """After this member's run: its learner root serves the population until the farewell

@@ -152,8 +152,12 @@ def format_population(cfg: Config, world_size: int, node_of_rank: np.ndarray, me
              f"  the population root receives {reports:,.1f} reports/s ({p.members:,} members, one per "
              f"{p.ready_frames:,} frames of each, at {frames_per_second:,.0f} frames/s per member) and writes one "
              f"lineage row per report"]
-    if p.league.members:  # a league copies no member onto another
+    if p.league.members:  # a league copies no member onto another, but its exploiters may start again from one
         lines += _league_lines(cfg, reports, weights_bytes)
+        if p.league.restart == "main" and p.league.main_exploiters + p.league.league_exploiters:
+            lines.append(f"  an exploiter starts again from a main agent's state: a copy of {format_bytes(state_bytes)} "
+                         f"(weights, normalisers, Adam's state) from the main agent's learner root, at the "
+                         f"exploiter's first report after its snapshot")
     else:
         lines.append(f"  a copy (exploit) moves {format_bytes(state_bytes)} from one learner root to another (weights, "
                      f"normalisers, Adam's state), then to the member's other learners; up to "

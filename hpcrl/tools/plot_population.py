@@ -105,8 +105,9 @@ def plot_population(pop_dir: str, output: str, metric: str | None = None, smooth
     ax.set_xlabel("frames (the member's own)")
     ax.set_ylabel(curves[0].metric)
     late = f"; {len(exploits) - len(taken)} hollow: came after the member stopped" if len(taken) < len(exploits) else ""
-    if roles:  # a league copies no member; an exploiter that starts again drops to a new rating
-        ax.set_title("league: the exploiters start again from their initial weights after snapshots",
+    if roles:  # a league's only copies: exploiters that start again from a main agent (restart 'main')
+        ax.set_title("league: v, an exploiter started again from the main agent numbered" if len(exploits) else
+                     "league: the exploiters start again from their initial weights after snapshots",
                      fontsize="medium")
     else:
         ax.set_title(f"{len(taken)} exploits (v: took the state of the member numbered{late})", fontsize="medium")

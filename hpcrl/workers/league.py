@@ -4,7 +4,9 @@
   `snapshot_frames` of its training, into a ring a little larger than what the league keeps, so a
   snapshot the population root picked just before newer ones pushed it out of the league is still
   here to send. Each report tells the root the newest seq. Right after a snapshot
-  an exploiter may start again from its initial weights (core/league.resets_after_snapshot).
+  an exploiter may start again (core/league.resets_after_snapshot): from its initial weights, here
+  at once; or, with population.league.restart 'main', from a main agent's state, which the root
+  orders as a population's copy once the report tells it of the snapshot (`LeagueRoot`).
 - Slots. The K snapshots the member's policy holders play against (algo.selfplay.pool). The root
   orders each change: the snapshot's owner sends the weights to this learner root, over MPI in
   memory as a population's copies travel (runtime/member_copy.py); a snapshot of its own it copies
@@ -30,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from hpcrl.core.league import League, resets_after_snapshot, ring_size
+from hpcrl.core.league import MAIN, League, resets_after_snapshot, ring_size
 from hpcrl.core.seeds import seed_for
 
 # The population root's orders of a snapshot's move (after workers/population_root.py's):
@@ -50,10 +52,14 @@ WIN_RATE_GAMES = 100  # games a snapshot's win-rate rule waits for (population.l
 class LeagueMember:
     def __init__(self, role: str, member: int, run_seed: int, num_params: int, slots: int, keep: int,
                  snapshot_frames: int, exploiter_reset: float, ready_frames: int, saved: dict | None = None,
-                 initial: Callable[[np.ndarray], None] | None = None, snapshot_win_rate: float = 0.0):
+                 initial: Callable[[np.ndarray], None] | None = None, snapshot_win_rate: float = 0.0,
+                 restart_from_main: bool = False):
         """`saved`: what a checkpoint held (`saved_parts`); else `initial` copies the weights it
-        starts with into snapshot 0 (the ring: core/league.ring_size)."""
+        starts with into snapshot 0 (the ring: core/league.ring_size). `restart_from_main`
+        (population.league.restart 'main'): it never starts again by itself; the population root
+        orders a main agent's state to it instead (LeagueRoot.restart_parent)."""
         self.role, self.member, self.run_seed = role, member, run_seed
+        self.restart_from_main = restart_from_main
         self.snapshot_frames, self.exploiter_reset = snapshot_frames, exploiter_reset
         self.snapshot_win_rate = snapshot_win_rate
         self.since = np.zeros(3)  # (wins, draws, losses) against the slots since the last snapshot
@@ -83,7 +89,7 @@ class LeagueMember:
 
     def take_snapshot(self, fill: Callable[[np.ndarray], None], frames: int) -> bool:
         """Freeze the weights (`fill` copies them into a vector) as the next seq; whether the
-        member now starts again from its initial weights."""
+        member now starts again from its initial weights (with restart 'main', never here)."""
         self.seq += 1
         i = self.seq % len(self.ring)
         fill(self.ring[i])
@@ -91,8 +97,14 @@ class LeagueMember:
         self.since[:] = 0.0
         self.last_snapshot = frames
         self.next_snapshot = (frames // self.snapshot_frames + 1) * self.snapshot_frames
-        return self.seq > 0 and resets_after_snapshot(self.role, self.exploiter_reset, self.run_seed, self.member,
-                                                      self.seq)
+        return not self.restart_from_main and self.seq > 0 and resets_after_snapshot(
+            self.role, self.exploiter_reset, self.run_seed, self.member, self.seq)
+
+    def restarted(self, frames: int) -> None:
+        """It took a main agent's state (restart 'main'): the win-rate rule judges the copy from
+        here, not the games its own weights won before the copy came."""
+        self.since[:] = 0.0
+        self.last_snapshot = frames
 
     def snapshot(self, seq: int) -> np.ndarray:
         """Snapshot `seq`'s weights, to send. One already out of the ring (the root picked it
@@ -184,34 +196,58 @@ class LeagueRoot:
     SAVE_INTERVAL_S at most (its size grows with members x keep) and when the population ends; a
     resumed population reads it back."""
 
-    def __init__(self, channel, league: League, rng: np.random.Generator, run_dir: str):
+    def __init__(self, channel, league: League, rng: np.random.Generator, run_dir: str,
+                 restart: tuple[list[int], float] | None = None):
+        """`restart`: (each member's seed, exploiter_reset) where exploiters start again from a main
+        agent's state (population.league.restart 'main'): the root picks the main agent
+        (`restart_parent`) and the population root orders the copy."""
         self.channel, self.league, self.rng = channel, league, rng
+        self.restart = restart
         self.path = os.path.join(run_dir, STATE_FILE)
         self.write_failed = False
         self.saved_at = -SAVE_INTERVAL_S
         if os.path.exists(self.path):
             self._load()
 
-    def on_report(self, member: int, part: np.ndarray, ready: bool, holds_snapshots: bool) -> None:
+    def on_report(self, member: int, part: np.ndarray, ready: bool, holds_snapshots: bool) -> int | None:
         """A member's report, with its league part (`part`; none from a member complete before this
         launch, which holds no snapshots to send): read it, draw the member's slots anew after a
-        READY report, and save when due."""
+        READY report, and save when due. The main agent it now starts again from, if it does."""
         self.league.present[member] = holds_snapshots
+        parent = None
         if len(part):
-            self.report(member, part)
+            parent = self.restart_parent(member, self.report(member, part))
         if ready:
             self.match(member)
         self.save()
+        return parent
 
-    def report(self, member: int, part: np.ndarray) -> None:
-        """A member's report: its newest snapshot, what its slots hold, its games since the last."""
+    def report(self, member: int, part: np.ndarray) -> list[int]:
+        """A member's report: its newest snapshot, what its slots hold, its games since the last.
+        The seqs of its snapshots new to the league."""
         newest, slot_ids, games = parse_report_part(part, self.league.slots)
         if newest < self.league.newest[member]:
             self.league.rewind(member, newest)
-        self.league.add_snapshots(member, newest)
+        added = [self.league.snapshots[sid][1] for sid in self.league.add_snapshots(member, newest)]
         self.league.assigned[member] = slot_ids  # the member's own word (a resumed member's, from its checkpoint)
         for sid, wins, draws, losses in games:
             self.league.record(member, int(sid), wins, draws, losses)
+        return added
+
+    def restart_parent(self, member: int, seqs: list[int]) -> int | None:
+        """With restart 'main': after a new snapshot that starts the exploiter `member` again
+        (core/league.resets_after_snapshot), the main agent it starts again from, the present
+        one whose newest snapshot it beats least (the first on a tie); None otherwise."""
+        if self.restart is None:
+            return None
+        seeds, probability = self.restart
+        role = self.league.roles[member]
+        if not any(resets_after_snapshot(role, probability, seeds[member], member, seq) for seq in seqs if seq > 0):
+            return None
+        mains = [m for m, r in enumerate(self.league.roles) if r == MAIN and self.league.present[m]]
+        newest = {s: sid for sid, s in self.league.snapshots.items()}
+        rates = [self.league.win_rate(member, newest.get((m, int(self.league.newest[m])), -1)) for m in mains]
+        return mains[int(np.argmin(rates))] if mains else None
 
     def match(self, member: int) -> None:
         """Draw the member's slots anew and order the moves of the snapshots that change."""

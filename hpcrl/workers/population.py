@@ -150,6 +150,8 @@ class MemberLink:
                                    dict(zip(self.live, (float(v) for v in order[2:]))))
                 self._ready_from(trainer.frames)
                 self.taken += 1
+                if self.league is not None:  # an exploiter's start again from a main agent (restart 'main')
+                    self.league.restarted(trainer.frames)
             elif kind in SNAPSHOT_ORDERS:
                 self._serve_snapshot(order)
             elif kind == END_ROUND:

@@ -81,8 +81,9 @@ class Decider:
             if taken >= 0:  # (a member complete before this launch knows none of its values)
                 # the member's own word: a resumed member's come from its checkpoint
                 self.hyper[member] = v[6:hyper_end]
+            restart = None  # a league exploiter that starts again from a main agent's state: the main agent
             if self.league is not None:  # its snapshots and games; after READY, its slots drawn anew
-                self.league.on_report(member, v[hyper_end:], ready=kind == READY, holds_snapshots=taken >= 0)
+                restart = self.league.on_report(member, v[hyper_end:], ready=kind == READY, holds_snapshots=taken >= 0)
             self.seen[member] = True
             if kind == READY and self.synchronous:
                 self._wait_for_round(member, frames, fitness)
@@ -90,6 +91,8 @@ class Decider:
                 self._judge(member, frames, fitness)
             else:
                 self._stopped(member, frames, fitness, taken, preempted)
+            if restart is not None and not self.stopped[member]:
+                self._restart(member, restart, frames, fitness)
             work += 1
         if self.synchronous and not self.aborting and self.waiting.any() and (self.waiting | self.stopped).all():
             self._end_round()
@@ -142,15 +145,26 @@ class Decider:
             return
         new = explore(dict(zip(self.live, self.hyper[parent])), self.rules, self.rng)
         self.hyper[member] = [new[k] for k in self.live]
+        self._copy(member, parent, frames, fitness)
+        if math.isnan(fitness):  # (a failed member, as far as the population can tell: said once more here)
+            print(f"[hpcrl] population: member {member}'s fitness is NaN at {frames:,} frames (its training "
+                  f"diverged, or none of its episodes ended since its start or last copy): reset from member "
+                  f"{parent}", flush=True)
+
+    def _copy(self, member: int, parent: int, frames: int, fitness: float) -> None:
+        """Order the copy of `parent`'s state onto `member`, with `member`'s hyperparameters as
+        they now are, and write it in the lineage as an exploit."""
         self.known[member] = False  # judged again after its next ready_frames, as the copy it now is
         self.channel.order(parent, [SEND, member])
         self.channel.order(member, [RECEIVE, parent, *self.hyper[member]])
         self.copies[member].append(parent)
         self._record(EXPLOIT, member, parent, frames, fitness, float(self.fitness[parent]))
-        if math.isnan(fitness):  # (a failed member, as far as the population can tell: said once more here)
-            print(f"[hpcrl] population: member {member}'s fitness is NaN at {frames:,} frames (its training "
-                  f"diverged, or none of its episodes ended since its start or last copy): reset from member "
-                  f"{parent}", flush=True)
+
+    def _restart(self, member: int, parent: int, frames: int, fitness: float) -> None:
+        """A league exploiter starts again from main agent `parent`'s state (population.league.
+        restart 'main'; workers/league.LeagueRoot decides): a copy as an exploit's, but it keeps
+        its own hyperparameters."""
+        self._copy(member, parent, frames, fitness)
 
     # --- in rounds ----------------------------------------------------------------------------------
     def _wait_for_round(self, member: int, frames: int, fitness: float) -> None:

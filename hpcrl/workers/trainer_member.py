@@ -75,6 +75,9 @@ class MemberParts:
         if self.root and adoption.parent < 0:
             print(f"[hpcrl{self.files.label}] league: started again from its initial weights at {self.frames:,} "
                   f"frames, after its snapshot", flush=True)
+        elif self.root and self.population is not None and self.population.league is not None:
+            print(f"[hpcrl{self.files.label}] league: started again from main agent {adoption.parent}'s state at "
+                  f"{self.frames:,} frames, after its snapshot", flush=True)
         elif self.root:
             changed = [f"algo.{k} {before[k]:.4g} -> {v:.4g}" for k, v in adoption.hyperparameters.items()
                        if v != before[k]]
