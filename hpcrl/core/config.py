@@ -2,8 +2,9 @@
 
 Pure Python (no MPI, no torch): every rank can validate a config, and `hpcrl plan` works on a
 laptop. Each field carries its meaning in `metadata["doc"]`; the YAML keys are the field names.
-The roles table (config_roles.py), env (config_env.py), DQN (config_dqn.py), self-play
-(config_selfplay.py) and population (config_population.py) sections have modules of their own,
+The roles table (config_roles.py), env (config_env.py), model (config_model.py), DQN
+(config_dqn.py), self-play (config_selfplay.py) and population (config_population.py) sections
+have modules of their own,
 with the helpers in config_base.py; this module assembles the whole Config, checks what crosses
 sections, and loads it.
 """
@@ -27,21 +28,17 @@ from hpcrl.core.config_env import (ENV_BACKENDS, ENV_PRESETS, MAX_FRAME_SIZE, MA
                                    MAX_NUM_ENVS, AtariConfig, EnvConfig, validate_env)
 from hpcrl.core.config_roles import (DEFAULT_MAX_ENV_RANKS, DEFAULT_RANKS, DEVICES, REST,  # noqa: F401
                                      ROLE_NAMES, RoleSpec, RolesConfig, validate_roles)
+from hpcrl.core.config_model import ModelConfig, validate_model
 from hpcrl.core.config_population import PopulationConfig, validate_population
 from hpcrl.core.config_selfplay import SelfPlayConfig, validate_selfplay
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.policies import check_table
 
-ENCODERS = ("auto", "mlp", "cnn", "grid")
-GRID_POLICIES = ("mlp", "columns", "cells")
-CORES = ("none", "lstm", "gru")
 # Sizes a run allocates from before `hpcrl plan`'s memory estimate can be made (core/sizing.py
 # memory_problem bounds their products against run.memory_limit_gib): far above any real run;
 # env.num_envs and the Atari frames are bounded in config_env.py
 MAX_SEED = 2**63 - 1  # numpy's SeedSequence takes seeds >= 0, torch.manual_seed < 2**64; int64 stores it
 MAX_ROLLOUT_LENGTH = 65_536
-MAX_LAYERS, MAX_WIDTH = 64, 65_536  # model.hidden_sizes, model.core_size
-MAX_KERNEL = 64  # model.grid_convs: boards are small
 INT64 = 2**63  # config integers fit int64, as numpy and torch take them: no count needs more
 
 
@@ -133,44 +130,6 @@ class AlgoConfig:
     replay: ReplayConfig = doc("DQN, SAC and TD3: the prioritized replay shards", default_factory=ReplayConfig)
     selfplay: SelfPlayConfig = doc("multi-agent games: self-play against a pool of frozen past versions",
                                    default_factory=SelfPlayConfig)
-
-
-@dataclass
-class ModelConfig:
-    """The actor-critic network."""
-
-    hidden_sizes: list = doc("widths of the hidden layers of the actor and of the critic MLPs (MLP encoder)",
-                             default_factory=lambda: [64, 64])
-    activation: str = doc("'tanh' or 'relu' (MLP encoder)", default="tanh")
-    encoder: str = doc("'mlp' (flattened observations; separate actor and critic MLPs), 'cnn' (the Nature CNN "
-                       "of Mnih et al. 2015 over channel-first [C, H, W] frame stacks, one trunk for both heads; "
-                       "uint8 frames are scaled by 1/255), 'grid' (small boards as channel-last [H, W, C] planes, "
-                       "as PettingZoo's classic games give: the convolutions of grid_convs, then an MLP of "
-                       "hidden_sizes; one trunk for both heads) or 'auto' (cnn for 3-D observations, mlp otherwise)",
-                       default="auto")
-    grid_convs: list = doc("the grid encoder's convolutions, in order: [channels, kernel] keeps the board's size "
-                           "('same' padding: a piece's neighbours are what matter, and a small board has no room to "
-                           "stride); [channels, kernel, valid] leaves the padding out, so each output reads one "
-                           "kernel x kernel window of the board (connect four: [128, 4, valid], a detector per "
-                           "window that every line of four fits in); ReLU after each",
-                           default_factory=lambda: [[32, 3], [32, 3]])
-    grid_policy: str = doc("the grid encoder's policy head: 'mlp' (a linear layer over the MLP after the "
-                           "convolutions, which the critic shares), 'columns' (a logit per board column: a 1x1 "
-                           "convolution over the convolutions' map, log-sum-exp down each column; connect four, "
-                           "whose actions are its columns) or 'cells' (a logit per cell, row-major: tic-tac-toe). "
-                           "These read the map itself, so a pattern learned at one place is known at every place; "
-                           "the critic then has an MLP of hidden_sizes of its own. They need a map of the board's "
-                           "width (columns) or one cell per action (cells): 'same' convolutions. Actor-critic "
-                           "algorithms without a recurrent core", default="mlp")
-    obs_norm: bool = doc("normalise observations by a running mean and variance (clipped to +-10), kept in "
-                         "the model, updated by the learners from every update's batch", default=False)
-    core: str = doc("'none' (feed-forward), 'lstm' or 'gru': a recurrent core between the encoder and the "
-                    "heads (the MLP encoder is then one shared trunk). Policy servers keep each env's hidden "
-                    "state and reset it at episode ends; PPO/APPO train each fragment as a sequence "
-                    "(truncated BPTT at algo.rollout_length; MAPPO/IPPO: a state per agent row), DQN stored "
-                    "sequences (R2D2: algo.dqn.sequence_length, burn_in, sequence_period, priority_eta)",
-                    default="none")
-    core_size: int = doc("hidden size of the recurrent core (model.core: lstm or gru)", default=128)
 
 
 @dataclass
@@ -342,42 +301,11 @@ def validate(cfg: Config) -> None:
     _check(a.num_minibatches <= batch_per_env_rank,
            f"algo.num_minibatches: {a.num_minibatches} minibatches cannot be cut from one fragment of "
            f"{batch_per_env_rank} frames (rollout_length x env.num_envs); use at most {batch_per_env_rank}")
-    _check(1 <= len(m.hidden_sizes) <= MAX_LAYERS
-           and all(_whole(h, MAX_WIDTH) for h in m.hidden_sizes),
-           lambda: f"model.hidden_sizes: expected a list of 1 to {MAX_LAYERS} widths, each 1 to {MAX_WIDTH:,}, "
-                   f"got {shown(m.hidden_sizes)}")
-    _check(1 <= len(m.grid_convs) <= MAX_LAYERS and all(_grid_conv(c) for c in m.grid_convs),
-           lambda: f"model.grid_convs: expected a list of 1 to {MAX_LAYERS} convolutions, each [channels, kernel] "
-                   f"or [channels, kernel, valid] with channels 1 to {MAX_WIDTH:,} and kernel 1 to {MAX_KERNEL}, "
-                   f"got {shown(m.grid_convs)}")
-    _check(m.activation in ("tanh", "relu"), f"model.activation: expected 'tanh' or 'relu', got {m.activation!r}")
-    _check(m.encoder in ENCODERS, f"model.encoder: expected one of {', '.join(ENCODERS)}, got {m.encoder!r}")
-    _check(m.core in CORES, f"model.core: expected one of {', '.join(CORES)}, got {m.core!r}")
-    _check(m.grid_policy in GRID_POLICIES,
-           f"model.grid_policy: expected one of {', '.join(GRID_POLICIES)}, got {m.grid_policy!r}")
-    _check(m.grid_policy == "mlp" or (m.encoder == "grid" and m.core == "none"),
-           f"model.grid_policy: {m.grid_policy} reads the grid encoder's map, so it needs model.encoder: grid and "
-           f"model.core: none (got encoder {m.encoder!r}, core {m.core!r}); or use grid_policy: mlp")
-    trains = ALGORITHMS[a.name].policy
-    _check(m.grid_policy == "mlp" or trains not in ("q", "sac", "td3"),
-           f"model.grid_policy: {m.grid_policy} is an actor-critic's policy head, and {a.name} trains a "
-           f"{'Q-network' if trains == 'q' else 'continuous actor'}; use grid_policy: mlp")
-    _check(1 <= m.core_size <= MAX_WIDTH, f"model.core_size: expected 1 to {MAX_WIDTH:,}, got {m.core_size}")
+    validate_model(m, a.name, ALGORITHMS[a.name].policy)
     _check(m.core == "none" or a.name == "dqn" or a.num_minibatches <= e.num_envs,
            f"algo.num_minibatches: a recurrent core's minibatches are whole sequences of whole envs (a fragment's "
            f"columns of one env: its agents, for PettingZoo envs), so at most env.num_envs ({e.num_envs}) of "
            f"them, got {a.num_minibatches}")
-
-
-def _whole(x: Any, top: int) -> bool:
-    """Whether `x` is a whole number from 1 to `top` (a width, a channel count, a kernel)."""
-    return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= top
-
-
-def _grid_conv(conv: Any) -> bool:
-    """Whether `conv` is one of model.grid_convs: [channels, kernel] or [channels, kernel, padding]."""
-    return (isinstance(conv, list) and len(conv) in (2, 3) and _whole(conv[0], MAX_WIDTH)
-            and _whole(conv[1], MAX_KERNEL) and conv[2:] in ([], ["same"], ["valid"]))
 
 
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:
