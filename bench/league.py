@@ -142,10 +142,7 @@ def references(games: int = 2 * GAMES, seed: int = 0) -> dict:
     """What 80% against the one-step player takes: the win rates of the two tacticians against it
     in PettingZoo's own game, the seats alternating."""
     from pettingzoo.classic import connect_four_v3
-    from tests.anchors import one_step_lookahead
-
-    def one_step(board, mask, rng):
-        return int(one_step_lookahead(board.reshape(1, -1), mask[None], rng)[0])
+    from tests.anchors import one_step_move as one_step
     rng, env, out = np.random.default_rng(seed), connect_four_v3.env(), {}
     for name, player in (("tactics, else uniform", tactician(False)),
                          ("tactics, else towards the centre", tactician(True))):
