@@ -58,11 +58,11 @@ class LeagueConfig:
     exploiter_reset: float = doc("probability that a league exploiter starts again (restart says from what) at "
                                  "one of its snapshots (AlphaStar's 0.25)", default=0.25)
     restart: str = doc("what an exploiter starts again from after its snapshot: 'initial', the weights it was "
-                       "built with, or 'main', the state of the main agent whose newest snapshot it beats least "
-                       "(weights, optimizer and normalisers, copied over MPI at the exploiter's next report, as a "
-                       "population's copies; its hyperparameters stay its own). AlphaStar's exploiters start again "
-                       "from a supervised agent: 'main' is the nearest here, a player that knows the game, so a "
-                       "new exploiter has something to learn against a strong main agent", default="initial")
+                       "built with, or 'main', the newest snapshot of the main agent it beats least (its weights "
+                       "and normalisers, moved over MPI as a slot's at the exploiter's next report; a fresh "
+                       "optimizer either way). AlphaStar's exploiters start again from a supervised agent: 'main' "
+                       "is the nearest here, a player that knows the game, so a new exploiter starts even with a "
+                       "strong main agent and learns what beats it", default="initial")
 
     @property
     def members(self) -> int:

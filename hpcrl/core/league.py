@@ -8,8 +8,9 @@ A league is a population whose members play each other's frozen snapshots. Each 
 - league exploiters play the whole league by PFSP, as main agents do, to find what no snapshot
   beats; they start again with probability `exploiter_reset` at each of their own snapshots.
 An exploiter starts again from its initial weights, or (population.league.restart 'main') from the
-state of the main agent it beats least: AlphaStar's start from a supervised agent, a player that
-knows the game; from random weights an exploiter learns nothing against a strong main agent.
+newest snapshot of the main agent it beats least: AlphaStar's start from a supervised agent, a
+player that knows the game; from random weights an exploiter learns nothing against a strong main
+agent, while from the main agent's snapshot it starts even and learns what beats it.
 A snapshot is a member's weights frozen by its role's rule (`snapshot_rule`): every `snapshot_frames`
 of a main agent's training; an exploiter's at its own interval, or earlier once it beats its
 opponents often enough. Its owner keeps its last `keep`, and those are the league. Each member's

@@ -32,7 +32,9 @@ PFSP_WEIGHTINGS = ("hard", "variance", "uniform")
 # `parent`'s state; `fitness` is its own before, `parent_fitness` the parent's), its stop, and
 # an exploit cancelled: ordered, but the member had stopped (its last checkpoint written) before
 # it could take it, so it never did (the row names the member and the parent of that exploit).
-START, JUDGED, EXPLOIT, STOPPED, CANCELLED = 0, 1, 2, 3, 4
+# In a league, a restart: an exploiter starts again from the newest snapshot of main agent `parent`
+# (population.league.restart 'main'; ordered, taken unless the exploiter had stopped).
+START, JUDGED, EXPLOIT, STOPPED, CANCELLED, RESTART = 0, 1, 2, 3, 4, 5
 LINEAGE_KEYS = ("time_s", "event", "member", "parent", "frames", "fitness", "parent_fitness")
 
 

@@ -155,9 +155,8 @@ def format_population(cfg: Config, world_size: int, node_of_rank: np.ndarray, me
     if p.league.members:  # a league copies no member onto another, but its exploiters may start again from one
         lines += _league_lines(cfg, reports, weights_bytes)
         if p.league.restart == "main" and p.league.main_exploiters + p.league.league_exploiters:
-            lines.append(f"  an exploiter starts again from a main agent's state: a copy of {format_bytes(state_bytes)} "
-                         f"(weights, normalisers, Adam's state) from the main agent's learner root, at the "
-                         f"exploiter's first report after its snapshot")
+            lines.append(f"  an exploiter starts again from a main agent's newest snapshot: {format_bytes(weights_bytes)} "
+                         f"from the main agent's learner root, at the exploiter's first report after its snapshot")
     else:
         lines.append(f"  a copy (exploit) moves {format_bytes(state_bytes)} from one learner root to another (weights, "
                      f"normalisers, Adam's state), then to the member's other learners; up to "

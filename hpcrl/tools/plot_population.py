@@ -13,7 +13,7 @@ import numpy as np
 
 from hpcrl.core.config_population import MAX_MEMBERS
 from hpcrl.core.league import member_roles
-from hpcrl.core.population import EXPLOIT, LINEAGE_KEYS, exploits_taken
+from hpcrl.core.population import EXPLOIT, LINEAGE_KEYS, RESTART, exploits_taken
 from hpcrl.io.metrics import read_metrics
 from hpcrl.io.rundir import METRICS_FILE
 from hpcrl.tools.inspect import RunDirError, load_config_dict
@@ -92,6 +92,9 @@ def plot_population(pop_dir: str, output: str, metric: str | None = None, smooth
     ax = axes[0][0]
     exploits = np.flatnonzero(lineage["event"] == EXPLOIT)
     taken = set(exploits_taken(lineage["event"], lineage["member"], lineage["parent"]).tolist())
+    restarts = np.flatnonzero(lineage["event"] == RESTART)  # a league's: from a main agent's snapshot
+    exploits = np.sort(np.concatenate([exploits, restarts]))
+    taken |= set(restarts.tolist())
     roles = league_roles(pop_dir)
     for m, curve in zip(members, curves):
         label = f"member {m}" + (f" ({roles[m].replace('_', ' ')})" if m < len(roles) else "")
@@ -105,8 +108,9 @@ def plot_population(pop_dir: str, output: str, metric: str | None = None, smooth
     ax.set_xlabel("frames (the member's own)")
     ax.set_ylabel(curves[0].metric)
     late = f"; {len(exploits) - len(taken)} hollow: came after the member stopped" if len(taken) < len(exploits) else ""
-    if roles:  # a league's only copies: exploiters that start again from a main agent (restart 'main')
-        ax.set_title("league: v, an exploiter started again from the main agent numbered" if len(exploits) else
+    if roles:  # a league copies no member; with restart 'main' an exploiter starts again from a main's snapshot
+        ax.set_title("league: v, an exploiter started again from a snapshot of the main agent numbered"
+                     if len(restarts) else
                      "league: the exploiters start again from their initial weights after snapshots",
                      fontsize="medium")
     else:

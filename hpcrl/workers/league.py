@@ -5,8 +5,8 @@
   snapshot the population root picked just before newer ones pushed it out of the league is still
   here to send. Each report tells the root the newest seq. Right after a snapshot
   an exploiter may start again (core/league.resets_after_snapshot): from its initial weights, here
-  at once; or, with population.league.restart 'main', from a main agent's state, which the root
-  orders as a population's copy once the report tells it of the snapshot (`LeagueRoot`).
+  at once; or, with population.league.restart 'main', from a main agent's newest snapshot, which
+  the root orders moved once the report tells it of the snapshot (`LeagueRoot.restart_parent`).
 - Slots. The K snapshots the member's policy holders play against (algo.selfplay.pool). The root
   orders each change: the snapshot's owner sends the weights to this learner root, over MPI in
   memory as a population's copies travel (runtime/member_copy.py); a snapshot of its own it copies
@@ -37,9 +37,10 @@ from hpcrl.core.seeds import seed_for
 
 # The population root's orders of a snapshot's move (after workers/population_root.py's):
 # [SNAPSHOT_SEND, to member, seq] to the owner; [SNAPSHOT_RECEIVE, from owner, slot, snapshot id] to
-# the member; [SNAPSHOT_LOCAL, slot, snapshot id, seq] to a member given a snapshot of its own.
-SNAPSHOT_SEND, SNAPSHOT_RECEIVE, SNAPSHOT_LOCAL = 6.0, 7.0, 8.0
-SNAPSHOT_ORDERS = (SNAPSHOT_SEND, SNAPSHOT_RECEIVE, SNAPSHOT_LOCAL)
+# the member; [SNAPSHOT_LOCAL, slot, snapshot id, seq] to a member given a snapshot of its own;
+# [SNAPSHOT_RESTART, from owner, snapshot id] to an exploiter that starts again from it.
+SNAPSHOT_SEND, SNAPSHOT_RECEIVE, SNAPSHOT_LOCAL, SNAPSHOT_RESTART = 6.0, 7.0, 8.0, 9.0
+SNAPSHOT_ORDERS = (SNAPSHOT_SEND, SNAPSHOT_RECEIVE, SNAPSHOT_LOCAL)  # (a restart's is served apart: it adopts)
 STATE_FILE = "league_state.json"
 MAX_STATE_BYTES = 64 * 2**20
 SAVE_INTERVAL_S = 10.0  # the league's state is written at most this often (and when the population ends)
@@ -57,7 +58,7 @@ class LeagueMember:
         """`saved`: what a checkpoint held (`saved_parts`); else `initial` copies the weights it
         starts with into snapshot 0 (the ring: core/league.ring_size). `restart_from_main`
         (population.league.restart 'main'): it never starts again by itself; the population root
-        orders a main agent's state to it instead (LeagueRoot.restart_parent)."""
+        orders a main agent's newest snapshot to it instead (LeagueRoot.restart_parent)."""
         self.role, self.member, self.run_seed = role, member, run_seed
         self.restart_from_main = restart_from_main
         self.snapshot_frames, self.exploiter_reset = snapshot_frames, exploiter_reset
@@ -72,6 +73,7 @@ class LeagueMember:
         self.seq, self.next_snapshot = -1, 0
         self.games: dict[int, np.ndarray] = {}  # snapshot id -> (wins, draws, losses) since the last report
         self._warned = False
+        self._restart = None  # restart 'main': the received snapshot (restart_weights)
         if saved:
             self.restore(saved)
         else:
@@ -100,9 +102,15 @@ class LeagueMember:
         return not self.restart_from_main and self.seq > 0 and resets_after_snapshot(
             self.role, self.exploiter_reset, self.run_seed, self.member, self.seq)
 
+    def restart_weights(self) -> np.ndarray:
+        """Where a main agent's snapshot to start again from is received (restart 'main')."""
+        if self._restart is None:
+            self._restart = np.zeros_like(self.slot_params[0])
+        return self._restart
+
     def restarted(self, frames: int) -> None:
-        """It took a main agent's state (restart 'main'): the win-rate rule judges the copy from
-        here, not the games its own weights won before the copy came."""
+        """It started again from a main agent's snapshot (restart 'main'): the win-rate rule judges
+        the new weights from here, not the games its old ones won before the snapshot came."""
         self.since[:] = 0.0
         self.last_snapshot = frames
 
@@ -211,12 +219,16 @@ class LeagueRoot:
 
     def on_report(self, member: int, part: np.ndarray, ready: bool, holds_snapshots: bool) -> int | None:
         """A member's report, with its league part (`part`; none from a member complete before this
-        launch, which holds no snapshots to send): read it, draw the member's slots anew after a
-        READY report, and save when due. The main agent it now starts again from, if it does."""
+        launch, which holds no snapshots to send): read it; after a READY report, order the
+        exploiter's start again from a main agent's newest snapshot where its snapshot calls for
+        it, and draw its slots anew; save when due. The main agent it starts again from, if any."""
         self.league.present[member] = holds_snapshots
-        parent = None
-        if len(part):
-            parent = self.restart_parent(member, self.report(member, part))
+        added = self.report(member, part) if len(part) else []
+        parent = self.restart_parent(member, added) if ready else None
+        if parent is not None:  # the pair back to back, as a slot's move
+            seq = int(self.league.newest[parent])
+            self.channel.order(parent, [SNAPSHOT_SEND, member, seq])
+            self.channel.order(member, [SNAPSHOT_RESTART, parent, self._snapshot_id(parent, seq)])
         if ready:
             self.match(member)
         self.save()
@@ -245,9 +257,12 @@ class LeagueRoot:
         if not any(resets_after_snapshot(role, probability, seeds[member], member, seq) for seq in seqs if seq > 0):
             return None
         mains = [m for m, r in enumerate(self.league.roles) if r == MAIN and self.league.present[m]]
-        newest = {s: sid for sid, s in self.league.snapshots.items()}
-        rates = [self.league.win_rate(member, newest.get((m, int(self.league.newest[m])), -1)) for m in mains]
+        rates = [self.league.win_rate(member, self._snapshot_id(m, int(self.league.newest[m]))) for m in mains]
         return mains[int(np.argmin(rates))] if mains else None
+
+    def _snapshot_id(self, owner: int, seq: int) -> int:
+        """The id of owner's snapshot `seq` in the league (-1: none kept)."""
+        return next((sid for sid, s in self.league.snapshots.items() if s == (owner, seq)), -1)
 
     def match(self, member: int) -> None:
         """Draw the member's slots anew and order the moves of the snapshots that change."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from hpcrl.core.stop import StopReason
 from hpcrl.runtime.member_copy import MemberState, PopulationChannel, receive_state, send_state
-from hpcrl.workers.league import SNAPSHOT_ORDERS, SNAPSHOT_RECEIVE, SNAPSHOT_SEND, LeagueMember
+from hpcrl.workers.league import SNAPSHOT_ORDERS, SNAPSHOT_RECEIVE, SNAPSHOT_RESTART, SNAPSHOT_SEND, LeagueMember
 from hpcrl.workers.population_root import ABORT, DONE, END_ROUND, READY, RECEIVE, SEND, Decider
 
 NAN_PATIENCE = 3  # ready_frames a member with no finished episode waits for one before it is judged
@@ -85,7 +85,7 @@ class MemberLink:
         if self.league is not None and not code:
             self.league.add_games(trainer.stats.pool_games)
             if self.league.snapshot_due(frames) and self.league.take_snapshot(trainer.copy_params, frames):
-                reset = trainer.reset_to_initial()  # an exploiter starts again (core/league.py)
+                reset = trainer.reset_to()  # an exploiter starts again from its initial weights (core/league.py)
         if code and not self.stopped:
             self.report(DONE, trainer, frames, fitness, preempted=code == StopReason.PREEMPTED)
             self.stopped = True
@@ -150,8 +150,8 @@ class MemberLink:
                                    dict(zip(self.live, (float(v) for v in order[2:]))))
                 self._ready_from(trainer.frames)
                 self.taken += 1
-                if self.league is not None:  # an exploiter's start again from a main agent (restart 'main')
-                    self.league.restarted(trainer.frames)
+            elif kind == SNAPSHOT_RESTART:
+                adopted = self._restart(trainer, int(order[1])) or adopted
             elif kind in SNAPSHOT_ORDERS:
                 self._serve_snapshot(order)
             elif kind == END_ROUND:
@@ -162,6 +162,17 @@ class MemberLink:
                 self.farewell = True
             self.pause_s += time.perf_counter() - start
         return adopted
+
+    def _restart(self, trainer, owner: int) -> Adoption | None:
+        """An exploiter starts again from main agent `owner`'s newest snapshot (population.league.
+        restart 'main'): its weights and normalisers, a fresh optimizer and step state, as a start
+        again from its initial weights. Once stopped, received and dropped."""
+        weights = self.league.restart_weights()
+        receive_state(self.channel.comm, MemberState([weights]), owner)
+        if self.stopped:
+            return None
+        self.league.restarted(trainer.frames)
+        return trainer.reset_to(weights, owner)
 
     def _serve_snapshot(self, order: np.ndarray) -> None:
         """A league snapshot's move: send one of this member's, take one into a slot, or copy

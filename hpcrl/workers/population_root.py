@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-from hpcrl.core.population import (CANCELLED, EXPLOIT, JUDGED, LINEAGE_KEYS, START, STOPPED, ExploreRule,
-                                   exploit_parent, explore)
+from hpcrl.core.population import (CANCELLED, EXPLOIT, JUDGED, LINEAGE_KEYS, RESTART, START, STOPPED,
+                                   ExploreRule, exploit_parent, explore)
 from hpcrl.io.metrics import MetricsWriter
 from hpcrl.runtime.member_copy import PopulationChannel
 
@@ -81,7 +81,7 @@ class Decider:
             if taken >= 0:  # (a member complete before this launch knows none of its values)
                 # the member's own word: a resumed member's come from its checkpoint
                 self.hyper[member] = v[6:hyper_end]
-            restart = None  # a league exploiter that starts again from a main agent's state: the main agent
+            restart = None  # the main agent whose newest snapshot a league exploiter now starts again from
             if self.league is not None:  # its snapshots and games; after READY, its slots drawn anew
                 restart = self.league.on_report(member, v[hyper_end:], ready=kind == READY, holds_snapshots=taken >= 0)
             self.seen[member] = True
@@ -91,8 +91,8 @@ class Decider:
                 self._judge(member, frames, fitness)
             else:
                 self._stopped(member, frames, fitness, taken, preempted)
-            if restart is not None and not self.stopped[member]:
-                self._restart(member, restart, frames, fitness)
+            if restart is not None:  # (ordered by the league: the lineage says so)
+                self._record(RESTART, member, restart, frames, fitness, float(self.fitness[restart]))
             work += 1
         if self.synchronous and not self.aborting and self.waiting.any() and (self.waiting | self.stopped).all():
             self._end_round()
@@ -145,26 +145,15 @@ class Decider:
             return
         new = explore(dict(zip(self.live, self.hyper[parent])), self.rules, self.rng)
         self.hyper[member] = [new[k] for k in self.live]
-        self._copy(member, parent, frames, fitness)
-        if math.isnan(fitness):  # (a failed member, as far as the population can tell: said once more here)
-            print(f"[hpcrl] population: member {member}'s fitness is NaN at {frames:,} frames (its training "
-                  f"diverged, or none of its episodes ended since its start or last copy): reset from member "
-                  f"{parent}", flush=True)
-
-    def _copy(self, member: int, parent: int, frames: int, fitness: float) -> None:
-        """Order the copy of `parent`'s state onto `member`, with `member`'s hyperparameters as
-        they now are, and write it in the lineage as an exploit."""
         self.known[member] = False  # judged again after its next ready_frames, as the copy it now is
         self.channel.order(parent, [SEND, member])
         self.channel.order(member, [RECEIVE, parent, *self.hyper[member]])
         self.copies[member].append(parent)
         self._record(EXPLOIT, member, parent, frames, fitness, float(self.fitness[parent]))
-
-    def _restart(self, member: int, parent: int, frames: int, fitness: float) -> None:
-        """A league exploiter starts again from main agent `parent`'s state (population.league.
-        restart 'main'; workers/league.LeagueRoot decides): a copy as an exploit's, but it keeps
-        its own hyperparameters."""
-        self._copy(member, parent, frames, fitness)
+        if math.isnan(fitness):  # (a failed member, as far as the population can tell: said once more here)
+            print(f"[hpcrl] population: member {member}'s fitness is NaN at {frames:,} frames (its training "
+                  f"diverged, or none of its episodes ended since its start or last copy): reset from member "
+                  f"{parent}", flush=True)
 
     # --- in rounds ----------------------------------------------------------------------------------
     def _wait_for_round(self, member: int, frames: int, fitness: float) -> None:
