@@ -96,12 +96,13 @@ def plot_population(pop_dir: str, output: str, metric: str | None = None, smooth
     exploits = np.sort(np.concatenate([exploits, restarts]))
     taken |= set(restarts.tolist())
     roles = league_roles(pop_dir)
+    drawn = [smooth(curve.values, smoothing) for curve in curves]
     for m, curve in zip(members, curves):
         label = f"member {m}" + (f" ({roles[m].replace('_', ' ')})" if m < len(roles) else "")
-        ax.plot(curve.frames, smooth(curve.values, smoothing), color=f"C{m % 10}", label=label, lw=1.2)
-    for i in exploits:  # where the member took another's state: a marker in its colour, the parent's number
-        m, frames = int(lineage["member"][i]), lineage["frames"][i]
-        y = np.interp(frames, curves[m].frames, curves[m].values)
+        ax.plot(curve.frames, drawn[m], color=f"C{m % 10}", label=label, lw=1.2)
+    for i in exploits:  # where the member took another's state: a marker in its colour, on its drawn curve,
+        m, frames = int(lineage["member"][i]), lineage["frames"][i]  # the parent's number above
+        y = np.interp(frames, curves[m].frames, drawn[m])
         ax.plot(frames, y, marker="v", color=f"C{m % 10}" if i in taken else "none", markeredgecolor="black", ms=7)
         ax.annotate(str(int(lineage["parent"][i])), (frames, y), textcoords="offset points", xytext=(0, 6),
                     ha="center", fontsize=7)
@@ -109,7 +110,7 @@ def plot_population(pop_dir: str, output: str, metric: str | None = None, smooth
     ax.set_ylabel(curves[0].metric)
     late = f"; {len(exploits) - len(taken)} hollow: came after the member stopped" if len(taken) < len(exploits) else ""
     if roles:  # a league copies no member; with restart 'main' an exploiter starts again from a main's snapshot
-        ax.set_title("league: v, an exploiter started again from a snapshot of the main agent numbered"
+        ax.set_title("league: v, an exploiter's start again from main agent N's snapshot"
                      if len(restarts) else
                      "league: the exploiters start again from their initial weights after snapshots",
                      fontsize="medium")
