@@ -113,6 +113,10 @@ def test_with_restart_main_an_exploiter_starts_again_from_the_main_agent_it_beat
     assert 0 < len(resets) < 39
     assert [s for s in range(1, 40) if root.restart_parent(3, [s]) is not None] == resets
     assert LeagueRoot(None, league, np.random.default_rng(0), str(tmp_path)).restart_parent(2, [1]) is None
+    # a report of two new snapshots where the league keeps one: both are new seqs, though one left already
+    small = LeagueRoot(None, League(ROLES, keep=1, slots=2), np.random.default_rng(0), str(tmp_path / "keep1"))
+    assert small.report(1, np.array([2.0, -1.0, -1.0])) == [1, 2]
+    assert small.report(1, np.array([2.0, -1.0, -1.0])) == []
 
 
 def test_a_member_that_restarts_from_a_main_agent_never_resets_itself_and_judges_the_copy_afresh():

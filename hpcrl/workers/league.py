@@ -240,7 +240,9 @@ class LeagueRoot:
         newest, slot_ids, games = parse_report_part(part, self.league.slots)
         if newest < self.league.newest[member]:
             self.league.rewind(member, newest)
-        added = [self.league.snapshots[sid][1] for sid in self.league.add_snapshots(member, newest)]
+        # (by seq: with a small keep, some of them may have left the league already)
+        added = list(range(int(self.league.newest[member]) + 1, newest + 1))
+        self.league.add_snapshots(member, newest)
         self.league.assigned[member] = slot_ids  # the member's own word (a resumed member's, from its checkpoint)
         for sid, wins, draws, losses in games:
             self.league.record(member, int(sid), wins, draws, losses)
