@@ -38,7 +38,7 @@ from hpcrl.core.seeds import seed_for
 # The population root's orders of a snapshot's move (after workers/population_root.py's):
 # [SNAPSHOT_SEND, to member, seq] to the owner; [SNAPSHOT_RECEIVE, from owner, slot, snapshot id] to
 # the member; [SNAPSHOT_LOCAL, slot, snapshot id, seq] to a member given a snapshot of its own;
-# [SNAPSHOT_RESTART, from owner, snapshot id] to an exploiter that starts again from it.
+# [SNAPSHOT_RESTART, from owner] to an exploiter that starts again from the snapshot sent.
 SNAPSHOT_SEND, SNAPSHOT_RECEIVE, SNAPSHOT_LOCAL, SNAPSHOT_RESTART = 6.0, 7.0, 8.0, 9.0
 SNAPSHOT_ORDERS = (SNAPSHOT_SEND, SNAPSHOT_RECEIVE, SNAPSHOT_LOCAL)  # (a restart's is served apart: it adopts)
 STATE_FILE = "league_state.json"
@@ -73,7 +73,6 @@ class LeagueMember:
         self.seq, self.next_snapshot = -1, 0
         self.games: dict[int, np.ndarray] = {}  # snapshot id -> (wins, draws, losses) since the last report
         self._warned = False
-        self._restart = None  # restart 'main': the received snapshot (restart_weights)
         if saved:
             self.restore(saved)
         else:
@@ -101,12 +100,6 @@ class LeagueMember:
         self.next_snapshot = (frames // self.snapshot_frames + 1) * self.snapshot_frames
         return not self.restart_from_main and self.seq > 0 and resets_after_snapshot(
             self.role, self.exploiter_reset, self.run_seed, self.member, self.seq)
-
-    def restart_weights(self) -> np.ndarray:
-        """Where a main agent's snapshot to start again from is received (restart 'main')."""
-        if self._restart is None:
-            self._restart = np.zeros_like(self.slot_params[0])
-        return self._restart
 
     def restarted(self, frames: int) -> None:
         """It started again from a main agent's snapshot (restart 'main'): the win-rate rule judges
@@ -207,8 +200,8 @@ class LeagueRoot:
     def __init__(self, channel, league: League, rng: np.random.Generator, run_dir: str,
                  restart: tuple[list[int], float] | None = None):
         """`restart`: (each member's seed, exploiter_reset) where exploiters start again from a main
-        agent's state (population.league.restart 'main'): the root picks the main agent
-        (`restart_parent`) and the population root orders the copy."""
+        agent's newest snapshot (population.league.restart 'main'): this picks the main agent
+        (`restart_parent`) and orders the snapshot's move."""
         self.channel, self.league, self.rng = channel, league, rng
         self.restart = restart
         self.path = os.path.join(run_dir, STATE_FILE)
@@ -228,7 +221,7 @@ class LeagueRoot:
         if parent is not None:  # the pair back to back, as a slot's move
             seq = int(self.league.newest[parent])
             self.channel.order(parent, [SNAPSHOT_SEND, member, seq])
-            self.channel.order(member, [SNAPSHOT_RESTART, parent, self._snapshot_id(parent, seq)])
+            self.channel.order(member, [SNAPSHOT_RESTART, parent])
         if ready:
             self.match(member)
         self.save()
