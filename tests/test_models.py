@@ -248,8 +248,39 @@ def test_a_columns_policy_knows_a_pattern_in_every_column_and_cells_one_logit_pe
     with pytest.raises(ConfigError, match=r"model.grid_policy: columns is an actor-critic's policy head, and dqn "
                                           r"trains a Q-network"):
         parse_config("algo: {name: dqn}\nmodel: {encoder: grid, grid_policy: columns}")
-    with pytest.raises(ConfigError, match=r"model.grid_policy: expected one of mlp, columns, cells, got 'rows'"):
+    with pytest.raises(ConfigError, match=r"model.grid_policy: expected one of mlp, columns, landing, cells, got 'rows'"):
         parse_config("model: {encoder: grid, grid_policy: rows}")
+
+
+def test_a_landing_policy_reads_the_cell_a_piece_lands_on_and_nothing_above_it():
+    """model.grid_policy: landing gives each column the logit of its lowest empty cell (row 0 is
+    the top): the 1x1 convolution's value there, whatever the cells above it hold, so a line that
+    could be made one row higher is not yet a move; a full column reads row 0 (the mask drops it).
+    The critic reads the taken cells too; 'valid' convolutions, which shrink the map, are refused."""
+    torch.manual_seed(0)
+    board = EnvSpaces((6, 7, 2), "int8", 7)
+    model = build_model(board, parse_config("model: {encoder: grid, grid_policy: landing, hidden_sizes: [16], "
+                                            "grid_convs: [[8, 3], [8, 3]]}").model)
+    assert isinstance(model.actor, SpatialPolicy) and model.critic[1][0].in_features == (8 + 1) * 6 * 7
+    torch.nn.init.normal_(model.actor.conv.weight)
+    torch.nn.init.normal_(model.actor.conv.bias)
+    boards = torch.zeros((1, 6, 7, 2))
+    boards[0, 5, 0, 0] = boards[0, 4, 0, 1] = 1.0  # column 0: two pieces, lands on row 3
+    boards[0, :, 1, 1] = 1.0                      # column 1: full
+    boards[0, 5, 2, 1] = 1.0                      # column 2: one piece, lands on row 4
+    x = model.features(boards)
+    cells = model.actor.conv(x[:, :-1])[0, 0]     # every cell's logit, [6, 7]
+    landing = [3, 0, 4, 5, 5, 5, 5]
+    torch.testing.assert_close(model.actor(x)[0], cells[landing, torch.arange(7)])
+    torch.testing.assert_close(x[0, -1], (boards[0].sum(-1) > 0).float())
+    columns = SpatialPolicy(8, "columns")
+    columns.conv = model.actor.conv  # the log-sum-exp head over the same cells reads every row
+    assert not torch.allclose(columns(x[:, :-1])[0], model.actor(x)[0])
+    with pytest.raises(ConfigError, match=r"model.grid_policy: landing reads the board's cells on the "
+                                          r"convolutions' map, and 'valid' convolutions leave a 4 x 7 map of "
+                                          r"the 6 x 9 board; use 'same' convolutions"):
+        build_model(EnvSpaces((6, 9, 2), "int8", 7), parse_config("model: {encoder: grid, grid_policy: landing, "
+                                                                  "grid_convs: [[8, 3, valid]]}").model)
 
 
 @pytest.mark.parametrize("spaces,encoder,words", [

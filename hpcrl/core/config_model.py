@@ -10,7 +10,7 @@ from typing import Any
 from hpcrl.core.config_base import check, doc, shown
 
 ENCODERS = ("auto", "mlp", "cnn", "grid")
-GRID_POLICIES = ("mlp", "columns", "cells")
+GRID_POLICIES = ("mlp", "columns", "landing", "cells")
 CORES = ("none", "lstm", "gru")
 MAX_LAYERS, MAX_WIDTH = 64, 65_536  # model.hidden_sizes, model.core_size
 MAX_KERNEL = 64  # model.grid_convs: boards are small
@@ -38,7 +38,10 @@ class ModelConfig:
     grid_policy: str = doc("the grid encoder's policy head: 'mlp' (a linear layer over the MLP after the "
                            "convolutions, which the critic shares), 'columns' (a logit per board column: a 1x1 "
                            "convolution over the convolutions' map, log-sum-exp down each column; connect four, "
-                           "whose actions are its columns) or 'cells' (a logit per cell, row-major: tic-tac-toe). "
+                           "whose actions are its columns), 'landing' (the same convolution's logit of the cell "
+                           "a piece dropped in the column lands on, its lowest empty one: gravity games such as "
+                           "connect four, where a line that could be made higher up is not yet a move) or "
+                           "'cells' (a logit per cell, row-major: tic-tac-toe). "
                            "These read the map itself, so a pattern learned at one place is known at every place; "
                            "the critic then has an MLP of hidden_sizes of its own. They need a map of the board's "
                            "width (columns) or one cell per action (cells): 'same' convolutions. Actor-critic "

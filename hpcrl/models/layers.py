@@ -101,19 +101,41 @@ class SpatialPolicy(nn.Module):
     """A policy head over the grid encoder's [N, C, H, W] map (model.grid_policy): a 1x1
     convolution gives each cell a logit; 'cells' keeps one per cell (row-major, as tic-tac-toe
     numbers its squares), 'columns' takes the log-sum-exp down each column (a piece dropped in a
-    column lands on one of its cells: connect four). The same weights read every place, so a
-    pattern learned in one column is known in all."""
+    column lands on one of its cells: connect four), 'landing' takes the logit of the cell where it
+    lands, the column's lowest empty one, read from the board's taken cells that `LandingMap`
+    appends as the map's last channel. The same weights read every place, so a pattern learned in
+    one column is known in all."""
 
-    def __init__(self, channels: int, columns: bool):
+    def __init__(self, channels: int, mode: str):
         super().__init__()
         self.conv = nn.Conv2d(channels, 1, 1)
         nn.init.orthogonal_(self.conv.weight, 0.01)  # a near-uniform first policy, as _linear's policy heads
         nn.init.zeros_(self.conv.bias)
-        self.columns = columns
+        self.mode = mode
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "landing":
+            x, taken = x[:, :-1], x[:, -1]
+            # Pieces stack from the bottom (row 0 is the top), so a column's empty cells are its top
+            # ones and the lowest of them is row (empty - 1); a full column's (masked) reads row 0.
+            row = ((1.0 - taken).sum(dim=1) - 1.0).clamp(min=0).long()
+            return self.conv(x)[:, 0].gather(1, row.unsqueeze(1)).squeeze(1)
         logits = self.conv(x)[:, 0]
-        return torch.logsumexp(logits, dim=1) if self.columns else logits.flatten(1)
+        return torch.logsumexp(logits, dim=1) if self.mode == "columns" else logits.flatten(1)
+
+
+class LandingMap(nn.Module):
+    """model.grid_policy landing: the grid encoder's map of [N, H, W, C] boards with the board's
+    taken cells (any plane set) as one more channel, for SpatialPolicy to find where a piece
+    dropped in each column lands (the critic reads it as well)."""
+
+    def __init__(self, convs: nn.Sequential):
+        super().__init__()
+        self.convs = convs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        taken = (x.abs().sum(dim=-1) > 0).to(x.dtype)
+        return torch.cat([self.convs(x), taken.unsqueeze(1)], dim=1)
 
 
 class RunningNorm(nn.Module):

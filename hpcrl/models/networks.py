@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from hpcrl.core.config import ConfigError, ModelConfig
-from hpcrl.models.layers import (ACTIVATIONS, CNN_MIN_SIZE, HALF_LOG_2PI, NATURE_CNN_FEATURES, RunningNorm,
-                                 SpatialPolicy, _linear, _grid_cnn, _grid_convs, _masked_log_softmax, grid_shape,
-                                 _mlp, _nature_cnn)
+from hpcrl.models.layers import (ACTIVATIONS, CNN_MIN_SIZE, HALF_LOG_2PI, NATURE_CNN_FEATURES, LandingMap,
+                                 RunningNorm, SpatialPolicy, _linear, _grid_cnn, _grid_convs, _masked_log_softmax,
+                                 grid_shape, _mlp, _nature_cnn)
 
 if TYPE_CHECKING:  # not at run time: inference ranks need no gymnasium
     from hpcrl.envs import EnvSpaces
@@ -166,18 +166,26 @@ class ActorCritic(ObservationInput):
             self.critic = _mlp([critic_dim, *hidden, 1], act, out_gain=1.0)
 
     def _spatial(self, spaces: EnvSpaces, cfg: ModelConfig, out: int) -> None:
-        """model.grid_policy columns or cells: the convolutions' map is the trunk, the policy a
-        SpatialPolicy over it, the critic an MLP of hidden_sizes over the flattened map."""
-        shape, columns = tuple(spaces.obs_shape), cfg.grid_policy == "columns"
+        """model.grid_policy columns, landing or cells: the convolutions' map is the trunk (landing:
+        with the taken cells appended, `LandingMap`), the policy a SpatialPolicy over it, the critic
+        an MLP of hidden_sizes over the flattened map."""
+        shape, mode = tuple(spaces.obs_shape), cfg.grid_policy
         channels, h, w = grid_shape(shape, cfg.grid_convs)
-        wanted = w if columns else h * w
+        per = "cell" if mode == "cells" else "column"
+        wanted = h * w if mode == "cells" else w
         if out != wanted:
-            raise ConfigError(f"model.grid_policy: {cfg.grid_policy} gives one action per "
-                              f"{'column' if columns else 'cell'} of the convolutions' {h} x {w} map, {wanted} in "
-                              f"all, and this env has {out} actions; use 'same' convolutions (model.grid_convs) on "
-                              f"a board with one action per {'column' if columns else 'cell'}, or grid_policy: mlp")
+            raise ConfigError(f"model.grid_policy: {mode} gives one action per {per} of the convolutions' "
+                              f"{h} x {w} map, {wanted} in all, and this env has {out} actions; use 'same' "
+                              f"convolutions (model.grid_convs) on a board with one action per {per}, or "
+                              f"grid_policy: mlp")
         self.trunk = _grid_convs(shape, cfg.grid_convs)
-        self.actor = SpatialPolicy(channels, columns)
+        if mode == "landing":
+            if (h, w) != shape[:2]:
+                raise ConfigError(f"model.grid_policy: landing reads the board's cells on the convolutions' "
+                                  f"map, and 'valid' convolutions leave a {h} x {w} map of the {shape[0]} x "
+                                  f"{shape[1]} board; use 'same' convolutions (model.grid_convs)")
+            self.trunk, channels = LandingMap(self.trunk), channels + 1
+        self.actor = SpatialPolicy(channels - (mode == "landing"), mode)
         self.critic = nn.Sequential(nn.Flatten(), _mlp([channels * h * w, *cfg.hidden_sizes, 1],
                                                        ACTIVATIONS[cfg.activation], out_gain=1.0))
 
