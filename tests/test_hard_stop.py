@@ -209,3 +209,26 @@ def test_a_full_disk_stops_the_job_with_one_message_and_resumes_once_space_is_fr
 
     filler.unlink()
     finish_and_check(cfg, path, 4)
+
+
+def test_a_populations_lineage_left_open_by_a_kill_is_rebuilt_on_resume(tmp_path):
+    """A population's launch killed hard leaves its lineage (the population's metrics.h5) with
+    SWMR's "open for writing" flags: the next launch's directory rebuilds it, every row kept,
+    and the lineage is writable again."""
+    population = tmp_path / "runs" / "league"
+    population.mkdir(parents=True)
+    path = str(population / "metrics.h5")
+    code = ("import os\nfrom hpcrl.io.metrics import MetricsWriter\n"
+            f"w = MetricsWriter({path!r})\n"
+            "for e in range(3):\n"
+            "    w.append({'event': e, 'member': 1, 'frames': 100 * e})\n"
+            "w.flush()\nos._exit(9)\n")  # no close: as kill -9 leaves it
+    assert subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO))).returncode == 9
+    with pytest.raises(OSError, match="already open for write"):
+        MetricsWriter(path, resume=True)
+    from hpcrl.io.rundir import prepare_population
+    assert prepare_population(str(tmp_path / "runs"), "league", False, "population: {members: 2}\n") == str(population)
+    writer = MetricsWriter(path, resume=True)
+    writer.append({"event": 3, "member": 0, "frames": 400})
+    writer.close()
+    assert read_metrics(path)["event"].tolist() == [0, 1, 2, 3]

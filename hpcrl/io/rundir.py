@@ -127,7 +127,8 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "",
 
 def prepare_population(output_dir: str, name: str, overwrite: bool, config_text: str) -> str:
     """A population's directory (output_dir/name), locked by this process, emptied with
-    `overwrite` (its members' directories with it), with the population's config.yaml; the
+    `overwrite` (its members' directories with it), with the population's config.yaml and, on a
+    resume, its lineage (metrics.h5) rebuilt as a closed file (a killed launch leaves it open); the
     members' directories inside it are prepared by `prepare`, each by its member. Returns it."""
     run_dir = os.path.join(output_dir, name)
     _check_inside(run_dir, output_dir)
@@ -141,6 +142,8 @@ def prepare_population(output_dir: str, name: str, overwrite: bool, config_text:
             os.path.join(run_dir, CHECKPOINT_FILE)))):
         raise ConfigError(f"run directory {run_dir!r} holds a run of one policy set, not a population; choose "
                           f"another run.name, or pass --overwrite to replace it")
+    elif existed:  # the lineage of a launch that was killed keeps SWMR's "open for writing" flags
+        _log_repairs(run_dir, _repair_metrics(os.path.join(run_dir, METRICS_FILE), LINEAGE_WHOLE, 0))
     _replace_text(os.path.join(run_dir, "config.yaml"), config_text)
     return run_dir
 
@@ -239,6 +242,9 @@ def _already_finished(cfg: Config, counters: dict) -> str:
         return (f"it reached run.target_return ({cfg.run.target_return}); change or remove run.target_return "
                 f"to train on")
     return ""
+
+
+LINEAGE_WHOLE = 2**63 - 1  # a population's lineage has no policy versions: every whole row stays
 
 
 def _repair_metrics(path: str, through_version: int, updates: int) -> list[str]:
