@@ -1,5 +1,7 @@
 """Self-play's anchors (algo.selfplay.anchors): fixed players that take every seat but one of a
 share of games on the actor, and the learning policy's OpenSkill rating against them."""
+import sys
+
 import numpy as np
 import pytest
 from openskill.models import PlackettLuce
@@ -80,6 +82,18 @@ def test_a_player_that_returns_the_wrong_number_of_actions_is_named():
                           ("tests.test_ratings:ANCHORS", "'ANCHORS' in 'tests.test_ratings' is not a function")):
         with pytest.raises(ConfigError, match=message):
             ScriptedPlayer(spec, "here")
+
+
+def test_a_player_is_found_in_the_working_directory_whichever_way_hpcrl_started(tmp_path, monkeypatch):
+    """`python -m hpcrl` has the working directory on the Python path and the `hpcrl` console
+    script does not: a player module beside the user (tests.anchors at the repository's root) is
+    found either way, and the path is left as it was."""
+    (tmp_path / "my_players.py").write_text("def first(obs, mask, rng):\n    return [0] * len(obs)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    before = list(sys.path)
+    player = ScriptedPlayer("my_players:first", "--opponent")
+    assert player.play(np.zeros((3, 4)), None, None) == [0, 0, 0] and sys.path == before
 
 
 def test_the_outcomes_of_a_batch_are_spread_evenly():
