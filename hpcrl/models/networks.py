@@ -178,15 +178,15 @@ class ActorCritic(ObservationInput):
                               f"{h} x {w} map, {wanted} in all, and this env has {out} actions; use 'same' "
                               f"convolutions (model.grid_convs) on a board with one action per {per}, or "
                               f"grid_policy: mlp")
-        self.trunk = _grid_convs(shape, cfg.grid_convs)
-        if mode == "landing":
-            if (h, w) != shape[:2]:
-                raise ConfigError(f"model.grid_policy: landing reads the board's cells on the convolutions' "
-                                  f"map, and 'valid' convolutions leave a {h} x {w} map of the {shape[0]} x "
-                                  f"{shape[1]} board; use 'same' convolutions (model.grid_convs)")
-            self.trunk, channels = LandingMap(self.trunk), channels + 1
-        self.actor = SpatialPolicy(channels - (mode == "landing"), mode)
-        self.critic = nn.Sequential(nn.Flatten(), _mlp([channels * h * w, *cfg.hidden_sizes, 1],
+        if mode == "landing" and (h, w) != shape[:2]:
+            raise ConfigError(f"model.grid_policy: landing reads the board's cells on the convolutions' map, "
+                              f"and 'valid' convolutions leave a {h} x {w} map of the {shape[0]} x {shape[1]} "
+                              f"board; use 'same' convolutions (model.grid_convs)")
+        convs = _grid_convs(shape, cfg.grid_convs)
+        self.trunk = LandingMap(convs) if mode == "landing" else convs
+        self.actor = SpatialPolicy(channels, mode)
+        critic_channels = channels + 1 if mode == "landing" else channels  # (+ the taken cells)
+        self.critic = nn.Sequential(nn.Flatten(), _mlp([critic_channels * h * w, *cfg.hidden_sizes, 1],
                                                        ACTIVATIONS[cfg.activation], out_gain=1.0))
 
     # --- the policy --------------------------------------------------------------------------------
