@@ -3,6 +3,7 @@ check that raises one, and reading the YAML a user wrote. Pure Python (every ran
 read configs)."""
 from __future__ import annotations
 
+import math
 import reprlib
 from dataclasses import field
 from typing import Any, Callable, Union
@@ -44,6 +45,11 @@ class _BoundedRepr(reprlib.Repr):
 
 SHOWN_CHARS = 300  # the most characters of a user's value an error message prints
 _bounded = _BoundedRepr()
+
+
+def is_number(v: Any) -> bool:
+    """A finite int or float as YAML gives it (not a bool, which Python counts as an int)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def shown(value: Any) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hpcrl.core.config_base import ConfigError, check, doc, shown
+from hpcrl.core.config_base import ConfigError, check, doc, is_number, shown
 from hpcrl.core.population import PFSP_WEIGHTINGS, ExploreRule
 
 MAX_KEEP = 256  # snapshots an owner keeps: each a whole copy of the policy on its learner root
@@ -110,10 +110,10 @@ def explore_rules(p: PopulationConfig) -> list[ExploreRule]:
 
 def _numbers(value, where: str) -> None:
     def hint() -> str:  # YAML 1.1 reads 3e-5 as a string (it wants a dot: 3.0e-5)
-        texts = [v for v in value if isinstance(v, str) and _is_number(_float_or_none(v))] \
+        texts = [v for v in value if isinstance(v, str) and is_number(_float_or_none(v))] \
             if isinstance(value, list) else []
         return f" (YAML reads {texts[0]} as text; write it with a dot, e.g. 3.0e-5)" if texts else ""
-    check(isinstance(value, list) and value and all(_is_number(v) for v in value),
+    check(isinstance(value, list) and value and all(is_number(v) for v in value),
           lambda: f"{where}: expected a list of finite numbers, got {shown(value)}{hint()}")
 
 
@@ -122,10 +122,6 @@ def _float_or_none(text: str):
         return float(text)
     except ValueError:
         return None
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def validate_population(p: PopulationConfig, live: tuple[str, ...], algo_name: str) -> None:
@@ -155,7 +151,7 @@ def validate_population(p: PopulationConfig, live: tuple[str, ...], algo_name: s
             if name in spec:
                 _numbers(spec[name], f"{where}.{name}")
         for name in ("low", "high"):
-            check(name not in spec or _is_number(spec[name]),
+            check(name not in spec or is_number(spec[name]),
                   lambda: f"{where}.{name}: expected a finite number, got {shown(spec.get(name))}")
         try:
             explore_rules(PopulationConfig(explore={key: spec}))
