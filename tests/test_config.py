@@ -51,6 +51,32 @@ def test_ranges_and_choices():
         "algo: {rollout_length: 2, num_minibatches: 9}\nenv: {num_envs: 4}")
 
 
+def test_the_schedule_names_live_keys_and_rising_steps_within_each_keys_range():
+    from hpcrl.core.config_schedule import factors, scheduled
+    cfg = parse_config("algo: {ent_coef: 0.05, schedule: {ent_coef: [[100, 0.2], [300, 0.04]], lr: [[0, 2.0]]}}")
+    assert [factors(cfg.algo.schedule, f)["ent_coef"] for f in (0, 99, 100, 299, 300, 10**9)] == \
+        [1.0, 1.0, 0.2, 0.2, 0.04, 0.04]
+    now = scheduled(cfg.algo, 150)
+    assert now.ent_coef == pytest.approx(0.01) and now.lr == pytest.approx(6e-4) and cfg.algo.ent_coef == 0.05
+    plain = parse_config("").algo
+    assert scheduled(plain, 150) is plain  # no schedule: no copy
+    assert "algo.schedule: 'epochs' is not a hyperparameter algo.name ppo reads live; expected one of lr, " \
+           "ent_coef" in error_of("algo: {schedule: {epochs: [[10, 2]]}}")
+    assert "'ent_coef' is not a hyperparameter algo.name dqn reads live; expected one of lr, max_grad_norm" in \
+        error_of("algo: {name: dqn, schedule: {ent_coef: [[10, 0.5]]}}")
+    assert "algo.schedule.ent_coef[1]: expected a whole number of frames above the step before (100), got 100" \
+        in error_of("algo: {schedule: {ent_coef: [[100, 0.5], [100, 0.1]]}}")
+    assert "algo.schedule.ent_coef[0]: expected a step [frames, factor], e.g. [1200000, 0.2], got 0.5" in error_of(
+        "algo: {schedule: {ent_coef: [0.5]}}")
+    assert "algo.schedule.ent_coef: expected a list of 1 to 1,000 steps" in error_of(
+        "algo: {schedule: {ent_coef: []}}")
+    assert "write 2.0e-1" in error_of("algo: {schedule: {ent_coef: [[10, 2e-1]]}}")
+    assert "algo.schedule.lr[0]: algo.lr must stay > 0, so its factor must be > 0, got 0" in error_of(
+        "algo: {schedule: {lr: [[10, 0]]}}")
+    assert "algo.schedule.gamma[0]: algo.gamma 0.99 x 1.5 = 1.485 is above 1" in error_of(
+        "algo: {schedule: {gamma: [[10, 1.5]]}}")
+
+
 def test_env_backend_preset_and_atari_options_are_checked():
     assert "env.backend: expected one of sync, numpy, envpool, got 'gpu'" in error_of("env: {backend: gpu}")
     assert "env.preset: expected null or one of atari, got 'mujoco'" in error_of("env: {preset: mujoco}")

@@ -1,6 +1,9 @@
 """Recurrent policies (model.core): the hidden states policy holders keep, the state each fragment
 carries, and the trainer's replay of fragments as sequences, checked against an independent
 step-by-step replay of the same seeded envs and the same network."""
+import copy
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -247,3 +250,20 @@ def test_an_agent_that_left_early_starts_the_next_episode_from_a_zero_state():
     np.testing.assert_array_equal(starts[1:] & ~dones[:-1], np.isin(np.arange(3 * N), leaver)[None]
                                   & np.isin(np.arange(1, T), restart + 1)[:, None])
     replay(cfg, model, frag)
+
+
+def test_the_step_estimates_with_the_algo_section_in_effect_not_the_configs():
+    """algo.schedule: the trainer hands the step the algo section in effect. A discount of 0 in
+    effect makes every value target the step's own reward (CartPole's: 1), where the config's 0.99
+    bootstraps from the next state's value; the config itself is left as it was."""
+    cfg = config()
+    model, frags = collect(cfg, fragments=1)
+    step, batch, _ = replay(cfg, model, _Fragment(frags[0]))
+    assert not np.allclose(batch.returns.numpy(), 1.0)
+    myopic = step.assemble([_Fragment(frags[0])], algo=dataclasses.replace(cfg.algo, gamma=0.0))
+    np.testing.assert_allclose(myopic.returns.numpy(), 1.0, rtol=1e-6)
+    assert cfg.algo.gamma == 0.99
+    twin, _, _ = replay(cfg, copy.deepcopy(model), _Fragment(frags[0]))  # the same weights, its own optimizer
+    losses = step([_Fragment(frags[0])])
+    twin_losses = twin([_Fragment(frags[0])], algo=dataclasses.replace(cfg.algo, gamma=0.0))
+    assert twin_losses["loss_value"] != losses["loss_value"]  # the update trains on the targets in effect

@@ -42,8 +42,12 @@ def assert_same_models(a: dict, b: dict) -> None:
 def test_serial_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, normalize_reward, core):
     """With env.normalize_reward the trainer's reward scale (every env rank's return statistics)
     travels in the checkpoint: without it the resumed losses would differ. With a recurrent core,
-    the env rows' hidden states travel in it too (episodes go on across the resume)."""
-    algo, env = {"lr_schedule": "constant"}, {"normalize_reward": normalize_reward}
+    the env rows' hidden states travel in it too (episodes go on across the resume). algo.schedule's
+    steps, one on each side of the resume at 640 frames and one on it, take effect at the same
+    updates in both runs."""
+    algo = {"lr_schedule": "constant", "ent_coef": 0.01,
+            "schedule": {"ent_coef": [[320, 0.5], [960, 0.0]], "lr": [[640, 0.5]]}}
+    env = {"normalize_reward": normalize_reward}
     model = {"core": core, "core_size": 16}
     a, b = whole_and_halves(tmp_path, lambda name, run: small_config(
         tmp_path, name=name, run=run, algo=algo, env=env, model=model), 1280)
@@ -51,6 +55,10 @@ def test_serial_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, nor
     for key in ("frames", "policy_version", "episodes", "return_mean", "return_window_mean", "loss_policy",
                 "loss_value", "entropy"):
         np.testing.assert_array_equal(a["metrics"][key], b["metrics"][key], err_msg=key)  # bit-identical, row for row
+    for m in (a["metrics"], b["metrics"]):  # each row's update began at the row before's frames
+        began = np.concatenate([[0], m["frames"][:-1]])
+        np.testing.assert_allclose(m["algo.ent_coef"], 0.01 * np.select([began < 320, began < 960], [1.0, 0.5], 0.0))
+        np.testing.assert_allclose(m["lr"], 0.001 * np.where(began < 640, 1.0, 0.5))
     ca, cb = a["checkpoint"], b["checkpoint"]
     assert_same_models(ca, cb)
     saved = cb["extra"]["step"]

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from hpcrl.algos.exploration import linear_epsilon
 from hpcrl.algos.sequences import n_step_target, sequence_priorities, sequence_targets
-from hpcrl.core.config import Config
+from hpcrl.core.config import AlgoConfig, Config
 from hpcrl.core.observations import apply, grouped
 
 LOSS_KEYS = ("loss", "td_error", "q_mean")
@@ -107,10 +107,12 @@ class DQNStep:
 
     def __call__(self, source, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m,
                  average_gradients: Callable[[], None] = lambda: None, apply_step: Callable[[], None] | None = None,
-                 loss_scale: float = 1.0) -> dict[str, float]:
+                 loss_scale: float = 1.0, algo: AlgoConfig | None = None) -> dict[str, float]:
         """`source`: the replay batch source (sample, update_priorities, metrics). The hooks are
-        the trainer's, as for PPOStep: average gradients (Horovod), apply the optimizer step."""
+        the trainer's, as for PPOStep: average gradients (Horovod), apply the optimizer step.
+        `algo`: the algo section in effect (algo.schedule's steps applied; default the config's)."""
         apply_step = apply_step or self.optimizer.step
+        max_grad_norm = (algo or self.cfg.algo).max_grad_norm
         if self.target is None:
             self._copy_target()
         totals = dict.fromkeys(LOSS_KEYS, 0.0)
@@ -121,7 +123,7 @@ class DQNStep:
             self.optimizer.zero_grad()
             (loss * loss_scale).backward()
             average_gradients()
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.algo.max_grad_norm)
+            nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)
             apply_step()
             abs_td = td.detach().abs().cpu().numpy()
             # a sequence's priority from its steps' errors

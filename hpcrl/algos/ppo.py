@@ -194,11 +194,13 @@ class PPOStep:
 
 
     def __call__(self, fragments: list, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m,
-                 **update_kwargs) -> dict[str, float]:
+                 algo: AlgoConfig | None = None, **update_kwargs) -> dict[str, float]:
         """One update on `fragments` (Messages of fragment_spec). `reduce_moments` sums statistics
-        over trainers (reward and observation normalisers); `update_kwargs` go to train_step
+        over trainers (reward and observation normalisers); `algo` is the algo section in effect
+        (algo.schedule's steps applied; default the config's); `update_kwargs` go to train_step
         (average_gradients, apply_step, loss_scale)."""
-        losses = train_step(self.model, self.optimizer, self.assemble(fragments, reduce_moments), self.cfg.algo,
+        algo = algo or self.cfg.algo
+        losses = train_step(self.model, self.optimizer, self.assemble(fragments, reduce_moments, algo), algo,
                             self.rng, reduce_moments=reduce_moments, **update_kwargs)
         if self.rewards is not None:  # the std rewards are divided by (metrics: reward_return_std)
             losses["reward_return_std"] = float(np.sqrt(self.rewards.var + self.rewards.EPS))
@@ -212,7 +214,12 @@ class PPOStep:
         if self.rewards is not None:
             self.rewards.restore(state)
 
-    def assemble(self, fragments: list, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m) -> Batch:
+    def assemble(self, fragments: list, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m,
+                 algo: AlgoConfig | None = None) -> Batch:
+        """The fragments as one Batch, advantages and value targets estimated with the discount and
+        lambda of `algo`, the algo section in effect (default the config's)."""
+        algo = algo or self.cfg.algo
+
         def cat(key: str, axis: int = 1):  # an array, or a dict of them (Dict observations)
             return combine(lambda parts: np.concatenate(parts, axis=axis), [f[key] for f in fragments])
 
@@ -239,11 +246,11 @@ class PPOStep:
             log_rhos = logp_now - behaviour_logp
         trunc_values = cat("trunc_values")
         if own is None:
-            advantages, returns = self._estimate(rewards, values, successor_values(values, last_values, dones,
-                                                                                   trunc_values), dones, log_rhos)
+            advantages, returns = self._estimate(algo, rewards, values, successor_values(values, last_values, dones,
+                                                                                         trunc_values), dones, log_rhos)
         else:
             rc, vc, nxt, dc = own.compact(rewards, values, last_values, dones, trunc_values)
-            adv_c, ret_c = self._estimate(rc, vc, nxt, dc, None if log_rhos is None else own.gather(log_rhos))
+            adv_c, ret_c = self._estimate(algo, rc, vc, nxt, dc, None if log_rhos is None else own.gather(log_rhos))
             advantages, returns = own.scatter(adv_c, np.zeros_like(values)), own.scatter(ret_c, values)
         parts = {"obs": obs, "actions": actions, "logp": behaviour_logp, "values": values,
                  "advantages": advantages, "returns": returns}
@@ -266,9 +273,9 @@ class PPOStep:
         return torch.as_tensor(value.reshape(-1, *value.shape[2:]), device=self.device,
                                dtype=self.dtypes.get(key, torch.float32))
 
-    def _estimate(self, rewards, values, next_values, dones, log_rhos) -> tuple[np.ndarray, np.ndarray]:
-        """Advantages and value targets: GAE (sync), or V-trace with these log-ratios (async)."""
-        a = self.cfg.algo
+    def _estimate(self, a: AlgoConfig, rewards, values, next_values, dones, log_rhos) -> tuple[np.ndarray, np.ndarray]:
+        """Advantages and value targets: GAE (sync), or V-trace with these log-ratios (async), with
+        the discount and lambda of `a`, the algo section in effect."""
         if log_rhos is None:
             return gae(rewards, values, next_values, dones, a.gamma, a.gae_lambda)
         returns, advantages = vtrace(log_rhos, rewards, values, next_values, dones, a.gamma, a.vtrace_rho_bar,

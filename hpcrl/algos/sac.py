@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from hpcrl.core.config import Config
+from hpcrl.core.config import AlgoConfig, Config
 from hpcrl.core.observations import grouped
 
 LOSS_KEYS = ("critic_loss", "actor_loss", "q_mean", "td_error")
@@ -118,7 +118,9 @@ class ContinuousStep:
 
     def __call__(self, source, reduce_moments: Callable[[np.ndarray], np.ndarray] = lambda m: m,
                  average_gradients: Callable[[], None] = lambda: None, apply_step: Callable[[], None] | None = None,
-                 loss_scale: float = 1.0) -> dict[str, float]:
+                 loss_scale: float = 1.0, algo: AlgoConfig | None = None) -> dict[str, float]:
+        """The hooks are the trainer's, as for PPOStep. `algo`, the algo section in effect, changes
+        nothing here: SAC's one live key, lr, is the optimizer's, and the trainer sets it."""
         apply_step = apply_step or self.optimizer.step
         totals = dict.fromkeys(LOSS_KEYS, 0.0)
         actor_steps = 0

@@ -30,6 +30,7 @@ from hpcrl.core.config_roles import (DEFAULT_MAX_ENV_RANKS, DEFAULT_RANKS, DEVIC
                                      ROLE_NAMES, RoleSpec, RolesConfig, validate_roles)
 from hpcrl.core.config_model import ModelConfig, validate_model
 from hpcrl.core.config_population import PopulationConfig, validate_population
+from hpcrl.core.config_schedule import validate_schedule
 from hpcrl.core.config_selfplay import SelfPlayConfig, validate_selfplay
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.policies import check_table
@@ -110,6 +111,12 @@ class AlgoConfig:
                             "c_t = lambda * min(c_bar, rho_t))", default=0.95)
     lr: float = doc("Adam learning rate (per learner; Horovod averages gradients)", default=3e-4)
     lr_schedule: str = doc("'constant', or 'linear' decay to 0 at total_frames", default="constant")
+    schedule: dict = doc(
+        "steps in live hyperparameters over the run: key (one the algorithm reads live: lr, ent_coef, clip_coef, "
+        "vf_coef, max_grad_norm, gamma, gae_lambda for the PPO family) -> a list of [frames, factor]; from that "
+        "many frames on (a population member's own), the key is its value times the factor, and before the "
+        "first step its value. E.g. ent_coef: [[1200000, 0.2], [1600000, 0.04]]. Factors scale what a "
+        "population's values and explore set, and lr's multiply lr_schedule's decay", default_factory=dict)
     clip_coef: float = doc("PPO ratio clipping epsilon", default=0.2)
     clip_vloss: bool = doc("clip the value loss around the old values as PPO2 does", default=False)
     vf_coef: float = doc("value loss coefficient", default=0.5)
@@ -243,6 +250,7 @@ def validate(cfg: Config) -> None:
     check_table(cfg.policies)
     validate_selfplay(a.selfplay, ALGORITHMS[a.name].multiagent, len(cfg.policies))
     validate_population(cfg.population, ALGORITHMS[a.name].live, a.name)
+    validate_schedule(a, ALGORITHMS[a.name].live, a.name)
     if cfg.population.members:
         _check(not cfg.policies, "population: members train one policy each; remove the policies table")
         _check(cfg.roles.learner.device == "cpu", "population: a member's state is copied from host memory; use "

@@ -66,7 +66,8 @@ class Algorithm:
     doc: str
     multiagent: bool = False  # trains PettingZoo envs only (and normalises values by default)
     # algo.* keys the trainer step reads at every update (never the actors), so a population may
-    # change them live (population.explore): the optimizer's lr and the gradient clip at least
+    # change them live (population.explore) and algo.schedule may step them: the trainer sets the
+    # optimizer's lr, and hands the step the algo section in effect (its `algo` argument)
     live: tuple[str, ...] = ("lr", "max_grad_norm")
 
     def stream(self, kind: str) -> Stream | None:

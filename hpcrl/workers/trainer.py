@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from hpcrl.core.config import Config
+from hpcrl.core.config_schedule import scheduled
 from hpcrl.core.faults import pause_point
 from hpcrl.core.policies import policy_names
 from hpcrl.core.seeds import seed_for
@@ -99,6 +100,7 @@ class LearnerRole(MemberParts):
         self._other_policies = None  # several policies: the others' states for the next checkpoint (root)
         self.root = trainer_comm.Get_rank() == 0
         self.population, self.live = None, live
+        self._in_effect = cfg.algo  # the algo section of the last update: algo.schedule's steps applied
         self._member_state = None  # built at a member's first copy (workers/population.py)
         self.spaces = spaces
         self.publish_extra = None  # a league member's: its slot in each weights message (workers/league.py)
@@ -210,10 +212,11 @@ class LearnerRole(MemberParts):
 
     def _update(self, batch: list) -> None:
         self.status = f"training policy version {self.version}"
-        a = self.cfg.algo
-        lr = a.lr * (max(0.0, 1.0 - self.frames / self.cfg.run.total_frames) if a.lr_schedule == "linear" else 1.0)
-        for group in self.optimizer.param_groups:  # (a population's copy may change a.lr)
-            group["lr"] = lr
+        a = self.cfg.algo  # the base: a population's copy and explore change it; the schedule scales it
+        self._in_effect = scheduled(a, self.frames)
+        decay = max(0.0, 1.0 - self.frames / self.cfg.run.total_frames) if a.lr_schedule == "linear" else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._in_effect.lr * decay
         # the headers are read now: the slots are released after the update
         self._local = self.stats.local(self.source.counted(batch), self.source.take_dropped(),
                                        self.source.stream.held_max)
@@ -221,7 +224,8 @@ class LearnerRole(MemberParts):
         # observation normaliser (a no-op without model.obs_norm), so all hold identical stats
         pause_point("update")  # tests: a learner stopped here holds the others inside the gradient average
         self._losses = self.step(batch, reduce_moments=lambda moments: comm.allreduce_sum(self.policy_comm, moments),
-                                 **self.averaging.hooks(self.optimizer, self.heartbeat), loss_scale=self.batch_share)
+                                 **self.averaging.hooks(self.optimizer, self.heartbeat), loss_scale=self.batch_share,
+                                 algo=self._in_effect)
         self.version += 1
         self.updates += 1
         CLOCK.mark("first_update")
@@ -233,6 +237,9 @@ class LearnerRole(MemberParts):
         """Statistics, the stop decision, the report, and the new weights (or the stop word)."""
         row = self.stats.row(self._local, self._losses, self.version, time.perf_counter() - self.start,
                              self.optimizer.param_groups[0]["lr"])
+        for key in self.cfg.algo.schedule:  # the values in effect (lr is in the row already)
+            if key != "lr":
+                row[f"algo.{key}"] = float(getattr(self._in_effect, key))
         if self.population is not None:  # the learner root's time in copies so far (its member's pauses)
             row["exploit_pause_s"] = self.population.pause_s
         if self.cfg.run.replica_digests:
