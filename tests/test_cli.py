@@ -1,4 +1,5 @@
 """`hpcrl plan` (no MPI) and the console entry point."""
+import os
 import re
 import subprocess
 import sys
@@ -6,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_hpcrl as hpcrl
+from hpcrl.io.metrics import read_metrics
+from tests.conftest import MPIRUN, REPO, run_dir, run_hpcrl as hpcrl, small_config, write_config
 
 
 def test_plan_prints_every_rank_and_its_peers():
@@ -206,6 +208,39 @@ def test_console_script_is_installed():
     exe = Path(sys.executable).parent / "hpcrl"  # installed beside the interpreter running the tests
     result = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "run" in result.stdout and "plan" in result.stdout
+
+
+CORRIDOR = """import gymnasium as gym
+import numpy as np
+
+
+class Corridor(gym.Env):
+    observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), float(action), self.t >= 8, False, {}
+"""
+
+
+def test_the_console_script_finds_an_env_module_in_the_working_directory(tmp_path):
+    """`mpirun -n 1 hpcrl run` (the console script, not `python -m hpcrl`) from the directory that
+    holds the user's env module, with no PYTHONPATH: the run imports it and trains."""
+    (tmp_path / "my_corridor.py").write_text(CORRIDOR)
+    cfg = small_config(tmp_path, name="corridor", env={"id": "my_corridor:Corridor"}, run={"total_frames": 256},
+                       roles={"inference": {"ranks": 0}})
+    exe = Path(sys.executable).parent / "hpcrl"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(["bash", str(MPIRUN), "-n", "1", str(exe), "run", str(write_config(tmp_path, cfg))],
+                            capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert read_metrics(str(run_dir(cfg) / "metrics.h5"))["frames"][-1] >= 256
 
 
 def test_sbatch_of_a_population_checks_each_members_block(tmp_path):

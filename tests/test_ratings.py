@@ -8,6 +8,7 @@ from openskill.models import PlackettLuce
 
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.envs.scripted import ScriptedPlayer
+from hpcrl.tools.cli import find_modules_in_working_directory
 from hpcrl.workers.ratings import ANCHOR_SIGMA, AnchorRating, spread
 from hpcrl.workers.selfplay import Seats
 from hpcrl.workers.trainer_stats import anchor_columns
@@ -86,14 +87,19 @@ def test_a_player_that_returns_the_wrong_number_of_actions_is_named():
 
 def test_a_player_is_found_in_the_working_directory_whichever_way_hpcrl_started(tmp_path, monkeypatch):
     """`python -m hpcrl` has the working directory on the Python path and the `hpcrl` console
-    script does not: a player module beside the user (tests.anchors at the repository's root) is
-    found either way, and the path is left as it was."""
+    script does not, until its entry puts it there (last): a player module beside the user
+    (tests.anchors at the repository's root) is found either way. test_cli runs the console script."""
     (tmp_path / "my_players.py").write_text("def first(obs, mask, rng):\n    return [0] * len(obs)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    before = list(sys.path)
+    with pytest.raises(ConfigError, match="cannot import module 'my_players'"):
+        ScriptedPlayer("my_players:first", "--opponent")
+    find_modules_in_working_directory()
+    assert sys.path[-1] == str(tmp_path)
     player = ScriptedPlayer("my_players:first", "--opponent")
-    assert player.play(np.zeros((3, 4)), None, None) == [0, 0, 0] and sys.path == before
+    assert player.play(np.zeros((3, 4)), None, None) == [0, 0, 0]
+    find_modules_in_working_directory()  # once only
+    assert sys.path.count(str(tmp_path)) == 1
 
 
 def test_the_outcomes_of_a_batch_are_spread_evenly():

@@ -5,17 +5,14 @@ A player is called with an env's rows (each agent's own observation, flattened a
 see them), their action masks (None where the env gives none) and a numpy generator, and returns
 one action per row. Pure numpy on hpcrl's side: env ranks that play anchors never import torch.
 
-The module is imported by name from the Python path and the working directory (as `python -m
-hpcrl` has it; the `hpcrl` console script would not): a name the user gave on the command line or
-in the config passed to `hpcrl run`, never one read from a run directory (tools that read a run
-directory's config never play its anchors).
+The module is imported by name from the Python path, which holds the working directory however
+hpcrl was started (hpcrl.tools.cli.find_modules_in_working_directory): a name the user gave on the
+command line or in the config passed to `hpcrl run`, never one read from a run directory (tools
+that read a run directory's config never play its anchors).
 """
 from __future__ import annotations
 
 import importlib
-import os
-import sys
-from types import ModuleType
 from typing import Callable
 
 import numpy as np
@@ -31,7 +28,7 @@ def load_player(spec: str, where: str) -> Callable:
     if not module or not name:
         raise ConfigError(f"{where}: expected module:function (e.g. tests.anchors:uniform), got {spec!r}")
     try:
-        play = getattr(_import(module), name)
+        play = getattr(importlib.import_module(module), name)
     except ImportError as exc:
         raise ConfigError(f"{where}: cannot import module {module!r} ({exc}); give module:function of a module "
                           f"on the Python path (run from the directory that holds it, or install it)") from None
@@ -40,19 +37,6 @@ def load_player(spec: str, where: str) -> Callable:
     if not callable(play):
         raise ConfigError(f"{where}: {name!r} in {module!r} is not a function")
     return play
-
-
-def _import(module: str) -> ModuleType:
-    """`module`, found on the Python path or else in the working directory (the repository's
-    `tests.anchors` from its root, whichever way hpcrl was started); the path is left as it was."""
-    cwd = os.getcwd()
-    if "" in sys.path or cwd in sys.path:
-        return importlib.import_module(module)
-    sys.path.append(cwd)
-    try:
-        return importlib.import_module(module)
-    finally:
-        sys.path.remove(cwd)
 
 
 class ScriptedPlayer:
