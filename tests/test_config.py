@@ -70,7 +70,9 @@ def test_the_schedule_names_live_keys_and_rising_steps_within_each_keys_range():
         "algo: {schedule: {ent_coef: [0.5]}}")
     assert "algo.schedule.ent_coef: expected a list of 1 to 1,000 steps" in error_of(
         "algo: {schedule: {ent_coef: []}}")
-    assert "write 2.0e-1" in error_of("algo: {schedule: {ent_coef: [[10, 2e-1]]}}")
+    assert "got '2e-1' (YAML reads 2e-1 as text; write it with a dot, e.g. 3.0e-5)" in error_of(
+        "algo: {schedule: {ent_coef: [[10, 2e-1]]}}")
+    assert error_of("algo: {schedule: {ent_coef: [[10, lots]]}}").endswith("got 'lots'")
     assert "algo.schedule.lr[0]: algo.lr must stay > 0, so its factor must be > 0, got 0" in error_of(
         "algo: {schedule: {lr: [[10, 0]]}}")
     assert "algo.schedule.gamma[0]: algo.gamma 0.99 x 1.5 = 1.485 is above 1" in error_of(

@@ -30,7 +30,7 @@ from hpcrl.core.config_roles import (DEFAULT_MAX_ENV_RANKS, DEFAULT_RANKS, DEVIC
                                      ROLE_NAMES, RoleSpec, RolesConfig, validate_roles)
 from hpcrl.core.config_model import ModelConfig, validate_model
 from hpcrl.core.config_population import PopulationConfig, validate_population
-from hpcrl.core.config_schedule import validate_schedule
+from hpcrl.core.config_schedule import FRACTIONS, NON_NEGATIVE, POSITIVE, validate_schedule
 from hpcrl.core.config_selfplay import SelfPlayConfig, validate_selfplay
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.policies import check_table
@@ -292,13 +292,13 @@ def validate(cfg: Config) -> None:
     # hpcrl.core.sizing.Sizes.of checks that
     _check(a.batch_frames is None or a.batch_frames >= 1,
            f"algo.batch_frames: expected a positive number of frames or null, got {a.batch_frames}")
-    for key in ("gamma", "gae_lambda"):
+    for key in FRACTIONS:
         value = getattr(a, key)
         _check(0.0 <= value <= 1.0, f"algo.{key}: expected a number in [0, 1], got {value}")
-    for key in ("lr", "clip_coef", "max_grad_norm"):
+    for key in POSITIVE:
         value = getattr(a, key)
         _check(value > 0, f"algo.{key}: expected a number > 0, got {value}")
-    for key in ("vf_coef", "ent_coef"):
+    for key in NON_NEGATIVE:
         value = getattr(a, key)
         _check(value >= 0, f"algo.{key}: expected a number >= 0, got {value}")
     _check(a.lr_schedule in ("constant", "linear"),

@@ -52,6 +52,16 @@ def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def number_as_text_hint(value: Any) -> str:
+    """YAML 1.1 reads 3e-5 as a string (it wants a dot: 3.0e-5): the hint an error message about
+    `value`, which should have been a number, ends with; empty for any other value."""
+    try:
+        parsed = float(value) if isinstance(value, str) else None
+    except ValueError:
+        parsed = None
+    return f" (YAML reads {value} as text; write it with a dot, e.g. 3.0e-5)" if is_number(parsed) else ""
+
+
 def shown(value: Any) -> str:
     """A user's value as an error message shows it: its repr, cut short for big values."""
     text = _bounded.repr(value)

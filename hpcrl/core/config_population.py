@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hpcrl.core.config_base import ConfigError, check, doc, is_number, shown
+from hpcrl.core.config_base import ConfigError, check, doc, is_number, number_as_text_hint, shown
 from hpcrl.core.population import PFSP_WEIGHTINGS, ExploreRule
 
 MAX_KEEP = 256  # snapshots an owner keeps: each a whole copy of the policy on its learner root
@@ -109,19 +109,10 @@ def explore_rules(p: PopulationConfig) -> list[ExploreRule]:
 
 
 def _numbers(value, where: str) -> None:
-    def hint() -> str:  # YAML 1.1 reads 3e-5 as a string (it wants a dot: 3.0e-5)
-        texts = [v for v in value if isinstance(v, str) and is_number(_float_or_none(v))] \
-            if isinstance(value, list) else []
-        return f" (YAML reads {texts[0]} as text; write it with a dot, e.g. 3.0e-5)" if texts else ""
+    def hint() -> str:
+        return next((h for h in map(number_as_text_hint, value) if h), "") if isinstance(value, list) else ""
     check(isinstance(value, list) and value and all(is_number(v) for v in value),
           lambda: f"{where}: expected a list of finite numbers, got {shown(value)}{hint()}")
-
-
-def _float_or_none(text: str):
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def validate_population(p: PopulationConfig, live: tuple[str, ...], algo_name: str) -> None:

@@ -17,11 +17,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hpcrl.core.config_base import check, is_number, shown
+from hpcrl.core.config_base import check, is_number, number_as_text_hint, shown
 
 MAX_STEPS = 1_000  # steps per key; a schedule is read once per update, and real ones have a few
-POSITIVE = ("lr", "clip_coef", "max_grad_norm")  # keys validate() wants > 0: their factors must be too
-FRACTIONS = ("gamma", "gae_lambda")  # keys in [0, 1]: their scaled values must stay there
+# The ranges of the algo keys that can be live, which config.validate checks the config's values
+# against and validate_schedule their scaled values: > 0, >= 0 (any factor keeps them so), in [0, 1]
+POSITIVE = ("lr", "clip_coef", "max_grad_norm")
+NON_NEGATIVE = ("vf_coef", "ent_coef")
+FRACTIONS = ("gamma", "gae_lambda")
 
 
 def validate_schedule(algo: Any, live: tuple[str, ...], algo_name: str) -> None:
@@ -47,7 +50,7 @@ def validate_schedule(algo: Any, live: tuple[str, ...], algo_name: str) -> None:
                           f"{'>= 0' if last < 0 else f'above the step before ({last:,})'}, got {shown(frames)}")
             check(is_number(factor) and factor >= 0,
                   lambda: f"{here}: expected a factor: a finite number >= 0, got {shown(factor)}"
-                          f"{' (YAML reads 2e-1 as text; write 2.0e-1)' if isinstance(factor, str) else ''}")
+                          f"{number_as_text_hint(factor)}")
             check(key not in POSITIVE or factor > 0,
                   f"{here}: algo.{key} must stay > 0, so its factor must be > 0, got {factor}")
             value = getattr(algo, key) * factor
