@@ -39,7 +39,7 @@ def headers(batch):
     return [(f.get("env_rank"), f.get("version"), f.get("index")) for f in batch]
 
 
-def test_sync_batch_is_k_fragments_of_the_version_from_every_actor_in_actor_then_index_order():
+def test_sync_batch_is_k_fragments_of_the_version_from_every_actor_in_index_then_actor_order():
     stream = Stream(6)
     queue = FragmentQueue(stream, [A, B], sync=True, max_policy_lag=0, batch_fragments=4)  # 2 per actor
     stream.deliver(B, 0, 10)
@@ -51,7 +51,9 @@ def test_sync_batch_is_k_fragments_of_the_version_from_every_actor_in_actor_then
     assert queue.waiting_for(0).endswith("from env ranks 7")
     stream.deliver(A, 0, 5)  # in slot 2, below the slot of A's first: the batch goes by index
     arrived, batch = queue.poll(0)
-    assert arrived == 1 and headers(batch) == [(A, 0, 4), (A, 0, 5), (B, 0, 10), (B, 0, 11)]
+    # each actor's first fragments, then its second: the envs' global order within each, as a layout
+    # with other env-rank counts would assemble it
+    assert arrived == 1 and headers(batch) == [(A, 0, 4), (B, 0, 10), (A, 0, 5), (B, 0, 11)]
     queue.release_batch()
     assert len(stream.free) == 6
 

@@ -60,7 +60,7 @@ def test_fragment_matches_a_replay_and_truncation_bootstraps_from_the_final_obs(
     truncated_at_end, episodes, returns = 0, 0, []
     for i in range(N):
         env = gym.make("CartPole-v1", max_episode_steps=LIMIT)
-        obs, _ = env.reset(seed=env_seeds(cfg.run.seed, 0, 0, N)[i])  # the seeds EnvRank gives env rank 0
+        obs, _ = env.reset(seed=env_seeds(cfg.run.seed, 0, N)[i])  # the seeds EnvRank gives env rank 0
         ep_return = 0.0
         for t in range(T):
             np.testing.assert_array_equal(f["obs"][t, i], obs)

@@ -36,7 +36,7 @@ def config(core: str = "gru", mode: str = "sync", env: str = "CartPole-v1"):
 def collect(cfg, fragments: int = 2, init_seed: int = 0, sampler_seed: int = 0):
     """`fragments` fragments of one env rank with an inline recurrent policy (in one process, real
     MPI self-messages), and the network that acted (its weights from torch seed `init_seed`, its
-    actions drawn from a generator seeded `sampler_seed`)."""
+    actions drawn with key `sampler_seed`)."""
     spaces = env_spaces(cfg.env)
     torch.manual_seed(init_seed)
     solo = solo_actor(cfg, spaces, sampler_seed=sampler_seed)
@@ -58,7 +58,7 @@ def test_fragments_carry_the_states_a_step_by_step_replay_computes_and_reset_the
     assert frags[0]["init_state"].shape == (N, size) and not frags[0]["init_state"].any()  # every env starts
     for i in range(N):
         env = gym.make("CartPole-v1", max_episode_steps=LIMIT)
-        obs, _ = env.reset(seed=env_seeds(cfg.run.seed, 0, 0, N)[i])  # env rank 0's seeds
+        obs, _ = env.reset(seed=env_seeds(cfg.run.seed, 0, N)[i])  # env rank 0's seeds
         state = torch.zeros(1, size)
         with torch.no_grad():
             for k, f in enumerate(frags):
@@ -87,7 +87,7 @@ def test_fragments_carry_the_states_a_step_by_step_replay_computes_and_reset_the
 def test_a_policy_server_on_3_ranks_gives_the_hidden_states_and_actions_of_an_in_process_rollout(tmp_path):
     """The same seeded envs and initial weights (algo.train: false keeps them), one env group so the
     server answers one request at a time: the fragments a real 3-rank run trains on equal an
-    in-process rollout's whose actions come from a generator seeded as the server's."""
+    in-process rollout's whose actions are drawn with the server's key (the same rows and steps)."""
     cfg_text = (f"run: {{name: r, output_dir: {tmp_path}/runs, seed: 3, total_frames: {3 * T * N}}}\n"
                 "roles: {learner: {ranks: 1}, inference: {ranks: 1}, env: {ranks: 1}}\n"
                 f"env: {{id: CartPole-v1, num_envs: {N}, groups: 1, kwargs: {{max_episode_steps: {LIMIT}}}}}\n"
@@ -99,7 +99,7 @@ def test_a_policy_server_on_3_ranks_gives_the_hidden_states_and_actions_of_an_in
     saved = np.load(tmp_path / "fragments.npz")
     remote = [{name.split("/")[1]: saved[name] for name in saved.files if name.startswith(f"{i}/")} for i in range(3)]
     cfg = parse_config(cfg_text)
-    _, local = collect(cfg, fragments=3, init_seed=cfg.run.seed, sampler_seed=seed_for(cfg.run.seed, "inference", 0))
+    _, local = collect(cfg, fragments=3, init_seed=cfg.run.seed, sampler_seed=seed_for(cfg.run.seed, "action", 0))
     assert remote[1]["init_state"].any()  # states carried over from the first fragment
     for k in range(3):
         for name in ("obs", "actions", "dones", "init_state", "logp", "values", "trunc_values", "last_values"):

@@ -71,6 +71,16 @@ class RunConfig:
         "physical memory of the node of rank 0, which checks the config)", default=None)
     torch_threads: int = doc("torch intra-op threads on each rank that runs a policy; ranks are the "
                              "parallelism, so 1 unless ranks have spare cores", default=1)
+    deterministic: bool = doc(
+        "policy holders compute each request (one env group's rows) alone, in forward passes of run.inference_block "
+        "envs, so an env's actions never depend on which requests arrived together: a sync run repeats bit for "
+        "bit on the same layout (docs/reproducibility.md). false: a policy server batches every ready request in "
+        "one pass (fewer, larger passes, as a GPU server wants), and runs on more than one rank do not repeat",
+        default=True)
+    inference_block: Union[int, None] = doc(
+        "with run.deterministic, envs per forward pass on a policy holder (null: a whole request, one env group). "
+        "Give layouts with other env-rank counts the same value, a divisor of each one's envs per group, and a "
+        "sync run gives the same weights on every one of them", default=None)
     replica_digests: bool = doc("record a digest of every learner's weights and observation-normaliser "
                                 "stats after each update in metrics.h5 (checks that learners stay "
                                 "bit-identical)", default=False)
@@ -233,6 +243,11 @@ def validate(cfg: Config) -> None:
            f"run.memory_limit_gib: expected a number of GiB > 0, or null (the node's memory), got {r.memory_limit_gib}")
     _check(r.torch_threads >= 1, f"run.torch_threads: expected >= 1, got {r.torch_threads}")
     validate_env(e)
+    per_group = e.num_envs // e.groups  # a request's envs (an inline policy's request: a multiple of them)
+    _check(r.inference_block is None or (r.inference_block >= 1 and per_group % r.inference_block == 0),
+           lambda: f"run.inference_block: expected null or a divisor of the envs per group (env.num_envs "
+                   f"{e.num_envs} / env.groups {e.groups} = {per_group}) such as "
+                   f"{', '.join(str(d) for d in range(1, per_group + 1) if per_group % d == 0)}, got {r.inference_block}")
     _check(a.name in ALGORITHMS, f"algo.name: expected one of {', '.join(map(repr, ALGORITHMS))}, got {a.name!r}")
     modes = ALGORITHMS[a.name].modes
     if a.mode is None:

@@ -138,12 +138,14 @@ def request_spec(num_envs: int, obs_shape: tuple, obs_dtype, mask_actions: int =
     `policies` (a run of several), the policy id of each row and of each final row: the server
     batches rows by it. With `recurrent` (model.core), which rows' observations begin an episode
     (the policy holder zeroes their hidden state first) and the row of each final observation
-    (its value is taken from the state that row's episode ended in)."""
+    (its value is taken from the state that row's episode ended in). The header's `row0` (the global
+    index of the request's first row among all of the run's env rows) and `step` (the rows' action
+    step since the run began) key the holder's random draws for these rows (core/seeds.py)."""
     mask = [("action_mask", np.uint8, (num_envs, mask_actions))] if mask_actions else []
     ids = [("policy", np.int16, (num_envs,)), ("final_policy", np.int16, (num_envs,))] if policies else []
     starts = [("starts", np.uint8, (num_envs,)), ("final_rows", np.int32, (num_envs,))] if recurrent else []
     return MessageSpec(
-        header=("policy_id", "version", "n_final", "flags"),
+        header=("policy_id", "version", "n_final", "flags", "row0", "step"),
         fields=[*obs_fields("obs", (num_envs,), obs_shape, obs_dtype), *mask, *ids, *starts,
                 *obs_fields("final_obs", (num_envs,), obs_shape, obs_dtype)])
 

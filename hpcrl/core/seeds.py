@@ -13,7 +13,7 @@ import numpy as np
 
 PURPOSES = {"env": 1, "learner": 2, "inference": 3, "inline_policy": 4, "replay": 5, "explore": 6,
             "policy_init": 7, "selfplay": 8, "population": 9,
-            "league": 10}
+            "league": 10, "action": 11}
 
 
 def seed_for(run_seed: int, purpose: str, index: int, group: int = 0, env: int = 0) -> int:
@@ -22,6 +22,30 @@ def seed_for(run_seed: int, purpose: str, index: int, group: int = 0, env: int =
     return int(words[0]) << 32 | int(words[1])
 
 
-def env_seeds(run_seed: int, env_index: int, group: int, num_envs: int) -> list[int]:
-    """The seeds of the `num_envs` envs of one group of env rank number `env_index`."""
-    return [seed_for(run_seed, "env", env_index, group, env) for env in range(num_envs)]
+def env_seeds(run_seed: int, first_env: int, num_envs: int) -> list[int]:
+    """The seeds of `num_envs` envs whose global indices start at `first_env`: keyed by the env's
+    place among all of the run's envs, never by the rank that steps it, so a layout with other
+    env-rank counts steps the same envs from the same seeds."""
+    return [seed_for(run_seed, "env", first_env + env) for env in range(num_envs)]
+
+
+# splitmix64's constants (Steele, Lea and Flood 2014): a counter-based generator, so a draw is a
+# pure function of its key and needs no state to save, restore or hand between ranks
+_GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def keyed_uniforms(key: int, rows: np.ndarray, steps: np.ndarray, width: int) -> np.ndarray:
+    """Uniform draws in (0, 1), float64 [len(rows), width]: row i's depend only on (key, rows[i],
+    steps[i]), never on which other rows are drawn with it, in which order or on which rank. An
+    action's draw is keyed by (the env row's global index, the step), so a policy holder draws the
+    same numbers for an env whichever requests arrived together and whichever rank holds the env."""
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
+        base = _mix(np.uint64(key) ^ _mix(np.asarray(rows, np.uint64) * _GOLDEN + np.asarray(steps, np.uint64)))
+        x = _mix(base[:, None] + (np.arange(1, width + 1, dtype=np.uint64) * _GOLDEN)[None, :])
+    return ((x >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53

@@ -66,7 +66,8 @@ def policy_params(cfg: Config, spaces: EnvSpaces) -> int:
         return max(num_params(build_policy(s, cfg)) for s in policy_spaces(spaces, cfg.policies))
 
 
-def make_runner(model: ObservationInput, device: str, seed: int, play: str | None = None) -> Runner:
+def make_runner(model: ObservationInput, device: str, seed: int, play: str | None = None,
+                draw_key: int | None = None) -> Runner:
     """The runner that answers requests with `model`: PolicyRunner, QRunner or ContinuousRunner;
     with `play` ("sample" or "greedy", hpcrl eval), one that answers with actions alone
     (models/runner.py)."""
@@ -74,4 +75,4 @@ def make_runner(model: ObservationInput, device: str, seed: int, play: str | Non
     from hpcrl.models.sac import ContinuousActorCritics, ContinuousRunner
     cls = (QRunner if isinstance(model, QNetwork) else ContinuousRunner if isinstance(model, ContinuousActorCritics)
            else PolicyRunner)
-    return cls(model, device, seed, play=play)
+    return cls(model, device, seed, play=play, draw_key=draw_key)

@@ -134,6 +134,7 @@ class ActorCritic(ObservationInput):
         self.state_dim = spaces.state_dim
         self.value_norm = RunningNorm((), clip=None) if value_norm else None
         out = int(np.prod(self.action_shape)) if self.continuous else spaces.num_actions
+        self.draw_width = out  # random numbers a sampled row takes: one per action, or per action dimension
         if central_critic and encoder_for(spaces, cfg) != "mlp":
             raise ConfigError("algo.name: mappo's centralised critic reads flat observations (model.encoder: mlp); "
                               f"these are images or boards of shape {tuple(spaces.obs_shape)}: use algo.name: ippo")
@@ -259,24 +260,33 @@ class ActorCritic(ObservationInput):
         entropy = -(out.exp() * out).sum(-1)
         return out.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy, values
 
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None, mask: torch.Tensor | None = None):
+    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None, mask: torch.Tensor | None = None,
+               uniforms: torch.Tensor | None = None):
         """Sampled actions, their log-probs, and state values. Gaussian samples are not clipped to
         the action bounds: env ranks clip what they step with, the fragment keeps the sample, so its
-        log-prob stays right. `mask` (categorical): only valid actions are ever drawn."""
+        log-prob stays right. `mask` (categorical): only valid actions are ever drawn. `uniforms`
+        ([B, draw_width] in (0, 1), float64): each row's own random numbers (a holder's keyed draws,
+        core/seeds.py), used instead of `generator`."""
         out, raw = self._heads(obs, mask)
-        return self._draw(out, self.returns_of(raw), generator)
+        return self._draw(out, self.returns_of(raw), generator, uniforms)
 
-    def _draw(self, out: torch.Tensor, values: torch.Tensor, generator: torch.Generator | None):
-        """`sample` from the heads' outputs."""
+    def _draw(self, out: torch.Tensor, values: torch.Tensor, generator: torch.Generator | None,
+              uniforms: torch.Tensor | None = None):
+        """`sample` from the heads' outputs: the draws from `uniforms` where given (each row's
+        action then depends on that row's numbers alone), else from `generator`."""
         if self.continuous:
-            noise = torch.randn(out.shape, generator=generator, device=out.device, dtype=out.dtype)
+            noise = (torch.randn(out.shape, generator=generator, device=out.device, dtype=out.dtype)
+                     if uniforms is None else torch.special.ndtri(uniforms).to(out.dtype).reshape(out.shape))
             actions = out + torch.exp(self.log_std) * noise
             return actions.reshape(-1, *self.action_shape), self._gaussian_logp(out, actions), values
         # torch.multinomial's own method for one draw, an exponential race (argmax p_i / E_i with
         # E_i ~ Exp(1): the same draws from the same generator), without its checks of the
-        # probabilities, which cost a small policy's forward about a sixth of its time
+        # probabilities, which cost a small policy's forward about a sixth of its time; from
+        # uniforms, E = -log U
         probs = out.exp()
-        actions = (probs / torch.empty_like(probs).exponential_(1, generator=generator)).argmax(-1, keepdim=True)
+        race = (torch.empty_like(probs).exponential_(1, generator=generator) if uniforms is None
+                else (-torch.log(uniforms)).to(probs.dtype))
+        actions = (probs / race).argmax(-1, keepdim=True)
         return actions.squeeze(-1), out.gather(-1, actions).squeeze(-1), values
 
     def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

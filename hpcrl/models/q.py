@@ -96,8 +96,9 @@ class QRunner(Runner):
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None = None,
-            state: np.ndarray | None = None) -> None:
+            state: np.ndarray | None = None, keys: tuple | None = None) -> None:
         """`mask`: DQN trains no env that gives action masks (its actors choose from every Q-value).
+        `keys`: unused (the Q-values are the reply; the actors draw their own exploration).
         `state` (a recurrent Q-network): the rows' hidden states, [rows, state_size], advanced in place.
         A player (`play`, hpcrl eval) takes the greedy actions, sampled or not: exploration is the
         actors'."""

@@ -100,12 +100,13 @@ class RecurrentActorCritic(RecurrentCore, ActorCritic):
         return self.critic(self.critic_input(x if self.state_dim else h)).squeeze(-1)
 
     def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None, mask: torch.Tensor | None = None,
-               state: torch.Tensor | None = None):
-        """Actions, their log-probs, state values and the rows' next states, from `state` (zeros: None)."""
+               state: torch.Tensor | None = None, uniforms: torch.Tensor | None = None):
+        """Actions, their log-probs, state values and the rows' next states, from `state` (zeros: None);
+        `uniforms`: the rows' own random numbers, as ActorCritic.sample takes them."""
         x, f = self._encoded(obs)
         h, state = self._step(f, self._state_or_zeros(state, obs))
         out, raw = self._outputs(x, h, mask)
-        return (*self._draw(out, self.returns_of(raw), generator), state)
+        return (*self._draw(out, self.returns_of(raw), generator, uniforms), state)
 
     def value(self, obs: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
         x, f = self._encoded(obs)

@@ -12,6 +12,7 @@ from torch import nn
 
 from hpcrl.core.observations import apply
 from hpcrl.core.observations import count_rows
+from hpcrl.core.seeds import keyed_uniforms
 
 if TYPE_CHECKING:
     from hpcrl.models.networks import ObservationInput
@@ -73,7 +74,10 @@ class Runner:
 
     outputs: tuple[str, ...] = ()
 
-    def __init__(self, model: ObservationInput, device: str, seed: int, play: str | None = None):
+    def __init__(self, model: ObservationInput, device: str, seed: int, play: str | None = None,
+                 draw_key: int | None = None):
+        """`seed`: the generator's, for calls without keys (hpcrl eval, tests); `draw_key`: the key of
+        the draws of calls with keys (a holder's, per policy: the same on every rank; default `seed`)."""
         if play is not None and play not in PLAYS:
             raise ValueError(f"play: expected None or one of {PLAYS}, got {play!r}")
         self.play = play
@@ -86,6 +90,14 @@ class Runner:
         # Its own stream: action sampling repeats per seed and can be saved and restored alone.
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
+        self.draw_key = seed if draw_key is None else draw_key
+
+    def _uniforms(self, keys: tuple[np.ndarray, np.ndarray] | None) -> torch.Tensor | None:
+        """The rows' keyed draws, [rows, draw_width] float64 on the device, for `keys` = (each row's
+        global index, its action step); None without keys (the generator draws)."""
+        if keys is None:
+            return None
+        return torch.from_numpy(keyed_uniforms(self.draw_key, keys[0], keys[1], self.model.draw_width)).to(self.device)
 
     def load(self, flat: np.ndarray, version: int) -> None:
         load_params_from(self.model, flat)
@@ -103,18 +115,20 @@ class PolicyRunner(Runner):
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None = None,
-            state: np.ndarray | None = None) -> None:
+            state: np.ndarray | None = None, keys: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """`mask`: each row's valid actions (envs that give action masks). `state` (a recurrent
-        policy): the rows' hidden states, [rows, state_size], advanced in place."""
+        policy): the rows' hidden states, [rows, state_size], advanced in place. `keys`: each row's
+        (global index, action step), which key its draws (else the runner's generator draws)."""
         mask = None if mask is None else torch.as_tensor(mask, device=self.device).bool()
         if self.play == "greedy":
             self._greedy(obs, out, mask, state)
             return
+        uniforms = self._uniforms(keys)
         if not self.model.recurrent:
-            a, lp, v = self.model.sample(self._tensor(obs), self.generator, mask)
+            a, lp, v = self.model.sample(self._tensor(obs), self.generator, mask, uniforms=uniforms)
         else:  # without `state`, rows without a history (zero states)
             a, lp, v, new = self.model.sample(self._tensor(obs), self.generator, mask,
-                                              None if state is None else self._tensor(state))
+                                              None if state is None else self._tensor(state), uniforms=uniforms)
             if state is not None:
                 state[...] = new.cpu().numpy()
         out["actions"][...] = a.cpu().numpy()

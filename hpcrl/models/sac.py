@@ -59,6 +59,7 @@ class ContinuousActorCritics(ObservationInput):
         self.stochastic = stochastic
         self.action_shape = tuple(spaces.action_shape)
         self.action_dim = int(np.prod(self.action_shape))
+        self.draw_width = self.action_dim  # a sampled row's random numbers: one normal per dimension
         self.low = torch.as_tensor(np.array(spaces.action_low, dtype=np.float32).reshape(self.action_shape))
         self.high = torch.as_tensor(np.array(spaces.action_high, dtype=np.float32).reshape(self.action_shape))
         width, hidden = self.input_width(spaces), list(cfg.hidden_sizes)
@@ -128,12 +129,15 @@ class ContinuousRunner(Runner):
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None = None,
-            state: np.ndarray | None = None) -> None:
+            state: np.ndarray | None = None, keys: tuple | None = None) -> None:
+        """`keys`: each row's (global index, action step), which key SAC's draws (else the generator)."""
         x = self._tensor(obs)
         if self.play == "greedy" or not self.model.stochastic:
             a = self.model.mode(x)
         else:
-            a, _ = self.model.sample(x, self.generator)
+            uniforms = self._uniforms(keys)
+            noise = None if uniforms is None else torch.special.ndtri(uniforms).to(torch.float32)  # models are float32
+            a, _ = self.model.sample(x, self.generator, noise)
         if self.play is not None:
             a = self.model.to_env(a)
         out["actions"][...] = a.cpu().numpy()

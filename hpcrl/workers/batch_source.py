@@ -57,8 +57,10 @@ class FragmentQueue:
         if self.sync:
             if self.complete < len(self.actors):
                 return len(ready), None
-            # actor order, then fragment index: repeatable, whatever the arrival order
-            self.batch = [slot for p in range(len(self.actors)) for slot in self.have[p]]
+            # fragment index, then actor (env ranks in order: the envs' global order): repeatable
+            # whatever the arrival order, and the same columns in the same order on layouts with
+            # other env-rank counts (k fragments per version of every env, either way)
+            self.batch = [self.have[p][i] for i in range(self.per_actor) for p in range(len(self.actors))]
             self.have.clear()
             self.complete = 0
         else:

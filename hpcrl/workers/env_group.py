@@ -11,7 +11,7 @@ import enum
 import numpy as np
 
 from hpcrl.core.config import Config
-from hpcrl.core.messages import EPISODE_STATS, Message
+from hpcrl.core.messages import EPISODE_STATS, VALUES_ONLY, Message
 from hpcrl.core.observations import assign, combine, fit, take
 from hpcrl.core.observations import count_rows
 from hpcrl.core.seeds import env_seeds, seed_for
@@ -69,7 +69,9 @@ class EnvGroup:
     policy is recurrent (`recurrent`) are read-only properties: the request's layout fixes them
     for the group's life, so they are what the group is, not where it stands."""
 
-    def __init__(self, index: int, envs, first_obs: np.ndarray, policy, columns: slice, row_policy: np.ndarray):
+    def __init__(self, index: int, envs, first_obs: np.ndarray, policy, columns: slice, row_policy: np.ndarray,
+                 first_row: int = 0):
+        """`first_row`: the global index of the group's first row among all of the run's env rows."""
         self.index = index  # the group's number on its env rank
         self.envs, self.policy, self.columns = envs, policy, columns
         self.request, self.reply = policy.request, policy.reply
@@ -79,6 +81,8 @@ class EnvGroup:
             self.request["policy"][...] = row_policy
         self.seats: Seats | None = None  # self-play against a pool: who plays which seat (workers/selfplay.py)
         n = count_rows(self.request["obs"])
+        self.request.set(row0=first_row)
+        self.steps = 0  # action steps asked for since the run began (EnvRank sets it on a resume)
         self.phase = Phase.READY
         self.t = 0  # PPO: the fragment's step this group takes next (DQN's windows count their own)
         self.first_version = -1  # policy version of this group's first step in the current fragment
@@ -105,7 +109,11 @@ class EnvGroup:
         return "starts" in self.request.arrays
 
     def submit(self, version: int, flags: int = 0) -> None:
+        """Ask for the actions of action step `self.steps` (which keys the holder's draws); a call
+        for values only (VALUES_ONLY) takes no step."""
+        self.request.set(step=self.steps)
         self.policy.submit(version, len(self.final_rows), flags)
+        self.steps += 0 if flags & VALUES_ONLY else 1
         self.phase = Phase.WAITING
 
     def truncation_values(self, reply: Message) -> tuple[np.ndarray, np.ndarray]:
@@ -145,10 +153,13 @@ def make_groups(cfg: Config, index: int, policies: list, row_policy: np.ndarray,
     groups = []
     anchors = anchor_players(cfg.algo.selfplay)
     for g, policy in enumerate(policies):
-        envs, first_obs = make_vector_env(cfg.env, seed=env_seeds(cfg.run.seed, index, g, per_group),
+        # the global index of the group's first env: env ranks in order, each rank's groups in order
+        first_env = index * cfg.env.num_envs + g * per_group
+        envs, first_obs = make_vector_env(cfg.env, seed=env_seeds(cfg.run.seed, first_env, per_group),
                                           gamma=cfg.algo.gamma, num_envs=per_group)
         columns = slice(g * rows, (g + 1) * rows)
-        group = EnvGroup(g, envs, first_obs, policy, columns, row_policy[columns])
+        group = EnvGroup(g, envs, first_obs, policy, columns, row_policy[columns],
+                         first_row=first_env * (rows // per_group))
         if cfg.algo.selfplay.opponents_count:
             group.seats = Seats(cfg, per_group, rows // per_group,
                                 np.random.default_rng(seed_for(cfg.run.seed, "selfplay", index, g)),

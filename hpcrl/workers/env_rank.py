@@ -104,6 +104,7 @@ class EnvRank:
         self.version = start_version
         self.fragments_per_version = fragments_per_version
         self.version_fragments = 0  # sync: records sent with self.version so far
+        self.rollout_length = cfg.algo.rollout_length
         self.done = False
         self.stopping = False  # the stop word is in: every group collects its STOP reply, then finish
         self.fragments_sent = 0
@@ -115,6 +116,7 @@ class EnvRank:
         self.status = "starting"
         self.writer = writer
         writer.attach(self)
+        self._count_steps()
         # serial mode with a replay ratio (launch/wiring.py): true while the trainer in this process
         # owes updates, and the actor waits, so every update finds it between records
         self.hold = None
@@ -309,6 +311,16 @@ class EnvRank:
             group.policy.restore_sampling_state(policy_state)  # its arrays were written in place
         self.version, self.fragments_sent = parts["version"], parts["fragments_sent"]
         self.version_fragments = parts["version_fragments"]
+        self._count_steps()
+
+    def _count_steps(self) -> None:
+        """Each group's action steps since the run began, which key its policy's draws: a record is
+        T steps, and a sync run begins each version's records afresh, so the count follows from the
+        version and the records sent with it, on a resume too."""
+        records = self.version * self.fragments_per_version + self.version_fragments if self.sync \
+            else self.fragments_sent
+        for group in self.groups:
+            group.steps = records * self.rollout_length
 
     def _finish(self) -> None:
         for sender in self.senders:

@@ -36,16 +36,19 @@ class PolicySet:
         return self.runners[0].version if len(self.runners) == 1 else min(r.version for r in self.runners)
 
     def act(self, obs: np.ndarray, out: dict[str, np.ndarray], mask: np.ndarray | None,
-            policy: np.ndarray | None = None, state: np.ndarray | None = None) -> None:
-        """`state`: a recurrent policy's hidden states of the rows, advanced in place."""
+            policy: np.ndarray | None = None, state: np.ndarray | None = None,
+            keys: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """`state`: a recurrent policy's hidden states of the rows, advanced in place. `keys`: each
+        row's (global index, action step), which key its draws."""
         extra = {} if state is None else {"state": state}
         if policy is None:
-            self.runners[0].act(obs, out, mask, **extra)
+            self.runners[0].act(obs, out, mask, keys=keys, **extra)
             return
         for p, rows in self._rows(policy):
             part = {name: values[rows] for name, values in out.items()}
             rows_state = {} if state is None else {"state": state[rows]}
-            self._runner(p).act(take(obs, rows), part, None if mask is None else mask[rows], **rows_state)
+            self._runner(p).act(take(obs, rows), part, None if mask is None else mask[rows],
+                                keys=None if keys is None else (keys[0][rows], keys[1][rows]), **rows_state)
             for name, values in part.items():
                 out[name][rows] = values
             if state is not None:
@@ -101,13 +104,27 @@ class RequestBatch:
     policy, the outputs scattered back into each reply. A policy server batches every ready
     request; an inline policy is a batch of one, through the same code. Before the actions, each
     request's final observations get their values and a recurrent policy's rows their start
-    states; after them, the states of requests that advance move on."""
+    states; after them, the states of requests that advance move on.
 
-    def __init__(self, policies: PolicySet, request: Message, reply: Message, capacity: int, state_size: int = 0):
-        """Room for `capacity` requests shaped like `request` and `reply`."""
+    Each row's draws are keyed by (its global row index, its action step), from the request's
+    header, so they never depend on the batch. Its bits do, in torch's CPU kernels (a row's
+    logits differ in the last bits with the batch size), so with `block` (run.deterministic) every
+    request is computed alone, in forward passes of `block` rows each: an env's actions are then
+    the same whichever requests arrived together, and, with the same block on every layout,
+    whichever rank holds the env."""
+
+    def __init__(self, policies: PolicySet, request: Message, reply: Message, capacity: int, state_size: int = 0,
+                 block: int | None = None):
+        """Room for `capacity` requests shaped like `request` and `reply`; `block`: rows per forward
+        pass, each request alone (a divisor of its rows), or None: every request of a batch in one."""
         self.policies = policies
         self.per_request = count_rows(request["obs"])
+        if block is not None and self.per_request % block:
+            raise ValueError(f"a forward block of {block} rows does not divide a request's {self.per_request}")
+        self.block = block
+        self.offsets = np.arange(self.per_request, dtype=np.int64)  # a request's rows after its first
         rows = capacity * self.per_request
+        self.keys = (np.zeros(rows, np.int64), np.zeros(rows, np.int64))  # the batch's rows' (index, step)
         self.obs = apply(lambda leaf: np.zeros((rows, *leaf.shape[1:]), dtype=leaf.dtype), request["obs"])
         self.mask = (np.zeros((rows, *request["action_mask"].shape[1:]), dtype=np.uint8)
                      if "action_mask" in request.arrays else None)  # envs that give action masks
@@ -118,31 +135,44 @@ class RequestBatch:
                     for name in policies.outputs}
 
     def answer(self, items: list[tuple[Message, Message, np.ndarray | None]]) -> None:
-        """Fill the reply of each (request, reply, the request's hidden states or None). One
-        request is its own batch: its arrays are acted on in place, with no gather or scatter
-        (a copy per step cost an inline policy 4% of its frames in bench/sampling.py)."""
+        """Fill the reply of each (request, reply, the request's hidden states or None)."""
         for request, reply, states in items:
-            final_values(self.policies, request, reply, states)
+            final_values(self.policies, request, reply, states, alone=self.block is not None)
             if states is not None:
                 begin_states(request, reply, states)
-        if len(items) == 1:
-            request, reply, states = items[0]
-            obs, mask, policy = request["obs"], request.arrays.get("action_mask"), request.arrays.get("policy")
-            state = None if states is None else states if advances(request) else states.copy()
-            out = {name: reply[name] for name in self.policies.outputs}
+        if len(items) == 1 or self.block is not None:
+            for request, reply, states in items:
+                self._answer_alone(request, reply, states)
         else:
-            obs, mask, policy, state, out = self._gather(items)
-        self.policies.act(obs, out, mask, policy, state)
-        if len(items) > 1:
+            self.policies.act(*self._gather(items))
             self._scatter(items)
         for _, reply, _ in items:
             reply.set(version=self.policies.version, flags=0)
 
+    def _keys(self, request: Message) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's (global index, action step): what keys its draws."""
+        return self.offsets + request.get("row0"), np.full(self.per_request, request.get("step"), np.int64)
+
+    def _answer_alone(self, request: Message, reply: Message, states: np.ndarray | None) -> None:
+        """One request, acted on in place (no gather or scatter: a copy per step cost an inline
+        policy 4% of its frames in bench/sampling.py), in forward passes of `block` rows."""
+        obs, mask, policy = request["obs"], request.arrays.get("action_mask"), request.arrays.get("policy")
+        state = None if states is None else states if advances(request) else states.copy()
+        out = {name: reply[name] for name in self.policies.outputs}
+        rows, steps = self._keys(request)
+        block = self.block or self.per_request
+        for start in range(0, self.per_request, block):
+            b = slice(start, start + block)
+            self.policies.act(take(obs, b), {name: values[b] for name, values in out.items()},
+                              None if mask is None else mask[b], None if policy is None else policy[b],
+                              None if state is None else state[b], (rows[b], steps[b]))
+
     def _gather(self, items: list) -> tuple:
-        """The requests' rows, in order, in the batch arrays: (obs, mask, policy, state, outputs)."""
+        """The requests' rows, in order, in the batch arrays: (obs, outputs, mask, policy, state, keys)."""
         n = len(items) * self.per_request
         for k, (request, _, states) in enumerate(items):
             rows = slice(k * self.per_request, (k + 1) * self.per_request)
+            self.keys[0][rows], self.keys[1][rows] = self._keys(request)
             assign(self.obs, request["obs"], rows)
             if self.mask is not None:
                 self.mask[rows] = request["action_mask"]
@@ -150,9 +180,9 @@ class RequestBatch:
                 self.policy[rows] = request["policy"]
             if states is not None:
                 self.state[rows] = states
-        return (take(self.obs, slice(0, n)), None if self.mask is None else self.mask[:n],
-                None if self.policy is None else self.policy[:n], None if self.state is None else self.state[:n],
-                {name: out[:n] for name, out in self.out.items()})
+        return (take(self.obs, slice(0, n)), {name: out[:n] for name, out in self.out.items()},
+                None if self.mask is None else self.mask[:n], None if self.policy is None else self.policy[:n],
+                None if self.state is None else self.state[:n], (self.keys[0][:n], self.keys[1][:n]))
 
     def _scatter(self, items: list) -> None:
         """Each request's rows of the outputs into its reply; the states of those that advance."""
@@ -164,15 +194,23 @@ class RequestBatch:
                 states[...] = self.state[rows]
 
 
-def final_values(policies: PolicySet, request: Message, reply: Message, states: np.ndarray | None) -> None:
+def final_values(policies: PolicySet, request: Message, reply: Message, states: np.ndarray | None,
+                 alone: bool = False) -> None:
     """Before the actions: the values of the request's final observations (episodes truncated in
-    the last step), a recurrent policy's from the state each of those episodes ended in."""
+    the last step), a recurrent policy's from the state each of those episodes ended in. `alone`
+    (run.deterministic): each env's in a forward pass of its own, so its bits do not depend on
+    which other envs' episodes were truncated in the same step."""
     n_final = request.get("n_final")
-    if n_final:  # most requests carry none: skip the forward call and its inference-mode switch
-        final_policy = request.arrays.get("final_policy")
-        policies.value(take(request["final_obs"], slice(0, n_final)), reply["final_values"][:n_final],
-                       None if final_policy is None else final_policy[:n_final],
-                       None if states is None else states[request["final_rows"][:n_final]])
+    if not n_final:  # most requests carry none: skip the forward call and its inference-mode switch
+        return
+    final_policy = request.arrays.get("final_policy")
+    # final rows come in whole envs (a central critic reads every agent of one)
+    env_rows = getattr(policies.runners[0].model, "num_agents", 1) if alone else n_final
+    for start in range(0, n_final, env_rows):
+        b = slice(start, min(start + env_rows, n_final))
+        policies.value(take(request["final_obs"], b), reply["final_values"][b],
+                       None if final_policy is None else final_policy[b],
+                       None if states is None else states[request["final_rows"][b]])
 
 
 def begin_states(request: Message, reply: Message, states: np.ndarray) -> None:

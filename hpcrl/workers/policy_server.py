@@ -42,16 +42,17 @@ class InlinePolicy:
     """The policy inside an env rank (`inference: {ranks: 0}`, and serial mode): same calls as
     RemotePolicy, answered in-process once this rank holds the requested version."""
 
-    def __init__(self, policies: PolicySet, request: Message, reply: Message, sync: bool = True, control=None):
+    def __init__(self, policies: PolicySet, request: Message, reply: Message, sync: bool = True, control=None,
+                 block: int | None = None):
         """`control`: the rank's control stream (None: only the weights' END stops it, as in tests
-        that drive an actor alone)."""
+        that drive an actor alone). `block`: rows per forward pass (forward_block)."""
         self.policies = policies
         self.sync = sync
         self.control = control
         self.request, self.reply = request, reply
         states = holder_states(policies, 1, count_rows(request["obs"]))
         self.states = None if states is None else states[0]  # a recurrent policy's, of this rank's env rows
-        self.batch = RequestBatch(policies, request, reply, 1, state_size(policies))
+        self.batch = RequestBatch(policies, request, reply, 1, state_size(policies), block=block)
         self.stopped = False
         self._wanted: int | None = None
 
@@ -63,8 +64,10 @@ class InlinePolicy:
     def build(cls, w, index: int) -> "InlinePolicy":
         """The policy of env rank number `index` (inference: {ranks: 0}, and serial mode)."""
         spec = w.inference
-        return cls(build_policies(w, w.cfg.roles.env.device, "inline_policy", index), spec.request.allocate(),
-                   spec.reply.allocate(), sync=w.cfg.algo.mode == "sync", control=w.control)
+        request = spec.request.allocate()
+        return cls(build_policies(w, w.cfg.roles.env.device, "inline_policy", index), request,
+                   spec.reply.allocate(), sync=w.cfg.algo.mode == "sync", control=w.control,
+                   block=forward_block(w, request))
 
     def finished(self) -> bool:
         """Every parameter stream has closed here (a node's leader has passed END on)."""
@@ -117,8 +120,19 @@ def build_runner(cfg, spaces, device: str, purpose: str, index: int, policy: int
 
     from hpcrl.models import build_policy, make_runner
     torch.manual_seed(cfg.run.seed)  # initial weights; the learner root's first version replaces them
-    # action sampling: its own stream per rank, repeatable per run seed
-    return make_runner(build_policy(spaces, cfg), device, seed=seed_for(cfg.run.seed, purpose, index, group=policy))
+    # action sampling: keyed by (policy, env row, step), the same on every holder of every layout; the
+    # generator (per rank) serves only calls without keys
+    return make_runner(build_policy(spaces, cfg), device, seed=seed_for(cfg.run.seed, purpose, index, group=policy),
+                       draw_key=seed_for(cfg.run.seed, "action", 0, group=policy))
+
+
+def forward_block(w, request: Message) -> int | None:
+    """Rows per forward pass of a holder of `request`-shaped requests: run.inference_block envs, or
+    a whole request, each request alone (run.deterministic); None: every ready request in one pass."""
+    run = w.cfg.run
+    if not run.deterministic:
+        return None
+    return count_rows(request["obs"]) if run.inference_block is None else run.inference_block * w.spaces.num_agents
 
 
 def can_answer(have: int, wanted: int, sync: bool) -> bool:
@@ -138,7 +152,9 @@ class InferenceRole:
 
     name = "inference"
 
-    def __init__(self, rank: int, policies: PolicySet, server: RequestServer, control, sync: bool = True):
+    def __init__(self, rank: int, policies: PolicySet, server: RequestServer, control, sync: bool = True,
+                 block: int | None = None):
+        """`block`: rows per forward pass (forward_block)."""
         self.rank = rank
         self.sync = sync
         self.policies, self.server = policies, server
@@ -152,7 +168,7 @@ class InferenceRole:
         # a recurrent policy's hidden states: every served row's
         self.states = holder_states(policies, len(server.requests), count_rows(server.requests[0]["obs"]))
         self.batch = RequestBatch(policies, server.requests[0], server.replies[0], len(server.requests),
-                                  state_size(policies))
+                                  state_size(policies), block=block)
 
     @classmethod
     def build(cls, w) -> "InferenceRole":
@@ -160,7 +176,9 @@ class InferenceRole:
         it serves, its parameter-stream subscription and its policy."""
         clients = [(env, g) for env in w.layout.envs_of_inference(w.rank) for g in range(w.groups)]
         policies = build_policies(w, w.cfg.roles.inference.device, "inference", w.layout.index_in("inference", w.rank))
-        return cls(w.rank, policies, w.inference.server(clients), w.control, sync=w.cfg.algo.mode == "sync")
+        server = w.inference.server(clients)
+        return cls(w.rank, policies, server, w.control, sync=w.cfg.algo.mode == "sync",
+                   block=forward_block(w, server.requests[0]))
 
     def poll(self) -> int:
         self.passes += 1

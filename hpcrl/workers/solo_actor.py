@@ -53,8 +53,9 @@ class SoloActor:
 def solo_actor(cfg: Config, spaces, model=None, sampler_seed: int = 0, receiver_slots: int = 1,
                sender_slots: int = 2) -> SoloActor:
     """An env rank of `cfg` (one env group) whose inline policy acts with `model`'s weights (default:
-    a network built from the current torch seed) on the config's env device. `receiver_slots`: the
-    records that may wait in this process at once."""
+    a network built from the current torch seed) on the config's env device, drawing its actions
+    with key `sampler_seed` (core/seeds.py keyed_uniforms). `receiver_slots`: the records that may
+    wait in this process at once."""
     from hpcrl.models import build_policy, make_runner, num_params
     model = build_policy(spaces, cfg) if model is None else model
     publisher = ParameterPublisher(None, weights_spec(num_params(model)))

@@ -1,0 +1,147 @@
+"""Reproducible runs: a sync run is a function of its config, seed and learner count. Two runs on
+one layout train bit-identical weights and metric rows, and a run with a fixed total of envs gives
+the same weights on serial, 2 and 4 env ranks, with remote or inline inference (real mpirun jobs).
+Below them, the pieces that make it so: keyed draws and forward passes in fixed blocks."""
+import numpy as np
+import pytest
+import torch
+
+from hpcrl.core.config import parse_config
+from hpcrl.core.messages import request_spec, reply_spec
+from hpcrl.core.reproducible import MEASURED_COLUMNS
+from hpcrl.core.seeds import env_seeds, keyed_uniforms
+from hpcrl.envs import env_spaces
+from hpcrl.io.checkpoint import load_checkpoint
+from hpcrl.io.metrics import read_metrics
+from hpcrl.models import build_policy, make_runner
+from hpcrl.workers.policy_holder import PolicySet, RequestBatch
+from tests.conftest import mpirun, run_dir, small_config, write_config
+
+
+
+def test_keyed_draws_depend_on_their_key_alone():
+    rows, steps = np.array([5, 900, 17, 3]), np.array([0, 0, 41, 7])
+    both = keyed_uniforms(11, rows, steps, 3)
+    assert both.shape == (4, 3) and ((both > 0) & (both < 1)).all()
+    for i in range(4):  # a row drawn alone, or among others in another order: the same numbers
+        np.testing.assert_array_equal(keyed_uniforms(11, rows[i:i + 1], steps[i:i + 1], 3)[0], both[i])
+    np.testing.assert_array_equal(keyed_uniforms(11, rows[::-1], steps[::-1], 3), both[::-1])
+    assert not np.isin(keyed_uniforms(12, rows, steps, 3), both).any()  # another key: other numbers
+    assert not np.isin(keyed_uniforms(11, rows, steps + 1, 3), both).any()  # the next step: other numbers
+    many = keyed_uniforms(0, np.arange(20_000), np.zeros(20_000, np.int64), 1)
+    assert abs(many.mean() - 0.5) < 0.01 and abs(many.var() - 1 / 12) < 0.005  # uniform, as a check
+
+
+def test_env_seeds_follow_the_global_env_index():
+    """An env's seed is the same whichever rank steps it: 2 ranks of 8 envs, 4 of 4, one of 16."""
+    whole = env_seeds(1, 0, 16)
+    assert env_seeds(1, 8, 8) == whole[8:] and env_seeds(1, 12, 4) == whole[12:] and len(set(whole)) == 16
+
+
+def _holder(block, num_envs=8, continuous=False):
+    cfg = parse_config("{}", overrides=(f"env.id={'Pendulum-v1' if continuous else 'CartPole-v1'}",
+                                        f"env.num_envs={num_envs}", "model.hidden_sizes=[64, 64]"))
+    spaces = env_spaces(cfg.env)
+    torch.manual_seed(0)
+    runner = make_runner(build_policy(spaces, cfg), "cpu", seed=0, draw_key=123)
+    request = request_spec(num_envs, spaces.obs_shape, spaces.obs_dtype)
+    reply = reply_spec(num_envs, spaces.action_shape, spaces.action_dtype)
+    return RequestBatch(PolicySet([runner], []), request.allocate(), reply.allocate(), 4, block=block), request, reply
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_a_request_gets_the_same_bits_alone_or_batched_in_fixed_blocks(continuous):
+    """run.deterministic: a request computed alone in blocks (of 3 envs: a size whose bits differ
+    from a larger batch's in torch's CPU kernels) gives the same reply whichever other requests
+    came with it; the same envs split over two requests of half the size (twice the env ranks) get
+    the same reply bits too. Batched in one pass, the draws still follow each row's key."""
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(24, 3 if continuous else 4)).astype(np.float32)  # 24 env rows
+
+    def answer(block, groups, per_request=6, step=5):
+        batch, request, reply = _holder(block, per_request, continuous)
+        items = []
+        for g in groups:
+            q, r = request.allocate(), reply.allocate()
+            q["obs"][...] = obs[g * per_request:(g + 1) * per_request]
+            q.set(row0=g * per_request, step=step)
+            items.append((q, r, None))
+        batch.answer(items)
+        return {g: {k: r[k].copy() for k in ("actions", "logp", "values")} for g, (_, r, _) in zip(groups, items)}
+
+    alone = answer(3, [2])[2]
+    for together in (answer(3, [0, 1, 2, 3])[2], answer(3, [3, 2])[2]):
+        for key in alone:
+            np.testing.assert_array_equal(together[key], alone[key], err_msg=key)
+    halves = answer(3, [4, 5], per_request=3)  # env rows 12-17 as two requests of 3
+    for key in alone:
+        np.testing.assert_array_equal(np.concatenate([halves[4][key], halves[5][key]]), alone[key], err_msg=key)
+    batched = answer(None, [0, 1, 2, 3])[2]  # one pass of 24 rows: other bits, the same keyed draws
+    assert not np.array_equal(batched["values"], alone["values"])
+    np.testing.assert_allclose(batched["values"], alone["values"], rtol=1e-5)
+    if continuous:
+        np.testing.assert_allclose(batched["actions"], alone["actions"], rtol=1e-4)
+    else:
+        np.testing.assert_array_equal(batched["actions"], alone["actions"])  # no near-ties among 6 rows
+    assert not np.array_equal(answer(3, [2], step=6)[2]["actions"], alone["actions"])
+
+
+def _trained(cfg: dict) -> dict:
+    """The final checkpoint's weights and optimizer state, and the metric rows of a finished run."""
+    ckpt = load_checkpoint(str(run_dir(cfg) / "checkpoint.h5"))
+    return {"model": ckpt["model"], "optimizer": ckpt["optimizer"],
+            "metrics": read_metrics(str(run_dir(cfg) / "metrics.h5"))}
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def assert_same_run(a: dict, b: dict) -> None:
+    """Bit-identical weights, optimizer state and metric rows (the columns that measure the machine aside)."""
+    assert_same_weights(a, b)
+    for key, value in a["optimizer"].items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, b["optimizer"][key]), key
+    assert a["metrics"].keys() == b["metrics"].keys()
+    compared = [k for k in a["metrics"] if k not in MEASURED_COLUMNS]
+    assert {"frames", "return_mean", "loss_policy", "loss_value", "entropy"} <= set(compared)
+    for key in compared:
+        np.testing.assert_array_equal(a["metrics"][key], b["metrics"][key], err_msg=key)
+
+
+TOTAL_ENVS = 12
+
+
+def layout_run(tmp_path, name: str, env_ranks: int, inference: int = 1, learners: int = 1,
+               num_envs: int | None = None) -> dict:
+    """A sync PPO run on `env_ranks` env ranks (0: serial) of 12 envs in all (or `num_envs` each),
+    in forward blocks of 3 envs (a size whose bits differ from larger batches' in torch's kernels)."""
+    serial = env_ranks == 0
+    cfg = small_config(tmp_path, name=name, **{
+        "run": {"total_frames": 4096, "target_return": None, "inference_block": 3},
+        "roles": {"learner": {"ranks": learners}, "inference": {"ranks": inference}, "env": {"ranks": "rest"}},
+        "env": {"num_envs": num_envs or TOTAL_ENVS // max(env_ranks, 1)},
+        "algo": {"rollout_length": 16, "epochs": 2, "num_minibatches": 4, "ent_coef": 0.01}})
+    ranks = 1 if serial else learners + inference + env_ranks
+    done = mpirun(ranks, "run", str(write_config(tmp_path, cfg, f"{name}.yaml")))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return _trained(cfg)
+
+
+def test_a_sync_run_repeats_bit_for_bit_on_one_layout_and_trains_alike_on_others(tmp_path):
+    """Twice on 4 ranks (1 learner, 1 policy server, 2 env ranks of 6 envs in groups of 3): the
+    same weights, optimizer state and metric rows. The same 12 envs serially, on 4 env ranks of 3,
+    and on 2 env ranks with inline policies: the same weights."""
+    first = layout_run(tmp_path, "remote2", env_ranks=2)
+    assert_same_run(first, layout_run(tmp_path, "remote2_again", env_ranks=2))
+    for name, env_ranks, inference in (("serial", 0, 0), ("remote4", 4, 1), ("inline2", 2, 0)):
+        assert_same_weights(first, layout_run(tmp_path, name, env_ranks, inference))
+
+
+def test_two_learners_repeat_bit_for_bit(tmp_path):
+    """6 ranks: 2 learners averaging gradients with Horovod, a policy server, 3 env ranks."""
+    first = layout_run(tmp_path, "two", env_ranks=3, learners=2, num_envs=6)
+    assert_same_run(first, layout_run(tmp_path, "two_again", env_ranks=3, learners=2, num_envs=6))
