@@ -156,14 +156,17 @@ def previous_path(path: str) -> str:
 
 def save_checkpoint(path: str, model, optimizer,
                     counters: dict[str, int | float], np_rng: np.random.Generator, config_text: str,
-                    extra: dict[str, np.ndarray] | None = None, policies: dict[str, dict] | None = None) -> None:
+                    extra: dict[str, np.ndarray] | None = None, policies: dict[str, dict] | None = None,
+                    provenance: dict | None = None) -> None:
     """Write a checkpoint with a content checksum; the one it replaces becomes `*.prev.h5`.
     `policies` (runs of several, core/policies.py): the other policies, each a group of its own
     under /policies/NAME with its 'model', 'optimizer' and 'step' state; `model` and `optimizer`
-    are the first policy's."""
+    are the first policy's. `provenance`: the package versions and layout shape the run's bits
+    depend on (core/reproducible.py), as JSON in an attribute."""
     def fill(f: h5py.File) -> None:
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["config"] = config_text
+        f.attrs["provenance"] = json.dumps(provenance or {})
         _write_tree(f.create_group("model"), dict(model.state_dict()))
         pause_point("checkpoint")  # tests: a kill here leaves half a file
         _write_tree(f.create_group("optimizer"), optimizer.state_dict())
@@ -287,20 +290,38 @@ def _newest_usable(path: str, read: Callable[[str], Any]) -> tuple[str | None, A
 
 
 def load_checkpoint(path: str) -> dict:
-    """{'model', 'optimizer', 'counters', 'rng', 'extra', 'config', 'policies'}; tensors as torch tensors.
+    """{'model', 'optimizer', 'counters', 'rng', 'extra', 'config', 'policies', 'provenance'}; tensors
+    as torch tensors ('provenance': {} in checkpoints written before it was recorded).
     Raises CheckpointError if the file is unreadable, its content does not match its checksum or
     a counter is not a whole number (whether the weights fit a model: `check_fits`)."""
     return _read_verified(path, lambda f: {
         "model": _read_tree(f["model"], as_torch=True), "optimizer": _read_tree(f["optimizer"], as_torch=True),
         "counters": _read_counters(f, path), "rng": _read_tree(f["rng"], as_torch=False),
         "extra": _read_tree(f["extra"], as_torch=False), "config": str(f.attrs["config"]),
-        "policies": _read_tree(f["policies"], as_torch=True) if "policies" in f else {}})
+        "policies": _read_tree(f["policies"], as_torch=True) if "policies" in f else {},
+        "provenance": _provenance(f)})
+
+
+def _provenance(f: h5py.File) -> dict:
+    """The checkpoint's record of package versions and layout ({} where it has none or it is not a
+    JSON mapping of plain values: a run directory is data)."""
+    try:
+        value = json.loads(str(f.attrs.get("provenance", "{}")))
+    except ValueError:
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, (str, int, float, bool, type(None)))} \
+        if isinstance(value, dict) else {}
 
 
 def read_summary(path: str) -> tuple[str, dict]:
     """(config text, counters) of one checkpoint, read without torch; CheckpointError if the file
     is unreadable, its content does not match its checksum or a counter is not a whole number."""
     return _read_verified(path, lambda f: (str(f.attrs["config"]), _read_counters(f, path)))
+
+
+def read_provenance(path: str) -> dict:
+    """The package versions and layout shape a checkpoint was written with ({} if it has none)."""
+    return _read_verified(path, _provenance)
 
 
 def _read_counters(f: h5py.File, path: str) -> dict:

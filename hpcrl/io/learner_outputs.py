@@ -21,11 +21,13 @@ METRICS_FLUSH_S = 1.0
 class LearnerOutputs:
     def __init__(self, run_dir: str, config_text: str, log_interval_s: float, checkpoint_interval_s: float,
                  start_frames: int = 0, resume: bool = False, tensorboard: bool = False,
-                 progress: str = "loss {loss:.3f}", label: str = ""):
+                 progress: str = "loss {loss:.3f}", label: str = "", provenance: dict | None = None):
         """`start_frames`: the frames the run starts from (a resume's); `resume`: continue
         metrics.h5 (already cut back to the checkpoint by rundir.prepare). `progress`: the
         algorithm's part of the progress line, a format string over the row (its step's `progress`).
-        `label`: after '[hpcrl' on its lines (' member03' in a population)."""
+        `label`: after '[hpcrl' on its lines (' member03' in a population). `provenance`: what
+        checkpoints record of the packages and the layout (core/reproducible.py)."""
+        self.provenance = provenance or {}
         self.progress, self.label = progress, label
         self.saved = False  # whether the last report wrote a checkpoint
         self.run_dir = run_dir

@@ -20,9 +20,11 @@ import time
 import numpy as np
 import yaml
 
+from hpcrl.core.config import parse_config
 from hpcrl.core.config_base import ConfigError, load_bounded_yaml
+from hpcrl.core.reproducible import repeatability
 from hpcrl.core.stop import StopReason
-from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, read_summary
+from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, read_provenance, read_summary
 from hpcrl.io.metrics import read_metrics
 from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE, RECOVERY_LOG
 
@@ -124,7 +126,7 @@ def _checkpoint_file(path: str) -> dict | None:
     info = {"file": path, "bytes": os.path.getsize(path), "written": os.path.getmtime(path)}
     try:
         _, counters = read_summary(path)
-        info.update(digest_ok=True, counters=counters)
+        info.update(digest_ok=True, counters=counters, provenance=read_provenance(path))
     except CheckpointError as exc:
         info.update(digest_ok=False, problem=str(exc))
     return info
@@ -139,6 +141,7 @@ def describe(run_dir: str) -> dict:
                   "checkpoint": _checkpoint_file(checkpoint),
                   "previous_checkpoint": _checkpoint_file(previous_path(checkpoint)),
                   "resumes_from": found, "progress": None, "no_progress": "", "repairs": _repairs(run_dir)}
+    info["repeatable"], info["repeatability"] = _repeatability(info["config"])
     try:
         m = load_metrics(run_dir)
     except RunDirError as exc:
@@ -156,6 +159,15 @@ def describe(run_dir: str) -> dict:
     info["stopped_by"] = stopped_by
     info["finished"] = StopReason.from_text(stopped_by) in (StopReason.TOTAL_FRAMES, StopReason.TARGET_RETURN)
     return info
+
+
+def _repeatability(cfg: dict) -> tuple[bool | None, str]:
+    """Whether the run repeats bit for bit (core/reproducible.py); None where its config does not
+    read as one this hpcrl runs."""
+    try:
+        return repeatability(parse_config(yaml.safe_dump(cfg), "config.yaml"))
+    except (ConfigError, yaml.YAMLError) as exc:
+        return None, f"cannot tell: its config is not one this hpcrl runs ({exc})"
 
 
 def _repairs(run_dir: str) -> list[str]:
@@ -267,9 +279,12 @@ def _checkpoint_line(info: dict | None, run_dir: str) -> str:
     head = f"{name}, {info['bytes'] / 1024:,.1f} KiB, written {when}"
     if not info["digest_ok"]:
         return f"{head}, NOT USABLE: {info['problem']}"
-    c = info["counters"]
+    c, p = info["counters"], info.get("provenance") or {}
+    written = (f"; written by torch {p.get('torch')}, numpy {p.get('numpy')} on {p.get('world_size')} ranks "
+               f"({p.get('learners')} learner, {p.get('inference_ranks')} inference, {p.get('env_ranks')} env; "
+               f"{p.get('envs')} envs)" if p else "")
     return (f"{head}, policy version {c.get('policy_version')}, {int(c.get('frames', 0)):,} frames, "
-            f"{c.get('updates')} updates, digest OK")
+            f"{c.get('updates')} updates, digest OK{written}")
 
 
 def format_report(info: dict, full_config: bool = False) -> str:
@@ -281,6 +296,7 @@ def format_report(info: dict, full_config: bool = False) -> str:
         lines += [f"config       {line}" if i == 0 else f"             {line}"
                   for i, line in enumerate(_config_summary(info["config"]))]
     lines.append(f"status       {_status(info)}")
+    lines.append(f"repeats      {info['repeatability']}")
     p = info["progress"]
     if p is None:
         lines.append(f"progress     none: {info['no_progress']}")

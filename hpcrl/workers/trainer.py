@@ -23,6 +23,7 @@ from hpcrl.core.config import Config
 from hpcrl.core.config_schedule import scheduled
 from hpcrl.core.faults import pause_point
 from hpcrl.core.policies import policy_names
+from hpcrl.core.reproducible import changed_packages, provenance
 from hpcrl.core.seeds import seed_for
 from hpcrl.core.startup import CLOCK
 from hpcrl.core.stop import StopReason
@@ -58,7 +59,7 @@ class LearnerRole(MemberParts):
         files = (LearnerOutputs(w.start.run_dir, w.start.config_text, cfg.run.log_interval_s, cfg.run.checkpoint_interval_s,
                           start_frames=w.start.start_frames, resume=w.start.resume_file is not None,
                           tensorboard=cfg.run.tensorboard, progress=w.algorithm.load("step").progress,
-                          label=w.member_label)
+                          label=w.member_label, provenance=provenance(cfg, layout))
                  if root else None)
         source.resume(w.start.run_dir, w.start.start_version if w.start.resume_file else None)
         return cls(cfg, w.policy_spaces[policy], w.trainer_comm, source, w.params[policy] if publishes else None,
@@ -158,6 +159,10 @@ class LearnerRole(MemberParts):
             self.env_state = None
             return {}
         checkpoint = load_checkpoint(resume_path) if self.root else None
+        if checkpoint is not None and (changed := changed_packages(checkpoint["provenance"])):
+            print(f"[hpcrl] warning: resuming with other package versions than the checkpoint was written with "
+                  f"({', '.join(changed)}): the run goes on, but its bits may differ from an uninterrupted run's",
+                  flush=True)
         if len(self.policy_names) == 1:
             if checkpoint is not None:
                 self.model.load_state_dict(checkpoint["model"])
@@ -353,7 +358,7 @@ class LearnerRole(MemberParts):
                           f"checkpoints hold no env state, so a resumed serial run starts new episodes", flush=True)
                     self._warned_env_state = True
         save_checkpoint(path, self.model, self.optimizer, counters, self.rng, self.files.config_text, extra=extra,
-                        policies=self._other_policies)
+                        policies=self._other_policies, provenance=self.files.provenance)
 
     def _gather_policies(self) -> dict | None:
         """MPI over the trainers: each other policy's state (its first trainer's), at the root."""
