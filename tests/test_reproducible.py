@@ -116,15 +116,18 @@ TOTAL_ENVS = 12
 
 
 def layout_run(tmp_path, name: str, env_ranks: int, inference: int = 1, learners: int = 1,
-               num_envs: int | None = None) -> dict:
+               num_envs: int | None = None, block: int = 3, frames: int = 4096, **sections) -> dict:
     """A sync PPO run on `env_ranks` env ranks (0: serial) of 12 envs in all (or `num_envs` each),
-    in forward blocks of 3 envs (a size whose bits differ from larger batches' in torch's kernels)."""
+    in forward blocks of 3 envs (a size whose bits differ from larger batches' in torch's kernels);
+    `sections` update the config's (env={...}, algo={...})."""
     serial = env_ranks == 0
-    cfg = small_config(tmp_path, name=name, **{
-        "run": {"total_frames": 4096, "target_return": None, "inference_block": 3},
-        "roles": {"learner": {"ranks": learners}, "inference": {"ranks": inference}, "env": {"ranks": "rest"}},
-        "env": {"num_envs": num_envs or TOTAL_ENVS // max(env_ranks, 1)},
-        "algo": {"rollout_length": 16, "epochs": 2, "num_minibatches": 4, "ent_coef": 0.01}})
+    config = {"run": {"total_frames": frames, "target_return": None, "inference_block": block},
+              "roles": {"learner": {"ranks": learners}, "inference": {"ranks": inference}, "env": {"ranks": "rest"}},
+              "env": {"num_envs": num_envs or TOTAL_ENVS // max(env_ranks, 1)},
+              "algo": {"rollout_length": 16, "epochs": 2, "num_minibatches": 4, "ent_coef": 0.01}}
+    for key, value in sections.items():
+        config[key] = {**config[key], **value}
+    cfg = small_config(tmp_path, name=name, **config)
     ranks = 1 if serial else learners + inference + env_ranks
     done = mpirun(ranks, "run", str(write_config(tmp_path, cfg, f"{name}.yaml")))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -145,3 +148,17 @@ def test_two_learners_repeat_bit_for_bit(tmp_path):
     """6 ranks: 2 learners averaging gradients with Horovod, a policy server, 3 env ranks."""
     first = layout_run(tmp_path, "two", env_ranks=3, learners=2, num_envs=6)
     assert_same_run(first, layout_run(tmp_path, "two_again", env_ranks=3, learners=2, num_envs=6))
+
+
+SPREAD = {"id": "mpe2:simple_spread_v3", "kwargs": {"N": 3, "max_cycles": 25, "continuous_actions": False}}
+
+
+@pytest.mark.parametrize("name", ["mappo", "ippo"])
+def test_mappo_and_ippo_repeat_and_train_alike_serially(tmp_path, name):
+    """MPE simple_spread, 3 agent rows per env: twice on 4 ranks (2 env ranks of 2 envs, blocks of
+    one env: a centralised critic reads whole envs), and the same 4 envs serially."""
+    sections = dict(num_envs=2, block=1, frames=800, env=SPREAD, algo={"name": name, "rollout_length": 25})
+    first = layout_run(tmp_path, "ma", env_ranks=2, **sections)
+    assert_same_run(first, layout_run(tmp_path, "ma_again", env_ranks=2, **sections))
+    assert_same_weights(first, layout_run(tmp_path, "ma_serial", env_ranks=0, inference=0,
+                                          **{**sections, "num_envs": 4}))

@@ -59,6 +59,16 @@ def load_params_from(model: nn.Module, flat: np.ndarray) -> None:
 
 PLAYS = ("sample", "greedy")
 
+# torch's CPU kernels give other bits for the same rows at another alignment (a block of a request
+# that starts 24 bytes into a cache line computes other last bits than the same rows at its start)
+ALIGNMENT = 64
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a copy of it where its data does not start on a 64-byte boundary (a view into a
+    request at a row's offset): every forward then reads its rows at the same alignment."""
+    return t if t.data_ptr() % ALIGNMENT == 0 else t.clone()
+
 
 class Runner:
     """Runs a policy network forward on numpy batches for a policy holder: `act` fills the reply
@@ -105,7 +115,7 @@ class Runner:
 
     def _tensor(self, obs):
         # native dtype: uint8 frames cross to the device as bytes; the model casts to float32
-        return apply(lambda leaf: torch.as_tensor(leaf, device=self.device), obs)  # Dict observations: per leaf
+        return apply(lambda leaf: _aligned(torch.as_tensor(leaf, device=self.device)), obs)  # Dict observations: per leaf
 
 
 class PolicyRunner(Runner):
