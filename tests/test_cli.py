@@ -33,8 +33,8 @@ def test_plan_of_a_multi_node_job_shows_per_node_counts_traffic_and_limits():
     assert "world size 512 on 4 nodes" in out
     assert "  inference          8          2  cpu" in out and "  env              500    122-126  cpu" in out
     assert "each inference rank serves 61-63 env ranks" in out
-    # 2 env groups x 33 requests per 32-step rollout, each 32 header bytes + 4 envs x 4 float32 = 96 bytes
-    assert "observations 198.0 kB/s" in out and "learner root    broadcasts" in out
+    # 2 env groups x 33 requests per 32-step rollout, each 48 header bytes + 4 envs x 4 float32 = 112 bytes
+    assert "observations 231.0 kB/s" in out and "learner root    broadcasts" in out
     assert "warning: 8 inference ranks serve more than roles.inference.max_env_ranks = 32 env ranks" in out
     assert "ranks:" not in out  # no per-rank listing for large jobs unless asked
 

@@ -116,6 +116,10 @@ class EnvGroup:
         self.steps += 0 if flags & VALUES_ONLY else 1
         self.phase = Phase.WAITING
 
+    def next_step(self) -> int:
+        """The step of the group's next action yet to be drawn: its request's, if that is out."""
+        return self.request.get("step") if self.phase is Phase.WAITING else self.steps
+
     def truncation_values(self, reply: Message) -> tuple[np.ndarray, np.ndarray]:
         """The rows the last step truncated and their final observations' values, from the reply to
         the request that carried those observations (the other final rows complete PettingZoo envs)."""

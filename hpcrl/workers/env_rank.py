@@ -270,7 +270,7 @@ class EnvRank:
                              "ep_length": g.ep_length, "active": g.active,
                              "mask": g.request["action_mask"] if g.masked else None,
                              "starts": g.request["starts"] if g.recurrent else None,
-                             "sampling": _as_arrays(s),
+                             "sampling": _as_arrays(s), "steps": g.next_step(),
                              # self-play: the seats' draws, games and win rates (absent without a pool,
                              # so the checkpoints of other runs keep their layout)
                              **({"seats": g.seats.saved_parts()} if g.seats is not None else {})}
@@ -311,12 +311,14 @@ class EnvRank:
             group.policy.restore_sampling_state(policy_state)  # its arrays were written in place
         self.version, self.fragments_sent = parts["version"], parts["fragments_sent"]
         self.version_fragments = parts["version_fragments"]
-        self._count_steps()
+        for group, saved in zip(self.groups, parts["groups"]):
+            group.steps = saved["steps"]
 
     def _count_steps(self) -> None:
-        """Each group's action steps since the run began, which key its policy's draws: a record is
-        T steps, and a sync run begins each version's records afresh, so the count follows from the
-        version and the records sent with it, on a resume too."""
+        """Each group's action steps since the run began, which key its policy's draws, where a run
+        starts: a record is T steps, and a sync run begins each version's records afresh, so the
+        count follows from the version and the records sent with it (a serial snapshot holds the
+        count itself)."""
         records = self.version * self.fragments_per_version + self.version_fragments if self.sync \
             else self.fragments_sent
         for group in self.groups:
