@@ -13,9 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from hpcrl.io.checkpoint import inspect_latest
+from hpcrl.io.checkpoint import inspect_latest, load_checkpoint
 from hpcrl.io.metrics import read_crossed_nodes, read_metrics
-from tests.conftest import run_dir, run_hpcrl, small_config, write_config
+from tests.conftest import mpirun, run_dir, run_hpcrl, small_config, write_config
+from tests.test_reproducible import assert_same_weights
 from tests.emulated_cluster import Cluster
 
 JOB = "jobs/cartpole_ppo_multinode.yaml"  # a learner and an inference rank per node: Horovod over TCP
@@ -64,10 +65,14 @@ FAMILIES = {  # small configs of each algorithm family (the suite's own, as in t
 }
 
 
+SYNC_FAMILIES = ("mappo", "recurrent_ppo")  # repeatable: a function of config, seed and learner count
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_algorithm_family_trains_with_its_actors_on_another_node(healthy, tmp_path, family):
     """Learner and policy server on n0, both env ranks on n1: every request, reply, record and
-    weights version crosses TCP."""
+    weights version crosses TCP. A sync family's run trains the same weights bit for bit as the
+    same layout on one node."""
     cfg = small_config(tmp_path, **FAMILIES[family])
     cfg["run"].update(total_frames=1536 if family == "mappo" else 2048)
     status, out = healthy.run(4, "run", str(write_config(tmp_path, cfg)), hosts="n0:2,n1:2")
@@ -80,6 +85,11 @@ def test_every_algorithm_family_trains_with_its_actors_on_another_node(healthy, 
     predicted = predicted_crossing(str(write_config(tmp_path, cfg)), 4, 2)
     assert predicted[2:] == (2, 2)  # both env ranks' requests and fragments cross; no weights copy does
     check_crossed_nodes(str(run_dir(cfg) / "metrics.h5"), predicted, exact_versions=False)
+    if family in SYNC_FAMILIES:
+        one_node = dict(cfg, run={**cfg["run"], "name": "one_node"})
+        done = mpirun(4, "run", str(write_config(tmp_path, one_node, "one_node.yaml")))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert_same_weights(*(load_checkpoint(str(run_dir(c) / "checkpoint.h5")) for c in (cfg, one_node)))
 
 
 def predicted_crossing(config: str, world: int, per_node: int, *sets: str) -> tuple[int, int, int, int]:

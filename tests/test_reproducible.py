@@ -8,14 +8,14 @@ import torch
 
 from hpcrl.core.config import parse_config
 from hpcrl.core.messages import request_spec, reply_spec
-from hpcrl.core.reproducible import MEASURED_COLUMNS
+from hpcrl.core.reproducible import MEASURED_COLUMNS, changed_packages, package_versions, repeatability
 from hpcrl.core.seeds import env_seeds, keyed_uniforms
 from hpcrl.envs import env_spaces
 from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.io.metrics import read_metrics
 from hpcrl.models import build_policy, make_runner
 from hpcrl.workers.policy_holder import PolicySet, RequestBatch
-from tests.conftest import mpirun, run_dir, small_config, write_config
+from tests.conftest import mpirun, run_dir, run_hpcrl, small_config, write_config
 
 
 
@@ -36,6 +36,25 @@ def test_env_seeds_follow_the_global_env_index():
     """An env's seed is the same whichever rank steps it: 2 ranks of 8 envs, 4 of 4, one of 16."""
     whole = env_seeds(1, 0, 16)
     assert env_seeds(1, 8, 8) == whole[8:] and env_seeds(1, 12, 4) == whole[12:] and len(set(whole)) == 16
+
+
+@pytest.mark.parametrize("sets, verdict", [
+    ((), "yes: the same config, seed and layout"),
+    (("run.inference_block=2",), "forward passes of 2 envs, so layouts with other env-rank counts"),
+    (("algo.mode=async",), "no: async mode trains on fragments in arrival order"),
+    (("run.deterministic=false",), "no: run.deterministic is false"),
+    (("algo.name=dqn",), "not guaranteed: algo.name dqn inserts records into replay in arrival order"),
+    (("roles.learner.device=cuda",), "not guaranteed: CUDA's kernels"),
+])
+def test_inspect_verdict_says_what_repeats(sets, verdict):
+    repeats, text = repeatability(parse_config("env: {num_envs: 8}", overrides=sets))
+    assert verdict in text and repeats == text.startswith("yes")
+
+
+def test_a_resume_names_the_packages_that_changed_since_its_checkpoint():
+    now = package_versions()
+    assert changed_packages({**now, "world_size": 4}) == [] and changed_packages({}) == []
+    assert changed_packages({**now, "torch": "1.0.0"}) == [f"torch 1.0.0 -> {now['torch']}"]
 
 
 def _holder(block, num_envs=8, continuous=False):
@@ -140,6 +159,11 @@ def test_a_sync_run_repeats_bit_for_bit_on_one_layout_and_trains_alike_on_others
     and on 2 env ranks with inline policies: the same weights."""
     first = layout_run(tmp_path, "remote2", env_ranks=2)
     assert_same_run(first, layout_run(tmp_path, "remote2_again", env_ranks=2))
+    report = run_hpcrl("inspect", str(tmp_path / "runs" / "remote2"))
+    assert report.returncode == 0, report.stderr
+    assert "repeats      yes: the same config, seed and layout give bit-identical weights" in report.stdout
+    assert (f"written by torch {package_versions()['torch']}, numpy {package_versions()['numpy']} on 4 ranks "
+            f"(1 learner, 1 inference, 2 env; 12 envs)") in report.stdout
     for name, env_ranks, inference in (("serial", 0, 0), ("remote4", 4, 1), ("inline2", 2, 0)):
         assert_same_weights(first, layout_run(tmp_path, name, env_ranks, inference))
 
