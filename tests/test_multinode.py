@@ -74,7 +74,7 @@ def test_every_algorithm_family_trains_with_its_actors_on_another_node(healthy, 
     weights version crosses TCP. A sync family's run trains the same weights bit for bit as the
     same layout on one node."""
     cfg = small_config(tmp_path, **FAMILIES[family])
-    cfg["run"].update(total_frames=1536 if family == "mappo" else 2048)
+    cfg["run"].update(total_frames=1536 if family == "mappo" else 2048, deterministic=family in SYNC_FAMILIES)
     status, out = healthy.run(4, "run", str(write_config(tmp_path, cfg)), hosts="n0:2,n1:2")
     assert status == 0, out
     assert "[hpcrl] 4 ranks on 2 nodes" in out and "nodes: n0 ranks 0-1; n1 ranks 2-3" in out

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from hpcrl.core.config import parse_config
+from hpcrl.core.config_base import ConfigError
 from hpcrl.core.messages import request_spec, reply_spec
 from hpcrl.core.reproducible import MEASURED_COLUMNS, changed_packages, package_versions, repeatability
 from hpcrl.core.seeds import env_seeds, keyed_uniforms
@@ -39,10 +40,11 @@ def test_env_seeds_follow_the_global_env_index():
 
 
 @pytest.mark.parametrize("sets, verdict", [
-    ((), "yes: the same config, seed and layout"),
-    (("run.inference_block=2",), "forward passes of 2 envs, so layouts with other env-rank counts"),
+    (("run.deterministic=true",), "yes: the same config, seed and layout"),
+    (("run.deterministic=true", "run.inference_block=2"), "forward passes of 2 envs, so layouts with other env-rank"),
     (("algo.mode=async",), "no: async mode trains on fragments in arrival order"),
-    (("run.deterministic=false",), "no: run.deterministic is false"),
+    (("roles.inference.ranks=1",), "no: run.deterministic is false"),
+    (("roles.inference.ranks=0",), "yes on this layout: inline policies compute each env rank's request alone"),
     (("algo.name=dqn",), "not guaranteed: algo.name dqn inserts records into replay in arrival order"),
     (("roles.learner.device=cuda",), "not guaranteed: CUDA's kernels"),
 ])
@@ -140,7 +142,7 @@ def layout_run(tmp_path, name: str, env_ranks: int, inference: int = 1, learners
     in forward blocks of 3 envs (a size whose bits differ from larger batches' in torch's kernels);
     `sections` update the config's (env={...}, algo={...})."""
     serial = env_ranks == 0
-    config = {"run": {"total_frames": frames, "target_return": None, "inference_block": block},
+    config = {"run": {"total_frames": frames, "target_return": None, "deterministic": True, "inference_block": block},
               "roles": {"learner": {"ranks": learners}, "inference": {"ranks": inference}, "env": {"ranks": "rest"}},
               "env": {"num_envs": num_envs or TOTAL_ENVS // max(env_ranks, 1)},
               "algo": {"rollout_length": 16, "epochs": 2, "num_minibatches": 4, "ent_coef": 0.01}}
@@ -186,3 +188,16 @@ def test_mappo_and_ippo_repeat_and_train_alike_serially(tmp_path, name):
     assert_same_run(first, layout_run(tmp_path, "ma_again", env_ranks=2, **sections))
     assert_same_weights(first, layout_run(tmp_path, "ma_serial", env_ranks=0, inference=0,
                                           **{**sections, "num_envs": 4}))
+
+
+@pytest.mark.parametrize("sets, message", [
+    (("run.inference_block=2",), "run.inference_block: sets the forward passes of run.deterministic; set "
+                                 "run.deterministic: true, or null here, got 2"),
+    (("run.deterministic=true", "run.inference_block=3"), "run.inference_block: expected null or a divisor of the "
+                                                         "envs per group (env.num_envs 8 / env.groups 2 = 4) such "
+                                                         "as 1, 2, 4, got 3"),
+])
+def test_an_inference_block_that_cannot_apply_is_refused_with_one_message(sets, message):
+    with pytest.raises(ConfigError) as refused:
+        parse_config("env: {num_envs: 8}", overrides=sets)
+    assert str(refused.value) == f"<config>: {message}"

@@ -73,10 +73,10 @@ class RunConfig:
                              "parallelism, so 1 unless ranks have spare cores", default=1)
     deterministic: bool = doc(
         "policy holders compute each request (one env group's rows) alone, in forward passes of run.inference_block "
-        "envs, so an env's actions never depend on which requests arrived together: a sync run repeats bit for "
-        "bit on the same layout (docs/reproducibility.md). false: a policy server batches every ready request in "
-        "one pass (fewer, larger passes, as a GPU server wants), and runs on more than one rank do not repeat",
-        default=True)
+        "envs, so an env's actions never depend on which requests arrived together: a sync run with policy servers "
+        "repeats bit for bit on the same layout (docs/reproducibility.md), at about 7% of its frames/s "
+        "(bench/determinism.py). false: a policy server batches every ready request in one pass; serial runs and "
+        "inline policies repeat either way", default=False)
     inference_block: Union[int, None] = doc(
         "with run.deterministic, envs per forward pass on a policy holder (null: a whole request, one env group). "
         "Give layouts with other env-rank counts the same value, a divisor of each one's envs per group, and a "
@@ -244,6 +244,9 @@ def validate(cfg: Config) -> None:
     _check(r.torch_threads >= 1, f"run.torch_threads: expected >= 1, got {r.torch_threads}")
     validate_env(e)
     per_group = e.num_envs // e.groups  # a request's envs (an inline policy's request: a multiple of them)
+    _check(r.inference_block is None or r.deterministic,
+           f"run.inference_block: sets the forward passes of run.deterministic; set run.deterministic: true, or "
+           f"null here, got {r.inference_block}")
     _check(r.inference_block is None or (r.inference_block >= 1 and per_group % r.inference_block == 0),
            lambda: f"run.inference_block: expected null or a divisor of the envs per group (env.num_envs "
                    f"{e.num_envs} / env.groups {e.groups} = {per_group}) such as "

@@ -59,12 +59,17 @@ def repeatability(cfg) -> tuple[bool, str]:
     if a.mode != "sync":
         return False, ("no: async mode trains on fragments in arrival order, with weights of whichever "
                        "version they met; only its serial runs repeat")
-    if not r.deterministic:
-        return False, ("no: run.deterministic is false, so a policy server's forward passes depend on which "
-                       "requests arrive together; only serial runs repeat")
     if devices != {"cpu"}:
         return False, ("not guaranteed: CUDA's kernels are not checked for repeatability here; the CPU "
                        "layouts of this config repeat")
+    if not r.deterministic and cfg.roles.inference.ranks == 0 and not cfg.roles.inference.per_node:
+        return True, ("yes on this layout: inline policies compute each env rank's request alone, so the same "
+                      "config, seed and layout give bit-identical weights and metric rows; set run.deterministic "
+                      "and run.inference_block for the same weights on layouts with other env-rank counts")
+    if not r.deterministic:
+        return False, ("no: run.deterministic is false, so a policy server's forward passes depend on which "
+                       "requests arrive together; set it true to repeat (about 7% fewer frames/s, "
+                       "bench/determinism.py); serial runs repeat either way")
     same = "yes: the same config, seed and layout give bit-identical weights and metric rows"
     if r.inference_block is None:
         return True, (f"{same}; set run.inference_block for the same weights on layouts with other "
