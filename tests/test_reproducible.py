@@ -41,7 +41,7 @@ def test_env_seeds_follow_the_global_env_index():
 
 @pytest.mark.parametrize("sets, verdict", [
     (("run.deterministic=true",), "yes: the same config, seed and layout"),
-    (("run.deterministic=true", "run.inference_block=2"), "forward passes of 2 envs, so layouts with other env-rank"),
+    (("run.deterministic=true", "run.inference_block=2"), "forward passes of 2 envs: the same weights on other env-rank counts"),
     (("algo.mode=async",), "no: async mode trains on fragments in arrival order"),
     (("roles.inference.ranks=1",), "no: run.deterministic is false"),
     (("roles.inference.ranks=0",), "yes on this layout: inline policies compute each env rank's request alone"),

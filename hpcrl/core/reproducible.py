@@ -74,5 +74,5 @@ def repeatability(cfg) -> tuple[bool, str]:
     if r.inference_block is None:
         return True, (f"{same}; set run.inference_block for the same weights on layouts with other "
                       f"env-rank counts")
-    return True, (f"{same}; forward passes of {r.inference_block} envs, so layouts with other env-rank counts "
-                  f"train the same weights given the same envs in all and the same learners")
+    return True, (f"{same}; forward passes of {r.inference_block} envs: the same weights on other env-rank "
+                  f"counts, given the same envs in all and learners")

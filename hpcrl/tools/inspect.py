@@ -280,9 +280,9 @@ def _checkpoint_line(info: dict | None, run_dir: str) -> str:
     if not info["digest_ok"]:
         return f"{head}, NOT USABLE: {info['problem']}"
     c, p = info["counters"], info.get("provenance") or {}
-    written = (f"; written by torch {p.get('torch')}, numpy {p.get('numpy')} on {p.get('world_size')} ranks "
-               f"({p.get('learners')} learner, {p.get('inference_ranks')} inference, {p.get('env_ranks')} env; "
-               f"{p.get('envs')} envs)" if p else "")
+    written = (f"\n             written by torch {p.get('torch')}, numpy {p.get('numpy')} on {p.get('world_size')} "
+               f"ranks ({p.get('learners')} learner, {p.get('inference_ranks')} inference, {p.get('env_ranks')} "
+               f"env; {p.get('envs')} envs)" if p else "")
     return (f"{head}, policy version {c.get('policy_version')}, {int(c.get('frames', 0)):,} frames, "
             f"{c.get('updates')} updates, digest OK{written}")
 
@@ -296,7 +296,9 @@ def format_report(info: dict, full_config: bool = False) -> str:
         lines += [f"config       {line}" if i == 0 else f"             {line}"
                   for i, line in enumerate(_config_summary(info["config"]))]
     lines.append(f"status       {_status(info)}")
-    lines.append(f"repeats      {info['repeatability']}")
+    first, *rest = info["repeatability"].split("; ")  # a clause a line
+    lines += [f"repeats      {first}{';' if rest else ''}", *(f"             {c}{';' if i < len(rest) - 1 else ''}"
+                                                              for i, c in enumerate(rest))]
     p = info["progress"]
     if p is None:
         lines.append(f"progress     none: {info['no_progress']}")
