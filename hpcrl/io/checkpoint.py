@@ -319,9 +319,10 @@ def read_summary(path: str) -> tuple[str, dict]:
     return _read_verified(path, lambda f: (str(f.attrs["config"]), _read_counters(f, path)))
 
 
-def read_provenance(path: str) -> dict:
-    """The package versions and layout shape a checkpoint was written with ({} if it has none)."""
-    return _read_verified(path, _provenance)
+def read_counters_and_provenance(path: str) -> tuple[dict, dict]:
+    """(counters, the package versions and layout shape it was written with: {} if it has none) of
+    one checkpoint, in one verified read, without torch; CheckpointError as read_summary."""
+    return _read_verified(path, lambda f: (_read_counters(f, path), _provenance(f)))
 
 
 def _read_counters(f: h5py.File, path: str) -> dict:

@@ -24,7 +24,7 @@ from hpcrl.core.config import parse_config
 from hpcrl.core.config_base import ConfigError, load_bounded_yaml
 from hpcrl.core.reproducible import repeatability
 from hpcrl.core.stop import StopReason
-from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, read_provenance, read_summary
+from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, read_counters_and_provenance
 from hpcrl.io.metrics import read_metrics
 from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE, RECOVERY_LOG
 
@@ -125,8 +125,8 @@ def _checkpoint_file(path: str) -> dict | None:
         return None
     info = {"file": path, "bytes": os.path.getsize(path), "written": os.path.getmtime(path)}
     try:
-        _, counters = read_summary(path)
-        info.update(digest_ok=True, counters=counters, provenance=read_provenance(path))
+        counters, provenance = read_counters_and_provenance(path)  # the file's checksum is read once
+        info.update(digest_ok=True, counters=counters, provenance=provenance)
     except CheckpointError as exc:
         info.update(digest_ok=False, problem=str(exc))
     return info

@@ -104,7 +104,6 @@ class EnvRank:
         self.version = start_version
         self.fragments_per_version = fragments_per_version
         self.version_fragments = 0  # sync: records sent with self.version so far
-        self.rollout_length = cfg.algo.rollout_length
         self.done = False
         self.stopping = False  # the stop word is in: every group collects its STOP reply, then finish
         self.fragments_sent = 0
@@ -116,7 +115,10 @@ class EnvRank:
         self.status = "starting"
         self.writer = writer
         writer.attach(self)
-        self._count_steps()
+        # each group's action steps since the run began, which key its policy's draws: a sync run
+        # (re)starts at a version's first record, of T steps each (a serial snapshot holds the count)
+        for group in self.groups:
+            group.steps = start_version * fragments_per_version * cfg.algo.rollout_length if self.sync else 0
         # serial mode with a replay ratio (launch/wiring.py): true while the trainer in this process
         # owes updates, and the actor waits, so every update finds it between records
         self.hold = None
@@ -313,16 +315,6 @@ class EnvRank:
         self.version_fragments = parts["version_fragments"]
         for group, saved in zip(self.groups, parts["groups"]):
             group.steps = saved["steps"]
-
-    def _count_steps(self) -> None:
-        """Each group's action steps since the run began, which key its policy's draws, where a run
-        starts: a record is T steps, and a sync run begins each version's records afresh, so the
-        count follows from the version and the records sent with it (a serial snapshot holds the
-        count itself)."""
-        records = self.version * self.fragments_per_version + self.version_fragments if self.sync \
-            else self.fragments_sent
-        for group in self.groups:
-            group.steps = records * self.rollout_length
 
     def _finish(self) -> None:
         for sender in self.senders:
