@@ -17,8 +17,8 @@ from hpcrl.core.config_dqn import validate_replay
 from hpcrl.core.dataflow import ALGORITHMS
 
 # the algorithms that train from a replay shard in every learner, as their declarations say
-REPLAY_ALGORITHMS = tuple(n for n, a in ALGORITHMS.items() if a.batch_source == ALGORITHMS["dqn"].batch_source)
-CONTINUOUS_ALGORITHMS = ("sac", "td3")  # those whose settings are algo.sac
+REPLAY_ALGORITHMS = tuple(n for n, a in ALGORITHMS.items() if a.replay_section)
+CONTINUOUS_ALGORITHMS = tuple(n for n, a in ALGORITHMS.items() if a.replay_section == "sac")  # settings: algo.sac
 
 
 @dataclass
@@ -51,7 +51,8 @@ class SACConfig:
 def replay_settings(algo) -> tuple[object, str]:
     """The section that holds a replay algorithm's n_step, batch_size and gradient_steps, and its
     key prefix for messages: (algo.dqn, 'algo.dqn') or (algo.sac, 'algo.sac')."""
-    return (algo.sac, "algo.sac") if algo.name in CONTINUOUS_ALGORITHMS else (algo.dqn, "algo.dqn")
+    section = ALGORITHMS[algo.name].replay_section
+    return getattr(algo, section), f"algo.{section}"
 
 
 def validate_sac(s: SACConfig, replay) -> None:

@@ -69,6 +69,8 @@ class Algorithm:
     # change them live (population.explore) and algo.schedule may step them: the trainer sets the
     # optimizer's lr, and hands the step the algo section in effect (its `algo` argument)
     live: tuple[str, ...] = ("lr", "max_grad_norm")
+    # a replay algorithm's section of algo (its n_step, batch_size and gradient_steps): dqn or sac
+    replay_section: str = ""
 
     def stream(self, kind: str) -> Stream | None:
         return next((s for s in self.streams if s.kind == kind), None)
@@ -246,6 +248,7 @@ DQN = Algorithm(
     policy="q",
     batch_source="hpcrl.workers.replay_source:ReplaySource",
     step="hpcrl.algos.dqn:DQNStep",
+    replay_section="dqn",
     doc="Ape-X DQN: double DQN with a dueling head, n-step transitions from the actors with their initial "
         "priorities, a prioritized replay shard in every learner; with model.core, R2D2: sequences with their "
         "stored recurrent states, burn-in, priorities mixing max and mean TD error",
@@ -256,7 +259,7 @@ DQN = Algorithm(
 SAC = Algorithm(
     name="sac", modes=DQN.modes, workers=DQN.workers, streams=ACTOR_LEARNER_STREAMS, record=replay_record,
     reply=action_reply, writer=action_writer, policy="sac", batch_source=DQN.batch_source,
-    step="hpcrl.algos.sac:SACStep", live=("lr",),
+    step="hpcrl.algos.sac:SACStep", live=("lr",), replay_section="sac",
     doc="SAC: a squashed Gaussian actor, twin Q critics with Polyak-averaged targets, the entropy coefficient "
         "tuned towards a target entropy; n-step transitions from the actors into the learners' replay shards")
 
