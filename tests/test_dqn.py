@@ -150,7 +150,7 @@ def test_dqn_config_defaults_and_mistakes():
     assert cfg.algo.mode == "async"
     assert parse_config("algo: {name: ppo}").algo.mode == "sync"
     for text, match in [
-        ("algo: {name: dqn, mode: sync}", r"algo.mode: expected 'async' \(the modes of algo.name dqn\)"),
+        ("algo: {name: dqn, mode: lockstep}", r"algo.mode: expected 'async' or 'sync' \(the modes of algo.name dqn\)"),
         ("algo: {name: dqn, dqn: {eps_schedule: cosine}}", r"algo.dqn.eps_schedule: expected one of apex, linear"),
         ("algo: {name: dqn, replay: {capacity: 100, warmup: 1000}}", r"algo.replay.warmup: expected between"),
         ("algo: {name: dqn, rollout_length: 3, dqn: {n_step: 3}}", r"algo.rollout_length: .* more than"),

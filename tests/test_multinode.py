@@ -62,10 +62,14 @@ FAMILIES = {  # small configs of each algorithm family (the suite's own, as in t
                           "replay": {"capacity": 20_000, "warmup": 256, "replay_ratio": None}}},
     "mappo": {"env": {"id": "tests.ma_envs:Relay", "num_envs": 4}, "algo": {"name": "mappo", "rollout_length": 6}},
     "recurrent_ppo": {"env": {"id": "hpcrl/CartPolePositions-v1"}, "model": {"core": "lstm", "core_size": 8}},
+    "sync_td3": {"env": {"id": "Pendulum-v1", "num_envs": 2},
+                 "algo": {"name": "td3", "mode": "sync", "rollout_length": 8,
+                          "sac": {"batch_size": 32, "learning_starts": 64},
+                          "replay": {"capacity": 4096, "warmup": 64, "replay_ratio": 4}}},
 }
 
 
-SYNC_FAMILIES = ("mappo", "recurrent_ppo")  # repeatable: a function of config, seed and learner count
+SYNC_FAMILIES = ("mappo", "recurrent_ppo", "sync_td3")  # repeatable: a function of config, seed and learners
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -74,7 +78,8 @@ def test_every_algorithm_family_trains_with_its_actors_on_another_node(healthy, 
     weights version crosses TCP. A sync family's run trains the same weights bit for bit as the
     same layout on one node."""
     cfg = small_config(tmp_path, **FAMILIES[family])
-    cfg["run"].update(total_frames=1536 if family == "mappo" else 2048, deterministic=family in SYNC_FAMILIES)
+    cfg["run"].update(total_frames={"mappo": 1536, "sync_td3": 832}.get(family, 2048),
+                      deterministic=family in SYNC_FAMILIES)
     status, out = healthy.run(4, "run", str(write_config(tmp_path, cfg)), hosts="n0:2,n1:2")
     assert status == 0, out
     assert "[hpcrl] 4 ranks on 2 nodes" in out and "nodes: n0 ranks 0-1; n1 ranks 2-3" in out

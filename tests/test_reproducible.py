@@ -1,7 +1,8 @@
 """Reproducible runs: a sync run is a function of its config, seed and learner count. Two runs on
 one layout train bit-identical weights and metric rows, and a run with a fixed total of envs gives
 the same weights on serial, 2 and 4 env ranks, with remote or inline inference (real mpirun jobs).
-Below them, the pieces that make it so: keyed draws and forward passes in fixed blocks."""
+The replay families repeat in sync mode. Below them, the pieces that make it so: keyed draws and
+forward passes in fixed blocks."""
 import numpy as np
 import pytest
 import torch
@@ -45,7 +46,9 @@ def test_env_seeds_follow_the_global_env_index():
     (("algo.mode=async",), "no: async mode trains on fragments in arrival order"),
     (("roles.inference.ranks=1",), "no: run.deterministic is false"),
     (("roles.inference.ranks=0",), "yes on this layout: inline policies compute each env rank's request alone"),
-    (("algo.name=dqn",), "not guaranteed: algo.name dqn inserts records into replay in arrival order"),
+    (("algo.name=dqn",), "no: async dqn inserts records into replay in arrival order"),
+    (("algo.name=sac", "env.id=Pendulum-v1", "algo.mode=sync", "algo.replay.replay_ratio=4", "run.deterministic=true"),
+     "yes: the same config, seed and layout give bit-identical weights and metric rows (sync replay rounds)"),
     (("roles.learner.device=cuda",), "not guaranteed: CUDA's kernels"),
 ])
 def test_inspect_verdict_says_what_repeats(sets, verdict):
@@ -120,15 +123,16 @@ def assert_same_weights(a: dict, b: dict) -> None:
         assert torch.equal(a["model"][key], b["model"][key]), key
 
 
-def assert_same_run(a: dict, b: dict) -> None:
-    """Bit-identical weights, optimizer state and metric rows (the columns that measure the machine aside)."""
+def assert_same_run(a: dict, b: dict, losses=("loss_policy", "loss_value", "entropy")) -> None:
+    """Bit-identical weights, optimizer state and metric rows (the columns that measure the machine
+    aside; a sync replay round without a gradient step has nan losses in both)."""
     assert_same_weights(a, b)
     for key, value in a["optimizer"].items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(value, b["optimizer"][key]), key
     assert a["metrics"].keys() == b["metrics"].keys()
     compared = [k for k in a["metrics"] if k not in MEASURED_COLUMNS]
-    assert {"frames", "return_mean", "loss_policy", "loss_value", "entropy"} <= set(compared)
+    assert {"frames", "return_mean", *losses} <= set(compared)
     for key in compared:
         np.testing.assert_array_equal(a["metrics"][key], b["metrics"][key], err_msg=key)
 
@@ -188,6 +192,53 @@ def test_ippo_repeats_and_trains_alike_serially(tmp_path):
     assert_same_run(first, layout_run(tmp_path, "ma_again", env_ranks=2, **sections))
     assert_same_weights(first, layout_run(tmp_path, "ma_serial", env_ranks=0, inference=0,
                                           **{**sections, "num_envs": 4}))
+
+
+PENDULUM = {"env": {"id": "Pendulum-v1", "num_envs": 2},
+            "algo": {"rollout_length": 8, "sac": {"batch_size": 32, "learning_starts": 64},
+                     "replay": {"capacity": 4096, "warmup": 64, "replay_ratio": 4}}}
+CARTPOLE_DQN = {"algo": {"rollout_length": 8, "dqn": {"batch_size": 32, "target_update_interval": 20,
+                                                        "eps_schedule": "linear", "eps_decay_frames": 800},
+                         "replay": {"capacity": 4096, "warmup": 128, "replay_ratio": 4}}}
+R2D2 = {"model": {"core": "gru", "core_size": 16},
+        "algo": {"rollout_length": 4, "dqn": {"batch_size": 8, "sequence_length": 8, "burn_in": 2,
+                                              "sequence_period": 4, "eps_schedule": "linear"},
+                 "replay": {"capacity": 1024, "warmup": 16, "replay_ratio": 2}}}
+
+
+@pytest.mark.parametrize("name, sections, learners, inference, env_ranks, frames", [
+    ("dqn", CARTPOLE_DQN, 1, 1, 2, 1200),  # a policy server, 2 groups of envs per env rank
+    ("dqn", R2D2, 2, 1, 3, 600),  # R2D2: 2 learners averaging with Horovod, each with a replay shard
+    ("sac", PENDULUM, 1, 0, 2, 600),  # inline policies
+], ids=["dqn-4-ranks", "r2d2-6-ranks-2-learners", "sac-inline"])  # (TD3's: across nodes, tests/test_multinode.py)
+def test_a_sync_replay_run_repeats_bit_for_bit(tmp_path, name, sections, learners, inference, env_ranks, frames):
+    """algo.mode sync with a replay ratio: records enter the replay in rounds, in env-rank order,
+    and each round's gradient steps are those the ratio owes, so two runs give the same weights,
+    optimizer state and metric rows (the warm-up rounds' nan losses included)."""
+    def run(label: str) -> dict:
+        config = {"run": {"total_frames": frames, "target_return": None, "deterministic": True},
+                  "roles": {"learner": {"ranks": learners}, "inference": {"ranks": inference}},
+                  "env": {"num_envs": 4, "groups": 2 if inference else 1},
+                  "algo": {"name": name, "mode": "sync"}, "model": {}}
+        for key, value in sections.items():
+            config[key] = {**config[key], **value}
+        cfg = small_config(tmp_path, name=label, **config)
+        done = mpirun(learners + inference + env_ranks, "run", str(write_config(tmp_path, cfg, f"{label}.yaml")))
+        assert done.returncode == 0, done.stdout + done.stderr
+        return _trained(cfg)
+
+    first = run("first")
+    losses = ("critic_loss", "actor_loss") if name != "dqn" else ("loss", "td_error")
+    assert np.isnan(first["metrics"][losses[0]][0]) and not np.isnan(first["metrics"][losses[0]][-1])
+    assert_same_run(first, run("again"), losses=losses)
+
+
+def test_sync_replay_needs_a_replay_ratio():
+    with pytest.raises(ConfigError) as refused:
+        parse_config("algo: {name: dqn, mode: sync}")
+    assert str(refused.value) == ("<config>: algo.mode: sync dqn trains the gradient steps algo.replay.replay_ratio "
+                                  "owes after each round of records; set algo.replay.replay_ratio (e.g. 8: each "
+                                  "transition sampled 8 times), or use algo.mode async")
 
 
 @pytest.mark.parametrize("sets, message", [

@@ -96,6 +96,9 @@ class Shard:
                          "next_obs": rng.normal(size=(rows, 3)).astype(np.float32)})
         self.rng = rng
 
+    def steps_due(self, sum_over_learners) -> int:
+        return 1  # algo.sac.gradient_steps' default, as an async run's shard says
+
     def sample(self):
         return self.replay.sample(32, 1.0, self.rng)
 

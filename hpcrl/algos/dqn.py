@@ -12,6 +12,7 @@ bit-identical, and so do the target networks, copied from them after the same gr
 from __future__ import annotations
 
 import copy
+import math
 from typing import Callable
 
 import numpy as np
@@ -116,7 +117,8 @@ class DQNStep:
         if self.target is None:
             self._copy_target()
         totals = dict.fromkeys(LOSS_KEYS, 0.0)
-        for _ in range(self.d.gradient_steps):
+        n = source.steps_due(reduce_moments)  # (sync mode: what the replay ratio owes; 0 while warming up)
+        for _ in range(n):
             indices, weights, data = source.sample()
             td, q = self._td_errors({name: self._tensor(values) for name, values in data.items()})
             loss = dqn_loss(td, self._tensor(weights, torch.float32))
@@ -135,7 +137,7 @@ class DQNStep:
             totals["loss"] += float(loss.detach())
             totals["td_error"] += float(abs_td.mean())
             totals["q_mean"] += float(q.detach().mean())
-        metrics = {k: v / self.d.gradient_steps for k, v in totals.items()}
+        metrics = {k: v / n if n else math.nan for k, v in totals.items()}  # (nan: no step this round)
         metrics.update(source.metrics())
         metrics["eps_min"], metrics["eps_max"] = self.epsilon_range(source.frames)
         return metrics

@@ -20,6 +20,7 @@ same averaged gradients, so online and target networks stay bit-identical across
 from __future__ import annotations
 
 import copy
+import math
 from typing import Callable
 
 import numpy as np
@@ -124,7 +125,8 @@ class ContinuousStep:
         apply_step = apply_step or self.optimizer.step
         totals = dict.fromkeys(LOSS_KEYS, 0.0)
         actor_steps = 0
-        for _ in range(self.s.gradient_steps):
+        n = source.steps_due(reduce_moments)  # (sync mode: what the replay ratio owes; 0 while warming up)
+        for _ in range(n):
             indices, weights, data = source.sample()
             t = {name: torch.as_tensor(values, device=self.device) for name, values in data.items()}
             obs, next_obs = grouped(t, "obs"), grouped(t, "next_obs")
@@ -151,9 +153,8 @@ class ContinuousStep:
             self.gradient_steps += 1
             totals["q_mean"] += float(q1.detach().mean())
             totals["td_error"] += float(td.mean())
-        n = self.s.gradient_steps
-        metrics = {k: v / n for k, v in totals.items()}
-        metrics["actor_loss"] = totals["actor_loss"] / max(actor_steps, 1)
+        metrics = {k: v / n if n else math.nan for k, v in totals.items()}  # (nan: no step this round)
+        metrics["actor_loss"] = totals["actor_loss"] / actor_steps if actor_steps else math.nan
         metrics["alpha"] = float(self.alpha())
         metrics.update(source.metrics())
         return metrics

@@ -99,8 +99,11 @@ class AlgoConfig:
     mode: Union[str, None] = doc(
         "'sync' (PPO): every sample in an update comes from the current policy, and env ranks wait for each new "
         "version; 'async' (APPO/IMPALA, DQN): inference answers with the newest weights it has, env ranks never "
-        "wait for the learner (APPO corrects the policy lag with V-trace). Default: the algorithm's first mode "
-        "(ppo: sync, dqn: async)", default=None)
+        "wait for the learner (APPO corrects the policy lag with V-trace). 'sync' with dqn, sac and td3 (needs "
+        "algo.replay.replay_ratio): in rounds, each env rank collects rollout_length steps per env with one "
+        "version, and the learners take a round's records in env-rank order, train the gradient steps the replay "
+        "ratio owes and publish the next version, so a run repeats (docs/reproducibility.md). Default: the "
+        "algorithm's first mode (ppo: sync, dqn, sac, td3: async)", default=None)
     max_policy_lag: int = doc("async: a fragment whose oldest step was collected more than this many "
                               "policy versions ago is dropped, not trained on (counted in metrics as "
                               "fragments_dropped)", default=8)
@@ -291,7 +294,11 @@ def validate(cfg: Config) -> None:
         settings, section = replay_settings(a)
         n_step = settings.n_step
         _check(not a.value_norm, f"algo.value_norm: a PPO option, not used by algo.name {a.name}; use false or null")
-        _check(m.core != "none" or a.rollout_length > n_step,
+        _check(a.mode == "async" or a.replay.replay_ratio is not None,
+               f"algo.mode: sync {a.name} trains the gradient steps algo.replay.replay_ratio owes after each round of "
+               f"records; set algo.replay.replay_ratio (e.g. 8: each transition sampled 8 times), or use algo.mode "
+               f"async")
+        _check(m.core != "none" or a.mode == "sync" or a.rollout_length > n_step,
                f"algo.rollout_length: a {a.name.upper()} record holds rollout_length x env.num_envs transitions and "
                f"one env step may complete n_step + 1 of them per env; expected more than {section}.n_step "
                f"({n_step}), got {a.rollout_length}")

@@ -28,7 +28,8 @@ class DQNConfig:
                        default=True)
     dueling: bool = doc("dueling head: Q = V + A - mean(A) (Wang et al. 2016)", default=True)
     gradient_steps: int = doc("gradient steps per update, each on its own sample (priorities are written back "
-                              "after each); the weights are published and a metrics row written once per update",
+                              "after each); the weights are published and a metrics row written once per update "
+                              "(algo.mode sync: not used; each round trains the steps algo.replay.replay_ratio owes)",
                               default=16)
     target_update_interval: int = doc("gradient steps between copies of the online network into the target "
                                       "network", default=500)

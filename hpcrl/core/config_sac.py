@@ -29,7 +29,8 @@ class SACConfig:
     batch_size: int = doc("transitions per gradient step, all learners together (each samples batch_size / "
                           "learners from its own replay shard; Horovod averages the gradients)", default=256)
     gradient_steps: int = doc("gradient steps per update, each on its own sample; the weights are published and "
-                              "a metrics row written once per update", default=1)
+                              "a metrics row written once per update (algo.mode sync: not used; each round trains "
+                              "the steps algo.replay.replay_ratio owes)", default=1)
     learning_starts: int = doc("frames (all env ranks together) of uniformly random actions before the policy "
                                "acts; the learners wait for algo.replay.warmup transitions besides", default=10_000)
     tau: float = doc("Polyak step of the target networks after every gradient step: target <- (1 - tau) target "

@@ -139,11 +139,15 @@ def fragment_writer(cfg) -> str:
 
 
 def replay_record(cfg, spaces) -> MessageSpec:
-    """DQN's record: rollout_length x num_envs n-step transitions (one per env step on average); with
-    a recurrent Q-network (R2D2), sequences of algo.dqn.sequence_length steps, as many per env as
-    start in rollout_length steps (one every sequence_period steps; at least one)."""
+    """DQN's record: rollout_length x num_envs n-step transitions (one per env step on average; in
+    sync mode a record is exactly rollout_length steps of every env, which complete at most
+    rollout_length + n_step transitions per env); with a recurrent Q-network (R2D2), sequences of
+    algo.dqn.sequence_length steps, as many per env as start in rollout_length steps (one every
+    sequence_period steps; at least one)."""
     if not state_size(cfg.model):
-        return transition_spec(cfg.algo.rollout_length * cfg.env.num_envs, spaces.observation, None,
+        section = getattr(cfg.algo, ALGORITHMS[cfg.algo.name].replay_section)
+        extra = section.n_step if cfg.algo.mode == "sync" else 0
+        return transition_spec((cfg.algo.rollout_length + extra) * cfg.env.num_envs, spaces.observation, None,
                                spaces.action_shape, spaces.action_dtype)
     return sequence_spec(sequences_per_env(cfg) * cfg.env.num_envs, cfg.algo.dqn.sequence_length,
                          spaces.observation, None, spaces.action_shape, spaces.action_dtype, state_size(cfg.model))
@@ -239,7 +243,7 @@ IPPO = Algorithm(
 
 DQN = Algorithm(
     name="dqn",
-    modes=("async",),
+    modes=("async", "sync"),  # sync: rounds tied to records by the replay ratio, which repeat
     workers={"learner": LEARNER, "inference": POLICY_SERVER, "env": ENV_RANK},
     streams=ACTOR_LEARNER_STREAMS,
     record=replay_record,

@@ -53,9 +53,10 @@ def repeatability(cfg) -> tuple[bool, str]:
     validated Config."""
     a, r = cfg.algo, cfg.run
     devices = {cfg.roles.learner.device, cfg.roles.inference.device, cfg.roles.env.device}
-    if a.name not in ("ppo", "mappo", "ippo"):
-        return False, (f"not guaranteed: algo.name {a.name} inserts records into replay in arrival order; "
-                       f"only its serial runs repeat")
+    replay = a.name not in ("ppo", "mappo", "ippo")
+    if replay and a.mode != "sync":
+        return False, (f"no: async {a.name} inserts records into replay in arrival order, collected with "
+                       f"whichever version the actors met; only its serial runs repeat (algo.mode sync repeats)")
     if a.mode != "sync":
         return False, ("no: async mode trains on fragments in arrival order, with weights of whichever "
                        "version they met; only its serial runs repeat")
@@ -64,13 +65,17 @@ def repeatability(cfg) -> tuple[bool, str]:
                        "layouts of this config repeat")
     if not r.deterministic and cfg.roles.inference.ranks == 0 and not cfg.roles.inference.per_node:
         return True, ("yes on this layout: inline policies compute each env rank's request alone, so the same "
-                      "config, seed and layout give bit-identical weights and metric rows; set run.deterministic "
-                      "and run.inference_block for the same weights on layouts with other env-rank counts")
+                      "config, seed and layout give bit-identical weights and metric rows; "
+                      + ("other env-rank counts train otherwise" if replay else
+                         "set run.deterministic and run.inference_block for the same weights on layouts with "
+                         "other env-rank counts"))
     if not r.deterministic:
         return False, ("no: run.deterministic is false, so a policy server's forward passes depend on which "
                        "requests arrive together; set it true to repeat (about 7% fewer frames/s, "
                        "bench/determinism.py); serial runs repeat either way")
     same = "yes: the same config, seed and layout give bit-identical weights and metric rows"
+    if replay:  # (its actors' exploration draws are per env rank: other env-rank counts explore otherwise)
+        return True, f"{same} (sync replay rounds); other env-rank counts train otherwise"
     if r.inference_block is None:
         return True, (f"{same}; set run.inference_block for the same weights on layouts with other "
                       f"env-rank counts")

@@ -50,9 +50,10 @@ def _batch_line(cfg: Config, sizes: Sizes) -> str:
         capacity, warmup, batch = shard.capacity, shard.warmup, shard.batch
         ratio = f"replay ratio {r.replay_ratio:g}" if r.replay_ratio else "no replay ratio (as fast as they can)"
         unit = "sequences" if cfg.model.core != "none" else "transitions"  # R2D2's rows are sequences
-        return (f"batch: {d.batch_size:,} {unit} per gradient step ({batch:,} per learner), {d.gradient_steps} "
-                f"gradient steps per update, {ratio}; replay shard per learner: {capacity:,} {unit}, warm-up "
-                f"{warmup:,}")
+        steps = (f"{d.gradient_steps} gradient steps per update" if cfg.algo.mode == "async" else
+                 "sync rounds: after each record of every env rank, the gradient steps the ratio owes")
+        return (f"batch: {d.batch_size:,} {unit} per gradient step ({batch:,} per learner), {steps}, {ratio}; "
+                f"replay shard per learner: {capacity:,} {unit}, warm-up {warmup:,}")
     batches = [learner.batch_fragments for learner in sizes.learners.values()]
     low, high = min(batches), max(batches)
     per_learner = f"{low}-{high}" if low != high else str(low)

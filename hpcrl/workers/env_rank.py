@@ -113,6 +113,9 @@ class EnvRank:
         self.waited = 0.0  # seconds of this rollout in which every group was waiting for actions
         self.idle_since: float | None = None
         self.status = "starting"
+        # the group whose reply is taken next, where the writer needs the groups in turns (sync
+        # replay: a record's rows in one order); None: each as it arrives
+        self.turn: int | None = None
         self.writer = writer
         writer.attach(self)
         # each group's action steps since the run began, which key its policy's draws: a sync run
@@ -193,6 +196,8 @@ class EnvRank:
     def _poll_group(self, group: EnvGroup) -> int:
         if group.phase is not Phase.WAITING or self.writer.full():
             return 0  # a reply that came while the record is full waits in its buffer until it ships
+        if self.turn is not None and group.index != self.turn:
+            return 0  # it waits in its buffer for its turn
         reply = group.policy.poll()
         if reply is None:
             return 0
@@ -206,6 +211,8 @@ class EnvRank:
             raise RuntimeError(f"env rank {self.rank}: sync mode got actions from policy version "
                                f"{reply.get('version')} while collecting with version {self.version}")
         self.writer.take_reply(group, reply)
+        if self.turn is not None:
+            self.turn = (self.turn + 1) % len(self.groups)
         CLOCK.mark("first_step")
         return 1
 

@@ -12,6 +12,12 @@ With algo.replay.replay_ratio set, the learner keeps to it: after warm-up it tra
 samples (ratio x transitions inserted since warm-up > transitions sampled), and it takes in a new
 record only when it owes less than one update's samples. Records it does not take stay in their
 slots, so actors run out of credits and wait: flow control is what holds the ratio.
+
+Sync mode (algo.mode sync) goes in rounds instead, which repeat: each env rank sends one record per
+policy version; once the round's records are all in, they enter the shard in env-rank order, and
+the update trains the gradient steps the replay ratio owes, counted over every learner of the
+policy (one sum over them per round), so all take the same steps. Until every shard is warm a
+round trains none, and only publishes the next version.
 """
 from __future__ import annotations
 
@@ -58,9 +64,11 @@ class RecordHeader:
 class ReplaySource:
     def __init__(self, stream: SampleReceiver, actors: list[int], replay: PrioritizedReplay, batch_size: int,
                  warmup: int, gradient_steps: int, replay_ratio: float | None, beta: float, total_frames: int,
-                 learners: int, rng: np.random.Generator, index: int = 0, save_shard: bool = False):
+                 learners: int, rng: np.random.Generator, index: int = 0, save_shard: bool = False,
+                 sync: bool = False):
         """`batch_size` and `warmup`: this shard's (hpcrl.core.sizing.ReplayShard). `index`: the
-        learner's index among the learners; `save_shard`: algo.replay.checkpoint."""
+        learner's index among the learners; `save_shard`: algo.replay.checkpoint; `sync`: in rounds
+        (algo.mode sync, with a replay ratio)."""
         self.stream, self.actors = stream, list(actors)
         self.replay = replay
         self.batch_size, self.warmup, self.gradient_steps = batch_size, warmup, gradient_steps
@@ -75,6 +83,12 @@ class ReplaySource:
         self.frames = 0  # the run's frames (all env ranks), for beta's annealing
         self.index, self.save_shard = index, save_shard
         self.unit = "sequences" if "state0" in replay.fields else "transitions"  # what a shard's rows are
+        self.sync = sync
+        self.round: dict[int, int] = {}  # sync: this round's records so far, slot by env rank
+        # sync: all shards' insert count when every shard was first warm (None: not yet), and the
+        # gradient steps taken since
+        self.round_origin: int | None = None
+        self.round_steps = 0
 
     @classmethod
     def from_config(cls, cfg, layout, sizes, stream: SampleReceiver, actors: list[int]) -> "ReplaySource":
@@ -87,7 +101,7 @@ class ReplaySource:
         return cls(stream, actors, shard_for(stream.slots[0].spec, capacity, r.alpha), batch, warmup,
                    d.gradient_steps, r.replay_ratio, r.beta, cfg.run.total_frames, learners,
                    np.random.default_rng(seed_for(cfg.run.seed, "replay", index)), index=index,
-                   save_shard=r.checkpoint)
+                   save_shard=r.checkpoint, sync=cfg.algo.mode == "sync")
 
     # --- the trainer's calls -------------------------------------------------------------------------
     def poll(self, version: int, frames: int = 0) -> tuple[int, "ReplaySource | None"]:
@@ -99,10 +113,35 @@ class ReplaySource:
             if self.stream.slots[slot].get("flags") & STOP:
                 raise RuntimeError(f"trainer: actor rank {self.stream.slots[slot].get('env_rank')} said goodbye "
                                    f"before the run ended")
-            self.waiting.append(slot)
+            if self.sync:
+                self.round[self.stream.slots[slot].get("env_rank")] = slot
+            else:
+                self.waiting.append(slot)
+        if self.sync:
+            if len(self.round) < len(self.actors):
+                return len(ready), None
+            for rank in self.actors:  # the round's records in env-rank order, whatever their arrival
+                self._take_in(self.round.pop(rank))
+            return len(ready), self
         while self.waiting and self._may_take_in():
             self._take_in(self.waiting.popleft())
         return len(ready), (self if self._update_due() else None)
+
+    def steps_due(self, sum_over_learners) -> int:
+        """The gradient steps of this update: algo's gradient_steps, or in sync mode those the
+        replay ratio owes after the round (0 until every shard is warm), the same on every learner
+        of the policy: `sum_over_learners` sums an array over them."""
+        if not self.sync:
+            return self.gradient_steps
+        inserted, warm, batch = sum_over_learners(np.array([self.replay.inserted, self._warm(), self.batch_size],
+                                                           dtype=np.float64))
+        if self.round_origin is None:
+            if warm < self.learners:
+                return 0
+            self.round_origin = int(inserted)  # the ratio counts from the first round every shard is warm
+        due = int(self.replay_ratio * (int(inserted) - self.round_origin) // int(batch)) - self.round_steps
+        self.round_steps += due
+        return due
 
     def counted(self, batch) -> list[RecordHeader]:
         """The records this update accounts for: those taken in since the last one."""
@@ -142,6 +181,8 @@ class ReplaySource:
         """Beside the root's checkpoint of policy version `version`: this learner's shard."""
         if self.save_shard:
             origin = None if self.inserted_at_warm is None else [self.inserted_at_warm, self.sampled_at_warm]
+            if self.sync:  # (all shards' insert count where the ratio counts from, and the steps since)
+                origin = None if self.round_origin is None else [self.round_origin, self.round_steps]
             save_arrays(self.shard_path(run_dir), self.replay.state(),
                         {"policy_version": version, "learners": self.learners,
                          "rng": json.dumps(self.rng.bit_generator.state), "ratio_origin": json.dumps(origin)})
@@ -171,6 +212,8 @@ class ReplaySource:
         if why:
             print(f"[hpcrl] warning: learner {self.index}: no saved replay shard to resume from ({why}); it fills "
                   f"its replay again ({self.warmup:,} {self.unit}) before it trains", flush=True)
+        elif origin is not None and self.sync:
+            self.round_origin, self.round_steps = origin
         elif origin is not None:  # the updates owed at the checkpoint are owed still
             self.inserted_at_warm, self.sampled_at_warm = origin
         elif self._warm():  # (a shard saved before the origin was): the replay ratio counts on from here
@@ -178,12 +221,13 @@ class ReplaySource:
 
     # --- serial mode (launch/wiring.py) ----------------------------------------------------------------
     def owes_updates(self) -> bool:
-        """An update is due by the replay ratio (never without one: then the learner trains freely)."""
-        return self.replay_ratio is not None and self._update_due()
+        """An update is due by the replay ratio (never without one: then the learner trains freely;
+        nor in sync mode, where the actor waits for each round's version anyway)."""
+        return self.replay_ratio is not None and not self.sync and self._update_due()
 
     def holds_records(self) -> bool:
         """Records arrived that are not in the shard yet."""
-        return bool(self.waiting)
+        return bool(self.waiting or self.round)
 
     # --- taking records in -------------------------------------------------------------------------------
     def _warm(self) -> bool:
@@ -220,6 +264,8 @@ class ReplaySource:
         """After the stop word: discard records until every actor's goodbye is in."""
         while self.waiting:
             self.stream.release(self.waiting.popleft())
+        while self.round:
+            self.stream.release(self.round.popitem()[1])
         return self.stream.discard_arrivals()
 
     def all_gone(self) -> bool:
@@ -227,6 +273,10 @@ class ReplaySource:
 
     def waiting_for(self, version: int) -> str:
         """What the trainer waits for (the watchdog's message, if it fires)."""
+        if self.sync:
+            missing = [rank for rank in self.actors if rank not in self.round]
+            return (f"waiting for the records of policy version {version} from env rank(s) "
+                    f"{', '.join(map(str, missing[:8]))}{' ...' if len(missing) > 8 else ''} (a sync round)")
         if not self._warm():
             return (f"filling its replay shard before training: {self.replay.size:,} of {self.warmup:,} "
                     f"{self.unit} (algo.replay.warmup / learners)")

@@ -16,7 +16,7 @@ from hpcrl.core.messages import Message
 from hpcrl.core.observations import assign
 from hpcrl.core.observations import count_rows
 from hpcrl.core.seeds import seed_for
-from hpcrl.workers.env_group import EnvGroup
+from hpcrl.workers.env_group import EnvGroup, Phase
 
 
 class RecordRows:
@@ -46,7 +46,13 @@ class RecordRows:
 class ReplayWriter:
     """A DQN record writer: each reply's Q-values choose the group's actions (greedy, or uniform with
     each env's epsilon), `step` turns them into rows, and the group asks again at once. The record
-    ships once it has no room for `rows_per_step` more rows (the most one group step may write)."""
+    ships once it has no room for `rows_per_step` more rows (the most one group step may write).
+
+    Sync mode (algo.mode sync, a round per policy version): a record is exactly rollout_length
+    steps of every group, taken in turns (group 0, 1, ..., 0, ...), so that its rows and the
+    exploration draws come in one order whatever the order the replies arrive in. A group that has
+    taken its rollout_length steps asks again only once the record has shipped, for the next version.
+    """
 
     record_name = "transitions"
     rows_class = RecordRows  # what appends rows to a record
@@ -59,6 +65,8 @@ class ReplayWriter:
         self.frames = frames  # env steps of this rank
         self.record_frames = 0  # env steps since the last record shipped
         self.record_version = -1  # the policy version of the record's first step
+        self.sync = cfg.algo.mode == "sync"
+        self.T = cfg.algo.rollout_length  # sync: each group's steps per record
 
     @classmethod
     def build(cls, w) -> ReplayWriter:
@@ -77,6 +85,9 @@ class ReplayWriter:
         self.epsilons = apex_epsilons(d.eps, d.eps_alpha, self.env_ranks * n)[index * n:(index + 1) * n]
         self.record = self.sender.current()
         self.out = self.rows_class(self.record)
+        self.taken = [0] * len(self.groups)  # sync: each group's steps in this record
+        if self.sync:
+            env_rank.turn = 0  # the groups' replies are taken in turns
 
     def epsilon(self, group: EnvGroup) -> np.ndarray:
         """The exploration of `group`'s envs now."""
@@ -91,16 +102,23 @@ class ReplayWriter:
         return np.where(explore, self.rng.integers(q.shape[1], size=self.per_group), q.argmax(1))
 
     def full(self) -> bool:
-        """No group may step on until the record ships: another step might not fit."""
+        """No group may step on until the record ships: another step might not fit (sync: every
+        group has taken its rollout_length steps)."""
+        if self.sync:
+            return all(taken == self.T for taken in self.taken)
         return self.out.room() < self.rows_per_step
 
     def take_reply(self, group: EnvGroup, reply: Message) -> None:
         if self.record_version < 0:
             self.record_version = reply.get("version")
         self.step(group, reply)
-        group.submit(self.env_rank.version)  # at once: its round trip overlaps the other groups' steps
         self.frames += self.per_group
         self.record_frames += self.per_group
+        self.taken[group.index] += 1
+        if self.sync and self.taken[group.index] == self.T:
+            group.phase = Phase.AT_END  # its next step is the next record's, with the next version
+            return
+        group.submit(self.env_rank.version)  # at once: its round trip overlaps the other groups' steps
 
     def step(self, group: EnvGroup, reply: Message) -> None:
         """Act on the reply's Q-values, step the group's envs, write the rows that completes."""
@@ -115,7 +133,11 @@ class ReplayWriter:
         self.record_frames, self.record_version = 0, -1
 
     def next_record(self) -> None:
-        pass  # every group asked again at its last reply
+        """Async: every group asked again at its last reply. Sync: they ask now, for the next version."""
+        self.taken = [0] * len(self.groups)
+        if self.sync:
+            for group in self.groups:
+                group.phase = Phase.READY
 
     def between_records(self) -> bool:
         return self.record_frames == 0
