@@ -137,7 +137,7 @@ def test_mpirun_job_relaunches_at_most_as_often_as_allowed(cluster, tmp_path):
                  "--launcher", "mpirun", "--no-kill", "--max-relaunches", "1", "-o", str(script))
     assert made.returncode == 0, made.stderr
     job = submit(cluster, tmp_path, str(script), "run.target_return=null", "run.total_frames=10000000",
-                 "run.checkpoint_interval_s=5", env={"HPCRL_BIND": "none"})
+                 "run.checkpoint_interval_s=1", env={"HPCRL_BIND": "none"})
     run_dir = tmp_path / "runs" / "cartpole_ppo"
     lost_s = lose_a_node_and_resume(cluster, tmp_path, job, run_dir, "n2", relaunch=1)
     print(f"a lost node cost {lost_s:.1f} s from the kill to training again (mpirun)")
