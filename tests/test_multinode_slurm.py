@@ -17,6 +17,9 @@ from tests.test_slurm import job_env
 SELF_HEALING = "jobs/cartpole_ppo_multinode.sbatch"  # srun --mpi=pmix, --no-kill
 THREE_NODES = ("--nodes=3", "--ntasks-per-node=4")  # the committed script asks for 4 x 128 ranks
 LOST_NODE_COSTS_S = 90  # from the kill to training again on the nodes left (measured: about 45 s)
+# Under srun the ranks left notice a lost node in run.peer_timeout_s (tests/test_multinode.py checks the
+# default 30 s): 10 s here, as a cluster that wants its relaunch sooner sets it (beats go every second).
+PEER_TIMEOUT = "run.peer_timeout_s=10"
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +111,7 @@ def test_srun_job_loses_a_node_and_finishes_on_the_two_left(cluster, tmp_path):
     learner and a policy server on each; n1 dies; the script relaunches on n0 and n2 and the run
     resumes from its checkpoint with 2 learners."""
     job = submit(cluster, tmp_path, SELF_HEALING, "roles.inference.per_node=1", "run.target_return=null",
-                 "run.total_frames=15000", "run.checkpoint_interval_s=1", sbatch=THREE_NODES,
+                 "run.total_frames=15000", "run.checkpoint_interval_s=1", PEER_TIMEOUT, sbatch=THREE_NODES,
                  env={"HPCRL_CPU_BIND": "none"})
     run_dir = tmp_path / "runs" / "cartpole_ppo_multinode"
     lost_s = lose_a_node_and_resume(cluster, tmp_path, job, run_dir, "n1", relaunch=1)
