@@ -17,6 +17,9 @@ from tests.test_slurm import job_env
 SELF_HEALING = "jobs/cartpole_ppo_multinode.sbatch"  # srun --mpi=pmix, --no-kill
 THREE_NODES = ("--nodes=3", "--ntasks-per-node=4")  # the committed script asks for 4 x 128 ranks
 LOST_NODE_COSTS_S = 90  # from the kill to training again on the nodes left (measured: about 45 s)
+# Under srun the ranks left notice a lost node in run.peer_timeout_s (tests/test_multinode.py checks the
+# default 30 s): 10 s here, as a cluster that wants its relaunch sooner sets it (beats go every second).
+PEER_TIMEOUT = "run.peer_timeout_s=10"
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +111,7 @@ def test_srun_job_loses_a_node_and_finishes_on_the_two_left(cluster, tmp_path):
     learner and a policy server on each; n1 dies; the script relaunches on n0 and n2 and the run
     resumes from its checkpoint with 2 learners."""
     job = submit(cluster, tmp_path, SELF_HEALING, "roles.inference.per_node=1", "run.target_return=null",
-                 "run.total_frames=60000", "run.checkpoint_interval_s=5", sbatch=THREE_NODES,
+                 "run.total_frames=15000", "run.checkpoint_interval_s=1", PEER_TIMEOUT, sbatch=THREE_NODES,
                  env={"HPCRL_CPU_BIND": "none"})
     run_dir = tmp_path / "runs" / "cartpole_ppo_multinode"
     lost_s = lose_a_node_and_resume(cluster, tmp_path, job, run_dir, "n1", relaunch=1)
@@ -123,7 +126,7 @@ def test_srun_job_loses_a_node_and_finishes_on_the_two_left(cluster, tmp_path):
     assert "[hpcrl] nodes: n0 ranks 0-3; n2 ranks 4-7" in text and "[hpcrl] done" in text
     assert "relaunch 1 of at most 3" in (run_dir / "recovery.log").read_text()
     metrics = read_metrics(str(run_dir / "metrics.h5"))
-    assert metrics["frames"][-1] >= 60000
+    assert metrics["frames"][-1] >= 15000
     versions = metrics["policy_version"].tolist()
     assert versions == list(range(1, len(versions) + 1))  # one series across the relaunch, no gap, no repeat
 
@@ -137,7 +140,7 @@ def test_mpirun_job_relaunches_at_most_as_often_as_allowed(cluster, tmp_path):
                  "--launcher", "mpirun", "--no-kill", "--max-relaunches", "1", "-o", str(script))
     assert made.returncode == 0, made.stderr
     job = submit(cluster, tmp_path, str(script), "run.target_return=null", "run.total_frames=10000000",
-                 "run.checkpoint_interval_s=5", env={"HPCRL_BIND": "none"})
+                 "run.checkpoint_interval_s=1", env={"HPCRL_BIND": "none"})
     run_dir = tmp_path / "runs" / "cartpole_ppo"
     lost_s = lose_a_node_and_resume(cluster, tmp_path, job, run_dir, "n2", relaunch=1)
     print(f"a lost node cost {lost_s:.1f} s from the kill to training again (mpirun)")
