@@ -1,5 +1,6 @@
-"""Preemption and resume through real mpirun jobs: exact continuation in serial mode, and a
-signalled multi-rank run that resumes with a different number of env ranks."""
+"""Preemption and resume through real mpirun jobs: exact continuation in serial mode and, with
+run.deterministic, on several ranks (after a preemption and after kill -9), and a signalled
+multi-rank run that resumes with a different number of env ranks."""
 import os
 import signal
 import subprocess
@@ -10,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.io.checkpoint import load_checkpoint
+from hpcrl.core.reproducible import MEASURED_COLUMNS
+from hpcrl.io.checkpoint import CheckpointError, load_checkpoint, read_counters_and_provenance
 from hpcrl.io.metrics import read_metrics
-from tests.conftest import MPIRUN, REPO, mpirun, run_dir, small_config, write_config
+from tests.conftest import MPIRUN, REPO, job_pids, mpirun, run_dir, small_config, write_config
 
 EXIT_PREEMPTED = 3
 
@@ -108,6 +110,56 @@ def test_serial_replay_resume_continues_exactly_like_an_uninterrupted_run(tmp_pa
     assert_same_models(a["checkpoint"], b["checkpoint"])
     trained = np.isfinite(ma["td_error"])  # sync: the warm-up's rounds take no gradient step (nan)
     assert trained[-1] and (trained.all() or case.endswith("sync")) and ma["replay_size"][-1] > 900
+
+
+def test_a_sync_run_of_several_ranks_resumes_exactly_after_a_preemption_and_a_kill_9(tmp_path):
+    """run.deterministic on 4 ranks: each env rank writes its state where a checkpoint falls
+    (env-state/ in the run directory), before the checkpoint names it. A run preempted (SIGTERM to
+    the launcher), resumed, killed with kill -9 after a later checkpoint, and resumed again ends
+    with the uninterrupted run's weights and metric rows."""
+    from tests.test_stop_signals import read_until, start
+
+    def config(name: str) -> dict:
+        return small_config(tmp_path, name=name, run={"total_frames": 4096, "deterministic": True,
+                                                      "checkpoint_interval_s": 0.2, "log_interval_s": 0.2},
+                            algo={"lr_schedule": "constant", "ent_coef": 0.01})
+    whole, broken = config("whole"), config("broken")
+    done = mpirun(4, "run", str(write_config(tmp_path, whole, "whole.yaml")))
+    assert done.returncode == 0, done.stdout + done.stderr
+    path = str(write_config(tmp_path, broken, "broken.yaml"))
+    proc = start(tmp_path, broken, "bash", str(MPIRUN), "-n", "4")
+    read_until(proc, "| version")
+    os.kill(proc.pid, signal.SIGTERM)  # scripts/mpirun.sh passes it on as SIGUSR1: a preemption
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_PREEMPTED, out + err
+    preempted_at = read_counters_and_provenance(str(run_dir(broken) / "checkpoint.h5"))[0]["policy_version"]
+    assert preempted_at < 24  # (4,096 frames are 32 versions)
+    resumed = start(tmp_path, broken, "bash", str(MPIRUN), "-n", "4")
+    deadline = time.monotonic() + 120
+    while _checkpoint_version(run_dir(broken)) < preempted_at + 3:  # checkpoints of the resumed run
+        assert time.monotonic() < deadline and resumed.poll() is None, resumed.communicate()
+        time.sleep(0.05)
+    for pid in job_pids(path):
+        os.kill(pid, signal.SIGKILL)
+    resumed.communicate(timeout=60)
+    states = sorted(os.listdir(run_dir(broken) / "env-state"))
+    kept = [s for s in states if s.endswith(".h5")]  # (and a write the kill cut short, perhaps)
+    assert len(kept) <= 4 and {s[:9] for s in kept} == {"env-00000", "env-00001"}  # two kept per env rank
+    last = mpirun(4, "run", path)
+    assert last.returncode == 0 and "resuming from" in last.stdout and "warning" not in last.stdout, last.stdout
+    assert not list((run_dir(broken) / "env-state").glob("*.tmp.*"))  # the killed writers' temporaries are gone
+    a, b = (load_checkpoint(str(run_dir(c) / "checkpoint.h5")) for c in (whole, broken))
+    assert_same_models(a, b)
+    ma, mb = (read_metrics(str(run_dir(c) / "metrics.h5")) for c in (whole, broken))
+    for key in set(ma) - set(MEASURED_COLUMNS):
+        np.testing.assert_array_equal(ma[key], mb[key], err_msg=key)  # bit-identical, row for row
+
+
+def _checkpoint_version(path) -> int:
+    try:
+        return read_counters_and_provenance(str(path / "checkpoint.h5"))[0]["policy_version"]
+    except (CheckpointError, OSError):
+        return -1  # none yet, or being replaced
 
 
 def wait_for_rows(path, rows: int, proc, timeout: float = 120) -> None:

@@ -115,6 +115,8 @@ PREEMPTED = 2  # flags bit, with STOP: the run was stopped by a signal and will 
 OUTPUT_FAILED = 4  # flags bit, with STOP: the learner root could not write its outputs (a full disk)
 VALUES_ONLY = 8  # request flags bit: only the values are wanted (sync mode's bootstrap after step T):
 #                  a recurrent policy's hidden state does not advance, the same observations come again
+KEEP_ENV_STATE = 16  # weights and reply flags bit (sync, run.deterministic): a checkpoint follows the next
+#                      update, so env ranks write their state at the next version's start (io/env_states.py)
 # The header words of every sample-stream record (a fragment; DQN's transitions and sequences add
 # `count`, their rows filled): the trainers read and count them alike.
 RECORD_HEADER = ("policy_id", "env_rank", "version", "index", "frames", "flags", "rollout_us", "wait_us",

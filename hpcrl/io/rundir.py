@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
+from hpcrl.io import env_states
 from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, recover_temporaries
 from hpcrl.core.config import Config, ConfigError, parse_config, to_dict, to_yaml
 from hpcrl.core.config_base import load_yaml
@@ -85,6 +86,7 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "",
         _empty(run_dir)
     elif existed:
         repairs = recover_temporaries(checkpoint)  # a kill inside a checkpoint write
+        env_states.remove_temporaries(run_dir)  # or inside an env rank's state write
         found, old_text, counters, problems = inspect_latest(checkpoint)
         start.warnings += problems
         metrics = os.path.join(run_dir, METRICS_FILE)

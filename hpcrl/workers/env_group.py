@@ -117,8 +117,9 @@ class EnvGroup:
         self.phase = Phase.WAITING
 
     def next_step(self) -> int:
-        """The step of the group's next action yet to be drawn: its request's, if that is out."""
-        return self.request.get("step") if self.phase is Phase.WAITING else self.steps
+        """The step of the group's next action yet to be drawn: its request's, if that is out (or
+        was answered with STOP, which draws nothing)."""
+        return self.request.get("step") if self.phase in (Phase.WAITING, Phase.STOPPED) else self.steps
 
     def truncation_values(self, reply: Message) -> tuple[np.ndarray, np.ndarray]:
         """The rows the last step truncated and their final observations' values, from the reply to

@@ -18,10 +18,11 @@ import numpy as np
 
 from hpcrl.core.config import Config
 from hpcrl.core.layout import INLINE
-from hpcrl.core.messages import STOP, Message
+from hpcrl.core.messages import KEEP_ENV_STATE, STOP, Message
 from hpcrl.core.startup import CLOCK
 from hpcrl.core.policies import row_policies
 from hpcrl.envs import state
+from hpcrl.io import env_states
 from hpcrl.runtime.streams import SampleSender
 from hpcrl.workers.env_group import EnvGroup, EpisodeTally, Phase, RemotePolicy, make_groups
 
@@ -68,8 +69,8 @@ def _as_arrays(sampling_state):
 
 
 def _not_restored(why: str) -> None:
-    print(f"[hpcrl] warning: the checkpoint's env state was not restored: {why}; the resumed serial run "
-          f"starts new episodes", flush=True)
+    print(f"[hpcrl] warning: the checkpoint's env state was not restored: {why}; the resumed run starts new "
+          f"episodes", flush=True)
 
 
 class EnvRank:
@@ -86,13 +87,16 @@ class EnvRank:
 
     def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list[SampleSender],
                  writer: RecordWriter, start_version: int = 0, fragments_per_version: int = 1, control=None,
-                 agents: tuple = ()):
+                 agents: tuple = (), keep_state_in: str | None = None, env_ranks: int = 1):
         """`policies`: a policy channel per env group. `senders`: one per policy, to the trainer of
         that policy. `writer`: what the replies turn into (fragments, transitions or sequences).
         `fragments_per_version`: sync mode, records collected with each policy version
         (hpcrl.core.sizing.Sizes.fragments_per_version). `control`: the rank's control stream, whose
         stop word ends the rollout (None: only a STOP reply does, as in tests that drive an actor
-        alone). `agents`: the env's agent names, which cfg.policies maps to policies."""
+        alone). `agents`: the env's agent names, which cfg.policies maps to policies.
+        `keep_state_in`: the run directory where this rank writes its state at the versions the
+        learner root asks for, and at the stop (a sync run of several ranks with run.deterministic;
+        hpcrl/io/env_states.py), of a layout of `env_ranks` env ranks."""
         self.rank, self.index = rank, index
         self.control = control
         self.sync = cfg.algo.mode == "sync"
@@ -125,6 +129,9 @@ class EnvRank:
         # serial mode with a replay ratio (launch/wiring.py): true while the trainer in this process
         # owes updates, and the actor waits, so every update finds it between records
         self.hold = None
+        self.keep_state_in, self.env_ranks = keep_state_in, env_ranks
+        self.keep_state_at: int | None = None  # the version at whose start the learner root asked for it
+        self.kept_version: int | None = None  # the version of the state written last
 
     @classmethod
     def build(cls, w) -> EnvRank:
@@ -132,10 +139,15 @@ class EnvRank:
         per env group, or an inline policy), its senders to the trainers, and the algorithm's writer."""
         index = w.layout.index_in("env", w.rank)
         writer = w.algorithm.writer_class(w.cfg).build(w)
-        return cls(w.cfg, w.rank, index, cls.policies(w, index), cls.senders(w, index), writer,
-                   start_version=w.start.start_version,
-                   fragments_per_version=w.sizes.fragments_per_version, control=w.control,
-                   agents=w.spaces.agents)
+        keeps = env_states.wanted(w.cfg, w.layout.serial, w.member_label)
+        actor = cls(w.cfg, w.rank, index, cls.policies(w, index), cls.senders(w, index), writer,
+                    start_version=w.start.start_version,
+                    fragments_per_version=w.sizes.fragments_per_version, control=w.control,
+                    agents=w.spaces.agents, keep_state_in=w.start.run_dir if keeps else None,
+                    env_ranks=len(w.layout.envs))
+        if keeps and w.start.resume_file:
+            actor.resume_state(w.start.start_version)
+        return actor
 
     @staticmethod
     def policies(w, index: int) -> list:
@@ -207,6 +219,8 @@ class EnvRank:
             self.stopping = True
             return 1
         group.phase = Phase.READY
+        if reply.get("flags") & KEEP_ENV_STATE and self.keep_state_in is not None:
+            self.keep_state_at = self.version + 1  # a checkpoint of that version follows
         if self.sync and reply.get("version") != self.version:
             raise RuntimeError(f"env rank {self.rank}: sync mode got actions from policy version "
                                f"{reply.get('version')} while collecting with version {self.version}")
@@ -217,6 +231,11 @@ class EnvRank:
         return 1
 
     def _ship(self) -> None:
+        if self.sync and self.keep_state_at == self.version + 1 and \
+                self.version_fragments + 1 == self.fragments_per_version:
+            # this record ends the version: the state at the next one's start goes to disk first, so
+            # it is there before the update on this record, after which the checkpoint names it
+            self._keep_state(self.version + 1, fragments_sent=self.fragments_sent + 1)
         now = time.perf_counter()
         credit_wait = now - self.credit_wait_since if self.credit_wait_since is not None else 0.0
         self.credit_wait_since = None
@@ -254,6 +273,9 @@ class EnvRank:
         """The last record to the trainer (it needs a credit like any other), then wait for the
         trainer's farewell, after which no message to this rank is in flight."""
         if not self.said_goodbye:
+            if self.keep_state_in is not None and self.kept_version != self.version and self.version_fragments == 0 \
+                    and self.between_records():
+                self._keep_state(self.version, self.fragments_sent)  # where the stop's checkpoint resumes
             if not all(s.can_send() for s in self.senders):
                 self.status = "stopping: waiting for a credit to say goodbye to the trainer"
                 return 0
@@ -294,6 +316,37 @@ class EnvRank:
         """Serial mode: no step has gone into a record since the last one shipped (the point a
         snapshot holds, and an uninterrupted run passes through)."""
         return self.writer.between_records()
+
+    def _keep_state(self, version: int, fragments_sent: int) -> None:
+        """Write this rank's state as it stands at version `version`'s start (the records of the
+        version before are all collected) to the run directory (hpcrl/io/env_states.py)."""
+        self.kept_version = version
+        if self.writer.serial_parts() is None or (any(g.recurrent for g in self.groups) and
+                                                  isinstance(self.groups[0].policy, RemotePolicy)):
+            return self._cannot_keep("its record writer's or its policy servers' state (recurrent) is not saved")
+        parts, _ = self._saved_parts()
+        parts.update(version=version, version_fragments=0, fragments_sent=fragments_sent)
+        try:
+            tree, arrays = state.capture(parts)
+        except state.NotCapturable as exc:
+            return self._cannot_keep(str(exc))
+        env_states.keep(self.keep_state_in, self.index, version,
+                        {"tree": np.frombuffer(tree.encode(), dtype=np.uint8), "arrays": arrays}, self.env_ranks)
+
+    def _cannot_keep(self, why: str) -> None:
+        if self.index == 0:  # (every env rank has the same reason)
+            print(f"[hpcrl] warning: env ranks cannot save their state ({why}); a resumed run starts new "
+                  f"episodes, so it does not repeat the uninterrupted run exactly", flush=True)
+        self.keep_state_in = None
+
+    def resume_state(self, version: int) -> None:
+        """A resume from the checkpoint of `version`: continue from this rank's state at its start."""
+        saved, why = env_states.load(self.keep_state_in, self.index, version, self.env_ranks)
+        if saved is None:
+            if self.index == 0:
+                _not_restored(why)
+            return
+        self.restore(saved)
 
     def snapshot(self) -> dict:
         """Serial mode: everything needed to continue exactly, taken between records (when the

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcrl.core.messages import END, VALUES_ONLY, Message
+from hpcrl.core.messages import END, KEEP_ENV_STATE, VALUES_ONLY, Message
 from hpcrl.core.observations import apply, assign, count_rows, take
 from hpcrl.models import Runner
 from hpcrl.workers.selfplay import LeaguePool, Pool
@@ -28,6 +28,7 @@ class PolicySet:
         self.runners, self.weights, self.pool = runners, weights, pool
         self.outputs = runners[0].outputs
         self.ended = False  # a parameter stream has closed: the trainers have stopped
+        self.flags = 0  # the newest version's KEEP_ENV_STATE, which its replies pass on to the env ranks
 
     @property
     def version(self) -> int:
@@ -85,6 +86,7 @@ class PolicySet:
                 self.ended = True
             else:
                 runner.load(message["params"], message.get("version"))
+                self.flags = message.get("flags") & KEEP_ENV_STATE
                 weights.rearm()
                 if self.pool is not None:
                     self.pool.offer(runner, runner.version, message)
@@ -147,7 +149,7 @@ class RequestBatch:
             self.policies.act(*self._gather(items))
             self._scatter(items)
         for _, reply, _ in items:
-            reply.set(version=self.policies.version, flags=0)
+            reply.set(version=self.policies.version, flags=self.policies.flags)
 
     def _keys(self, request: Message) -> tuple[np.ndarray, np.ndarray]:
         """Each row's (global index, action step): what keys its draws."""

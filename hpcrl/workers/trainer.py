@@ -22,12 +22,14 @@ import torch
 from hpcrl.core.config import Config
 from hpcrl.core.config_schedule import scheduled
 from hpcrl.core.faults import pause_point
+from hpcrl.core.messages import KEEP_ENV_STATE
 from hpcrl.core.policies import policy_names
 from hpcrl.core.reproducible import changed_packages, provenance
 from hpcrl.core.seeds import seed_for
 from hpcrl.core.startup import CLOCK
 from hpcrl.core.stop import StopReason
 from hpcrl.envs.state import NotCapturable
+from hpcrl.io import env_states
 from hpcrl.io.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from hpcrl.io.learner_outputs import LearnerOutputs
 from hpcrl.models import build_optimizer, build_policy, copy_params_to, policy_digest
@@ -66,13 +68,14 @@ class LearnerRole(MemberParts):
                    files, w.control, step=w.algorithm.load("step"), batch_share=sizes.batch_share,
                    run_dir=w.start.run_dir, resume_path=w.start.resume_file,
                    preempt_requested=w.preempt_requested, heartbeat=w.heartbeat, policy=policy,
-                   policy_comm=w.policy_comm, live=w.algorithm.live if w.member_label else ())
+                   policy_comm=w.policy_comm, live=w.algorithm.live if w.member_label else (),
+                   keeps_env_state=env_states.wanted(cfg, layout.serial, w.member_label))
 
     def __init__(self, cfg: Config, spaces, trainer_comm, source, publisher: ParameterPublisher | None,
                  files: LearnerOutputs | None, control: ControlStream, step: type, batch_share: float = 1.0,
                  run_dir: str = ".", resume_path: str | None = None,
                  preempt_requested: Callable[[], bool] = lambda: False, heartbeat: Callable[[], None] = lambda: None,
-                 policy: int = 0, policy_comm=None, live: tuple[str, ...] = ()):
+                 policy: int = 0, policy_comm=None, live: tuple[str, ...] = (), keeps_env_state: bool = False):
         """`step`: the algorithm's trainer step class. `batch_share`: this trainer's fraction of
         the global batch times the number of trainers (1.0 when every trainer's batch is as large
         as the others'; hpcrl.core.sizing.LearnerSizes.batch_share), so unequal batches average to the mean
@@ -81,7 +84,8 @@ class LearnerRole(MemberParts):
         the run with a checkpoint, marked preempted. `policy`: the policy this trainer trains, with
         the others of `policy_comm` (core/policies.py; a run of one policy: every trainer).
         `live`: on every learner of a population member, the algo keys a copy may change, which
-        checkpoints keep. (A member's learner root gets its `population` link, workers/population.py,
+        checkpoints keep. `keeps_env_state`: the env ranks write their state where checkpoints fall
+        (a sync run of several ranks with run.deterministic; workers/env_rank.py). (A member's learner root gets its `population` link, workers/population.py,
         once built.)"""
         self.cfg = cfg
         self.comm = trainer_comm
@@ -105,6 +109,11 @@ class LearnerRole(MemberParts):
         self._member_state = None  # built at a member's first copy (workers/population.py)
         self.spaces = spaces
         self.publish_extra = None  # a league member's: its slot in each weights message (workers/league.py)
+        # a sync run of several ranks with run.deterministic: a checkpoint of version v waits until
+        # every env rank has written its state at v's start (asked for with v - 1's weights), so a
+        # resume continues exactly (hpcrl/io/env_states.py; serial runs hold the actor instead)
+        self.keeps_env_state = keeps_env_state
+        self.env_state_next = False  # the env ranks were asked for their state at the next version's start
         self.league_saved = None  # (root) a league member's snapshots and slots, from its checkpoint
         # only the trainers, never the whole world; with several policies, each policy's block of
         # trainers averages that policy's gradients (none at all where a block is one trainer)
@@ -264,8 +273,7 @@ class LearnerRole(MemberParts):
             self.stopped_by = code.text
         due = None  # several policies: whether this update checkpoints, decided before the others' states travel
         if len(self.policy_names) > 1:  # MPI: the other policies' states reach the root for its checkpoint
-            code, due = comm.broadcast_ints(self.comm, [code, int(self.root and at_rest and
-                                                                  self.files.checkpoint_due(code))])
+            code, due = comm.broadcast_ints(self.comm, [code, int(self.root and at_rest and self._checkpoint_due(code))])
             self._other_policies = self._gather_policies() if due else None
         adoption = None
         if self.root and self.population is not None:
@@ -281,13 +289,17 @@ class LearnerRole(MemberParts):
         if self.root:
             if due is None and not at_rest and not code:
                 due = 0  # serial mode: a checkpoint due waits for the actor's next record too
+            if due is None and self.keeps_env_state:
+                due = self._checkpoint_due(code)
             code = self.files.report(row, code, self.save, checkpoint=None if due is None else bool(due))
         # MPI: all trainers stop after the same update, the same way, save with the root's
         # checkpoint, and take the state the root received from another member
         # (a population member's root may wait long for its round: the others sleep meanwhile)
-        code, saved, copied = comm.broadcast_ints(self.comm, [code, self.files.saved if self.root else 0,
-                                                              int(adoption is not None)],
-                                                  sleep_s=MEMBER_WAIT_SLEEP_S if self.live else None)
+        code, saved, copied, ask = comm.broadcast_ints(self.comm, [code, self.files.saved if self.root else 0,
+                                                                   int(adoption is not None),
+                                                                   int(self.root and self.env_state_next)],
+                                                       sleep_s=MEMBER_WAIT_SLEEP_S if self.live else None)
+        self.env_state_next = bool(ask)  # (the publishers of other policies ask with their weights too)
         if saved:
             self.source.save(self.run_dir, self.version)
         if copied:
@@ -302,6 +314,20 @@ class LearnerRole(MemberParts):
             self.status = "stopping: waiting for the env ranks' last messages"
         else:
             self._set_waiting_status()
+
+    def _checkpoint_due(self, code: int) -> bool:
+        """(Root) whether this update writes a checkpoint. Where env ranks keep their state, one
+        that falls due is announced with this version's weights and written at the next update, by
+        when every env rank has written its state at that version's start; a stop's is written at
+        once (the env ranks, at that version's start still, write theirs as they stop)."""
+        due = self.files.checkpoint_due(code)
+        if not self.keeps_env_state or code:
+            return due
+        if self.env_state_next:
+            self.env_state_next = False
+            return True
+        self.env_state_next = due
+        return False
 
     def _between_records(self) -> bool:
         """Serial mode: whether the actor in this process is between records, and every record it
@@ -327,8 +353,9 @@ class LearnerRole(MemberParts):
 
     def _publish(self) -> None:
         if self.publisher is not None:  # after the stop word, the last version closes the stream
+            flags = END if self.stop_flags else KEEP_ENV_STATE if self.env_state_next else 0
             self.publisher.publish(self.version, lambda flat: copy_params_to(self.model, flat),
-                                   flags=END if self.stop_flags else 0, extra=self.publish_extra or _no_slot)
+                                   flags=flags, extra=self.publish_extra or _no_slot)
 
     # --- learner root only --------------------------------------------------------------------------
     def save(self, path: str) -> None:
