@@ -14,7 +14,7 @@ import torch
 from hpcrl.core.reproducible import MEASURED_COLUMNS
 from hpcrl.io.checkpoint import CheckpointError, load_checkpoint, read_counters_and_provenance
 from hpcrl.io.metrics import read_metrics
-from tests.conftest import MPIRUN, REPO, job_pids, mpirun, run_dir, small_config, write_config
+from tests.conftest import MPIRUN, REPO, job_pids, mpirun, run_dir, run_hpcrl, small_config, write_config
 
 EXIT_PREEMPTED = 3
 
@@ -148,6 +148,9 @@ def test_a_sync_run_of_several_ranks_resumes_exactly_after_a_preemption_and_a_ki
     last = mpirun(4, "run", path)
     assert last.returncode == 0 and "resuming from" in last.stdout and "warning" not in last.stdout, last.stdout
     assert not list((run_dir(broken) / "env-state").glob("*.tmp.*"))  # the killed writers' temporaries are gone
+    report = run_hpcrl("inspect", str(run_dir(broken)))
+    assert ("env states   kept by all 2 env ranks at policy version 32: a resume on this layout continues exactly"
+            in report.stdout), report.stdout + report.stderr
     a, b = (load_checkpoint(str(run_dir(c) / "checkpoint.h5")) for c in (whole, broken))
     assert_same_models(a, b)
     ma, mb = (read_metrics(str(run_dir(c) / "metrics.h5")) for c in (whole, broken))

@@ -53,6 +53,16 @@ def keep(run_dir: str, index: int, version: int, snapshot: dict, env_ranks: int)
         os.unlink(state_path(run_dir, index, old))
 
 
+def kept_at(run_dir: str, version: int) -> list[int] | None:
+    """The env ranks (by index) whose state at version `version`'s start is on disk; None when the
+    run keeps none (hpcrl inspect). Only the names are read."""
+    folder = os.path.join(run_dir, FOLDER)
+    if not os.path.isdir(folder):
+        return None
+    pattern = re.compile(rf"env-(\d{{5}})-v{version:08d}\.h5$")
+    return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := pattern.match(name)))
+
+
 def remove_temporaries(run_dir: str) -> None:
     """At a resume: the half-written files of env ranks killed inside a write (their complete
     files stay; the resumed ranks write new ones as checkpoints fall)."""

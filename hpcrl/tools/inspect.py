@@ -24,6 +24,7 @@ from hpcrl.core.config import parse_config
 from hpcrl.core.config_base import ConfigError, load_bounded_yaml
 from hpcrl.core.reproducible import repeatability
 from hpcrl.core.stop import StopReason
+from hpcrl.io import env_states
 from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, read_counters_and_provenance
 from hpcrl.io.metrics import read_metrics
 from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE, RECOVERY_LOG
@@ -142,6 +143,8 @@ def describe(run_dir: str) -> dict:
                   "previous_checkpoint": _checkpoint_file(previous_path(checkpoint)),
                   "resumes_from": found, "progress": None, "no_progress": "", "repairs": _repairs(run_dir)}
     info["repeatable"], info["repeatability"] = _repeatability(info["config"])
+    version = counters.get("policy_version")
+    info["env_states"] = None if found is None or version is None else env_states.kept_at(run_dir, int(version))
     try:
         m = load_metrics(run_dir)
     except RunDirError as exc:
@@ -287,6 +290,21 @@ def _checkpoint_line(info: dict | None, run_dir: str) -> str:
             f"{c.get('updates')} updates, digest OK{written}")
 
 
+def _env_states_line(info: dict) -> str:
+    """Whether every env rank's state at the resumed checkpoint's version is kept (io/env_states.py)."""
+    kept = info["env_states"]
+    checkpoint = info["checkpoint"] if info["checkpoint"] and info["checkpoint"]["file"] == info["resumes_from"] \
+        else info["previous_checkpoint"]
+    wanted = ((checkpoint or {}).get("provenance") or {}).get("env_ranks")
+    version = ((checkpoint or {}).get("counters") or {}).get("policy_version")
+    if isinstance(wanted, int) and kept == list(range(wanted)):
+        return (f"kept by all {wanted} env ranks at policy version {version}: a resume on this layout continues "
+                f"exactly")
+    of = f" of {wanted}" if isinstance(wanted, int) else ""
+    return (f"kept by {len(kept)}{of} env ranks at policy version {version}: a resume starts new episodes "
+            f"(the weights and optimizer go on)")
+
+
 def format_report(info: dict, full_config: bool = False) -> str:
     run_dir = info["run_dir"]
     lines = [f"run          {run_dir}"]
@@ -317,6 +335,8 @@ def format_report(info: dict, full_config: bool = False) -> str:
                          f"latest games won: {against or 'none yet'}")
     lines.append(f"checkpoint   {_checkpoint_line(info['checkpoint'], run_dir)}")
     lines.append(f"previous     {_checkpoint_line(info['previous_checkpoint'], run_dir)}")
+    if info["env_states"] is not None:
+        lines.append(f"env states   {_env_states_line(info)}")
     if info["resumes_from"] is not None and info["checkpoint"] and info["resumes_from"] != info["checkpoint"]["file"]:
         lines.append(f"resume from  {os.path.relpath(info['resumes_from'], run_dir)} (the latest one is not usable)")
     if info["repairs"]:
