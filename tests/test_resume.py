@@ -92,7 +92,7 @@ def test_serial_replay_resume_continues_exactly_like_an_uninterrupted_run(tmp_pa
     family, settings = REPLAY_CASES[case]
 
     def config(name: str, run: dict) -> dict:
-        run = {**run, "name": name, "checkpoint_interval_s": 0.05}  # checkpoints fall due mid-record too
+        run = {**run, "name": name, "checkpoint_interval_s": 0.3}  # checkpoints fall due mid-record too
         sections = dict(run=run, roles={"inference": {"ranks": 0}}, model={"hidden_sizes": [16, 16]})
         cfg = dqn_config(tmp_path, **sections) if family == "dqn" else sac_config(tmp_path, family, **sections)
         algo = cfg["algo"]
