@@ -322,16 +322,17 @@ def test_a_league_of_three_members_on_12_ranks_plays_each_others_snapshots_and_r
     does); checkpoints hold the snapshots and slots. Resumed on 3 ranks (every member serial: its
     slots now reach its holder in-process), the league goes on from the saved payoff matrix, and
     `hpcrl plot` labels the members by role."""
-    cfg = _league_dict(tmp_path)
+    cfg = _league_dict(tmp_path, snapshot_frames=1024)  # 6 snapshots and 12 reports a member, as at twice the frames
+    cfg["population"]["ready_frames"] = 512
+    cfg["run"].update(total_frames=6144, replica_digests=True)
     cfg["roles"]["learner"]["ranks"] = 2
-    cfg["run"]["replica_digests"] = True
     path = write_config(tmp_path, cfg)
     result = mpirun(12, "run", str(path), timeout=400)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     state = json.loads((run_dir(cfg) / "league_state.json").read_text())
     newest = state["newest"]
-    assert all(n >= 4 for n in newest), newest  # 12,288 frames, a snapshot every 2,048
+    assert all(n >= 4 for n in newest), newest  # 6,144 frames, a snapshot every 1,024
     owners = {sid: o for sid, o, _ in state["snapshots"]}
     games = {}  # (member, owner) -> games
     for m, sid, p, g in state["payoff"]:
@@ -347,10 +348,10 @@ def test_a_league_of_three_members_on_12_ranks_plays_each_others_snapshots_and_r
     saved = load_checkpoint(str(run_dir(cfg) / "member1" / "checkpoint.h5"))["extra"]
     assert saved["league_counters"][0] == newest[1]
     assert (saved["league_slot_ids"] >= 0).all()
-    assert len(saved["league_ring"]) == 3 + 1 + 1024 // 2048
+    assert len(saved["league_ring"]) == 3 + 1 + 512 // 1024
 
     before = {(m, s): g for m, s, _, g in state["payoff"]}
-    cfg["run"]["total_frames"] = 16384
+    cfg["run"]["total_frames"] = 8192
     cfg["roles"]["learner"]["ranks"] = 1
     cfg["population"]["league"]["restart"] = "main"
     result = mpirun(3, "run", str(write_config(tmp_path, cfg)), timeout=400)
