@@ -1,6 +1,6 @@
 """League self-play (core/league.py, workers/league.py): the roles' opponents, PFSP draws and the
 payoff EMA against hand-checked cases, a member's snapshots and slots, the holders' slots, the
-config's refusals, and a league of 3 members on 6 ranks that resumes."""
+config's refusals, and a league of 3 members on 12 ranks that resumes on 3."""
 import json
 import re
 
