@@ -1,7 +1,8 @@
 """Serial-mode env state as data (hpcrl/envs/state.py, issue 25): a checkpoint is never code.
 Captured state continues bit-identically in envs built fresh; a checkpoint holding the old pickle
 runs nothing; state that is not plain data is refused with a warning; nothing under hpcrl/ reads
-data with a loader that can run code."""
+data with a loader that can run code. And the env ranks' state files of an exact resume on
+several ranks (hpcrl/io/env_states.py)."""
 import ast
 import json
 import os
@@ -214,3 +215,38 @@ def test_nothing_under_hpcrl_reads_data_with_a_loader_that_runs_code():
     found = [hit for path in sorted((REPO / "hpcrl").rglob("*.py"))
              for hit in code_running_loads(path.read_text(), str(path.relative_to(REPO)))]
     assert not found, "loaders that can run code from the data they read (issue 25):\n" + "\n".join(found)
+
+
+def test_env_ranks_states_keep_two_per_rank_fit_one_layout_and_never_follow_a_planted_link(tmp_path):
+    """io/env_states.py, what an exact resume of several ranks reads: each env rank keeps its two
+    newest files; a file is used only by the same env-rank count and version; a link planted as
+    env-state/ is replaced, its target untouched; killed writers' temporaries go at a resume."""
+    from hpcrl.io import env_states
+    run = tmp_path / "run"
+    run.mkdir()
+    snapshot = {"tree": np.frombuffer(b'{"x": 1}', dtype=np.uint8), "arrays": {"0000": np.arange(3.0)}}
+    for version in (4, 6, 8):
+        env_states.keep(str(run), 1, version, snapshot, env_ranks=2)
+    assert sorted(os.listdir(run / "env-state")) == ["env-00001-v00000006.h5", "env-00001-v00000008.h5"]
+    assert env_states.kept_at(str(run), 8) == [1] and env_states.kept_at(str(run), 4) == []
+    saved, why = env_states.load(str(run), 1, 8, env_ranks=2)
+    assert why == "" and saved["tree"].tobytes() == b'{"x": 1}'
+    np.testing.assert_array_equal(saved["arrays"]["0000"], np.arange(3.0))
+    assert env_states.load(str(run), 1, 8, env_ranks=4)[1].endswith(
+        "was written by a layout of 2 env ranks, this run has 4: a resume on another env-rank count starts new "
+        "episodes")
+    assert "does not exist" in env_states.load(str(run), 0, 8, env_ranks=2)[1]
+    (run / "env-state" / "env-00001-v00000010.h5.tmp.123").write_bytes(b"half")
+    env_states.remove_temporaries(str(run))
+    assert not list((run / "env-state").glob("*.tmp.*"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "env-00001-v00000001.h5").write_bytes(b"someone's file")
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "env-state").symlink_to(elsewhere)
+    env_states.remove_temporaries(str(planted))  # reads nothing through the link
+    env_states.keep(str(planted), 1, 12, snapshot, env_ranks=2)
+    assert not (planted / "env-state").is_symlink() and os.listdir(planted / "env-state") == [
+        "env-00001-v00000012.h5"]
+    assert os.listdir(elsewhere) == ["env-00001-v00000001.h5"]  # the link's target untouched
