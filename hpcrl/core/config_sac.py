@@ -52,7 +52,9 @@ class SACConfig:
 def replay_settings(algo) -> tuple[object, str]:
     """The section that holds a replay algorithm's n_step, batch_size and gradient_steps, and its
     key prefix for messages: (algo.dqn, 'algo.dqn') or (algo.sac, 'algo.sac')."""
-    section = ALGORITHMS[algo.name].replay_section
+    # (algo.dqn for the others: callers such as hpcrl tune's report take it for any algorithm and
+    # use it only for replay algorithms)
+    section = ALGORITHMS[algo.name].replay_section or "dqn"
     return getattr(algo, section), f"algo.{section}"
 
 
