@@ -233,6 +233,23 @@ def test_a_sync_replay_run_repeats_bit_for_bit(tmp_path, name, sections, learner
     assert_same_run(first, run("again"), losses=losses)
 
 
+def test_a_self_play_run_repeats_bit_for_bit(tmp_path):
+    """Connect four against a pool of past versions drawn by PFSP, with anchors, on 4 ranks, twice:
+    the same weights and metric rows, the games per pool age and against the anchors included."""
+    def run(name: str) -> dict:
+        sets = (f"run.output_dir={tmp_path / 'runs'}", f"run.name={name}", "run.total_frames=3072",
+                "run.deterministic=true", "env.num_envs=4", "algo.rollout_length=16", "algo.selfplay.pool=2",
+                "algo.selfplay.snapshot_every=2", "algo.selfplay.opponents=hard", "model.hidden_sizes=[32,32]")
+        done = mpirun(4, "run", "jobs/connect_four_selfplay.yaml", *(a for s in sets for a in ("--set", s)))
+        assert done.returncode == 0, done.stdout + done.stderr
+        where = tmp_path / "runs" / name
+        return {**load_checkpoint(str(where / "checkpoint.h5")), "metrics": read_metrics(str(where / "metrics.h5"))}
+
+    first = run("first")
+    assert first["metrics"]["selfplay.games"].sum() > 0 and first["metrics"]["anchor.uniform.games"].sum() > 0
+    assert_same_run(first, run("again"))
+
+
 def test_sync_replay_needs_a_replay_ratio():
     with pytest.raises(ConfigError) as refused:
         parse_config("algo: {name: dqn, mode: sync}")
