@@ -85,10 +85,9 @@ class ReplaySource:
         self.unit = "sequences" if "state0" in replay.fields else "transitions"  # what a shard's rows are
         self.sync = sync
         self.round: dict[int, int] = {}  # sync: this round's records so far, slot by env rank
-        # sync: all shards' insert count when every shard was first warm (None: not yet), and the
-        # gradient steps taken since
-        self.round_origin: int | None = None
-        self.round_steps = 0
+        # sync: (all shards' insert count, this shard's sample count) when every shard was first warm
+        # (None: not yet), where the replay ratio counts from
+        self.round_origin: tuple[int, int] | None = None
 
     @classmethod
     def from_config(cls, cfg, layout, sizes, stream: SampleReceiver, actors: list[int]) -> "ReplaySource":
@@ -138,10 +137,10 @@ class ReplaySource:
         if self.round_origin is None:
             if warm < self.learners:
                 return 0
-            self.round_origin = int(inserted)  # the ratio counts from the first round every shard is warm
-        due = int(self.replay_ratio * (int(inserted) - self.round_origin) // int(batch)) - self.round_steps
-        self.round_steps += due
-        return due
+            self.round_origin = int(inserted), self.replay.sampled  # from the first round every shard is warm
+        inserted_at, sampled_at = self.round_origin
+        taken = (self.replay.sampled - sampled_at) // self.batch_size  # gradient steps since
+        return int(self.replay_ratio * (int(inserted) - inserted_at) // int(batch)) - taken
 
     def counted(self, batch) -> list[RecordHeader]:
         """The records this update accounts for: those taken in since the last one."""
@@ -181,8 +180,8 @@ class ReplaySource:
         """Beside the root's checkpoint of policy version `version`: this learner's shard."""
         if self.save_shard:
             origin = None if self.inserted_at_warm is None else [self.inserted_at_warm, self.sampled_at_warm]
-            if self.sync:  # (all shards' insert count where the ratio counts from, and the steps since)
-                origin = None if self.round_origin is None else [self.round_origin, self.round_steps]
+            if self.sync:
+                origin = None if self.round_origin is None else list(self.round_origin)
             save_arrays(self.shard_path(run_dir), self.replay.state(),
                         {"policy_version": version, "learners": self.learners,
                          "rng": json.dumps(self.rng.bit_generator.state), "ratio_origin": json.dumps(origin)})
@@ -213,7 +212,7 @@ class ReplaySource:
             print(f"[hpcrl] warning: learner {self.index}: no saved replay shard to resume from ({why}); it fills "
                   f"its replay again ({self.warmup:,} {self.unit}) before it trains", flush=True)
         elif origin is not None and self.sync:
-            self.round_origin, self.round_steps = origin
+            self.round_origin = origin
         elif origin is not None:  # the updates owed at the checkpoint are owed still
             self.inserted_at_warm, self.sampled_at_warm = origin
         elif self._warm():  # (a shard saved before the origin was): the replay ratio counts on from here
