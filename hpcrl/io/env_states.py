@@ -84,9 +84,11 @@ def load(run_dir: str, index: int, version: int, env_ranks: int) -> tuple[dict |
     except CheckpointError as exc:
         return None, str(exc)
     saved = int(attrs.get("env_ranks", -1))
-    if saved != env_ranks or int(attrs.get("policy_version", -1)) != version:
+    if saved != env_ranks:
         return None, (f"{path} was written by a layout of {saved} env ranks, this run has {env_ranks}: a resume "
                       f"on another env-rank count starts new episodes")
+    if int(attrs.get("policy_version", -1)) != version:  # (a file renamed by hand)
+        return None, f"{path} holds the state at policy version {attrs.get('policy_version')}, not {version}"
     tree = arrays.pop("tree", None)
     if tree is None:
         return None, f"{path} holds no state tree"

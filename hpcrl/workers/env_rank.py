@@ -68,6 +68,13 @@ def _as_arrays(sampling_state):
         else np.asarray(sampling_state)
 
 
+def _captured(parts: dict) -> dict:
+    """An env rank's saved parts as data stored without pickle: {"tree": the JSON text as uint8,
+    "arrays": {key: array}} (hpcrl/envs/state.py); NotCapturable for state that is not plain data."""
+    tree, arrays = state.capture(parts)
+    return {"tree": np.frombuffer(tree.encode(), dtype=np.uint8), "arrays": arrays}
+
+
 def _not_restored(why: str) -> None:
     print(f"[hpcrl] warning: the checkpoint's env state was not restored: {why}; the resumed run starts new "
           f"episodes", flush=True)
@@ -324,14 +331,13 @@ class EnvRank:
         if self.writer.serial_parts() is None or (any(g.recurrent for g in self.groups) and
                                                   isinstance(self.groups[0].policy, RemotePolicy)):
             return self._cannot_keep("its record writer's or its policy servers' state (recurrent) is not saved")
-        parts, _ = self._saved_parts()
+        parts = self._saved_parts()[0]  # (at a version's last record, whose shipping changes only these counters)
         parts.update(version=version, version_fragments=0, fragments_sent=fragments_sent)
         try:
-            tree, arrays = state.capture(parts)
+            snapshot = _captured(parts)
         except state.NotCapturable as exc:
             return self._cannot_keep(str(exc))
-        env_states.keep(self.keep_state_in, self.index, version,
-                        {"tree": np.frombuffer(tree.encode(), dtype=np.uint8), "arrays": arrays}, self.env_ranks)
+        env_states.keep(self.keep_state_in, self.index, version, snapshot, self.env_ranks)
 
     def _cannot_keep(self, why: str) -> None:
         if self.index == 0:  # (every env rank has the same reason)
@@ -350,13 +356,11 @@ class EnvRank:
 
     def snapshot(self) -> dict:
         """Serial mode: everything needed to continue exactly, taken between records (when the
-        learner checkpoints), as data the checkpoint stores without pickle: {"tree": the JSON text
-        as uint8, "arrays": {key: array}} (hpcrl/envs/state.py). NotCapturable for envs whose
-        state is not plain data."""
+        learner checkpoints), as data the checkpoint stores without pickle (`_captured`).
+        NotCapturable for envs whose state is not plain data."""
         if not self.between_records():
             raise RuntimeError("env snapshots are taken between records")
-        tree, arrays = state.capture(self._saved_parts()[0])
-        return {"tree": np.frombuffer(tree.encode(), dtype=np.uint8), "arrays": arrays}
+        return _captured(self._saved_parts()[0])
 
     def restore(self, saved) -> None:
         """Continue from a snapshot into the envs this run built from its config. One that cannot

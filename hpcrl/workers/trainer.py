@@ -85,8 +85,8 @@ class LearnerRole(MemberParts):
         the others of `policy_comm` (core/policies.py; a run of one policy: every trainer).
         `live`: on every learner of a population member, the algo keys a copy may change, which
         checkpoints keep. `keeps_env_state`: the env ranks write their state where checkpoints fall
-        (a sync run of several ranks with run.deterministic; workers/env_rank.py). (A member's learner root gets its `population` link, workers/population.py,
-        once built.)"""
+        (a sync run of several ranks with run.deterministic; workers/env_rank.py). (A member's
+        learner root gets its `population` link, workers/population.py, once built.)"""
         self.cfg = cfg
         self.comm = trainer_comm
         self.policy = policy
