@@ -179,6 +179,8 @@ class ParallelVector(gym.vector.VectorEnv):
     made by `factory(**kwargs)` (pettingzoo_factory)."""
 
     kind = "parallel"
+    # per row, besides its envs (hpcrl/envs/per_env.py); the rest is config or a step's scratch
+    ROW_STATE = ("_obs", "_active", "_mask")
 
     def __init__(self, env_id: str, factory, kwargs: dict, num_envs: int, global_state: bool = False):
         """`global_state` (env.global_state): each row ends with the env's state(), where it has one."""
@@ -325,6 +327,7 @@ class TurnVector(ParallelVector):
     restarts in the same step."""
 
     kind = "aec"
+    ROW_STATE = ParallelVector.ROW_STATE  # (its agent_selection lives in its envs)
 
     def _observe(self, e: int) -> None:
         env = self.envs[e]

@@ -129,6 +129,12 @@ class _Capture:
 def restore(obj, tree: str, arrays: dict[str, np.ndarray]) -> None:
     """Write the state `capture` recorded into `obj`, a freshly built graph of the same classes.
     StateMismatch (and nothing written) if the saved state does not fit it."""
+    planned(obj, tree, arrays)()
+
+
+def planned(obj, tree: str, arrays: dict[str, np.ndarray]):
+    """`restore`'s checks, made now, and its writes as a call to make later: one who restores
+    several graphs checks them all before writing any. StateMismatch if the state does not fit."""
     plan = _Restore(arrays)
     try:
         plan.value(obj, json.loads(tree), "state")
@@ -136,8 +142,7 @@ def restore(obj, tree: str, arrays: dict[str, np.ndarray]) -> None:
         if isinstance(exc, StateMismatch):
             raise
         raise StateMismatch(f"the saved env state is not a tree restore can read ({type(exc).__name__})") from None
-    for write in plan.writes:
-        write()
+    return lambda: [write() for write in plan.writes]
 
 
 class _Restore:

@@ -56,6 +56,8 @@ class SyncVector(gym.vector.SyncVectorEnv):
 
     masked = False
     action_mask: np.ndarray | None = None
+    # per row, besides its envs (hpcrl/envs/per_env.py); the rest is config or a step's scratch
+    ROW_STATE = ("_autoreset_envs", "action_mask")
 
     def reset(self, *, seed=None, options=None):
         obs, info = super().reset(seed=seed, options=options)
@@ -77,6 +79,8 @@ class LiftEpisodeInfo(gym.vector.VectorWrapper):
     """SyncVectorEnv (SAME_STEP) files a finished env's step info under info["final_info"] and puts
     its reset info at the top level; bring the episode keys of the step back to the top level."""
 
+    ROW_STATE = ()  # (stateless: hpcrl/envs/per_env.py)
+
     def step(self, actions):
         obs, rewards, terminated, truncated, info = self.env.step(actions)
         final, finished = info.get("final_info", {}), info.get("_final_info")
@@ -97,6 +101,8 @@ class ClipActions(gym.vector.VectorWrapper):
     """Continuous actions clipped to the action bounds before they reach the envs. The fragment keeps
     the policy's unclipped sample, whose log-probability the learner recomputes."""
 
+    ROW_STATE = ()  # (its bounds are config: hpcrl/envs/per_env.py)
+
     def __init__(self, env: gym.vector.VectorEnv):
         super().__init__(env)
         space = env.single_action_space
@@ -111,6 +117,10 @@ class DiscountedReturns(gym.vector.VectorWrapper):
     and the moments (count, mean, M2) of the returns seen since the last `take_moments()`, which
     ride with each fragment to the trainers; they scale the rewards (core.moments.ReturnScaler)
     with statistics merged over every env rank. Rewards pass through unchanged."""
+
+    # per row: the returns (hpcrl/envs/per_env.py). The moments ride with the record that ends where
+    # the state is split, which a resumed run does not send again, so they are not carried
+    ROW_STATE = ("returns",)
 
     def __init__(self, env: gym.vector.VectorEnv, gamma: float):
         super().__init__(env)
