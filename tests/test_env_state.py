@@ -229,13 +229,15 @@ def test_env_ranks_states_keep_two_per_rank_fit_one_layout_and_never_follow_a_pl
         env_states.keep(str(run), 1, version, snapshot, env_ranks=2)
     assert sorted(os.listdir(run / "env-state")) == ["env-00001-v00000006.h5", "env-00001-v00000008.h5"]
     assert env_states.kept_at(str(run), 8) == [1] and env_states.kept_at(str(run), 4) == []
-    saved, why = env_states.load(str(run), 1, 8, env_ranks=2)
-    assert why == "" and saved["tree"].tobytes() == b'{"x": 1}'
+    kind, saved, why = env_states.load(str(run), 8, 1, first_env=3, num_envs=3, env_ranks=2, saved_layout=(2, 6))
+    assert (kind, why) == (env_states.WHOLE, "") and saved["tree"].tobytes() == b'{"x": 1}'
     np.testing.assert_array_equal(saved["arrays"]["0000"], np.arange(3.0))
-    assert env_states.load(str(run), 1, 8, env_ranks=4)[1].endswith(
-        "was written by a layout of 2 env ranks, this run has 4: a resume on another env-rank count starts new "
-        "episodes")
-    assert "does not exist" in env_states.load(str(run), 0, 8, env_ranks=2)[1]
+    assert env_states.load(str(run), 8, 2, first_env=4, num_envs=2, env_ranks=3, saved_layout=(2, 6))[2] == (
+        f"{run}/env-state/env-00001-v00000008.h5 holds an env rank's state whole (its envs could not be saved one "
+        f"by one), written by a layout of 2 env ranks: only a resume on that layout continues it")
+    assert "does not exist" in env_states.load(str(run), 8, 0, 0, 3, 2, saved_layout=(2, 6))[2]
+    assert env_states.load(str(run), 8, 0, 0, 4, 2, saved_layout=(2, 6))[2] == (
+        "the checkpoint's run had 6 envs on 2 env ranks, this one has 8: only the same envs in all continue exactly")
     (run / "env-state" / "env-00001-v00000010.h5.tmp.123").write_bytes(b"half")
     env_states.remove_temporaries(str(run))
     assert not list((run / "env-state").glob("*.tmp.*"))
@@ -250,3 +252,83 @@ def test_env_ranks_states_keep_two_per_rank_fit_one_layout_and_never_follow_a_pl
     assert not (planted / "env-state").is_symlink() and os.listdir(planted / "env-state") == [
         "env-00001-v00000012.h5"]
     assert os.listdir(elsewhere) == ["env-00001-v00000001.h5"]  # the link's target untouched
+
+
+def test_env_ranks_states_kept_env_by_env_are_dealt_to_another_env_rank_count(tmp_path):
+    """Two env ranks of 3 envs (2 rows each) write their states env by env; a layout of 3 env ranks
+    of 2 envs takes its envs from them by global index: its second rank's from both files."""
+    from hpcrl.io import env_states
+    run = str(tmp_path)
+
+    def snapshot(first: int) -> dict:
+        envs = [{"tree": np.frombuffer(f'{{"env": {first + j}}}'.encode(), dtype=np.uint8),
+                 "arrays": {"0000": np.full(2, first + j)}} for j in range(3)]
+        return {"envs": envs, "rows": {"obs": np.arange(2 * first, 2 * first + 6, dtype=np.float32)[:, None]},
+                "steps": 96}
+    for index in (0, 1):
+        env_states.keep_envs(run, index, 7, snapshot(3 * index), first_env=3 * index, env_ranks=2, fragments_sent=7)
+    assert env_states.kept_at(run, 7) == [0, 1]
+    kind, dealt, why = env_states.load(run, 7, 1, first_env=2, num_envs=2, env_ranks=3, saved_layout=(2, 6))
+    assert (kind, why) == (env_states.PER_ENV, "")
+    assert [bytes(e["tree"]) for e in dealt["envs"]] == [b'{"env": 2}', b'{"env": 3}']
+    assert [e["arrays"]["0000"].tolist() for e in dealt["envs"]] == [[2, 2], [3, 3]]
+    assert dealt["rows"]["obs"][:, 0].tolist() == [4, 5, 6, 7]  # envs 2 and 3's two rows each
+    assert (dealt["steps"], dealt["fragments_sent"]) == (96, 7)
+    same = env_states.load(run, 7, 1, first_env=3, num_envs=3, env_ranks=2, saved_layout=(2, 6))[1]
+    assert same["rows"]["obs"][:, 0].tolist() == list(range(6, 12))
+    moved = tmp_path / "env-state" / "env-00001-v00000007.h5"
+    moved.rename(tmp_path / "env-state" / "env-00000-v00000007.h5")  # a file where another rank's belongs
+    assert "holds envs from 3 (3 of them), not the 3 from 0" in env_states.load(
+        run, 7, 0, first_env=0, num_envs=2, env_ranks=3, saved_layout=(2, 6))[2]
+
+
+def dealt_in_two(yaml_text: str, warm_up: int):
+    """A vector of 4 envs stepped `warm_up` random steps, and two fresh vectors of 2 (other seeds)
+    into which its envs are dealt one by one with their rows (hpcrl/envs/per_env.py)."""
+    from hpcrl.envs import per_env
+    cfg = parse_config(yaml_text).env
+    whole, _ = make_vector_env(cfg, seed=3, num_envs=4)
+    rng = np.random.default_rng(0)
+    for _ in range(warm_up):
+        whole.step(valid_actions(whole, rng))
+    envs, rows = per_env.split(whole)
+    rows = per_env.row_arrays(rows)
+    per_row = len(next(iter(rows.values()))) // 4
+    halves = []
+    for h in range(2):
+        half, _ = make_vector_env(cfg, seed=1000 + h, num_envs=2)
+        half_envs, half_rows = per_env.split(half)
+        for fresh, env in zip(half_envs, envs[2 * h:2 * h + 2]):
+            state.restore(fresh, *state.capture(env))
+        for name, live in per_env.row_arrays(half_rows).items():
+            np.copyto(live, rows[name][2 * h * per_row:(2 * h + 2) * per_row])
+        halves.append(half)
+    return whole, halves, rng
+
+
+@pytest.mark.parametrize("yaml_text, warm_up", [
+    ("env: {id: CartPole-v1, normalize_reward: true}", 30),  # gymnasium envs through hpcrl's wrappers
+    ("env: {id: 'tests.ma_envs:MaskedRelay'}", 4),  # PettingZoo rows with masks, an agent gone
+    ("env: {id: 'pettingzoo:classic/connect_four-v3'}", 9),  # turns
+])
+def test_a_vector_dealt_env_by_env_to_two_vectors_steps_on_as_one(yaml_text, warm_up):
+    whole, halves, rng = dealt_in_two(yaml_text, warm_up)
+    for _ in range(60):
+        actions = valid_actions(whole, rng)
+        a = whole.step(actions)
+        b = [half.step(part) for half, part in zip(halves, np.split(actions, 2))]
+        for i in range(4):  # obs, rewards, terminated, truncated
+            np.testing.assert_array_equal(a[i], np.concatenate([b[0][i], b[1][i]]))
+        for key in ("active", "action_mask"):
+            if key in a[4]:
+                np.testing.assert_array_equal(a[4][key], np.concatenate([b[0][4][key], b[1][4][key]]))
+        if hasattr(whole, "returns"):  # env.normalize_reward's discounted returns, which scale the rewards
+            np.testing.assert_array_equal(whole.returns, np.concatenate([h.returns for h in halves]))
+
+
+def test_a_vector_that_keeps_state_across_its_envs_is_not_split():
+    """gymnasium's numpy CartPole draws every env's resets from one generator."""
+    from hpcrl.envs import per_env
+    envs, _ = make_vector_env(parse_config("env: {id: CartPole-v1, backend: numpy}").env, seed=3)
+    with pytest.raises(per_env.NotSplittable, match="SameStepAutoreset keeps state across its envs"):
+        per_env.split(envs)

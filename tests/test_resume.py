@@ -149,13 +149,43 @@ def test_a_sync_run_of_several_ranks_resumes_exactly_after_a_preemption_and_a_ki
     assert last.returncode == 0 and "resuming from" in last.stdout and "warning" not in last.stdout, last.stdout
     assert not list((run_dir(broken) / "env-state").glob("*.tmp.*"))  # the killed writers' temporaries are gone
     report = run_hpcrl("inspect", str(run_dir(broken)))
-    assert ("env states   kept by all 2 env ranks at policy version 32: a resume on this layout continues exactly"
-            in report.stdout), report.stdout + report.stderr
+    assert ("env states   kept by all 2 env ranks at policy version 32, env by env: a resume on any number of env "
+            "ranks with 8 envs in all continues exactly" in report.stdout), report.stdout + report.stderr
     a, b = (load_checkpoint(str(run_dir(c) / "checkpoint.h5")) for c in (whole, broken))
     assert_same_models(a, b)
     ma, mb = (read_metrics(str(run_dir(c) / "metrics.h5")) for c in (whole, broken))
     for key in set(ma) - set(MEASURED_COLUMNS):
         np.testing.assert_array_equal(ma[key], mb[key], err_msg=key)  # bit-identical, row for row
+
+
+def test_a_sync_run_resumes_exactly_on_another_number_of_env_ranks(tmp_path):
+    """run.deterministic: env ranks keep their states env by env, so a run of 12 envs stopped on 2
+    env ranks of 6 and resumed on 4 env ranks of 3 (each taking its envs from the files that hold
+    them) ends with the weights and optimizer state of the run that never stopped."""
+    def config(name: str, frames: int) -> dict:
+        return small_config(tmp_path, name=name, run={"total_frames": frames, "deterministic": True,
+                                                      "inference_block": 3, "target_return": None},
+                            env={"num_envs": 6},
+                            algo={"rollout_length": 16, "epochs": 2, "num_minibatches": 4, "ent_coef": 0.01})
+    whole, broken = config("whole", 3840), config("broken", 1920)  # 20 versions of 192 frames; 10
+    done = mpirun(4, "run", str(write_config(tmp_path, whole, "whole.yaml")))
+    assert done.returncode == 0, done.stdout + done.stderr
+    path = str(write_config(tmp_path, broken, "broken.yaml"))
+    first = mpirun(4, "run", path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert sorted(os.listdir(run_dir(broken) / "env-state"))[-1] == "env-00001-v00000010.h5"
+    report = run_hpcrl("inspect", str(run_dir(broken)))
+    assert ("env states   kept by all 2 env ranks at policy version 10, env by env: a resume on any number of "
+            "env ranks with 12 envs in all continues exactly" in report.stdout), report.stdout + report.stderr
+    resumed = mpirun(6, "run", path, "--set", "run.total_frames=3840", "--set", "env.num_envs=3")
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout, resumed.stdout + resumed.stderr
+    assert "warning" not in resumed.stdout + resumed.stderr, resumed.stdout + resumed.stderr
+    a, b = (load_checkpoint(str(run_dir(c) / "checkpoint.h5")) for c in (whole, broken))
+    assert a["counters"]["policy_version"] == b["counters"]["policy_version"] == 20
+    assert_same_models(a, b)
+    for key, value in a["optimizer"].items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, b["optimizer"][key]), key
 
 
 def _checkpoint_version(path) -> int:

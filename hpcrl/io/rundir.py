@@ -23,7 +23,8 @@ from typing import Callable
 
 
 from hpcrl.io import env_states
-from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, recover_temporaries
+from hpcrl.io.checkpoint import (CheckpointError, inspect_latest, previous_path, read_counters_and_provenance,
+                                 recover_temporaries)
 from hpcrl.core.config import Config, ConfigError, parse_config, to_dict, to_yaml
 from hpcrl.core.config_base import load_yaml
 from hpcrl.io.metrics import rebuild_metrics, remove_temporaries
@@ -48,6 +49,9 @@ class RunStart:
     resume_file: str | None = None  # the checkpoint to continue from
     start_version: int = 0  # the policy version env ranks collect with first
     start_frames: int = 0
+    # (env ranks, envs in all) of the run that wrote the checkpoint, whose env ranks' states a
+    # resume reads (io/env_states.py); None where the checkpoint does not say
+    saved_layout: tuple[int, int] | None = None
     finished: str = ""  # why the run in the directory is already complete (nothing left to do)
     warnings: list[str] = field(default_factory=list)
 
@@ -65,6 +69,16 @@ def _resolved(config_text: str) -> dict:
         return to_dict(parse_config(config_text))
     except ConfigError:  # written by another version: compare what it says (read as bounded as any config)
         return load_yaml(config_text, "the checkpoint's config") or {}
+
+
+def _saved_layout(checkpoint: str) -> tuple[int, int] | None:
+    """(env ranks, envs in all) of the layout that wrote `checkpoint` (its provenance)."""
+    try:
+        layout = read_counters_and_provenance(checkpoint)[1]
+    except CheckpointError:
+        return None
+    ranks, envs = layout.get("env_ranks"), layout.get("envs")
+    return (ranks, envs) if isinstance(ranks, int) and isinstance(envs, int) else None
 
 
 def prepare(cfg: Config, overwrite: bool, relaunch: str = "",
@@ -113,6 +127,7 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "",
             start.resume_file = found
             start.start_version = int(counters.get("policy_version", 0))
             start.start_frames = int(counters.get("frames", 0))
+            start.saved_layout = _saved_layout(found)
             start.finished = _already_finished(cfg, counters)
         if not start.finished:
             repairs += _repair_metrics(metrics, start.start_version, int(counters.get("updates", 0)))

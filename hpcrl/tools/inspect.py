@@ -145,6 +145,7 @@ def describe(run_dir: str) -> dict:
     info["repeatable"], info["repeatability"] = _repeatability(info["config"])
     version = counters.get("policy_version")
     info["env_states"] = None if found is None or version is None else env_states.kept_at(run_dir, int(version))
+    info["env_states_per_env"] = bool(info["env_states"]) and env_states.kept_env_by_env(run_dir, int(version))
     try:
         m = load_metrics(run_dir)
     except RunDirError as exc:
@@ -298,6 +299,10 @@ def _env_states_line(info: dict) -> str:
     wanted = ((checkpoint or {}).get("provenance") or {}).get("env_ranks")
     version = ((checkpoint or {}).get("counters") or {}).get("policy_version")
     if isinstance(wanted, int) and kept == list(range(wanted)):
+        if info["env_states_per_env"]:
+            envs = ((checkpoint or {}).get("provenance") or {}).get("envs")
+            return (f"kept by all {wanted} env ranks at policy version {version}, env by env: a resume on any "
+                    f"number of env ranks with {envs} envs in all continues exactly")
         return (f"kept by all {wanted} env ranks at policy version {version}: a resume on this layout continues "
                 f"exactly")
     of = f" of {wanted}" if isinstance(wanted, int) else ""

@@ -50,6 +50,9 @@ class RemotePolicy:
     def restore_sampling_state(self, state) -> None:
         pass
 
+    def row_state(self) -> dict:
+        return {}  # a recurrent policy's hidden states live on the inference rank
+
 
 class Phase(enum.Enum):
     """Where a group stands with its policy: exactly one of these at a time."""

@@ -24,6 +24,7 @@ from hpcrl.core.policies import row_policies
 from hpcrl.envs import state
 from hpcrl.io import env_states
 from hpcrl.runtime.streams import SampleSender
+from hpcrl.workers import env_deal
 from hpcrl.workers.env_group import EnvGroup, EpisodeTally, Phase, RemotePolicy, make_groups
 
 
@@ -137,8 +138,10 @@ class EnvRank:
         # owes updates, and the actor waits, so every update finds it between records
         self.hold = None
         self.keep_state_in, self.env_ranks = keep_state_in, env_ranks
+        self.first_env, self.num_envs = index * cfg.env.num_envs, cfg.env.num_envs  # (of the run's envs)
         self.keep_state_at: int | None = None  # the version at whose start the learner root asked for it
         self.kept_version: int | None = None  # the version of the state written last
+        self.told_whole = False  # the note that its state is kept whole, not env by env, is out
 
     @classmethod
     def build(cls, w) -> EnvRank:
@@ -153,7 +156,7 @@ class EnvRank:
                     agents=w.spaces.agents, keep_state_in=w.start.run_dir if keeps else None,
                     env_ranks=len(w.layout.envs))
         if keeps and w.start.resume_file:
-            actor.resume_state(w.start.start_version)
+            actor.resume_state(w.start.start_version, w.start.saved_layout)
         return actor
 
     @staticmethod
@@ -326,17 +329,28 @@ class EnvRank:
 
     def _keep_state(self, version: int, fragments_sent: int) -> None:
         """Write this rank's state as it stands at version `version`'s start (the records of the
-        version before are all collected) to the run directory (hpcrl/io/env_states.py)."""
+        version before are all collected) to the run directory (hpcrl/io/env_states.py): env by env
+        where it can be (workers/env_deal.py), so a resume on any number of env ranks continues it,
+        else whole, for a resume on this layout."""
         self.kept_version = version
         if self.writer.serial_parts() is None or (any(g.recurrent for g in self.groups) and
                                                   isinstance(self.groups[0].policy, RemotePolicy)):
             return self._cannot_keep("its record writer's or its policy servers' state (recurrent) is not saved")
-        parts = self._saved_parts()[0]  # (at a version's last record, whose shipping changes only these counters)
-        parts.update(version=version, version_fragments=0, fragments_sent=fragments_sent)
+        why_whole = env_deal.why_not(self.groups, self.writer.serial_parts())
         try:
+            if not why_whole:
+                env_states.keep_envs(self.keep_state_in, self.index, version, env_deal.capture(self.groups),
+                                     self.first_env, self.env_ranks, fragments_sent)
+                return
+            parts = self._saved_parts()[0]  # (at a version's last record, whose shipping changes only these counters)
+            parts.update(version=version, version_fragments=0, fragments_sent=fragments_sent)
             snapshot = _captured(parts)
         except state.NotCapturable as exc:
             return self._cannot_keep(str(exc))
+        if self.index == 0 and not self.told_whole:
+            print(f"[hpcrl] note: env ranks save their state whole ({why_whole}): a resume continues exactly on "
+                  f"{self.env_ranks} env ranks only", flush=True)
+        self.told_whole = True
         env_states.keep(self.keep_state_in, self.index, version, snapshot, self.env_ranks)
 
     def _cannot_keep(self, why: str) -> None:
@@ -345,14 +359,23 @@ class EnvRank:
                   f"episodes, so it does not repeat the uninterrupted run exactly", flush=True)
         self.keep_state_in = None
 
-    def resume_state(self, version: int) -> None:
-        """A resume from the checkpoint of `version`: continue from this rank's state at its start."""
-        saved, why = env_states.load(self.keep_state_in, self.index, version, self.env_ranks)
-        if saved is None:
-            if self.index == 0:
-                _not_restored(why)
-            return
-        self.restore(saved)
+    def resume_state(self, version: int, saved_layout: tuple[int, int] | None) -> None:
+        """A resume from the checkpoint of `version`, written by a layout of `saved_layout` = (env
+        ranks, envs in all; None: this one): continue from the state of this rank's envs at its start."""
+        kind, saved, why = env_states.load(self.keep_state_in, version, self.index, self.first_env, self.num_envs,
+                                           self.env_ranks, saved_layout or (self.env_ranks, self.env_ranks * self.num_envs))
+        if kind == env_states.WHOLE:
+            return self.restore(saved)
+        if kind == env_states.PER_ENV:
+            try:
+                env_deal.restore(self.groups, saved)
+            except (state.StateMismatch, UnicodeDecodeError, TypeError) as exc:
+                why = str(exc)
+            else:
+                self.version, self.version_fragments, self.fragments_sent = version, 0, saved["fragments_sent"]
+                return
+        if self.index == 0 or kind:
+            _not_restored(why)
 
     def snapshot(self) -> dict:
         """Serial mode: everything needed to continue exactly, taken between records (when the

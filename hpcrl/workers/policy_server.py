@@ -85,6 +85,12 @@ class InlinePolicy:
         generator = self.policies.runners[0].generator.get_state()
         return generator if self.states is None else {"generator": generator, "hidden": self.states.copy()}
 
+    def row_state(self) -> dict:
+        """What it keeps per env row, as live arrays (a recurrent policy's hidden states), for an env
+        rank's state split env by env (workers/env_deal.py); its generator draws nothing in a run
+        whose draws are keyed (run.deterministic)."""
+        return {} if self.states is None else {"hidden": self.states}
+
     def restore_sampling_state(self, state) -> None:
         if isinstance(state, dict):
             self.states[...] = state["hidden"]
