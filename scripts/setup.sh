@@ -83,9 +83,10 @@ if ! "$py" -c "import horovod.torch" 2>/dev/null; then
         wheel=$(ls "$wheel_cache"/horovod-"$horovod_version"-*.whl | head -n1)
     fi
     log "installing $(basename "$wheel")"
+    # Horovod's own runtime requirements first (minus the launcher extras we never use), so pip's
+    # resolver finds nothing missing when the wheel goes in and prints no error line.
+    pip install cloudpickle psutil "pyyaml>=6.0" packaging "cffi>=1.4.0"
     pip install --no-deps "$wheel"
-    # Horovod's own runtime requirements, minus the launcher extras we never use.
-    pip install cloudpickle psutil "pyyaml>=6.0" packaging
 fi
 
 # --- hpcrl itself (editable; builds the C kernels of src_ext/ in place) with every extra of
