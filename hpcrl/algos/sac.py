@@ -110,10 +110,6 @@ class ContinuousStep:
         self.generator.manual_seed(int(rng.integers(2**63)))
         self.metric_keys = LOSS_KEYS + ("alpha", "replay_size", "replay_ratio", "priority_mean", "beta")
 
-    def _tracked(self, net: nn.Module) -> list[torch.Tensor]:
-        """The parameters the targets follow: the critics' (and TD3's actor's)."""
-        return net.critic_parameters() + (net.actor_parameters() if self.target_actor else [])
-
     def alpha(self) -> torch.Tensor:
         return torch.tensor(0.0)
 

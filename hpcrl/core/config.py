@@ -223,49 +223,46 @@ def _build(cls: type, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
-_check = check
-
-
 def validate(cfg: Config) -> None:
     """Range and choice checks that types alone cannot express."""
     validate_roles(cfg.roles)
     r, e, a, m = cfg.run, cfg.env, cfg.algo, cfg.model
     # one path component: the run directory is output_dir/name, and --overwrite empties it
-    _check(bool(r.name) and r.name not in (".", "..") and "/" not in r.name and "\0" not in r.name,
+    check(bool(r.name) and r.name not in (".", "..") and "/" not in r.name and "\0" not in r.name,
            lambda: f"run.name: expected one directory name such as cartpole_ppo (not '.', '..', nor a path), "
                    f"got {shown(r.name)}")
-    _check(0 <= r.seed <= MAX_SEED, f"run.seed: expected 0 to 2**63 - 1 ({MAX_SEED}), got {r.seed}")
-    _check(r.total_frames > 0, f"run.total_frames: expected a positive integer, got {r.total_frames}")
-    _check(r.log_interval_s > 0, f"run.log_interval_s: expected > 0 seconds, got {r.log_interval_s}")
-    _check(r.checkpoint_interval_s > 0,
+    check(0 <= r.seed <= MAX_SEED, f"run.seed: expected 0 to 2**63 - 1 ({MAX_SEED}), got {r.seed}")
+    check(r.total_frames > 0, f"run.total_frames: expected a positive integer, got {r.total_frames}")
+    check(r.log_interval_s > 0, f"run.log_interval_s: expected > 0 seconds, got {r.log_interval_s}")
+    check(r.checkpoint_interval_s > 0,
            f"run.checkpoint_interval_s: expected > 0 seconds, got {r.checkpoint_interval_s}")
-    _check(r.hang_timeout_s > 0, f"run.hang_timeout_s: expected > 0 seconds, got {r.hang_timeout_s}")
-    _check(r.peer_timeout_s >= 3, f"run.peer_timeout_s: expected >= 3 seconds (heartbeats go every "
+    check(r.hang_timeout_s > 0, f"run.hang_timeout_s: expected > 0 seconds, got {r.hang_timeout_s}")
+    check(r.peer_timeout_s >= 3, f"run.peer_timeout_s: expected >= 3 seconds (heartbeats go every "
                                   f"peer_timeout_s / 10, at most every 3 s), got {r.peer_timeout_s}")
-    _check(r.memory_limit_gib is None or r.memory_limit_gib > 0,
+    check(r.memory_limit_gib is None or r.memory_limit_gib > 0,
            f"run.memory_limit_gib: expected a number of GiB > 0, or null (the node's memory), got {r.memory_limit_gib}")
-    _check(r.torch_threads >= 1, f"run.torch_threads: expected >= 1, got {r.torch_threads}")
+    check(r.torch_threads >= 1, f"run.torch_threads: expected >= 1, got {r.torch_threads}")
     validate_env(e)
     per_group = e.num_envs // e.groups  # a request's envs (an inline policy's request: a multiple of them)
-    _check(r.inference_block is None or r.deterministic,
+    check(r.inference_block is None or r.deterministic,
            f"run.inference_block: sets the forward passes of run.deterministic; set run.deterministic: true, or "
            f"null here, got {r.inference_block}")
-    _check(r.inference_block is None or (r.inference_block >= 1 and per_group % r.inference_block == 0),
+    check(r.inference_block is None or (r.inference_block >= 1 and per_group % r.inference_block == 0),
            lambda: f"run.inference_block: expected null or a divisor of the envs per group (env.num_envs "
                    f"{e.num_envs} / env.groups {e.groups} = {per_group}) such as "
                    f"{', '.join(str(d) for d in range(1, per_group + 1) if per_group % d == 0)}, got {r.inference_block}")
-    _check(a.name in ALGORITHMS, f"algo.name: expected one of {', '.join(map(repr, ALGORITHMS))}, got {a.name!r}")
+    check(a.name in ALGORITHMS, f"algo.name: expected one of {', '.join(map(repr, ALGORITHMS))}, got {a.name!r}")
     modes = ALGORITHMS[a.name].modes
     if a.mode is None:
         a.mode = modes[0]  # resolved, so the run directory's config.yaml says it
-    _check(a.mode in modes, f"algo.mode: expected {' or '.join(map(repr, modes))} (the modes of algo.name "
+    check(a.mode in modes, f"algo.mode: expected {' or '.join(map(repr, modes))} (the modes of algo.name "
                             f"{a.name}), got {a.mode!r}")
     if a.value_norm is None:
         a.value_norm = ALGORITHMS[a.name].multiagent  # resolved, so the run directory's config.yaml says it
     central = ALGORITHMS[a.name].policy == "central_critic"
     if e.global_state is None:
         e.global_state = central  # resolved, so the run directory's config.yaml says it
-    _check(central or not e.global_state,
+    check(central or not e.global_state,
            f"env.global_state: the env's state is read by a centralised critic (algo.name mappo); algo.name "
            f"{a.name} has none, so use false or null")
     check_table(cfg.policies)
@@ -273,69 +270,69 @@ def validate(cfg: Config) -> None:
     validate_population(cfg.population, ALGORITHMS[a.name].live, a.name)
     validate_schedule(a, ALGORITHMS[a.name].live, a.name)
     if cfg.population.members:
-        _check(not cfg.policies, "population: members train one policy each; remove the policies table")
-        _check(cfg.roles.learner.device == "cpu", "population: a member's state is copied from host memory; use "
+        check(not cfg.policies, "population: members train one policy each; remove the policies table")
+        check(cfg.roles.learner.device == "cpu", "population: a member's state is copied from host memory; use "
                                                   "roles.learner.device: cpu")
         if cfg.population.league.members:
-            _check(ALGORITHMS[a.name].multiagent, f"population.league: a league plays games of several agents "
+            check(ALGORITHMS[a.name].multiagent, f"population.league: a league plays games of several agents "
                                                   f"(algo.name mappo or ippo), not algo.name {a.name}")
-            _check(a.selfplay.pool >= 1, "population.league: each member's policy holders hold algo.selfplay.pool "
+            check(a.selfplay.pool >= 1, "population.league: each member's policy holders hold algo.selfplay.pool "
                                          "league snapshots to play against; set algo.selfplay.pool >= 1")
     multiagent = [n for n, alg in ALGORITHMS.items() if alg.multiagent]
-    _check(not cfg.policies or ALGORITHMS[a.name].multiagent,
+    check(not cfg.policies or ALGORITHMS[a.name].multiagent,
            f"policies: maps the agents of PettingZoo envs to policies, for the multi-agent algorithms "
            f"({', '.join(multiagent)}); algo.name {a.name} trains one policy, so remove the policies table")
     if a.name == "dqn":
         validate_dqn(a.dqn, a.replay, recurrent=m.core != "none")
     if a.name in CONTINUOUS_ALGORITHMS:
         validate_sac(a.sac, a.replay)
-        _check(m.core == "none", f"model.core: algo.name {a.name} has no recurrent version; use none")
+        check(m.core == "none", f"model.core: algo.name {a.name} has no recurrent version; use none")
     if a.name in REPLAY_ALGORITHMS:
         settings, section = replay_settings(a)
         n_step = settings.n_step
-        _check(not a.value_norm, f"algo.value_norm: a PPO option, not used by algo.name {a.name}; use false or null")
-        _check(a.mode == "async" or a.replay.replay_ratio is not None,
+        check(not a.value_norm, f"algo.value_norm: a PPO option, not used by algo.name {a.name}; use false or null")
+        check(a.mode == "async" or a.replay.replay_ratio is not None,
                f"algo.mode: sync {a.name} trains the gradient steps algo.replay.replay_ratio owes after each round of "
                f"records; set algo.replay.replay_ratio (e.g. 8: each transition sampled 8 times), or use algo.mode "
                f"async")
-        _check(m.core != "none" or a.mode == "sync" or a.rollout_length > n_step,
+        check(m.core != "none" or a.mode == "sync" or a.rollout_length > n_step,
                f"algo.rollout_length: a {a.name.upper()} record holds rollout_length x env.num_envs transitions and "
                f"one env step may complete n_step + 1 of them per env; expected more than {section}.n_step "
                f"({n_step}), got {a.rollout_length}")
-        _check(not e.normalize_reward, f"env.normalize_reward: not supported with algo.name {a.name} (replayed "
+        check(not e.normalize_reward, f"env.normalize_reward: not supported with algo.name {a.name} (replayed "
                                        f"rewards would be scaled by statistics of another time); use false")
-        _check(a.batch_frames is None, f"algo.batch_frames: not used by algo.name {a.name} (its batch is "
+        check(a.batch_frames is None, f"algo.batch_frames: not used by algo.name {a.name} (its batch is "
                                        f"{section}.batch_size transitions per gradient step); use null")
-        _check(not m.obs_norm, f"model.obs_norm: not supported with algo.name {a.name} yet; use false")
-    _check(a.max_policy_lag >= 0, f"algo.max_policy_lag: expected >= 0 policy versions, got {a.max_policy_lag}")
+        check(not m.obs_norm, f"model.obs_norm: not supported with algo.name {a.name} yet; use false")
+    check(a.max_policy_lag >= 0, f"algo.max_policy_lag: expected >= 0 policy versions, got {a.max_policy_lag}")
     for key in ("vtrace_rho_bar", "vtrace_c_bar"):
         value = getattr(a, key)
-        _check(value > 0, f"algo.{key}: expected a number > 0, got {value}")
-    _check(1 <= a.rollout_length <= MAX_ROLLOUT_LENGTH,
+        check(value > 0, f"algo.{key}: expected a number > 0, got {value}")
+    check(1 <= a.rollout_length <= MAX_ROLLOUT_LENGTH,
            f"algo.rollout_length: expected 1 to {MAX_ROLLOUT_LENGTH:,}, got {a.rollout_length}")
     # whether it is a whole number of fragments per learner or env rank depends on the layout:
     # hpcrl.core.sizing.Sizes.of checks that
-    _check(a.batch_frames is None or a.batch_frames >= 1,
+    check(a.batch_frames is None or a.batch_frames >= 1,
            f"algo.batch_frames: expected a positive number of frames or null, got {a.batch_frames}")
     for key in FRACTIONS:
         value = getattr(a, key)
-        _check(0.0 <= value <= 1.0, f"algo.{key}: expected a number in [0, 1], got {value}")
+        check(0.0 <= value <= 1.0, f"algo.{key}: expected a number in [0, 1], got {value}")
     for key in POSITIVE:
         value = getattr(a, key)
-        _check(value > 0, f"algo.{key}: expected a number > 0, got {value}")
+        check(value > 0, f"algo.{key}: expected a number > 0, got {value}")
     for key in NON_NEGATIVE:
         value = getattr(a, key)
-        _check(value >= 0, f"algo.{key}: expected a number >= 0, got {value}")
-    _check(a.lr_schedule in ("constant", "linear"),
+        check(value >= 0, f"algo.{key}: expected a number >= 0, got {value}")
+    check(a.lr_schedule in ("constant", "linear"),
            f"algo.lr_schedule: expected 'constant' or 'linear', got {a.lr_schedule!r}")
-    _check(a.epochs >= 1, f"algo.epochs: expected >= 1, got {a.epochs}")
-    _check(a.num_minibatches >= 1, f"algo.num_minibatches: expected >= 1, got {a.num_minibatches}")
+    check(a.epochs >= 1, f"algo.epochs: expected >= 1, got {a.epochs}")
+    check(a.num_minibatches >= 1, f"algo.num_minibatches: expected >= 1, got {a.num_minibatches}")
     batch_per_env_rank = a.rollout_length * e.num_envs
-    _check(a.num_minibatches <= batch_per_env_rank,
+    check(a.num_minibatches <= batch_per_env_rank,
            f"algo.num_minibatches: {a.num_minibatches} minibatches cannot be cut from one fragment of "
            f"{batch_per_env_rank} frames (rollout_length x env.num_envs); use at most {batch_per_env_rank}")
     validate_model(m, a.name, ALGORITHMS[a.name].policy)
-    _check(m.core == "none" or a.name == "dqn" or a.num_minibatches <= e.num_envs,
+    check(m.core == "none" or a.name == "dqn" or a.num_minibatches <= e.num_envs,
            f"algo.num_minibatches: a recurrent core's minibatches are whole sequences of whole envs (a fragment's "
            f"columns of one env: its agents, for PettingZoo envs), so at most env.num_envs ({e.num_envs}) of "
            f"them, got {a.num_minibatches}")

@@ -108,7 +108,6 @@ class Message:
 # Every header starts with the policy it belongs to: a record's and a weights message's policy
 # (several policies train at once in multi-agent runs, core/policies.py). A request mixes rows of
 # several policies; its rows say theirs.
-DEFAULT_POLICY = 0
 STOP = 1  # flags bit: the run is over; the receiver finishes and exits
 END = STOP  # flags bit of a parameter stream's last version: the stream closes after it
 PREEMPTED = 2  # flags bit, with STOP: the run was stopped by a signal and will resume from its checkpoint

@@ -24,7 +24,6 @@ from hpcrl.core.config import ConfigError
 
 RAW_REWARD = "raw_reward"  # the reward before clipping / normalising
 GAME_OVER = "game_over"    # the whole episode (an Atari game, not a life) ended in this step
-EPISODE_INFO = (RAW_REWARD, GAME_OVER)
 
 
 class SameStepAutoreset(gym.vector.VectorWrapper):

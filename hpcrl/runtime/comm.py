@@ -353,11 +353,6 @@ def allreduce_sum(comm, values: np.ndarray) -> np.ndarray:
     return out
 
 
-def broadcast_int(comm, value: int) -> int:
-    """The root's decision, on every rank of comm (so no rank decides from its own rounding)."""
-    return broadcast_ints(comm, [value])[0]
-
-
 def broadcast_ints(comm, values: list[int], sleep_s: float | None = None) -> list[int]:
     """The root's decisions, in one message, on every rank of comm; `sleep_s`: the others sleep
     between tests meanwhile (where the root may keep them waiting long), instead of spinning."""
