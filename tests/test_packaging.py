@@ -110,6 +110,17 @@ def test_eval_holds_its_policies_without_mpi_or_horovod():
     assert result.returncode == 0, result.stderr
 
 
+def test_plan_loads_no_transport():
+    """`hpcrl plan` runs on a login node, where initialising MPI may fail or be forbidden: what the
+    command loads (under -X importtime, every module it imports) holds neither mpi4py nor horovod."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "hpcrl", "plan", "jobs/cartpole_pbt.yaml",
+                             "--world-size", "64", "--ranks-per-node", "8"], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines()
+              if line.startswith("import time:")}
+    assert "hpcrl" in loaded and not loaded & {"mpi4py", "horovod"}, sorted(loaded & {"mpi4py", "horovod"})
+
+
 def test_the_core_is_pure_and_envs_need_neither_mpi_nor_torch():
     """core/: numpy and yaml only (every rank and hpcrl plan use it); envs/: no MPI, no torch
     (actors with remote inference step them without either)."""

@@ -30,16 +30,6 @@ from hpcrl.runtime.member_copy import POPULATION_ROOT, PopulationChannel
 POLL_SLEEP_S = 0.01  # a stopped member's learner root, waiting for the population root's farewell
 
 
-def population_problem(cfg: Config, world_size: int) -> str | None:
-    """What keeps the job from cutting into population.members equal blocks."""
-    n = cfg.population.members
-    if world_size % n == 0:
-        return None
-    return (f"population.members: {n} members need a world size that is a multiple of {n} (each member runs the "
-            f"roles table on world size / members ranks), got {world_size}; run on {n * max(1, world_size // n)} or "
-            f"{n * (world_size // n + 1)} ranks, or change population.members")
-
-
 class Population:
     """This rank's place in a population run."""
 

@@ -32,7 +32,8 @@ from hpcrl.runtime.control import ControlStream, build_control_stream
 from hpcrl.runtime.liveness import start_peer_watch
 from hpcrl.runtime.watchdog import Watchdog
 from hpcrl.core.members import check_members
-from hpcrl.launch.population import Population, population_problem
+from hpcrl.core.members import population_problem
+from hpcrl.launch.population import Population
 from hpcrl.launch.wiring import build_workers, holds_a_policy
 from hpcrl.runtime import job
 

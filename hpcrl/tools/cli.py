@@ -244,8 +244,7 @@ def _plan(args) -> int:
     from hpcrl.core.sizing import Sizes, memory, traffic
     from hpcrl.models import policy_params
     from hpcrl.tools.plan import format_plan
-    from hpcrl.core.members import check_members, member_config
-    from hpcrl.launch.population import population_problem
+    from hpcrl.core.members import check_members, member_config, population_problem
     from hpcrl.tools.plan import format_population
     try:
         whole, _ = load_config(args.config, tuple(args.overrides))

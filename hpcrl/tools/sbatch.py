@@ -47,7 +47,7 @@ def check(request: JobRequest, cfg: Config) -> Layout:
     world = request.nodes * request.ntasks_per_node
     members = cfg.population.members
     if members:  # each member runs the roles table on its block of ranks (launch/population.py)
-        from hpcrl.launch.population import population_problem
+        from hpcrl.core.members import population_problem
         if problem := population_problem(cfg, world):
             raise ConfigError(f"{problem} (--nodes x --ntasks-per-node)")
         world //= members
