@@ -110,6 +110,17 @@ def test_eval_holds_its_policies_without_mpi_or_horovod():
     assert result.returncode == 0, result.stderr
 
 
+def test_every_hpcrl_line_goes_through_say():
+    """One writer for the "[hpcrl] ..." lines (core/say.py writes each whole): no print of its own."""
+    found = []
+    for path in sorted((REPO / "hpcrl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print" \
+                    and node.args and "[hpcrl" in ast.unparse(node.args[0])[:12]:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, found
+
+
 def test_plan_loads_no_transport():
     """`hpcrl plan` runs on a login node, where initialising MPI may fail or be forbidden: what the
     command loads (under -X importtime, every module it imports) holds neither mpi4py nor horovod."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from hpcrl.core.say import say
 
 # The marks, in the order a rank passes them (a rank passes those of its roles only).
 MARKS = (
@@ -65,7 +66,7 @@ class StartupClock:
         if self.verbose and not self.printed and self.roles and all(
                 FIRST_WORK[role] in self.marks for role in self.roles):
             self.printed = True
-            print(f"[hpcrl] start-up of {self.label}: {self.describe()}", flush=True)
+            say(f"start-up of {self.label}: {self.describe()}")
 
     def since_created(self) -> float:
         return _now() - self.created

@@ -25,6 +25,7 @@ from hpcrl.envs.multiagent import pettingzoo_vector
 from hpcrl.envs.pomdp import register as _register_pomdp
 from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, DiscountedReturns, SyncVector,
                                envpool_vector, numpy_vector)
+from hpcrl.core.say import say
 
 __all__ = ["EnvSpaces", "make_env", "env_spaces", "make_vector_env", "random_actions", "imports_of_env_id",
            "KNOWN_ENV_FAMILIES", "RAW_REWARD", "GAME_OVER"]
@@ -258,7 +259,7 @@ def _warn_once(message: str) -> None:
     """A warning about the env, printed once per process (spaces are read more than once)."""
     if message not in _WARNED:
         _WARNED.add(message)
-        print(f"[hpcrl] warning: {message}", file=sys.stderr, flush=True)
+        say(f"warning: {message}", stream=sys.stderr)
 
 
 # --- random actions (tests drive every backend with them) ---------------------------------------

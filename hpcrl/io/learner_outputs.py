@@ -12,6 +12,7 @@ from hpcrl.io.checkpoint import inspect_latest
 from hpcrl.io.metrics import MetricsWriter
 from hpcrl.core.stop import EXIT_OUTPUT_FAILED, StopReason
 from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE, free_space, os_reason
+from hpcrl.core.say import say
 
 # Metrics rows reach metrics.h5 (and TensorBoard) within this long, and before every checkpoint:
 # written one by one, they cost small-batch async learners a large share of their core.
@@ -60,9 +61,9 @@ class LearnerOutputs:
         if code or now - self._last_log >= self.log_interval_s:
             fps = (row["frames"] - self._last_log_frames) / max(now - self._last_log, 1e-9)
             rating = f" | rating {row['rating']:6.1f}" if "rating" in row else ""  # against the anchors
-            print(f"[hpcrl{self.label}] frames {row['frames']:>10,} | {fps:8,.0f} fps | return "
-                  f"{row['return_window_mean']:7.1f}{rating} | version {row['policy_version']:5d} | "
-                  f"{self.progress.format(**row)}", flush=True)
+            say(f"frames {row['frames']:>10,} | {fps:8,.0f} fps | return "
+                f"{row['return_window_mean']:7.1f}{rating} | version {row['policy_version']:5d} | "
+                f"{self.progress.format(**row)}", label=self.label)
             self._last_log, self._last_log_frames = now, row["frames"]
         self.saved = False
         if self.checkpoint_due(code) if checkpoint is None else checkpoint:
@@ -77,8 +78,8 @@ class LearnerOutputs:
             self._last_ckpt = now
             self.saved = True  # the trainers save what they hold beside it (replay shards)
         if code == StopReason.PREEMPTED:
-            print(f"[hpcrl{self.label}] preempted: checkpoint of policy version {row['policy_version']} at "
-                  f"{row['frames']:,} frames written; run the same command again to resume", flush=True)
+            say(f"preempted: checkpoint of policy version {row['policy_version']} at "
+                f"{row['frames']:,} frames written; run the same command again to resume", label=self.label)
         return code
 
     def output_failed(self, what: str, path: str, exc: OSError) -> int:

@@ -28,6 +28,7 @@ from hpcrl.io.checkpoint import (CheckpointError, inspect_latest, previous_path,
 from hpcrl.core.config import Config, ConfigError, parse_config, to_dict, to_yaml
 from hpcrl.core.config_base import load_yaml
 from hpcrl.io.metrics import rebuild_metrics, remove_temporaries
+from hpcrl.core.say import say
 
 CHECKPOINT_FILE = "checkpoint.h5"
 METRICS_FILE = "metrics.h5"
@@ -206,8 +207,8 @@ def _lock(run_dir: str, wait_s: float) -> list[str]:
                                   f"a run directory at a time: wait for that run to end or stop it, or choose "
                                   f"another run.name") from None
             if not said:
-                print(f"[hpcrl] waiting up to {wait_s:.0f} s for the lock on {run_dir!r}, held by {holder} "
-                      f"(a run on a lost node holds it until its file-system lease runs out)", flush=True)
+                say(f"waiting up to {wait_s:.0f} s for the lock on {run_dir!r}, held by {holder} "
+                    f"(a run on a lost node holds it until its file-system lease runs out)")
                 said = True
             time.sleep(1.0)
     os.ftruncate(fd, 0)

@@ -36,6 +36,7 @@ from hpcrl.core.members import population_problem
 from hpcrl.launch.population import Population
 from hpcrl.launch.wiring import build_workers, holds_a_policy
 from hpcrl.runtime import job
+from hpcrl.core.say import say
 
 CONTROL_POLL_EVERY = 64  # passes of the poll loop between control-stream polls on a busy rank
 CONTROL_POLL_IDLE_EVERY = 16  # idle passes between control-stream polls on a waiting rank
@@ -189,8 +190,8 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
         population.connect(layout, rank)  # MPI over the job: the members' learner roots
     if start.finished:
         if rank == 0:
-            print(f"[hpcrl{label}] nothing to do: the run in {start.run_dir} is complete: {start.finished} "
-                  f"(or pass --overwrite to start it again)", flush=True)
+            say(f"nothing to do: the run in {start.run_dir} is complete: {start.finished} "
+                f"(or pass --overwrite to start it again)", label=label)
         if population:
             population.rest(population.role(None, start.start_frames))
         return 0
@@ -216,11 +217,11 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     # why the run stopped, the same word on every rank: the exit status
     status = StopReason.from_flags(control.stop_flags).exit_status
     if rank == 0 and status == 0:
-        print(f"[hpcrl{label}] done: {start.run_dir}", flush=True)
+        say(f"done: {start.run_dir}", label=label)
     if population:  # its learner root serves the population until every member has stopped
         population.rest(member_role)
         if job.job_rank() == 0:
-            print(f"[hpcrl] population done: {population.run_dir}", flush=True)
+            say(f"population done: {population.run_dir}")
     return status
 
 
@@ -237,14 +238,13 @@ def _report_launch(rank: int, start: rundir.RunStart, flags: int, n_nodes: int) 
     if rank != 0 or StopReason.from_flags(flags) is StopReason.OUTPUT_FAILED:
         return
     if n_nodes > 1:
-        print(f"[hpcrl] crossed nodes (messages): {traffic.describe(sums)}", flush=True)
+        say(f"crossed nodes (messages): {traffic.describe(sums)}")
     metrics = os.path.join(start.run_dir, rundir.METRICS_FILE)
     try:
         write_crossed_nodes(metrics, traffic.STREAMS, sums)
         write_startup(metrics, MARKS, marks)
     except OSError as exc:  # the totals are a report: a failed write costs them, not the run
-        print(f"[hpcrl] warning: could not record the launch's totals in {metrics}: {rundir.os_reason(exc)}",
-              flush=True)
+        say(f"warning: could not record the launch's totals in {metrics}: {rundir.os_reason(exc)}")
 
 
 def _rank_names(layout: Layout, hosts: list[str]):
@@ -312,41 +312,40 @@ def _announce(cfg: Config, layout: Layout, sizes: Sizes, start: rundir.RunStart,
     label = population.label if population else ""
     if population is None or job.job_rank() == 0:
         _announce_layout(cfg, layout, sizes, spaces, n_params, hosts, population)
-    print(f"[hpcrl{label}] run directory: {start.run_dir}", flush=True)
+    say(f"run directory: {start.run_dir}", label=label)
     for warning in start.warnings:
-        print(f"[hpcrl{label}] warning: {warning}", flush=True)
+        say(f"warning: {warning}", label=label)
     if start.resume_file:
-        print(f"[hpcrl{label}] resuming from {start.resume_file}: policy version {start.start_version}, "
-              f"{start.start_frames:,} frames", flush=True)
+        say(f"resuming from {start.resume_file}: policy version {start.start_version}, "
+            f"{start.start_frames:,} frames", label=label)
 
 
 def _announce_layout(cfg: Config, layout: Layout, sizes: Sizes, spaces: EnvSpaces, n_params: list[int],
                      hosts: list[str], population: Population | None) -> None:
     if population:
-        print(f"[hpcrl] population of {population.members} members, each on {layout.world_size} "
-              f"rank{'s' if layout.world_size > 1 else ''} as below; lineage in "
-              f"{os.path.join(population.run_dir, rundir.METRICS_FILE)}", flush=True)
+        say(f"population of {population.members} members, each on {layout.world_size} "
+            f"rank{'s' if layout.world_size > 1 else ''} as below; lineage in "
+            f"{os.path.join(population.run_dir, rundir.METRICS_FILE)}")
     if layout.serial:
-        print("[hpcrl] world size 1: serial mode (learner, env and inline inference in one process)", flush=True)
+        say("world size 1: serial mode (learner, env and inline inference in one process)")
     else:
         n_nodes = len(set(layout.node_of_rank.tolist()))
-        print(f"[hpcrl] {layout.world_size} ranks on {n_nodes} node{'s' if n_nodes > 1 else ''}: "
-              f"{len(layout.learners)} learner, {len(layout.inference)} "
-              f"inference{' (inline on env ranks)' if layout.inline_inference else ''}, {len(layout.envs)} env "
-              f"x {cfg.env.num_envs} {cfg.env.id}", flush=True)
+        say(f"{layout.world_size} ranks on {n_nodes} node{'s' if n_nodes > 1 else ''}: "
+            f"{len(layout.learners)} learner, {len(layout.inference)} "
+            f"inference{' (inline on env ranks)' if layout.inline_inference else ''}, {len(layout.envs)} env "
+            f"x {cfg.env.num_envs} {cfg.env.id}")
     if not layout.serial:  # which rank is what: Open MPI names dead ranks by number only
-        print("[hpcrl] roles: " + "; ".join(f"{name} ranks {_ranges(ranks)}" for name, ranks in (
-            ("learner", layout.learners), ("inference", layout.inference), ("env", layout.envs)) if len(ranks)),
-              flush=True)
+        say("roles: " + "; ".join(f"{name} ranks {_ranges(ranks)}" for name, ranks in (
+            ("learner", layout.learners), ("inference", layout.inference), ("env", layout.envs)) if len(ranks)))
         if n_nodes > 1:  # which node holds which ranks: a lost node's message names the node
-            print("[hpcrl] nodes: " + _nodes_line(layout, hosts), flush=True)
+            say("nodes: " + _nodes_line(layout, hosts))
     if layout.policies > 1:
-        print("[hpcrl] policies: " + "; ".join(
+        say("policies: " + "; ".join(
             f"{name} acts for {', '.join(s.agents)} (learner ranks {_ranges(layout.learners_of_policy(p))})"
-            for p, (name, s) in enumerate(zip(cfg.policies, policy_spaces(spaces, cfg.policies)))), flush=True)
+            for p, (name, s) in enumerate(zip(cfg.policies, policy_spaces(spaces, cfg.policies)))))
     for warning in warnings(cfg, layout, memory(cfg, layout, sizes, spaces, max(n_params),
                                                      population.whole.population if population else None)):
-        print(f"[hpcrl] warning: {warning}", flush=True)
+        say(f"warning: {warning}")
 
 
 def _nodes_line(layout: Layout, hosts: list[str], limit: int = 16) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from hpcrl.core.say import say
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -136,7 +137,7 @@ def _config_reference(args) -> int:
             fh.write(text)
     except OSError as exc:
         return _user_error(f"hpcrl: config-reference: cannot write {args.output!r}: {exc.strerror}")
-    print(f"[hpcrl] wrote {args.output}")
+    say(f"wrote {args.output}")
     return 0
 
 
@@ -173,14 +174,14 @@ def _plot(args) -> int:
                             f"side), or name its member directories among other runs")
         if populations:
             members = plot_population(populations[0], args.output, args.metric, args.smooth)
-            print(f"[hpcrl] wrote {args.output}: the {len(members)} members of {populations[0]}")
+            say(f"wrote {args.output}: the {len(members)} members of {populations[0]}")
             return 0
         groups = plot_runs(args.run_dirs, args.output, args.metric, args.smooth, args.group_by)
     except (RunDirError, PlotError) as exc:
         return _user_error(f"hpcrl: plot: {exc}")
     runs = sum(len(dirs) for _, dirs in groups)
-    print(f"[hpcrl] wrote {args.output}: {runs} run{'s' * (runs != 1)} in {len(groups)} "
-          f"curve{'s' * (len(groups) != 1)} ({', '.join(label for label, _ in groups)})")
+    say(f"wrote {args.output}: {runs} run{'s' * (runs != 1)} in {len(groups)} "
+        f"curve{'s' * (len(groups) != 1)} ({', '.join(label for label, _ in groups)})")
     return 0
 
 
@@ -295,7 +296,7 @@ def _tune(args) -> int:
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(tuned.text)
-        print(f"[hpcrl] wrote {args.output}")
+        say(f"wrote {args.output}")
     return 0
 
 

@@ -26,6 +26,7 @@ from hpcrl.io import env_states
 from hpcrl.runtime.streams import SampleSender
 from hpcrl.workers import env_deal
 from hpcrl.workers.env_group import EnvGroup, EpisodeTally, Phase, RemotePolicy, make_groups
+from hpcrl.core.say import say
 
 
 class RecordWriter(Protocol):
@@ -77,8 +78,8 @@ def _captured(parts: dict) -> dict:
 
 
 def _not_restored(why: str) -> None:
-    print(f"[hpcrl] warning: the checkpoint's env state was not restored: {why}; the resumed run starts new "
-          f"episodes", flush=True)
+    say(f"warning: the checkpoint's env state was not restored: {why}; the resumed run starts new "
+        f"episodes")
 
 
 class EnvRank:
@@ -348,15 +349,15 @@ class EnvRank:
         except state.NotCapturable as exc:
             return self._cannot_keep(str(exc))
         if self.index == 0 and not self.told_whole:
-            print(f"[hpcrl] note: env ranks save their state whole ({why_whole}): a resume continues exactly on "
-                  f"{self.env_ranks} env ranks only", flush=True)
+            say(f"note: env ranks save their state whole ({why_whole}): a resume continues exactly on "
+                f"{self.env_ranks} env ranks only")
         self.told_whole = True
         env_states.keep(self.keep_state_in, self.index, version, snapshot, self.env_ranks)
 
     def _cannot_keep(self, why: str) -> None:
         if self.index == 0:  # (every env rank has the same reason)
-            print(f"[hpcrl] warning: env ranks cannot save their state ({why}); a resumed run starts new "
-                  f"episodes, so it does not repeat the uninterrupted run exactly", flush=True)
+            say(f"warning: env ranks cannot save their state ({why}); a resumed run starts new "
+                f"episodes, so it does not repeat the uninterrupted run exactly")
         self.keep_state_in = None
 
     def resume_state(self, version: int, saved_layout: tuple[int, int] | None) -> None:

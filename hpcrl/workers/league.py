@@ -34,6 +34,7 @@ import numpy as np
 
 from hpcrl.core.league import MAIN, League, resets_after_snapshot, ring_size
 from hpcrl.core.seeds import seed_for
+from hpcrl.core.say import say
 
 # The population root's orders of a snapshot's move (after workers/population_root.py's):
 # [SNAPSHOT_SEND, to member, seq] to the owner; [SNAPSHOT_RECEIVE, from owner, slot, snapshot id] to
@@ -114,9 +115,9 @@ class LeagueMember:
         if self.ring_seq[i] != seq:
             i = int(np.argmin(np.where(self.ring_seq >= 0, self.ring_seq, np.iinfo(np.int64).max)))
             if not self._warned:
-                print(f"[hpcrl] league: member {self.member}'s snapshot {seq} is no longer kept; sending snapshot "
-                      f"{self.ring_seq[i]} in its place (it took more snapshots than expected between the root's "
-                      f"pick and this send)", flush=True)
+                say(f"league: member {self.member}'s snapshot {seq} is no longer kept; sending snapshot "
+                    f"{self.ring_seq[i]} in its place (it took more snapshots than expected between the root's "
+                    f"pick and this send)")
                 self._warned = True
         return self.ring[i]
 
@@ -281,8 +282,8 @@ class LeagueRoot:
             os.replace(temporary, self.path)
         except OSError as exc:
             self.write_failed = True
-            print(f"[hpcrl] warning: league: cannot write {self.path} ({exc.strerror or exc}); the league plays on, "
-                  f"but a resume would start its payoff matrix from the last one saved", flush=True)
+            say(f"warning: league: cannot write {self.path} ({exc.strerror or exc}); the league plays on, "
+                f"but a resume would start its payoff matrix from the last one saved")
 
     def _load(self) -> None:
         """The league a previous launch left (data, read bounded)."""

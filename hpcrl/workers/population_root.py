@@ -29,6 +29,7 @@ from hpcrl.core.population import (CANCELLED, EXPLOIT, JUDGED, LINEAGE_KEYS, RES
                                    ExploreRule, exploit_parent, explore)
 from hpcrl.io.metrics import MetricsWriter
 from hpcrl.runtime.member_copy import PopulationChannel
+from hpcrl.core.say import say
 
 READY, DONE = 1.0, 2.0  # reports
 SEND, RECEIVE, FAREWELL, END_ROUND, ABORT = 1.0, 2.0, 3.0, 4.0, 5.0  # orders
@@ -151,9 +152,9 @@ class Decider:
         self.copies[member].append(parent)
         self._record(EXPLOIT, member, parent, frames, fitness, float(self.fitness[parent]))
         if math.isnan(fitness):  # (a failed member, as far as the population can tell: said once more here)
-            print(f"[hpcrl] population: member {member}'s fitness is NaN at {frames:,} frames (its training "
-                  f"diverged, or none of its episodes ended since its start or last copy): reset from member "
-                  f"{parent}", flush=True)
+            say(f"population: member {member}'s fitness is NaN at {frames:,} frames (its training "
+                f"diverged, or none of its episodes ended since its start or last copy): reset from member "
+                f"{parent}")
 
     # --- in rounds ----------------------------------------------------------------------------------
     def _wait_for_round(self, member: int, frames: int, fitness: float) -> None:
@@ -229,10 +230,9 @@ class Decider:
         """The lineage and the rounds' state are a record: the members train on without them, and
         this says so once (a resume of the rounds from here would not be exact)."""
         self.write_failed = True
-        print(f"[hpcrl] warning: population: cannot write the lineage or the rounds' state in "
-              f"{os.path.dirname(self.state_path)} ({exc.strerror or exc}); the members train on, but nothing more "
-              f"of the lineage is recorded, and a resume of the rounds would start from the last state saved",
-              flush=True)
+        say(f"warning: population: cannot write the lineage or the rounds' state in "
+            f"{os.path.dirname(self.state_path)} ({exc.strerror or exc}); the members train on, but nothing more "
+            f"of the lineage is recorded, and a resume of the rounds would start from the last state saved")
 
     def close(self) -> None:
         if self.league is not None:

@@ -34,6 +34,7 @@ from hpcrl.core.config_sac import replay_settings
 from hpcrl.core.messages import STOP, Message, MessageSpec, replay_fields
 from hpcrl.core.seeds import seed_for
 from hpcrl.runtime.streams import SampleReceiver
+from hpcrl.core.say import say
 
 HEADER_KEPT = ("frames", "version", "rollout_us", "wait_us", "credit_wait_us")
 
@@ -209,8 +210,8 @@ class ReplaySource:
                 except ValueError as exc:  # another capacity or record layout
                     why = f"{path} does not fit this run's replay ({exc})"
         if why:
-            print(f"[hpcrl] warning: learner {self.index}: no saved replay shard to resume from ({why}); it fills "
-                  f"its replay again ({self.warmup:,} {self.unit}) before it trains", flush=True)
+            say(f"warning: learner {self.index}: no saved replay shard to resume from ({why}); it fills "
+                f"its replay again ({self.warmup:,} {self.unit}) before it trains")
         elif origin is not None and self.sync:
             self.round_origin = origin
         elif origin is not None:  # the updates owed at the checkpoint are owed still

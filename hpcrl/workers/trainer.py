@@ -39,6 +39,7 @@ from hpcrl.runtime.params import END, ParameterPublisher
 from hpcrl.workers.averaging import start_averaging
 from hpcrl.workers.trainer_member import MemberParts
 from hpcrl.workers.trainer_stats import TrainerStats
+from hpcrl.core.say import say
 
 MEMBER_WAIT_SLEEP_S = 1e-4  # a population member's learners, waiting for their root's word after an update
 
@@ -169,9 +170,8 @@ class LearnerRole(MemberParts):
             return {}
         checkpoint = load_checkpoint(resume_path) if self.root else None
         if checkpoint is not None and (changed := changed_packages(checkpoint["provenance"])):
-            print(f"[hpcrl] warning: resuming with other package versions than the checkpoint was written with "
-                  f"({', '.join(changed)}): the run goes on, but its bits may differ from an uninterrupted run's",
-                  flush=True)
+            say(f"warning: resuming with other package versions than the checkpoint was written with "
+                f"({', '.join(changed)}): the run goes on, but its bits may differ from an uninterrupted run's")
         if len(self.policy_names) == 1:
             if checkpoint is not None:
                 self.model.load_state_dict(checkpoint["model"])
@@ -245,7 +245,7 @@ class LearnerRole(MemberParts):
         CLOCK.mark("first_update")
         cost = self.averaging.update_done()
         if cost is not None and self.root:  # once: what averaging costs against what it saves
-            print(f"[hpcrl] {'' if cost.pays else 'warning: '}{cost.describe(len(self.policy_names))}", flush=True)
+            say(f"{'' if cost.pays else 'warning: '}{cost.describe(len(self.policy_names))}")
 
     def _after_update(self) -> None:
         """Statistics, the stop decision, the report, and the new weights (or the stop word)."""
@@ -381,8 +381,8 @@ class LearnerRole(MemberParts):
                 extra["env_state"] = self.local_env.snapshot()
             except NotCapturable as exc:
                 if not self._warned_env_state:
-                    print(f"[hpcrl] warning: the state of {self.cfg.env.id} cannot be saved as data ({exc}); "
-                          f"checkpoints hold no env state, so a resumed serial run starts new episodes", flush=True)
+                    say(f"warning: the state of {self.cfg.env.id} cannot be saved as data ({exc}); "
+                        f"checkpoints hold no env state, so a resumed serial run starts new episodes")
                     self._warned_env_state = True
         save_checkpoint(path, self.model, self.optimizer, counters, self.rng, self.files.config_text, extra=extra,
                         policies=self._other_policies, provenance=self.files.provenance)

@@ -12,6 +12,7 @@ from hpcrl.models import build_policy, copy_params_to, load_params_from, num_par
 from hpcrl.models.member import member_arrays, member_layout
 from hpcrl.runtime import comm
 from hpcrl.runtime.member_copy import MemberState, broadcast_state
+from hpcrl.core.say import say
 
 
 class MemberParts:
@@ -77,16 +78,16 @@ class MemberParts:
         self._set_hyperparameters(adoption.hyperparameters)
         self.stats.reset_fitness()
         if self.root and adoption.parent < 0:
-            print(f"[hpcrl{self.files.label}] league: started again from its initial weights at {self.frames:,} "
-                  f"frames, after its snapshot", flush=True)
+            say(f"league: started again from its initial weights at {self.frames:,} "
+                f"frames, after its snapshot", label=self.files.label)
         elif self.root and self.population is not None and self.population.league is not None:
-            print(f"[hpcrl{self.files.label}] league: started again from main agent {adoption.parent}'s newest "
-                  f"snapshot at {self.frames:,} frames, after its snapshot", flush=True)
+            say(f"league: started again from main agent {adoption.parent}'s newest "
+                f"snapshot at {self.frames:,} frames, after its snapshot", label=self.files.label)
         elif self.root:
             changed = [f"algo.{k} {before[k]:.4g} -> {v:.4g}" for k, v in adoption.hyperparameters.items()
                        if v != before[k]]
-            print(f"[hpcrl{self.files.label}] exploit: took member {adoption.parent}'s state at {self.frames:,} "
-                  f"frames{'; ' + ', '.join(changed) if changed else ''}", flush=True)
+            say(f"exploit: took member {adoption.parent}'s state at {self.frames:,} "
+                f"frames{'; ' + ', '.join(changed) if changed else ''}", label=self.files.label)
 
     def _set_hyperparameters(self, values: dict) -> None:
         for key, value in values.items():
