@@ -39,6 +39,7 @@ def write_config(tmp_path: Path, cfg: dict, filename: str = "config.yaml") -> Pa
 def mpirun(n: int, *args: str, timeout: float = 240, cwd: Path | None = None,
            extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """`mpirun -n N python -m hpcrl ARGS` through the project's wrapper, as a user runs it."""
+    _refuse_in_fast_tier()
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **(extra_env or {}))
     cmd = ["bash", str(MPIRUN), "-n", str(n), sys.executable, "-m", "hpcrl", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=env)
@@ -54,6 +55,7 @@ def run_hpcrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def mpirun_script(n: int, script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """`mpirun -n N python tests/SCRIPT ARGS`: a script (tests/mpi_*.py) that drives one piece of the
     runtime under real MPI."""
+    _refuse_in_fast_tier()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = ["bash", str(MPIRUN), "-n", str(n), sys.executable, str(REPO / "tests" / script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -105,10 +107,12 @@ def pids_named(name: str) -> list[int]:
     return pids
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def munged_as_found():
     """The SLURM tests start munged (scripts/slurm.sh prepare), which the daemons of every emulated
-    node share, so no test's teardown stops it: the session does, if it was not running before."""
+    node share, so no test's teardown stops it: the session does, if it was not running before.
+    Only the SLURM modules use it: under pytest-xdist (make test-fast) a worker that ran none never
+    stops it under one that runs them."""
     running_before = bool(pids_named("munged"))
     yield
     if running_before:
@@ -131,3 +135,57 @@ def run_dir(cfg: dict) -> Path:
 @pytest.fixture
 def tmp_cfg(tmp_path):
     return lambda **sections: small_config(tmp_path, **sections)
+
+
+# --- tiers: `make test-fast` runs the tests that launch no MPI job, on no emulated node, that train
+# no agent to a return (-m "not mpi and not multinode and not slurm and not learning") -------------
+
+# what starts an MPI job: mpirun, the emulated cluster's nodes (which run mpirun in turn), and a
+# process the test holds while it runs (a job it signals or kills)
+LAUNCHERS = frozenset({"mpirun", "mpirun_script", "MPIRUN", "Cluster", "Popen"})
+
+
+def _launches(fn, seen: set) -> bool:
+    """Whether `fn` names a launcher, itself or through the test helpers it calls (followed through
+    the globals of their modules, and the functions and lambdas defined inside them)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or code in seen:
+        return False
+    seen.add(code)
+    codes, names = [code], set()
+    while codes:
+        c = codes.pop()
+        names.update(c.co_names)
+        codes += [k for k in c.co_consts if hasattr(k, "co_names")]
+    if names & LAUNCHERS:
+        return True
+    scope = getattr(fn, "__globals__", {})
+    return any(_launches(scope[name], seen) for name in names
+               if name in scope and getattr(scope[name], "__module__", "").startswith("tests."))
+
+
+FAST_TIER = {"on": False}  # a session that deselects `mpi` (make test-fast)
+
+
+def pytest_configure(config):
+    FAST_TIER["on"] = "not mpi" in (config.option.markexpr or "")
+
+
+def _refuse_in_fast_tier() -> None:
+    """A launch in the fast tier means the `mpi` marking below missed a test: say so, loudly."""
+    if FAST_TIER["on"]:
+        raise AssertionError("this test launches mpirun but was not marked `mpi`: tests/conftest.py's LAUNCHERS "
+                             "misses the helper it calls")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `mpi` every test that launches an MPI job, through its own code or its fixtures'."""
+    for item in items:
+        functions = [getattr(item, "function", None)]
+        for name in getattr(item, "fixturenames", ()):
+            defs = item._fixtureinfo.name2fixturedefs.get(name) or ()
+            functions += [d.func for d in defs]
+        seen: set = set()
+        if any(_launches(fn, seen) for fn in functions if fn is not None):
+            item.add_marker(pytest.mark.mpi)
+

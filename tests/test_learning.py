@@ -4,6 +4,8 @@ import pytest
 from hpcrl.io.metrics import read_metrics
 from tests.conftest import REPO, mpirun
 
+pytestmark = pytest.mark.learning
+
 
 @pytest.mark.parametrize("ranks,job,extra", [
     (4, "cartpole_ppo.yaml", ()),  # 1 learner, 1 inference, 2 env ranks

@@ -122,6 +122,7 @@ def test_mappo_on_4_ranks_with_remote_inference_keeps_actors_torch_free(tmp_path
     assert np.all(m["return_max"] <= 6) and np.all(m["return_mean"] <= 14 / 3 + 1e-9)
 
 
+@pytest.mark.learning
 def test_mappo_learns_simple_spread_serially(tmp_path):
     """Seeded serial MAPPO: 12k env steps raise the per-agent return from about -28 (a random
     policy) by several units; IPPO runs the same config."""
@@ -254,6 +255,7 @@ def test_self_play_on_connect_four_runs_on_4_ranks_under_masks(tmp_path):
     assert np.nansum(m["return_mean"] * m["episodes"]) == 0  # zero-sum: every win is a loss for the other side
 
 
+@pytest.mark.learning
 def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_path):
     """The shipped connect four job, serially: its policy after 2k moves of self-play (a frozen early
     snapshot) and after 60k, each played by hpcrl eval in both seats for 100 games. A quarter of the

@@ -20,6 +20,8 @@ from tests.conftest import mpirun, run_dir, run_hpcrl, small_config, write_confi
 from tests.test_reproducible import assert_same_weights
 from tests.emulated_cluster import Cluster
 
+pytestmark = pytest.mark.multinode
+
 JOB = "jobs/cartpole_ppo_multinode.yaml"  # a learner and an inference rank per node: Horovod over TCP
 RANKS, PER_NODE = 8, 4
 DEFAULT_PEER_TIMEOUT_S = 30  # run.peer_timeout_s's default: test_a_node_cut_off_ends_the_job_on_both_sides[checkpoint]

@@ -14,6 +14,8 @@ from tests.conftest import REPO, run_hpcrl as hpcrl
 from tests.emulated_cluster import Cluster
 from tests.test_slurm import job_env
 
+pytestmark = [pytest.mark.usefixtures("munged_as_found"), pytest.mark.slurm, pytest.mark.multinode]
+
 SELF_HEALING = "jobs/cartpole_ppo_multinode.sbatch"  # srun --mpi=pmix, --no-kill
 THREE_NODES = ("--nodes=3", "--ntasks-per-node=4")  # the committed script asks for 4 x 128 ranks
 LOST_NODE_COSTS_S = 90  # from the kill to training again on the nodes left (measured: about 45 s)

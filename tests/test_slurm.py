@@ -11,6 +11,8 @@ from hpcrl.io.metrics import read_metrics
 from tests.conftest import REPO
 from tests.test_resume import wait_for_rows
 
+pytestmark = [pytest.mark.usefixtures("munged_as_found"), pytest.mark.slurm]
+
 SBATCH_SCRIPT = "jobs/cartpole_ppo.sbatch"
 
 
