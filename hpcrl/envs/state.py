@@ -77,6 +77,13 @@ def capture(obj) -> tuple[str, dict[str, np.ndarray]]:
     return json.dumps(tree), arrays
 
 
+def as_record(obj) -> dict:
+    """`capture` as the record a file stores: {"tree": the JSON text as uint8, "arrays": {key: array}};
+    NotCapturable as capture."""
+    tree, arrays = capture(obj)
+    return {"tree": np.frombuffer(tree.encode(), dtype=np.uint8), "arrays": arrays}
+
+
 class _Capture:
     def __init__(self, arrays: dict):
         self.arrays = arrays
@@ -130,6 +137,13 @@ def restore(obj, tree: str, arrays: dict[str, np.ndarray]) -> None:
     """Write the state `capture` recorded into `obj`, a freshly built graph of the same classes.
     StateMismatch (and nothing written) if the saved state does not fit it."""
     planned(obj, tree, arrays)()
+
+
+def planned_record(obj, record: dict):
+    """`planned` from a record of `as_record` (read back from a file); StateMismatch as planned,
+    UnicodeDecodeError or TypeError for a tree that is not text."""
+    tree = np.asarray(record.get("tree"), dtype=np.uint8).tobytes().decode()
+    return planned(obj, tree, record.get("arrays") or {})
 
 
 def planned(obj, tree: str, arrays: dict[str, np.ndarray]):

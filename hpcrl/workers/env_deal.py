@@ -60,11 +60,7 @@ def capture(groups: list) -> dict:
         envs += group_envs
         for name, array in arrays.items():
             rows.setdefault(name, []).append(np.array(array))
-    captured = []
-    for env in envs:
-        tree, arrays = state.capture(env)
-        captured.append({"tree": np.frombuffer(tree.encode(), dtype=np.uint8), "arrays": arrays})
-    return {"envs": captured, "rows": {name: np.concatenate(parts) for name, parts in rows.items()},
+    return {"envs": [state.as_record(env) for env in envs], "rows": {name: np.concatenate(parts) for name, parts in rows.items()},
             "steps": groups[0].next_step()}
 
 
@@ -84,8 +80,7 @@ def restore(groups: list, saved: dict) -> None:
             piece = saved["envs"][env]
             if piece["tree"] is None:
                 raise state.StateMismatch(f"the saved state of the rank's env {env} has no tree")
-            tree = np.asarray(piece["tree"], dtype=np.uint8).tobytes().decode()
-            writes.append(state.planned(fresh, tree, piece["arrays"]))
+            writes.append(state.planned_record(fresh, piece))
             env += 1
         n = count_rows(group.request["obs"])
         for name, live in arrays.items():

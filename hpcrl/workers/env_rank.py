@@ -70,13 +70,6 @@ def _as_arrays(sampling_state):
         else np.asarray(sampling_state)
 
 
-def _captured(parts: dict) -> dict:
-    """An env rank's saved parts as data stored without pickle: {"tree": the JSON text as uint8,
-    "arrays": {key: array}} (hpcrl/envs/state.py); NotCapturable for state that is not plain data."""
-    tree, arrays = state.capture(parts)
-    return {"tree": np.frombuffer(tree.encode(), dtype=np.uint8), "arrays": arrays}
-
-
 def _not_restored(why: str) -> None:
     say(f"warning: the checkpoint's env state was not restored: {why}; the resumed run starts new "
         f"episodes")
@@ -334,10 +327,11 @@ class EnvRank:
         where it can be (workers/env_deal.py), so a resume on any number of env ranks continues it,
         else whole, for a resume on this layout."""
         self.kept_version = version
-        if self.writer.serial_parts() is None or (any(g.recurrent for g in self.groups) and
-                                                  isinstance(self.groups[0].policy, RemotePolicy)):
+        writer_parts = self.writer.serial_parts()
+        if writer_parts is None or (any(g.recurrent for g in self.groups) and
+                                    isinstance(self.groups[0].policy, RemotePolicy)):
             return self._cannot_keep("its record writer's or its policy servers' state (recurrent) is not saved")
-        why_whole = env_deal.why_not(self.groups, self.writer.serial_parts())
+        why_whole = env_deal.why_not(self.groups, writer_parts)
         try:
             if not why_whole:
                 env_states.keep_envs(self.keep_state_in, self.index, version, env_deal.capture(self.groups),
@@ -345,7 +339,7 @@ class EnvRank:
                 return
             parts = self._saved_parts()[0]  # (at a version's last record, whose shipping changes only these counters)
             parts.update(version=version, version_fragments=0, fragments_sent=fragments_sent)
-            snapshot = _captured(parts)
+            snapshot = state.as_record(parts)
         except state.NotCapturable as exc:
             return self._cannot_keep(str(exc))
         if self.index == 0 and not self.told_whole:
@@ -380,11 +374,11 @@ class EnvRank:
 
     def snapshot(self) -> dict:
         """Serial mode: everything needed to continue exactly, taken between records (when the
-        learner checkpoints), as data the checkpoint stores without pickle (`_captured`).
+        learner checkpoints), as data the checkpoint stores without pickle (`state.as_record`).
         NotCapturable for envs whose state is not plain data."""
         if not self.between_records():
             raise RuntimeError("env snapshots are taken between records")
-        return _captured(self._saved_parts()[0])
+        return state.as_record(self._saved_parts()[0])
 
     def restore(self, saved) -> None:
         """Continue from a snapshot into the envs this run built from its config. One that cannot
@@ -393,8 +387,7 @@ class EnvRank:
             return _not_restored("it is in the old pickled format, which runs code when loaded, so it was not loaded")
         parts, sampling = self._saved_parts()
         try:
-            tree = np.asarray(saved.get("tree"), dtype=np.uint8).tobytes().decode()
-            state.restore(parts, tree, saved.get("arrays") or {})
+            state.planned_record(parts, saved)()
         except (state.StateMismatch, UnicodeDecodeError, TypeError) as exc:
             return _not_restored(str(exc))
         for group, policy_state in zip(self.groups, sampling):
