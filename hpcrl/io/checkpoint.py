@@ -354,9 +354,19 @@ def _check_counters(counters: dict, path: str) -> None:
 def inspect_latest(path: str) -> tuple[str | None, str, dict, list[str]]:
     """The newest checkpoint among `path` and its previous one whose checksum holds, read without
     torch: (file or None, config text, counters, warnings about files skipped)."""
-    found, summary, problems = _newest_usable(path, read_summary)
-    config_text, counters = summary if found else ("", {})
+    found, config_text, counters, _, problems = latest_summary(path)
     return found, config_text, counters, problems
+
+
+def latest_summary(path: str) -> tuple[str | None, str, dict, dict, list[str]]:
+    """`inspect_latest` with the found checkpoint's provenance too ({} where it has none), from the
+    same verified read: (file or None, config text, counters, provenance, warnings)."""
+    def read(candidate: str) -> tuple[str, dict, dict]:
+        return _read_verified(candidate, lambda f: (str(f.attrs["config"]), _read_counters(f, candidate),
+                                                    _provenance(f)))
+    found, summary, problems = _newest_usable(path, read)
+    config_text, counters, provenance = summary if found else ("", {}, {})
+    return found, config_text, counters, provenance, problems
 
 
 def load_latest(path: str) -> tuple[dict | None, str | None, list[str]]:

@@ -23,8 +23,7 @@ from typing import Callable
 
 
 from hpcrl.io import env_states
-from hpcrl.io.checkpoint import (CheckpointError, inspect_latest, previous_path, read_counters_and_provenance,
-                                 recover_temporaries)
+from hpcrl.io.checkpoint import CheckpointError, latest_summary, previous_path, recover_temporaries
 from hpcrl.core.config import Config, ConfigError, parse_config, to_dict, to_yaml
 from hpcrl.core.config_base import load_yaml
 from hpcrl.io.metrics import rebuild_metrics, remove_temporaries
@@ -72,13 +71,9 @@ def _resolved(config_text: str) -> dict:
         return load_yaml(config_text, "the checkpoint's config") or {}
 
 
-def _saved_layout(checkpoint: str) -> tuple[int, int] | None:
-    """(env ranks, envs in all) of the layout that wrote `checkpoint` (its provenance)."""
-    try:
-        layout = read_counters_and_provenance(checkpoint)[1]
-    except CheckpointError:
-        return None
-    ranks, envs = layout.get("env_ranks"), layout.get("envs")
+def _saved_layout(provenance: dict) -> tuple[int, int] | None:
+    """(env ranks, envs in all) of the layout that wrote a checkpoint, from its provenance."""
+    ranks, envs = provenance.get("env_ranks"), provenance.get("envs")
     return (ranks, envs) if isinstance(ranks, int) and isinstance(envs, int) else None
 
 
@@ -102,7 +97,7 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "",
     elif existed:
         repairs = recover_temporaries(checkpoint)  # a kill inside a checkpoint write
         env_states.remove_temporaries(run_dir)  # or inside an env rank's state write
-        found, old_text, counters, problems = inspect_latest(checkpoint)
+        found, old_text, counters, provenance, problems = latest_summary(checkpoint)
         start.warnings += problems
         metrics = os.path.join(run_dir, METRICS_FILE)
         if found is None and os.path.exists(metrics):
@@ -128,7 +123,7 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "",
             start.resume_file = found
             start.start_version = int(counters.get("policy_version", 0))
             start.start_frames = int(counters.get("frames", 0))
-            start.saved_layout = _saved_layout(found)
+            start.saved_layout = _saved_layout(provenance)
             start.finished = _already_finished(cfg, counters)
         if not start.finished:
             repairs += _repair_metrics(metrics, start.start_version, int(counters.get("updates", 0)))
