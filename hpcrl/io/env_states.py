@@ -57,13 +57,12 @@ def keep_envs(run_dir: str, index: int, version: int, snapshot: dict, first_env:
     of the run's envs [first_env, first_env + its envs): a resume on any number of env ranks takes
     each env from here by its global index. Then remove this rank's older files but the one before."""
     envs = snapshot["envs"]
-    rows = {f"rows.{name}": array for name, array in snapshot["rows"].items()}
-    arrays = {**rows}
+    arrays = {f"rows.{name}": array for name, array in snapshot["rows"].items()}
+    row_count = len(next(iter(arrays.values())))
     for j, env in enumerate(envs):
         prefix = _env_prefix(first_env + j)
         arrays[prefix + "tree"] = env["tree"]
         arrays.update({prefix + key: array for key, array in env["arrays"].items()})
-    row_count = len(next(iter(rows.values())))
     _write(run_dir, index, version, arrays,
            {"format": PER_ENV, "policy_version": version, "env_rank_index": index, "env_ranks": env_ranks,
             "first_env": first_env, "envs": len(envs), "rows_per_env": row_count // max(len(envs), 1),
@@ -96,10 +95,10 @@ def kept_at(run_dir: str, version: int) -> list[int] | None:
     return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := pattern.match(name)))
 
 
-def kept_env_by_env(run_dir: str, version: int) -> bool:
-    """Whether every env rank's file at version `version`'s start holds its state env by env, so
-    a resume on another number of env ranks can continue it (hpcrl inspect; only attributes read)."""
-    ranks = kept_at(run_dir, version) or []
+def kept_env_by_env(run_dir: str, version: int, ranks: list[int]) -> bool:
+    """Whether the files of env ranks `ranks` (kept_at's) at version `version`'s start all hold
+    their state env by env, so a resume on another number of env ranks can continue it (hpcrl
+    inspect; only attributes read)."""
     try:
         for index in ranks:
             with h5py.File(state_path(run_dir, index, version), "r") as f:

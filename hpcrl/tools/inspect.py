@@ -145,7 +145,8 @@ def describe(run_dir: str) -> dict:
     info["repeatable"], info["repeatability"] = _repeatability(info["config"])
     version = counters.get("policy_version")
     info["env_states"] = None if found is None or version is None else env_states.kept_at(run_dir, int(version))
-    info["env_states_per_env"] = bool(info["env_states"]) and env_states.kept_env_by_env(run_dir, int(version))
+    info["env_states_per_env"] = bool(info["env_states"]) and env_states.kept_env_by_env(run_dir, int(version),
+                                                                                         info["env_states"])
     try:
         m = load_metrics(run_dir)
     except RunDirError as exc:
