@@ -5,7 +5,7 @@ of 2 minibatches of 256, the 64x64 tanh MLP, Adam with a linear learning-rate sc
 max_grad_norm 0.5, torch threads 1. hpcrl: the trainer's own step (algos/ppo.py: PPOStep, with
 the network of hpcrl.models.build_policy and the optimizer of build_optimizer) on two real
 CartPole fragments, collected by an env rank with an inline policy in this process
-(workers/solo_actor.py); one call is what the trainer does per update (the learning rate of the
+(launch/solo.py); one call is what the trainer does per update (the learning rate of the
 schedule, fragments -> GAE -> the minibatch-epoch update). It runs with the plain optimizer (one
 learner without Horovod) and with the trainer's averaging wrapper (Horovod's DistributedOptimizer
 and the trainer's hooks, workers/trainer.py) at world size 1, which is why this script starts
@@ -43,7 +43,7 @@ def real_fragments(cfg, spaces, count: int) -> list[dict]:
     fresh network), copied out of the receiver's slots."""
     import torch
 
-    from hpcrl.workers.solo_actor import solo_actor
+    from hpcrl.launch.solo import solo_actor
     torch.manual_seed(cfg.run.seed)
     fed = solo_actor(cfg, spaces)
     got = []

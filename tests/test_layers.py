@@ -3,6 +3,7 @@ module (function-level imports too: a lazy import is still a dependency of desig
 lower layer, or stays inside the module's own package. test_packaging.py guards the third-party
 rules (mpi4py, horovod, torch); this guards hpcrl's own order."""
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -82,3 +83,44 @@ def test_the_guard_sees_a_wrong_import(tmp_path):
     assert hpcrl_imports(source) == [(2, "hpcrl.tools.plan"), (3, "hpcrl.workers.env_rank")]
     assert layer_of("hpcrl.launch.wiring") == "launch" and layer_of("hpcrl.core.sizing") == "core"
     assert layer_of("hpcrl.runtime.comm") == "runtime" and layer_of("hpcrl") == "core"
+
+
+IMPORT_PATH = re.compile(r"""["'](hpcrl(?:\.\w+)+):\w+["']""")  # 'hpcrl.workers.trainer:LearnerRole'
+
+
+def named_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every 'hpcrl.module:Name' string in the file: a class imported by name
+    later (launch/registry.py) is a dependency too, one the import walk cannot see."""
+    return [(n, m.group(1)) for n, text in enumerate(path.read_text().splitlines(), 1)
+            for m in IMPORT_PATH.finditer(text)]
+
+
+def test_classes_named_by_import_path_are_named_from_above_them():
+    wrong = []
+    for path in sorted((REPO / "hpcrl").rglob("*.py")):
+        here = module_name(path)
+        for line, target in named_imports(path):
+            if LAYERS[layer_of(target)] > LAYERS[layer_of(here)]:
+                wrong.append(f"{path.relative_to(REPO)}:{line}: {here} names {target}")
+    assert not wrong, "import paths against the layer order:\n" + "\n".join(wrong)
+    assert named_imports(REPO / "hpcrl" / "launch" / "registry.py")  # the guard reads the real form
+
+
+# a comparison of an algorithm's name: `algo.name == "td3"`, `a.name in ("dqn", "sac")`
+NAME_TEST = re.compile(r"""(name["')\]]*\s*(==|!=|\bin\b|\bnot in\b)\s*[("']|["'](ppo|mappo|ippo|dqn|sac|td3)["']\s*(==|!=))""")
+
+
+def test_no_code_outside_the_registry_compares_an_algorithm_name():
+    """What an algorithm is lives in its declaration (core/dataflow.py: replay, continuous,
+    action_noise, multiagent, policy, ...); code asks those facts, never the name."""
+    wrong = []
+    for path in sorted((REPO / "hpcrl").rglob("*.py")):
+        if path.name == "dataflow.py":
+            continue
+        for n, text in enumerate(path.read_text().splitlines(), 1):
+            code = text.split("#")[0]
+            if NAME_TEST.search(code) and re.search(r"\balgo\b|\ba\.name\b|algo\.get", code):
+                wrong.append(f"{path.relative_to(REPO)}:{n}: {text.strip()}")
+    assert not wrong, "algorithm names compared outside core/dataflow.py:\n" + "\n".join(wrong)
+    assert NAME_TEST.search('if cfg.algo.name == "td3":') and NAME_TEST.search('a.name in ("dqn", "sac")')
+    assert NAME_TEST.search('if algo.get("name") in ("dqn", "sac", "td3"):')

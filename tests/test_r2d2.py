@@ -13,7 +13,7 @@ from hpcrl.envs import env_spaces
 from hpcrl.models import build_policy
 from hpcrl.models.q import RecurrentQNetwork
 from hpcrl.io.checkpoint import load_checkpoint
-from hpcrl.workers.solo_actor import solo_actor
+from hpcrl.launch.solo import solo_actor
 from tests.conftest import mpirun, run_dir, small_config, write_config
 from tests.test_mpi_runs import check_finished
 

@@ -21,7 +21,7 @@ from hpcrl.runtime import comm
 from hpcrl.runtime.params import ParameterPublisher
 from hpcrl.workers.policy_holder import PolicySet
 from hpcrl.workers.policy_server import InlinePolicy
-from hpcrl.workers.solo_actor import solo_actor
+from hpcrl.launch.solo import solo_actor
 from tests.conftest import mpirun_script
 
 T, N, LIMIT = 12, 3, 5  # episodes are cut at 5 steps: every fragment has episode starts inside it

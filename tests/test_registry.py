@@ -1,6 +1,7 @@
-"""The registry: every algorithm names a worker class for every YAML role, and its declaration is
-complete (streams, record and reply layouts, batch source and trainer step that import); a config
-that names an algorithm outside the registry is refused with the valid names."""
+"""The registry: every YAML role has a worker class, every algorithm's declaration is complete
+(streams, record and reply layouts, and names of a record writer, batch source and trainer step that
+launch/registry.py binds to classes that import and meet their contracts); a config that names an
+algorithm outside the registry is refused with the valid names."""
 import inspect
 
 import pytest
@@ -9,14 +10,13 @@ from hpcrl.core.config import ROLE_NAMES, ConfigError, parse_config
 from hpcrl.core.contracts import BatchSource, TrainerStep, Worker
 from hpcrl.core.dataflow import ALGORITHMS, POLICY_KINDS, STREAM_KINDS, inference_messages
 from hpcrl.envs import env_spaces
+from hpcrl.launch.registry import BATCH_SOURCES, RECORD_WRITERS, STEPS, WORKERS, Parts
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
-def test_each_algorithm_has_a_worker_class_for_every_role_that_builds_from_the_wiring(name):
-    algorithm = ALGORITHMS[name]
-    assert set(algorithm.workers) == set(ROLE_NAMES)
+def test_every_role_has_a_worker_class_that_builds_from_the_wiring():
+    assert set(WORKERS) == set(ROLE_NAMES)
     for role in ROLE_NAMES:
-        cls = algorithm.worker_class(role)
+        cls = Parts(ALGORITHMS["ppo"]).worker(role)
         assert cls.name == role and callable(getattr(cls, "build")) and callable(getattr(cls, "poll"))
 
 
@@ -27,7 +27,7 @@ def test_each_algorithm_declares_a_complete_dataflow(name):
     kinds = [s.kind for s in algorithm.streams]
     assert set(kinds) <= set(STREAM_KINDS) and len(kinds) == len(set(kinds))
     for stream in algorithm.streams:
-        assert stream.source in algorithm.workers and stream.sink in (*algorithm.workers, "*"), stream
+        assert stream.source in ROLE_NAMES and stream.sink in (*ROLE_NAMES, "*"), stream
     cfg = parse_config(f"algo: {{name: {name}}}")
     spaces = env_spaces(cfg.env)
     record = algorithm.record(cfg, spaces)
@@ -35,7 +35,9 @@ def test_each_algorithm_declares_a_complete_dataflow(name):
     for message in (record, request, reply):
         assert message.header[0] == "policy_id"  # several policies share the streams
     assert reply.field("final_values").shape == (cfg.env.num_envs // 2,)  # the requests' final observations
-    step, source = algorithm.load("step"), algorithm.load("batch_source")
+    assert algorithm.step in STEPS and algorithm.batch_source in BATCH_SOURCES
+    assert algorithm.writer(cfg) in RECORD_WRITERS
+    step, source = Parts(algorithm).step(), Parts(algorithm).batch_source()
     assert callable(step) and callable(getattr(source, "from_config")) and isinstance(step.progress, str)
 
 
@@ -81,9 +83,9 @@ def unmet(cls: type, protocol: type) -> list[str]:
 def test_every_declared_class_meets_its_contract(name):
     """Worker, BatchSource and TrainerStep (core/contracts.py): what the wiring, the poll loop and
     the trainer call, checked member by member on every class an algorithm declares."""
-    algorithm = ALGORITHMS[name]
-    problems = [p for role in ROLE_NAMES for p in unmet(algorithm.worker_class(role), Worker)]
-    problems += unmet(algorithm.load("batch_source"), BatchSource) + unmet(algorithm.load("step"), TrainerStep)
+    parts = Parts(ALGORITHMS[name])
+    problems = [p for role in ROLE_NAMES for p in unmet(parts.worker(role), Worker)]
+    problems += unmet(parts.batch_source(), BatchSource) + unmet(parts.step(), TrainerStep)
     assert not problems, problems
 
 

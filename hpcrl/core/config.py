@@ -20,8 +20,7 @@ import yaml
 
 from hpcrl.core.config_base import ConfigError, check, doc, load_yaml, shown
 from hpcrl.core.config_dqn import DQNConfig, ReplayConfig, validate_dqn
-from hpcrl.core.config_sac import (CONTINUOUS_ALGORITHMS, REPLAY_ALGORITHMS, SACConfig, replay_settings,
-                                   validate_sac)
+from hpcrl.core.config_sac import SACConfig, replay_settings, validate_sac
 # the env and roles sections have modules of their own; every name they had here is re-exported,
 # so callers still import any config name from hpcrl.core.config
 from hpcrl.core.config_env import (ENV_BACKENDS, ENV_PRESETS, MAX_FRAME_SIZE, MAX_FRAME_STACK,  # noqa: F401
@@ -282,12 +281,13 @@ def validate(cfg: Config) -> None:
     check(not cfg.policies or ALGORITHMS[a.name].multiagent,
            f"policies: maps the agents of PettingZoo envs to policies, for the multi-agent algorithms "
            f"({', '.join(multiagent)}); algo.name {a.name} trains one policy, so remove the policies table")
-    if a.name == "dqn":
+    algorithm = ALGORITHMS[a.name]
+    if algorithm.replay_section == "dqn":
         validate_dqn(a.dqn, a.replay, recurrent=m.core != "none")
-    if a.name in CONTINUOUS_ALGORITHMS:
+    if algorithm.replay_section == "sac":
         validate_sac(a.sac, a.replay)
         check(m.core == "none", f"model.core: algo.name {a.name} has no recurrent version; use none")
-    if a.name in REPLAY_ALGORITHMS:
+    if algorithm.replay:
         settings, section = replay_settings(a)
         n_step = settings.n_step
         check(not a.value_norm, f"algo.value_norm: a PPO option, not used by algo.name {a.name}; use false or null")
@@ -332,7 +332,7 @@ def validate(cfg: Config) -> None:
            f"algo.num_minibatches: {a.num_minibatches} minibatches cannot be cut from one fragment of "
            f"{batch_per_env_rank} frames (rollout_length x env.num_envs); use at most {batch_per_env_rank}")
     validate_model(m, a.name, ALGORITHMS[a.name].policy)
-    check(m.core == "none" or a.name == "dqn" or a.num_minibatches <= e.num_envs,
+    check(m.core == "none" or algorithm.replay or a.num_minibatches <= e.num_envs,
            f"algo.num_minibatches: a recurrent core's minibatches are whole sequences of whole envs (a fragment's "
            f"columns of one env: its agents, for PettingZoo envs), so at most env.num_envs ({e.num_envs}) of "
            f"them, got {a.num_minibatches}")

@@ -16,10 +16,6 @@ from hpcrl.core.config_base import check, doc
 from hpcrl.core.config_dqn import validate_replay
 from hpcrl.core.dataflow import ALGORITHMS
 
-# the algorithms that train from a replay shard in every learner, as their declarations say
-REPLAY_ALGORITHMS = tuple(n for n, a in ALGORITHMS.items() if a.replay_section)
-CONTINUOUS_ALGORITHMS = tuple(n for n, a in ALGORITHMS.items() if a.replay_section == "sac")  # settings: algo.sac
-
 
 @dataclass
 class SACConfig:

@@ -8,12 +8,12 @@ never changes an algorithm. PPO and APPO are one algorithm in two modes; Ape-X D
 MAPPO and IPPO are two more that reuse PPO's workers (agents are rows of the env vector) and differ
 in the network they ask for, with no new wiring. Pure: numpy and the message layouts only (every
 rank and `hpcrl plan` read this).
-Trainer steps and batch sources are named by import path, so actors never import torch.
+An algorithm names its record writer, batch source and trainer step; launch/registry.py binds
+those names to classes, imported only on the ranks that use them (actors never import torch).
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -44,18 +44,15 @@ class Stream:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """What an algorithm needs from the runtime. `workers`: its YAML roles and the worker class of
-    each ('module:Class', imported only on ranks that play the role: actors with remote inference
-    never import torch, only the trainer's averaging imports horovod). `record(cfg, spaces)`: the sample
-    stream's record layout; `reply(cfg, spaces, num_envs)`: the inference stream's reply layout.
-    `writer(cfg)`: the env rank's record writer for the config ('module:Class', one of
-    RECORD_WRITERS; loaded on env ranks only), which fills that record from the replies.
-    `policy`: the network policy holders and trainers build ('actor_critic', 'central_critic' (the
-    critic reads every agent of the env) or 'q', see hpcrl.models.build_policy). `batch_source` and `step`: 'module:Name' paths, loaded on trainers."""
+    """What an algorithm is, as the code asks it: its modes, streams, record and reply layouts
+    (`record(cfg, spaces)`, `reply(cfg, spaces, num_envs)`), the network it trains (`policy`: one of
+    POLICY_KINDS, built by hpcrl.models.build_policy) and the names of its parts, which
+    launch/registry.py binds to classes: `writer(cfg)` names the env rank's record writer for the
+    config, `batch_source` the learners' batch source and `step` the trainer step. Nothing outside
+    this declaration compares an algorithm's name: code asks these facts instead."""
 
     name: str
     modes: tuple[str, ...]
-    workers: dict[str, str]
     streams: tuple[Stream, ...]
     record: Callable[..., MessageSpec]
     reply: Callable[..., MessageSpec]
@@ -69,28 +66,25 @@ class Algorithm:
     # change them live (population.explore) and algo.schedule may step them: the trainer sets the
     # optimizer's lr, and hands the step the algo section in effect (its `algo` argument)
     live: tuple[str, ...] = ("lr", "max_grad_norm")
-    # a replay algorithm's section of algo (its n_step, batch_size and gradient_steps): dqn or sac
+    # a replay algorithm's section of algo (its n_step, batch_size and gradient_steps): dqn or sac;
+    # empty for the on-policy algorithms, whose keys sit at the top of algo
     replay_section: str = ""
+    continuous: bool = False  # Box actions, squashed into [-1, 1] by the policy (SAC, TD3)
+    # a deterministic actor: the env ranks add Gaussian exploration noise to its actions (TD3)
+    action_noise: bool = False
+
+    @property
+    def replay(self) -> bool:
+        """Whether every learner trains from a replay shard (else: on-policy batches of fragments)."""
+        return bool(self.replay_section)
 
     def stream(self, kind: str) -> Stream | None:
         return next((s for s in self.streams if s.kind == kind), None)
 
-    def load(self, what: str):
-        """The trainer step's or the batch source's class (imported on trainer ranks only)."""
-        return _imported(getattr(self, what))
 
-    def worker_class(self, role: str) -> type:
-        return _imported(self.workers[role])
-
-    def writer_class(self, cfg) -> type:
-        """The env rank's record writer for `cfg` (imported on env ranks only)."""
-        return _imported(self.writer(cfg))
-
-
-def _imported(path: str):
-    """The object a 'module:Name' path names, its module imported now."""
-    module, name = path.split(":")
-    return getattr(importlib.import_module(module), name)
+def algorithm_of(cfg) -> Algorithm:
+    """The declaration of `cfg`'s algorithm (a validated config names one of ALGORITHMS)."""
+    return ALGORITHMS[cfg.algo.name]
 
 
 def state_size(model_cfg) -> int:
@@ -110,7 +104,7 @@ def inference_messages(cfg, spaces, groups: int) -> tuple[MessageSpec, MessageSp
     n = env_rows(cfg, spaces, cfg.env.num_envs // groups)
     return (request_spec(n, spaces.observation, None, mask_actions(spaces), policies=rows_carry_policy(cfg),
                          recurrent=bool(state_size(cfg.model))),
-            ALGORITHMS[cfg.algo.name].reply(cfg, spaces, n))
+            algorithm_of(cfg).reply(cfg, spaces, n))
 
 
 def mask_actions(spaces) -> int:
@@ -135,7 +129,7 @@ def policy_reply(cfg, spaces, n: int) -> MessageSpec:
 
 def fragment_writer(cfg) -> str:
     """PPO/APPO's (and MAPPO's, IPPO's) record writer: fragments."""
-    return RECORD_WRITERS["fragments"]
+    return "fragments"
 
 
 def replay_record(cfg, spaces) -> MessageSpec:
@@ -145,7 +139,7 @@ def replay_record(cfg, spaces) -> MessageSpec:
     algo.dqn.sequence_length steps, as many per env as start in rollout_length steps (one every
     sequence_period steps; at least one)."""
     if not state_size(cfg.model):
-        section = getattr(cfg.algo, ALGORITHMS[cfg.algo.name].replay_section)
+        section = getattr(cfg.algo, algorithm_of(cfg).replay_section)
         extra = section.n_step if cfg.algo.mode == "sync" else 0
         return transition_spec((cfg.algo.rollout_length + extra) * cfg.env.num_envs, spaces.observation, None,
                                spaces.action_shape, spaces.action_dtype)
@@ -160,7 +154,7 @@ def sequences_per_env(cfg) -> int:
 
 def replay_writer(cfg) -> str:
     """DQN's record writer: n-step transitions; with a recurrent Q-network (R2D2), sequences."""
-    return RECORD_WRITERS["sequences" if state_size(cfg.model) else "transitions"]
+    return "sequences" if state_size(cfg.model) else "transitions"
 
 
 def action_reply(cfg, spaces, n: int) -> MessageSpec:
@@ -171,7 +165,7 @@ def action_reply(cfg, spaces, n: int) -> MessageSpec:
 
 def action_writer(cfg) -> str:
     """SAC's and TD3's record writer: n-step transitions of continuous actions."""
-    return RECORD_WRITERS["actions"]
+    return "actions"
 
 
 def q_reply(cfg, spaces, n: int) -> MessageSpec:
@@ -180,18 +174,6 @@ def q_reply(cfg, spaces, n: int) -> MessageSpec:
     return q_reply_spec(n, spaces.num_actions, state_size(cfg.model))
 
 
-# The roles' worker classes, which every algorithm shares: its record writer and its
-# trainer step make the difference.
-LEARNER = "hpcrl.workers.trainer:LearnerRole"
-POLICY_SERVER = "hpcrl.workers.policy_server:InferenceRole"
-ENV_RANK = "hpcrl.workers.env_rank:EnvRank"
-# The env ranks' record writers (strategies of EnvRank), by the records they write.
-RECORD_WRITERS = {
-    "fragments": "hpcrl.workers.fragment_writer:FragmentWriter",  # PPO, APPO, MAPPO, IPPO
-    "transitions": "hpcrl.workers.transition_writer:TransitionWriter",  # Ape-X DQN
-    "sequences": "hpcrl.workers.sequence_writer:SequenceWriter",  # R2D2 (DQN with model.core)
-    "actions": "hpcrl.workers.action_writer:ActionWriter",  # SAC, TD3
-}
 # The streams of an actor -> policy server -> trainer dataflow (PPO and DQN alike).
 ACTOR_LEARNER_STREAMS = (
     # actors ask a policy server (or, with inference ranks: 0, their inline policy) for actions
@@ -211,14 +193,13 @@ PPO_LIVE = ("lr", "ent_coef", "clip_coef", "vf_coef", "max_grad_norm", "gamma", 
 PPO = Algorithm(
     name="ppo",
     modes=("sync", "async"),
-    workers={"learner": LEARNER, "inference": POLICY_SERVER, "env": ENV_RANK},
     streams=ACTOR_LEARNER_STREAMS,
     record=fragment_record,
     reply=policy_reply,
     writer=fragment_writer,
     policy="actor_critic",
-    batch_source="hpcrl.workers.batch_source:FragmentQueue",
-    step="hpcrl.algos.ppo:PPOStep",
+    batch_source="fragments",
+    step="ppo",
     live=PPO_LIVE,
     doc="PPO (mode sync: GAE, on-policy batches) and APPO (mode async: V-trace, the newest weights)",
 )
@@ -228,14 +209,14 @@ PPO = Algorithm(
 # several; inactive agents are masked out of the loss.
 # The two differ only in what the critic reads (Yu et al. 2022; de Witt et al. 2020 for IPPO).
 MAPPO = Algorithm(
-    name="mappo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
+    name="mappo", modes=PPO.modes, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
     reply=policy_reply, writer=fragment_writer, policy="central_critic", batch_source=PPO.batch_source, step=PPO.step,
     multiagent=True, live=PPO_LIVE,
     doc="MAPPO: PPO whose critic reads the observations of every agent of the env (and the agent's index), "
         "with value normalisation; one policy shared by all agents, or one per entry of the policies table")
 
 IPPO = Algorithm(
-    name="ippo", modes=PPO.modes, workers=PPO.workers, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
+    name="ippo", modes=PPO.modes, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
     reply=policy_reply, writer=fragment_writer, policy="actor_critic", batch_source=PPO.batch_source, step=PPO.step,
     multiagent=True, live=PPO_LIVE,
     doc="IPPO: PPO on every agent's own observations (decentralised critic), with value normalisation; one "
@@ -244,14 +225,13 @@ IPPO = Algorithm(
 DQN = Algorithm(
     name="dqn",
     modes=("async", "sync"),  # sync: rounds tied to records by the replay ratio, which repeat
-    workers={"learner": LEARNER, "inference": POLICY_SERVER, "env": ENV_RANK},
     streams=ACTOR_LEARNER_STREAMS,
     record=replay_record,
     reply=q_reply,
     writer=replay_writer,
     policy="q",
-    batch_source="hpcrl.workers.replay_source:ReplaySource",
-    step="hpcrl.algos.dqn:DQNStep",
+    batch_source="replay",
+    step="dqn",
     replay_section="dqn",
     doc="Ape-X DQN: double DQN with a dueling head, n-step transitions from the actors with their initial "
         "priorities, a prioritized replay shard in every learner; with model.core, R2D2: sequences with their "
@@ -261,14 +241,14 @@ DQN = Algorithm(
 # Continuous control on DQN's dataflow: the same streams, records (n-step transitions of Box
 # actions) and replay batch source; the actors' writer, the network and the step differ.
 SAC = Algorithm(
-    name="sac", modes=DQN.modes, workers=DQN.workers, streams=ACTOR_LEARNER_STREAMS, record=replay_record,
+    name="sac", modes=DQN.modes, streams=ACTOR_LEARNER_STREAMS, record=replay_record,
     reply=action_reply, writer=action_writer, policy="sac", batch_source=DQN.batch_source,
-    step="hpcrl.algos.sac:SACStep", live=("lr",), replay_section="sac",
+    step="sac", live=("lr",), replay_section="sac", continuous=True,
     doc="SAC: a squashed Gaussian actor, twin Q critics with Polyak-averaged targets, the entropy coefficient "
         "tuned towards a target entropy; n-step transitions from the actors into the learners' replay shards")
 
 TD3 = dataclasses.replace(
-    SAC, name="td3", policy="td3", step="hpcrl.algos.sac:TD3Step",
+    SAC, name="td3", policy="td3", step="td3", action_noise=True,
     doc="TD3: a deterministic actor with Gaussian exploration noise per env, twin Q critics, target policy "
         "smoothing and delayed actor and target updates")
 

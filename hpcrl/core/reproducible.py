@@ -12,6 +12,8 @@ from __future__ import annotations
 import platform
 from importlib import metadata
 
+from hpcrl.core.dataflow import algorithm_of
+
 # the packages whose arithmetic a run's bits depend on
 PACKAGES = ("torch", "numpy", "gymnasium")
 
@@ -53,7 +55,7 @@ def repeatability(cfg) -> tuple[bool, str]:
     validated Config."""
     a, r = cfg.algo, cfg.run
     devices = {cfg.roles.learner.device, cfg.roles.inference.device, cfg.roles.env.device}
-    replay = a.name not in ("ppo", "mappo", "ippo")
+    replay = algorithm_of(cfg).replay
     if replay and a.mode != "sync":
         return False, (f"no: async {a.name} inserts records into replay in arrival order, collected with "
                        f"whichever version the actors met; only its serial runs repeat (algo.mode sync repeats)")

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcrl.core.config import DEFAULT_MAX_ENV_RANKS, Config, ConfigError
-from hpcrl.core.dataflow import ALGORITHMS, inference_messages
-from hpcrl.core.config_sac import REPLAY_ALGORITHMS, replay_settings
+from hpcrl.core.dataflow import algorithm_of, inference_messages
+from hpcrl.core.config_sac import replay_settings
 from hpcrl.core.layout import INLINE, Layout
 from hpcrl.core.league import largest_ring
 from hpcrl.core.messages import MessageSpec, replay_fields, weights_spec
@@ -76,7 +76,7 @@ class Sizes:
         """A ConfigError when algo.batch_frames (or DQN's batch_size) does not fit the layout, or
         roles.learner.sample_slots cannot hold a batch."""
         F = cfg.algo.rollout_length * cfg.env.num_envs
-        replay = _replay_shard(cfg, layout) if cfg.algo.name in REPLAY_ALGORITHMS else None
+        replay = _replay_shard(cfg, layout) if algorithm_of(cfg).replay else None
         k = _fragments_per_version(cfg, layout, F)
         update = cfg.algo.batch_frames if cfg.algo.batch_frames is not None else len(layout.envs) * F
         fans = layout.fan_in("learner")
@@ -126,7 +126,7 @@ def _fragments_per_version(cfg: Config, layout: Layout, F: int) -> int:
     null, in async mode and for DQN. The rule that a batch fits the layout: a ConfigError when
     batch_frames is not a whole number of fragments per env rank (sync) or per learner (async)."""
     a, E = cfg.algo, len(layout.envs)
-    if a.name in REPLAY_ALGORITHMS or a.batch_frames is None:
+    if algorithm_of(cfg).replay or a.batch_frames is None:
         return 1
     if a.mode == "async":
         L = layout.learners_per_policy
@@ -168,7 +168,7 @@ def _sample_slots(cfg: Config, layout: Layout, k: int, batch: int, fan_in: int) 
     next batch arrives while one trains (two per env rank when batch_frames is null)."""
     minimum = batch + (FRAGMENT_BUFFERS * (fan_in - 1) if cfg.algo.mode == "sync" and k > FRAGMENT_BUFFERS else 0)
     slots = cfg.roles.learner.sample_slots
-    if slots is None and cfg.algo.name in REPLAY_ALGORITHMS:
+    if slots is None and algorithm_of(cfg).replay:
         # a replay takes records in as they come, unless it holds them back to keep its replay
         # ratio: then every slot more is a record that waits and grows older (policy lag)
         return fan_in
@@ -220,7 +220,7 @@ def memory(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int, p
     its weights messages carry a slot besides the policy, and its learner root holds snapshots."""
     G = sizes.env_groups
     req, rep = (m.nbytes for m in inference_messages(cfg, spaces, G))
-    frag = ALGORITHMS[cfg.algo.name].record(cfg, spaces).nbytes
+    frag = algorithm_of(cfg).record(cfg, spaces).nbytes
     league = population is not None and population.league.members > 0
     weights = weights_spec(num_params, league).nbytes
     model = 4 * num_params
@@ -236,8 +236,8 @@ def memory(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int, p
     inference = inference_fan * G * (2 * req + 2 * rep) + MODEL_COPIES["inference"] * layout.policies * model + holder
     # learner: the sample slots, the batch assembled from them (a copy of its fragments), the model;
     # DQN: the replay shard and its sum-tree instead of the batch, and a target network
-    if cfg.algo.name in REPLAY_ALGORITHMS:  # and a target network (SAC's, TD3's: a whole copy)
-        data = replay_bytes(learner.replay, ALGORITHMS[cfg.algo.name].record(cfg, spaces)) + model
+    if algorithm_of(cfg).replay:  # and a target network (SAC's, TD3's: a whole copy)
+        data = replay_bytes(learner.replay, algorithm_of(cfg).record(cfg, spaces)) + model
     else:
         data = learner.batch_fragments * frag
     if league:  # the learner root's own snapshots and its slots (workers/league.py)
@@ -289,7 +289,7 @@ def memory_problem(cfg: Config, layout: Layout, sizes: Sizes, spaces, n_params: 
 
 def _data_key(cfg: Config, role: str) -> str:
     """The config key whose value sizes a role's buffers most."""
-    if role == "learner" and cfg.algo.name in REPLAY_ALGORITHMS:
+    if role == "learner" and algorithm_of(cfg).replay:
         return "algo.replay.capacity"
     if role == "learner" and cfg.algo.batch_frames is not None:
         return "algo.batch_frames"
@@ -299,7 +299,7 @@ def _data_key(cfg: Config, role: str) -> str:
 def _lower_memory(cfg: Config, role: str) -> str:
     """What shrinks the buffers and batch of one rank of `role`."""
     if role == "learner":
-        return ("add learners or lower algo.replay.capacity" if cfg.algo.name in REPLAY_ALGORITHMS else
+        return ("add learners or lower algo.replay.capacity" if algorithm_of(cfg).replay else
                 "add learners or lower roles.learner.sample_slots, env.num_envs or algo.rollout_length"
                 if cfg.algo.batch_frames is None else
                 "add learners or lower roles.learner.sample_slots or algo.batch_frames")
@@ -333,9 +333,9 @@ def traffic(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int, 
     T, N = cfg.algo.rollout_length, cfg.env.num_envs
     G = sizes.env_groups
     req, rep = inference_messages(cfg, spaces, G)
-    frag = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
+    frag = algorithm_of(cfg).record(cfg, spaces)
     # per group and step one request (G per env step), plus one per rollout for bootstrap values (PPO)
-    replay = cfg.algo.name in REPLAY_ALGORITHMS  # one request per step, updates by the replay ratio
+    replay = algorithm_of(cfg).replay  # one request per step, updates by the replay ratio
     requests_per_s = G * steps_per_second * (1 if replay else (T + 1) / T)
     fragments_per_s = steps_per_second / T
     remote = not layout.inline_inference

@@ -1,5 +1,5 @@
 """The whole topology, wired in one place: the streams an algorithm declares (core/dataflow.py),
-then this rank's workers, each built by the class the algorithm names for its role.
+then this rank's workers, each built by its role's class (launch/registry.py).
 
 A worker only knows its stream endpoints, never who is on the other side; the layout (which
 ranks, how many, on which node and device) comes from the config through `plan_layout`, and the
@@ -20,6 +20,7 @@ from hpcrl.core.messages import MessageSpec, weights_spec
 from hpcrl.core.policies import policy_spaces
 from hpcrl.core.sizing import FRAGMENT_BUFFERS, Sizes
 from hpcrl.io.rundir import RunStart
+from hpcrl.launch.registry import Parts, parts_of
 from hpcrl.runtime import comm
 from hpcrl.runtime.control import ControlStream
 from hpcrl.runtime.params import ParameterPublisher, build_parameter_stream
@@ -71,6 +72,7 @@ class Wiring:
     rank: int
     start: RunStart
     algorithm: Algorithm
+    parts: Parts  # the algorithm's classes: record writer, batch source, trainer step
     control: ControlStream
     weights: list[MessageSpec]  # per policy: its weights message
     policy_spaces: list = None  # per policy: the env as that policy sees it (its agents)
@@ -99,8 +101,8 @@ def build_workers(cfg: Config, spaces, n_params: list[int], layout: Layout, size
     `Sizes.of(cfg, layout)`, handed to every worker. `league`: a league member's ranks (their
     weights messages carry its slots)."""
     algorithm = ALGORITHMS[cfg.algo.name]
-    w = Wiring(cfg, spaces, layout, sizes, rank, start, algorithm, control, [weights_spec(n, league) for n in n_params],
-               policy_spaces=policy_spaces(spaces, cfg.policies), preempt_requested=preempt_requested,
+    w = Wiring(cfg, spaces, layout, sizes, rank, start, algorithm, parts_of(cfg), control,
+               [weights_spec(n, league) for n in n_params], policy_spaces=policy_spaces(spaces, cfg.policies), preempt_requested=preempt_requested,
                heartbeat=heartbeat, member_label=member_label, league=league)
     # MPI: the trainers' communicator (Horovod among them), then each declared stream's own communicator
     learner = rank in set(layout.learners.tolist())
@@ -120,7 +122,7 @@ def build_workers(cfg: Config, spaces, n_params: list[int], layout: Layout, size
     if holds_a_policy(layout, rank):
         import torch  # remote-inference actors never import torch
         torch.set_num_threads(cfg.run.torch_threads)
-    workers = [algorithm.worker_class(role).build(w) for role in layout.roles_of(rank)]
+    workers = [w.parts.worker(role).build(w) for role in layout.roles_of(rank)]
     return _link_serial(workers) if layout.serial else workers
 
 

@@ -48,7 +48,7 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
     if algorithm.policy == "q":
         from hpcrl.models.q import build_q_network
         return build_q_network(spaces, cfg)
-    if algorithm.policy in ("sac", "td3"):
+    if algorithm.continuous:
         from hpcrl.models.sac import build_continuous
         return build_continuous(spaces, cfg)
     if algorithm.multiagent and not spaces.multiagent:

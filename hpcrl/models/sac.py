@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from hpcrl.core.config import ConfigError, ModelConfig
+from hpcrl.core.dataflow import algorithm_of
 from hpcrl.core.observations import count_rows
 from hpcrl.models.layers import ACTIVATIONS
 from hpcrl.models.networks import ObservationInput, encoder_for
@@ -116,8 +117,9 @@ class ContinuousActorCritics(ObservationInput):
 def build_continuous(spaces, cfg) -> ContinuousActorCritics:
     """SAC's or TD3's network for cfg (the whole Config)."""
     s = cfg.algo.sac
-    return ContinuousActorCritics(spaces, cfg.model, stochastic=cfg.algo.name == "sac", algo_name=cfg.algo.name,
-                                  env_id=cfg.env.id, alpha_init=s.alpha_init if s.alpha is None else max(s.alpha, 1e-8))
+    return ContinuousActorCritics(spaces, cfg.model, stochastic=not algorithm_of(cfg).action_noise,
+                                  algo_name=cfg.algo.name, env_id=cfg.env.id,
+                                  alpha_init=s.alpha_init if s.alpha is None else max(s.alpha, 1e-8))
 
 
 class ContinuousRunner(Runner):

@@ -22,6 +22,7 @@ import yaml
 
 from hpcrl.core.config import parse_config
 from hpcrl.core.config_base import ConfigError, load_bounded_yaml
+from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.reproducible import repeatability
 from hpcrl.core.stop import StopReason
 from hpcrl.io import env_states
@@ -238,8 +239,10 @@ def _config_summary(cfg: dict) -> list[str]:
     run, env, algo, model, roles = (_section(cfg, k) for k in ("run", "env", "algo", "model", "roles"))
     role_counts = ", ".join(f"{name} {_role_count(spec)}" for name, spec in roles.items() if isinstance(spec, dict))
     target = run.get("target_return")
-    if algo.get("name") in ("dqn", "sac", "td3"):  # its step's own settings, not PPO's epochs
-        dqn, replay = _section(algo, "dqn" if algo.get("name") == "dqn" else "sac"), _section(algo, "replay")
+    name = algo.get("name")  # (a run directory's config is data: anything may be there)
+    declared = ALGORITHMS.get(name) if isinstance(name, str) else None
+    if declared is not None and declared.replay:  # its step's own settings, not PPO's epochs
+        dqn, replay = _section(algo, declared.replay_section), _section(algo, "replay")
         step = (f"{dqn.get('n_step')}-step, batch {dqn.get('batch_size')}, replay {_count(replay.get('capacity', 0))} "
                 f"ratio {replay.get('replay_ratio') or 'null'}")
     else:

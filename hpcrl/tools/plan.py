@@ -12,7 +12,8 @@ import numpy as np
 from hpcrl.core.league import LEAGUE_EXPLOITER, largest_ring, snapshot_rule
 from hpcrl.workers.league import SAVE_INTERVAL_S
 from hpcrl.core.config import Config
-from hpcrl.core.config_sac import REPLAY_ALGORITHMS, replay_settings
+from hpcrl.core.config_sac import replay_settings
+from hpcrl.core.dataflow import algorithm_of
 from hpcrl.core.layout import INLINE, Layout
 from hpcrl.core.sizing import (DEFAULT_MEMORY_PER_RANK, Crossing, Memory, Sizes, Traffic, crossing, format_bytes,
                                warnings)
@@ -44,7 +45,7 @@ def _rate(x: float) -> str:
 def _batch_line(cfg: Config, sizes: Sizes) -> str:
     """The batch of one update: frames over all learners, fragments per env rank and per learner
     (DQN: transitions per gradient step, and the replay shards)."""
-    if cfg.algo.name in REPLAY_ALGORITHMS:
+    if algorithm_of(cfg).replay:
         (d, _), r = replay_settings(cfg.algo), cfg.algo.replay
         shard = sizes.busiest.replay
         capacity, warmup, batch = shard.capacity, shard.warmup, shard.batch

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcrl.core.dataflow import algorithm_of
 from hpcrl.core.messages import Message
 from hpcrl.core.observations import assign, fit
 from hpcrl.workers.env_group import EnvGroup
@@ -37,7 +38,7 @@ class ActionWriter(ReplayWriter):
     def __init__(self, cfg, env_ranks: int = 1, frames: int = 0):
         super().__init__(cfg, env_ranks, frames)
         self.sac = cfg.algo.sac
-        self.noise = self.sac.exploration_noise if cfg.algo.name == "td3" else 0.0
+        self.noise = self.sac.exploration_noise if algorithm_of(cfg).action_noise else 0.0
 
     def attach(self, env_rank) -> None:
         super().attach(env_rank)

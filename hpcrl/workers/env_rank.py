@@ -142,7 +142,7 @@ class EnvRank:
         """From the wiring (hpcrl.launch.wiring.Wiring): its policy (a policy server's channels, one
         per env group, or an inline policy), its senders to the trainers, and the algorithm's writer."""
         index = w.layout.index_in("env", w.rank)
-        writer = w.algorithm.writer_class(w.cfg).build(w)
+        writer = w.parts.writer(w.cfg).build(w)
         keeps = env_states.wanted(w.cfg, w.layout.serial, w.member_label)
         actor = cls(w.cfg, w.rank, index, cls.policies(w, index), cls.senders(w, index), writer,
                     start_version=w.start.start_version,

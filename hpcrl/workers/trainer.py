@@ -56,17 +56,17 @@ class LearnerRole(MemberParts):
         actors = layout.envs_of_learner(w.rank)
         sizes = w.sizes.learner(w.rank)
         stream = w.sample[policy].receiver(actors, sizes.sample_slots)
-        source = w.algorithm.load("batch_source").from_config(cfg, layout, sizes, stream, actors)
+        source = w.parts.batch_source().from_config(cfg, layout, sizes, stream, actors)
         root = w.rank == layout.learner_root
         publishes = w.rank == int(layout.learners_of_policy(policy)[0])  # its policy's first learner
         files = (LearnerOutputs(w.start.run_dir, w.start.config_text, cfg.run.log_interval_s, cfg.run.checkpoint_interval_s,
                           start_frames=w.start.start_frames, resume=w.start.resume_file is not None,
-                          tensorboard=cfg.run.tensorboard, progress=w.algorithm.load("step").progress,
+                          tensorboard=cfg.run.tensorboard, progress=w.parts.step().progress,
                           label=w.member_label, provenance=provenance(cfg, layout))
                  if root else None)
         source.resume(w.start.run_dir, w.start.start_version if w.start.resume_file else None)
         return cls(cfg, w.policy_spaces[policy], w.trainer_comm, source, w.params[policy] if publishes else None,
-                   files, w.control, step=w.algorithm.load("step"), batch_share=sizes.batch_share,
+                   files, w.control, step=w.parts.step(), batch_share=sizes.batch_share,
                    run_dir=w.start.run_dir, resume_path=w.start.resume_file,
                    preempt_requested=w.preempt_requested, heartbeat=w.heartbeat, policy=policy,
                    policy_comm=w.policy_comm, live=w.algorithm.live if w.member_label else (),

@@ -18,8 +18,8 @@ import numpy as np
 
 import hpcrl
 from hpcrl.core.config import Config
-from hpcrl.core.config_sac import REPLAY_ALGORITHMS, replay_settings
-from hpcrl.core.dataflow import ALGORITHMS, inference_messages
+from hpcrl.core.config_sac import replay_settings
+from hpcrl.core.dataflow import algorithm_of, inference_messages
 from hpcrl.core.observations import zeros
 from hpcrl.envs import EnvSpaces
 from hpcrl.tools.tune.model import Measured, fit_line
@@ -30,7 +30,7 @@ FORWARD_ROWS = (1, 8, 64, 512)
 def replays(cfg: Config) -> bool:
     """The algorithm trains from a replay shard in every learner (DQN, SAC, TD3), not from batches
     of fragments."""
-    return cfg.algo.name in REPLAY_ALGORITHMS
+    return algorithm_of(cfg).replay
 
 
 # --- measuring ------------------------------------------------------------------------------------
@@ -59,7 +59,7 @@ def measure_actor(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[
     per-step work (filling the record, episode statistics, final observations) are all in it."""
     import torch
 
-    from hpcrl.workers.solo_actor import solo_actor
+    from hpcrl.launch.solo import solo_actor
     torch.set_num_threads(cfg.run.torch_threads)
     sizes = sorted({max(1, cfg.env.num_envs // 2), cfg.env.num_envs, 2 * cfg.env.num_envs})
     out = []
@@ -109,7 +109,7 @@ class UpdateBench:
         import torch
 
         from hpcrl.models import build_optimizer, build_policy
-        self.cfg, self.spaces, self.algorithm = cfg, spaces, ALGORITHMS[cfg.algo.name]
+        self.cfg, self.spaces, self.algorithm = cfg, spaces, algorithm_of(cfg)
         torch.set_num_threads(cfg.run.torch_threads)
         self.device = cfg.roles.learner.device
         self.model = build_policy(spaces, cfg).to(self.device)
@@ -126,6 +126,8 @@ class UpdateBench:
     def call(self, size: int):
         """A call of one update: `size` fragments (PPO), or rows of one gradient step (DQN)."""
         import torch
+
+        from hpcrl.launch.registry import parts_of
         cfg, spaces = self.cfg, self.spaces
         if self.replay is not None:
             from hpcrl.workers.replay_source import ReplaySource
@@ -141,8 +143,8 @@ class UpdateBench:
                 for name in ("active", "action_mask"):
                     if name in f.arrays:
                         f[name][...] = 1
-        step = self.algorithm.load("step")(cfg, self.model, self.optimizer, torch.device(cfg.roles.learner.device),
-                                           np.random.default_rng(0), spaces.obs_dtype, spaces.action_dtype)
+        step = parts_of(cfg).step()(cfg, self.model, self.optimizer, torch.device(cfg.roles.learner.device),
+                                    np.random.default_rng(0), spaces.obs_dtype, spaces.action_dtype)
         return lambda: step(batch, **self.hooks)
 
 
@@ -179,7 +181,7 @@ def _filled_shard(cfg: Config, spec):
 def measure_insert(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[list[int], list[float]]:
     """DQN: seconds per record of rows taken into a (full) replay shard, at two record sizes."""
     from hpcrl.core.messages import replay_fields
-    spec = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
+    spec = algorithm_of(cfg).record(cfg, spaces)
     replay, record = _filled_shard(cfg, spec), spec.allocate()
     names, rows = replay_fields(spec), record["priorities"].shape[0]
     record["priorities"][...] = 1.0
@@ -193,7 +195,7 @@ def measure_messages(cfg: Config, spaces: EnvSpaces, seconds: float) -> tuple[li
     and a fragment with its credit."""
     from hpcrl.runtime.message_costs import record_seconds, request_seconds
     request, reply = inference_messages(cfg, spaces, 1)
-    record = ALGORITHMS[cfg.algo.name].record(cfg, spaces)
+    record = algorithm_of(cfg).record(cfg, spaces)
     pair = request_seconds(request, reply, seconds / 2)
     return ([request.nbytes + reply.nbytes, record.nbytes],
             [pair, record_seconds(record, seconds / 2)])

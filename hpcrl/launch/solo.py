@@ -1,14 +1,16 @@
 """An env rank's actor alone in one process: the algorithm's own actor with an inline policy, and
 the receiver of its records, both in this process (real MPI messages to itself). `hpcrl tune`
 times an env rank's step with it, and tests drive an actor alone with it and read its records.
+It wires parts as launch/wiring.py does, without the streams between ranks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from hpcrl.core.config import Config
-from hpcrl.core.dataflow import ALGORITHMS, inference_messages
+from hpcrl.core.dataflow import algorithm_of, inference_messages
 from hpcrl.core.messages import weights_spec
+from hpcrl.launch.registry import parts_of
 from hpcrl.runtime import comm
 from hpcrl.runtime.params import ParameterPublisher
 from hpcrl.runtime.streams import SampleReceiver, SampleSender
@@ -63,14 +65,14 @@ def solo_actor(cfg: Config, spaces, model=None, sampler_seed: int = 0, receiver_
     request, reply = inference_messages(cfg, spaces, groups=1)
     policy = InlinePolicy(PolicySet([runner], [comm.LocalWeightSubscriber(publisher)]), request.allocate(),
                           reply.allocate(), sync=cfg.algo.mode == "sync")
-    algorithm = ALGORITHMS[cfg.algo.name]
-    record = algorithm.record(cfg, spaces)
+    parts = parts_of(cfg)
+    record = algorithm_of(cfg).record(cfg, spaces)
     me, stream = comm.world_rank(), comm.stream_communicator()
     receiver = SampleReceiver(stream, [me], [record.allocate() for _ in range(receiver_slots)],
                               per_sender=receiver_slots)
-    actor = algorithm.worker_class("env")(
+    actor = parts.worker("env")(
         cfg, me, 0, [policy], [SampleSender(stream, me, [record.allocate() for _ in range(sender_slots)])],
-        algorithm.writer_class(cfg)(cfg))
+        parts.writer(cfg)(cfg))
     solo = SoloActor(actor, receiver, model, publisher)
     solo.publish(0)
     return solo
