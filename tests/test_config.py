@@ -142,3 +142,35 @@ def test_role_counts_that_do_not_fit_name_a_size_that_would():
 def test_resolved_config_round_trips():
     cfg = parse_config("algo: {lr: 0.01}\nrun: {target_return: 400}")
     assert parse_config(to_yaml(cfg)) == cfg
+
+
+@pytest.mark.parametrize("text, said, read_by", [
+    ("algo: {name: dqn, clip_coef: 0.1}", "algo.clip_coef: set to 0.1, but algo.name dqn does not read it (only ppo, "
+                                          "mappo, ippo); remove it, or set algo.name to one of those", "ppo"),
+    ("algo: {name: ppo, dqn: {n_step: 5}}", "algo.dqn: set, but algo.name ppo does not read it (only dqn)", "dqn"),
+    ("env: {id: Pendulum-v1}\nalgo: {name: td3, max_grad_norm: 1.0}", "algo.max_grad_norm: set to 1.0, but algo.name "
+                                                                        "td3 does not read it (only ppo, mappo, ippo, dqn)",
+     None),
+    ("algo: {name: ppo, replay: {capacity: 100000}}", "algo.replay: set, but algo.name ppo does not read it (only dqn, "
+                                                      "sac, td3)", "dqn"),
+])
+def test_a_key_the_algorithm_does_not_read_is_refused_with_one_message(text, said, read_by):
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "job.yaml")
+    assert str(caught.value).startswith(f"job.yaml: {said}")
+    if read_by:  # the same key is taken by an algorithm that reads it
+        name = text.split("name: ")[1].split(",")[0]
+        assert parse_config(text.replace(f"name: {name},", f"name: {read_by},")).algo.name == read_by
+
+
+def test_configs_runs_stored_resolved_still_parse_and_new_ones_hold_only_what_is_read():
+    """A checkpoint's config from an older version holds every algo key, resolved (value_norm false
+    for dqn): stored configs are read leniently, and a default passes anywhere."""
+    old = "algo: {name: dqn, value_norm: false, clip_coef: 0.2, epochs: 4, sac: {tau: 0.005}}"
+    assert parse_config(old, strict=False).algo.name == "dqn"
+    with pytest.raises(ConfigError, match="algo.value_norm: set to False, but algo.name dqn does not read it"):
+        parse_config(old)
+    cfg = parse_config("algo: {name: dqn, dqn: {n_step: 5}}")
+    text = to_yaml(cfg)
+    assert "clip_coef" not in text and "epochs" not in text and "sac:" not in text and "n_step: 5" in text
+    assert parse_config(text) == cfg

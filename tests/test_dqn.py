@@ -154,7 +154,7 @@ def test_dqn_config_defaults_and_mistakes():
         ("algo: {name: dqn, dqn: {eps_schedule: cosine}}", r"algo.dqn.eps_schedule: expected one of apex, linear"),
         ("algo: {name: dqn, replay: {capacity: 100, warmup: 1000}}", r"algo.replay.warmup: expected between"),
         ("algo: {name: dqn, rollout_length: 3, dqn: {n_step: 3}}", r"algo.rollout_length: .* more than"),
-        ("algo: {name: dqn, batch_frames: 1024}", r"algo.batch_frames: not used by algo.name dqn"),
+        ("algo: {name: dqn, batch_frames: 1024}", r"algo.batch_frames: set to 1024, but algo.name dqn does not read it \(only ppo, mappo, ippo\)"),
         ("env: {normalize_reward: true}\nalgo: {name: dqn}", r"env.normalize_reward: not supported"),
     ]:
         with pytest.raises(ConfigError, match=match):

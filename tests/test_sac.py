@@ -178,7 +178,7 @@ def test_runners_act_in_minus_one_to_one_and_players_in_the_envs_bounds():
      r"algo.sac.learning_starts: 2,000 random frames would not fit algo.replay.capacity \(1,000 transitions\)"),
     ("env: {id: Pendulum-v1}\nalgo: {name: td3, sac: {tau: 0}}", r"algo.sac.tau: expected a Polyak step in \(0, 1\]"),
     ("env: {id: Pendulum-v1}\nalgo: {name: sac}\nmodel: {core: lstm}", r"model.core: algo.name sac has no recurrent"),
-    ("env: {id: Pendulum-v1}\nalgo: {name: sac, batch_frames: 256}", r"algo.batch_frames: not used by algo.name sac"),
+    ("env: {id: Pendulum-v1}\nalgo: {name: sac, batch_frames: 256}", r"algo.batch_frames: set to 256, but algo.name sac does not read it"),
 ])
 def test_sac_and_td3_configs_are_refused_with_the_key_to_change(text, match):
     with pytest.raises(ConfigError, match=match):

@@ -40,6 +40,7 @@ from hpcrl.core.policies import check_table
 MAX_SEED = 2**63 - 1  # numpy's SeedSequence takes seeds >= 0, torch.manual_seed < 2**64; int64 stores it
 MAX_ROLLOUT_LENGTH = 65_536
 INT64 = 2**63  # config integers fit int64, as numpy and torch take them: no count needs more
+ON_POLICY = ("on_policy",)  # algo keys of PPO's loss and batches (core/dataflow.py Algorithm.reads)
 
 
 @dataclass
@@ -105,10 +106,11 @@ class AlgoConfig:
         "algorithm's first mode (ppo: sync, dqn, sac, td3: async)", default=None)
     max_policy_lag: int = doc("async: a fragment whose oldest step was collected more than this many "
                               "policy versions ago is dropped, not trained on (counted in metrics as "
-                              "fragments_dropped)", default=8)
+                              "fragments_dropped)", reads=ON_POLICY, default=8)
     vtrace_rho_bar: float = doc("async: V-trace clip of the importance weights in the targets and policy "
-                                "gradient (rho-bar, Espeholt et al. 2018)", default=1.0)
-    vtrace_c_bar: float = doc("async: V-trace clip of the trace-cutting weights (c-bar)", default=1.0)
+                                "gradient (rho-bar, Espeholt et al. 2018)", reads=ON_POLICY, default=1.0)
+    vtrace_c_bar: float = doc("async: V-trace clip of the trace-cutting weights (c-bar)", reads=ON_POLICY,
+                              default=1.0)
     rollout_length: int = doc("steps per env per fragment (T); a fragment is T x num_envs frames",
                               default=128)
     batch_frames: Union[int, None] = doc(
@@ -117,10 +119,10 @@ class AlgoConfig:
         "ranks with each policy version, so a multiple of env ranks x a fragment's frames. Setting it "
         "keeps the algorithm (batch, minibatch size, updates per frame) unchanged across resumes with other "
         "env-rank counts (default null: one fragment per env rank, so the env-rank count sets the batch)",
-        default=None)
+        reads=ON_POLICY, default=None)
     gamma: float = doc("discount factor, in [0, 1]", default=0.99)
     gae_lambda: float = doc("GAE lambda, in [0, 1]; in async mode also V-trace's lambda (traces "
-                            "c_t = lambda * min(c_bar, rho_t))", default=0.95)
+                            "c_t = lambda * min(c_bar, rho_t))", reads=ON_POLICY, default=0.95)
     lr: float = doc("Adam learning rate (per learner; Horovod averages gradients)", default=3e-4)
     lr_schedule: str = doc("'constant', or 'linear' decay to 0 at total_frames", default="constant")
     schedule: dict = doc(
@@ -129,24 +131,28 @@ class AlgoConfig:
         "many frames on (a population member's own), the key is its value times the factor, and before the "
         "first step its value. E.g. ent_coef: [[1200000, 0.2], [1600000, 0.04]]. Factors scale what a "
         "population's values and explore set, and lr's multiply lr_schedule's decay", default_factory=dict)
-    clip_coef: float = doc("PPO ratio clipping epsilon", default=0.2)
-    clip_vloss: bool = doc("clip the value loss around the old values as PPO2 does", default=False)
-    vf_coef: float = doc("value loss coefficient", default=0.5)
-    ent_coef: float = doc("entropy bonus coefficient", default=0.0)
-    epochs: int = doc("passes over each batch", default=4)
-    num_minibatches: int = doc("minibatches per epoch on every learner", default=4)
-    max_grad_norm: float = doc("global gradient-norm clip (after Horovod averaging)", default=0.5)
-    norm_adv: bool = doc("normalise advantages per minibatch", default=True)
+    clip_coef: float = doc("PPO ratio clipping epsilon", reads=ON_POLICY, default=0.2)
+    clip_vloss: bool = doc("clip the value loss around the old values as PPO2 does", reads=ON_POLICY,
+                           default=False)
+    vf_coef: float = doc("value loss coefficient", reads=ON_POLICY, default=0.5)
+    ent_coef: float = doc("entropy bonus coefficient", reads=ON_POLICY, default=0.0)
+    epochs: int = doc("passes over each batch", reads=ON_POLICY, default=4)
+    num_minibatches: int = doc("minibatches per epoch on every learner", reads=ON_POLICY, default=4)
+    max_grad_norm: float = doc("global gradient-norm clip (after Horovod averaging)", reads=("on_policy", "dqn"),
+                               default=0.5)
+    norm_adv: bool = doc("normalise advantages per minibatch", reads=ON_POLICY, default=True)
     value_norm: Union[bool, None] = doc(
         "train the critic on returns normalised by their running mean and std (kept in the model, so policy "
         "servers report values in return units); MAPPO's recommendation (Yu et al. 2022). Default: true for "
-        "mappo and ippo, false for ppo", default=None)
+        "mappo and ippo, false for ppo", reads=ON_POLICY, default=None)
     train: bool = doc("false: learners take fragments and count them but do not train (the weights never "
-                      "change); measures a layout's sampling throughput (bench/sampling.py)", default=True)
-    dqn: DQNConfig = doc("DQN only: the Q-learning step and exploration", default_factory=DQNConfig)
+                      "change); measures a layout's sampling throughput (bench/sampling.py)", reads=ON_POLICY,
+                      default=True)
+    dqn: DQNConfig = doc("DQN only: the Q-learning step and exploration", reads=("dqn",), default_factory=DQNConfig)
     sac: SACConfig = doc("SAC and TD3 only: the continuous-control step and its exploration",
-                         default_factory=SACConfig)
-    replay: ReplayConfig = doc("DQN, SAC and TD3: the prioritized replay shards", default_factory=ReplayConfig)
+                         reads=("sac",), default_factory=SACConfig)
+    replay: ReplayConfig = doc("DQN, SAC and TD3: the prioritized replay shards", reads=("replay",),
+                               default_factory=ReplayConfig)
     selfplay: SelfPlayConfig = doc("multi-agent games: self-play against a pool of frozen past versions",
                                    default_factory=SelfPlayConfig)
 
@@ -222,6 +228,31 @@ def _build(cls: type, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
+def unread_keys(name: str) -> list[str]:
+    """The algo keys algo.name `name` does not read, as the fields' `reads` say."""
+    algorithm = ALGORITHMS[name]
+    return [f.name for f in dataclasses.fields(AlgoConfig)
+            if f.metadata["reads"] and not any(algorithm.reads(g) for g in f.metadata["reads"])]
+
+
+def refuse_unread_keys(algo: AlgoConfig, given: Any) -> None:
+    """A ConfigError for the first key of `given` (the algo mapping a user wrote) that algo.name
+    does not read, set away from its default: PPO's clip_coef in a DQN config is a mistake (a
+    copied file, the wrong algo.name), never a setting to carry silently. (A default passes: a
+    config.yaml an older version resolved holds every key.)"""
+    if algo.name not in ALGORITHMS or not isinstance(given, dict):
+        return  # validate names the valid algorithms
+    defaults = AlgoConfig()
+    for key in unread_keys(algo.name):
+        value = getattr(algo, key)
+        if key in given and value != getattr(defaults, key):
+            groups = AlgoConfig.__dataclass_fields__[key].metadata["reads"]
+            readers = [n for n, other in ALGORITHMS.items() if any(other.reads(g) for g in groups)]
+            said = "set" if dataclasses.is_dataclass(value) else f"set to {shown(value)}"
+            raise ConfigError(f"algo.{key}: {said}, but algo.name {algo.name} does not read it (only "
+                              f"{', '.join(readers)}); remove it, or set algo.name to one of those")
+
+
 def validate(cfg: Config) -> None:
     """Range and choice checks that types alone cannot express."""
     validate_roles(cfg.roles)
@@ -290,7 +321,6 @@ def validate(cfg: Config) -> None:
     if algorithm.replay:
         settings, section = replay_settings(a)
         n_step = settings.n_step
-        check(not a.value_norm, f"algo.value_norm: a PPO option, not used by algo.name {a.name}; use false or null")
         check(a.mode == "async" or a.replay.replay_ratio is not None,
                f"algo.mode: sync {a.name} trains the gradient steps algo.replay.replay_ratio owes after each round of "
                f"records; set algo.replay.replay_ratio (e.g. 8: each transition sampled 8 times), or use algo.mode "
@@ -301,8 +331,6 @@ def validate(cfg: Config) -> None:
                f"({n_step}), got {a.rollout_length}")
         check(not e.normalize_reward, f"env.normalize_reward: not supported with algo.name {a.name} (replayed "
                                        f"rewards would be scaled by statistics of another time); use false")
-        check(a.batch_frames is None, f"algo.batch_frames: not used by algo.name {a.name} (its batch is "
-                                       f"{section}.batch_size transitions per gradient step); use null")
         check(not m.obs_norm, f"model.obs_norm: not supported with algo.name {a.name} yet; use false")
     check(a.max_policy_lag >= 0, f"algo.max_policy_lag: expected >= 0 policy versions, got {a.max_policy_lag}")
     for key in ("vtrace_rho_bar", "vtrace_c_bar"):
@@ -349,12 +377,14 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def parse_config(text: str, source: str = "<config>", overrides: tuple[str, ...] = ()) -> Config:
-    """YAML text (+ `KEY=VALUE` overrides, values in YAML syntax) -> a validated Config."""
-    return _config_of(load_yaml(text, source), source, overrides)
+def parse_config(text: str, source: str = "<config>", overrides: tuple[str, ...] = (), strict: bool = True) -> Config:
+    """YAML text (+ `KEY=VALUE` overrides, values in YAML syntax) -> a validated Config.
+    `strict`: refuse algo keys the algorithm does not read (a user's config); false for a config a
+    run stored (a checkpoint's, a run directory's), which older versions wrote with every key."""
+    return _config_of(load_yaml(text, source), source, overrides, strict)
 
 
-def _config_of(data: Any, source: str, overrides: tuple[str, ...]) -> Config:
+def _config_of(data: Any, source: str, overrides: tuple[str, ...], strict: bool = True) -> Config:
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -366,6 +396,8 @@ def _config_of(data: Any, source: str, overrides: tuple[str, ...]) -> Config:
         _set_dotted(data, key.strip(), load_yaml(raw, f"--set {item!r}: the value"))
     try:
         cfg = _build(Config, data, "")
+        if strict:
+            refuse_unread_keys(cfg.algo, data.get("algo"))
         validate(cfg)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
@@ -393,7 +425,11 @@ def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, str
 
 
 def to_dict(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)
+    """The config as plain data, without the algo keys its algorithm does not read."""
+    data = dataclasses.asdict(cfg)
+    for key in unread_keys(cfg.algo.name):
+        del data["algo"][key]
+    return data
 
 
 def to_yaml(cfg: Config) -> str:

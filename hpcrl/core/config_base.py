@@ -15,9 +15,11 @@ class ConfigError(ValueError):
     """A user mistake in the config; the message says where, what, and what would be valid."""
 
 
-def doc(text: str, **kwargs: Any) -> Any:
-    """A dataclass field with its one-line documentation attached."""
-    return field(metadata={"doc": text}, **kwargs)
+def doc(text: str, reads: tuple[str, ...] = (), **kwargs: Any) -> Any:
+    """A dataclass field with its one-line documentation attached. `reads`: for a key of the algo
+    section that not every algorithm reads, the groups of algorithms that do (core/dataflow.py
+    `Algorithm.reads`); a config that sets it for another algorithm is refused."""
+    return field(metadata={"doc": text, "reads": reads}, **kwargs)
 
 
 def check(cond: bool, message: Union[str, Callable[[], str]]) -> None:

@@ -27,6 +27,8 @@ SAMPLE = "sample"        # many-to-one records, credit flow control (runtime/str
 PARAMETER = "parameter"  # newest-only, hierarchical weights (runtime/params.py)
 CONTROL = "control"      # the run's stop word, independent of the weights (runtime/control.py)
 STREAM_KINDS = (INFERENCE, SAMPLE, PARAMETER, CONTROL)
+# The groups of algo keys an algorithm may read (Algorithm.reads; a config field's `reads`)
+READ_GROUPS = ("on_policy", "replay", "dqn", "sac")
 # The networks an algorithm may ask for (hpcrl.models.build_policy builds them)
 POLICY_KINDS = ("actor_critic", "central_critic", "q", "sac", "td3")
 
@@ -77,6 +79,14 @@ class Algorithm:
     def replay(self) -> bool:
         """Whether every learner trains from a replay shard (else: on-policy batches of fragments)."""
         return bool(self.replay_section)
+
+    def reads(self, group: str) -> bool:
+        """Whether this algorithm reads the algo keys of `group` (a config field's `reads`):
+        'on_policy' (PPO's loss and batches), 'replay' (algo.replay), or a replay section's own
+        keys, 'dqn' (algo.dqn) or 'sac' (algo.sac)."""
+        if group not in READ_GROUPS:
+            raise ValueError(f"no group of algo keys {group!r}; expected one of {READ_GROUPS}")
+        return {"on_policy": not self.replay, "replay": self.replay}.get(group, self.replay_section == group)
 
     def stream(self, kind: str) -> Stream | None:
         return next((s for s in self.streams if s.kind == kind), None)

@@ -66,7 +66,7 @@ def _resolved(config_text: str) -> dict:
     """A checkpoint's config with today's defaults filled in, so that a key added since it was
     written compares as its default rather than as missing."""
     try:
-        return to_dict(parse_config(config_text))
+        return to_dict(parse_config(config_text, strict=False))
     except ConfigError:  # written by another version: compare what it says (read as bounded as any config)
         return load_yaml(config_text, "the checkpoint's config") or {}
 

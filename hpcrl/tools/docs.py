@@ -13,6 +13,7 @@ from typing import get_type_hints
 import yaml
 
 from hpcrl.core.config import Config, _type_name, validate
+from hpcrl.core.dataflow import ALGORITHMS
 
 COMMAND = "hpcrl config-reference -o docs/config.md"
 
@@ -24,6 +25,13 @@ def _default(value) -> str:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
+
+
+def _readers(f: dataclasses.Field) -> str:
+    """For an algo key only some algorithms read: which (a config that sets it for another is refused)."""
+    groups = f.metadata.get("reads", ())
+    names = [n for n, a in ALGORITHMS.items() if any(a.reads(g) for g in groups)]
+    return f". Read by {', '.join(names)} only" if groups else ""
 
 
 def _sections(obj, prefix: str, what: str, out: list[str]) -> None:
@@ -38,7 +46,7 @@ def _sections(obj, prefix: str, what: str, out: list[str]) -> None:
         types = get_type_hints(type(obj))
         for f in plain:
             out.append(f"| `{prefix + '.' if prefix else ''}{f.name}` | {_cell(_type_name(types[f.name]))} | "
-                       f"{_cell(_default(getattr(obj, f.name)))} | {_cell(f.metadata['doc'])} |")
+                       f"{_cell(_default(getattr(obj, f.name)))} | {_cell(f.metadata['doc'] + _readers(f))} |")
         out.append("")
     for f in nested:
         _sections(getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name, f.metadata["doc"], out)

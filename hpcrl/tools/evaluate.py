@@ -71,7 +71,7 @@ def load_run(run_dir: str) -> tuple[Config, dict, str, list[str]]:
         raise RunDirError(f"{run_dir!r} holds no usable checkpoint{why}; a run writes one every "
                           f"run.checkpoint_interval_s and at its end")
     try:
-        cfg = parse_config(checkpoint["config"], source=f"{found} (its config)")
+        cfg = parse_config(checkpoint["config"], source=f"{found} (its config)", strict=False)
     except ConfigError as exc:
         raise RunDirError(f"cannot rebuild the run from its checkpoint: {exc}") from None
     return cfg, checkpoint, found, problems

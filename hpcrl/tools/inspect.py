@@ -171,7 +171,7 @@ def _repeatability(cfg: dict) -> tuple[bool | None, str]:
     """Whether the run repeats bit for bit (core/reproducible.py); None where its config does not
     read as one this hpcrl runs."""
     try:
-        return repeatability(parse_config(yaml.safe_dump(cfg), "config.yaml"))
+        return repeatability(parse_config(yaml.safe_dump(cfg), "config.yaml", strict=False))
     except (ConfigError, yaml.YAMLError) as exc:
         return None, f"cannot tell: its config is not one this hpcrl runs ({exc})"
 
