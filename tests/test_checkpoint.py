@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.io.checkpoint import CheckpointError, load_checkpoint, load_latest, restore_rng_states, save_checkpoint
+from hpcrl.io.checkpoint import (CheckpointError, _digest, _write_tree, load_checkpoint, load_latest,
+                                 restore_rng_states, save_checkpoint)
 from hpcrl.core.config import ModelConfig
 from hpcrl.envs import EnvSpaces
 from hpcrl.models import build_model
@@ -124,7 +125,7 @@ def test_damage_anywhere_in_the_file_is_a_checkpoint_error_and_the_previous_one_
     rng = np.random.default_rng(0)
     path = str(tmp_path / "checkpoint.h5")
     save_checkpoint(path, model, opt, {"frames": 1}, rng, "first")
-    save_checkpoint(path, model, opt, {"frames": 2}, rng, "second", extra={"step": {}})
+    save_checkpoint(path, model, opt, {"frames": 2}, rng, "second", parts={"step": {}})
     intact = open(path, "rb").read()
     for offset in range(0, len(intact), max(1, len(intact) // 97)):
         with open(path, "wb") as fh:
@@ -139,12 +140,35 @@ def test_damage_anywhere_in_the_file_is_a_checkpoint_error_and_the_previous_one_
             assert ck["counters"] == {"frames": 1} and len(problems) == 1, offset
 
 
-def test_extra_state_round_trips(tmp_path):
+def test_each_part_round_trips_under_its_own_group(tmp_path):
     model, opt = trained()
     path = str(tmp_path / "checkpoint.h5")
     blob = np.frombuffer(b"env state bytes", dtype=np.uint8)
-    save_checkpoint(path, model, opt, {"frames": 1}, np.random.default_rng(0), "c", extra={"env_state": blob})
-    assert load_checkpoint(path)["extra"]["env_state"].tobytes() == b"env state bytes"
+    parts = {"env": blob, "stats": {"return_window": np.ones((2, 2))}, "population": {"waiting_round": 3}}
+    save_checkpoint(path, model, opt, {"frames": 1}, np.random.default_rng(0), "c", parts=parts)
+    loaded = load_checkpoint(path)["parts"]
+    assert loaded["env"].tobytes() == b"env state bytes" and loaded["population"] == {"waiting_round": 3}
+    assert loaded["stats"]["return_window"].tolist() == [[1, 1], [1, 1]]
+    with h5py.File(path) as f:
+        assert set(f["parts"]) == {"0000", "0001", "0002"} and "extra" not in f
+
+
+def test_a_checkpoint_of_a_flat_extra_group_resumes_with_its_parts_sorted_out(tmp_path):
+    """Checkpoints written before parts had groups of their own hold one flat /extra group."""
+    model, opt = trained()
+    path = str(tmp_path / "checkpoint.h5")
+    save_checkpoint(path, model, opt, {"frames": 1}, np.random.default_rng(0), "c")
+    extra = {"step": {"updates": 4}, "return_window": np.zeros((1, 2)), "rating": np.ones(3),
+             "hyperparameters": {"lr": 0.01}, "population_waiting_round": 2, "league_ring": np.zeros(4),
+             "env_state": np.zeros(5, dtype=np.uint8), "no_longer_read": 1}
+    with h5py.File(path, "r+") as f:
+        del f["parts"]
+        _write_tree(f.create_group("extra"), extra)
+        f.attrs["sha256"] = _digest(f)
+    parts = load_checkpoint(path)["parts"]
+    assert sorted(parts) == ["env", "hyperparameters", "league", "population", "stats", "step"]
+    assert parts["step"] == {"updates": 4} and parts["population"] == {"waiting_round": 2}
+    assert sorted(parts["stats"]) == ["rating", "return_window"] and list(parts["league"]) == ["league_ring"]
 
 
 def test_a_checkpoint_whose_config_predates_a_key_resumes_with_its_default(tmp_path):

@@ -133,11 +133,11 @@ def test_a_link_out_of_a_checkpoint_is_refused_even_with_a_valid_checksum(tmp_pa
 
 
 def add_declared_dataset(path, shape: tuple[int, ...]) -> None:
-    """A dataset under extra/ that declares `shape` float64 and stores nothing (HDF5 reads its
+    """A dataset under parts/ that declares `shape` float64 and stores nothing (HDF5 reads its
     missing data as zeros)."""
     with h5py.File(path, "r+") as f:
-        f["extra"].create_dataset("0000", shape=shape, dtype=np.float64)
-        f["extra"].attrs["_keys"] = json.dumps([["str", "blob"]])
+        f["parts"].create_dataset("0000", shape=shape, dtype=np.float64)
+        f["parts"].attrs["_keys"] = json.dumps([["str", "blob"]])
 
 
 def test_a_dataset_larger_than_its_file_is_refused_before_it_is_read(tmp_path):
@@ -147,7 +147,7 @@ def test_a_dataset_larger_than_its_file_is_refused_before_it_is_read(tmp_path):
     for path in (huge, sealed):
         write_checkpoint(path)
     add_declared_dataset(huge, (1 << 35,))
-    with pytest.raises(CheckpointError, match=r"huge.h5: not a usable checkpoint: dataset /extra/0000 declares "
+    with pytest.raises(CheckpointError, match=r"huge.h5: not a usable checkpoint: dataset /parts/0000 declares "
                                               r"274,877,906,944 bytes \(\(34359738368,\) of float64\) but the file "
                                               r"stores 0 bytes of it and holds [\d,]+ bytes in all: the file is "
                                               r"damaged"):
@@ -155,7 +155,7 @@ def test_a_dataset_larger_than_its_file_is_refused_before_it_is_read(tmp_path):
     add_declared_dataset(sealed, (1 << 23,))
     reseal(sealed)
     for read in (read_summary, load_checkpoint):
-        with pytest.raises(CheckpointError, match=r"dataset /extra/0000 declares 67,108,864 bytes"):
+        with pytest.raises(CheckpointError, match=r"dataset /parts/0000 declares 67,108,864 bytes"):
             read(str(sealed))
 
     metrics = tmp_path / "metrics.h5"

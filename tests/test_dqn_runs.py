@@ -44,7 +44,7 @@ def test_two_learners_with_their_own_replay_shards_stay_bit_identical(tmp_path):
     assert 2.0 < ratio <= 4.0 + 1e-9
     assert np.all(metrics["eps_max"] <= 1.0) and metrics["eps_min"][-1] == pytest.approx(0.05)
     ck = load_checkpoint(str(run_dir(cfg) / "checkpoint.h5"))
-    step = ck["extra"]["step"]
+    step = ck["parts"]["step"]
     assert int(step["gradient_steps"]) == GRADIENT_STEPS * metrics["policy_version"][-1]
     assert set(step["target"]) == set(ck["model"])  # the target network, saved beside the model
 
@@ -70,7 +70,7 @@ def test_serial_dqn_resumes_its_counters_and_target_and_its_replay_if_saved(tmp_
         assert new_frames >= 512 and "fills its replay again" not in second.stdout
         assert after["replay_size"][n] < new_frames + 4 * 8 * 4
     ck = load_checkpoint(str(run_dir(cfg) / "checkpoint.h5"))
-    assert int(ck["extra"]["step"]["gradient_steps"]) == GRADIENT_STEPS * after["policy_version"][-1]
+    assert int(ck["parts"]["step"]["gradient_steps"]) == GRADIENT_STEPS * after["policy_version"][-1]
 
 
 def test_a_saved_replay_of_another_learner_count_is_not_used_and_the_run_says_so(tmp_path):
@@ -122,4 +122,4 @@ def test_the_shipped_atari_apex_job_trains_on_frame_stacks_with_per_env_epsilons
     assert metrics["eps_max"][-1] == pytest.approx(0.4) and metrics["eps_min"][-1] == pytest.approx(0.4 ** 8)
     assert np.all(np.isfinite(metrics["td_error"])) and np.all(np.isfinite(metrics["q_mean"]))
     ck = load_checkpoint(str(out / "breakout_apex" / "checkpoint.h5"))
-    assert any(k.startswith("trunk.0.") for k in ck["extra"]["step"]["target"])  # the CNN's target copy
+    assert any(k.startswith("trunk.0.") for k in ck["parts"]["step"]["target"])  # the CNN's target copy

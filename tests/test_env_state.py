@@ -132,13 +132,13 @@ class RunsACommand:
 
 
 def put_env_state(checkpoint: Path, blob: np.ndarray) -> None:
-    """Replace the checkpoint's extra/env_state by `blob`, checksum and all (an attacker can)."""
+    """Replace the checkpoint's parts/env by `blob`, checksum and all (an attacker can)."""
     with h5py.File(checkpoint, "r+") as f:
-        extra = f["extra"]
-        keys = [key for _, key in json.loads(extra.attrs["_keys"])]
-        name = f"{keys.index('env_state'):04d}"
-        del extra[name]
-        extra.create_dataset(name, data=blob)
+        parts = f["parts"]
+        keys = [key for _, key in json.loads(parts.attrs["_keys"])]
+        name = f"{keys.index('env'):04d}"
+        del parts[name]
+        parts.create_dataset(name, data=blob)
         f.attrs["sha256"] = _digest(f)
 
 

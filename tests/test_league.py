@@ -187,13 +187,13 @@ def test_exploiters_snapshot_early_once_they_beat_their_slots_often_enough_and_m
     assert not member.take_snapshot(lambda flat: flat.fill(1), 150)  # exploiter_reset 0: never resets
     assert not member.snapshot_due(150) and member.next_snapshot == 1000
     assert member.ring.shape[0] == 2 + 1 + 100 // 1000 + 1  # room for one early snapshot between reports
-    again = LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, 2, 1000, 0.0, 100, saved=member.saved_parts(),
+    again = LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, 2, 1000, 0.0, 100, saved=member.state(),
                          snapshot_win_rate=0.7)
     again.add_games(np.array([[99, 0, 0], [0, 0, 0]]))
     assert not again.snapshot_due(260)
     again.add_games(np.array([[1, 0, 0], [0, 0, 0]]))
     assert not again.snapshot_due(249) and again.snapshot_due(250)  # the resumed member waits from 150 too
-    older = {**member.saved_parts(), "league_counters": member.saved_parts()["league_counters"][:2]}
+    older = {**member.state(), "league_counters": member.state()["league_counters"][:2]}
     assert LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, 2, 1000, 0.0, 100, saved=older).last_snapshot == 0
 
 
@@ -223,13 +223,13 @@ def test_a_member_restores_its_snapshots_and_slots_from_a_checkpoint():
     member.take_snapshot(lambda flat: flat.fill(7), 150)
     member.set_slot(1, 3, np.arange(4, dtype=np.float32))
     again = LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 3, 2, 100, 0.25, 100,
-                         saved={k: v.copy() for k, v in member.saved_parts().items()})
+                         saved={k: v.copy() for k, v in member.state().items()})
     assert again.seq == 1 and again.next_snapshot == 200 and again.snapshot(1)[0] == 7
     assert again.slot_ids.tolist() == [-1, 3, -1] and again.slot_params[1].tolist() == [0, 1, 2, 3]
-    larger = LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 3, 5, 100, 0.25, 100, saved=member.saved_parts())  # keep 5
+    larger = LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 3, 5, 100, 0.25, 100, saved=member.state())  # keep 5
     assert len(larger.ring) == 7 and [larger.snapshot(s)[0] for s in (0, 1)] == [0, 7]  # each at its seq's place
     with pytest.raises(ValueError, match="league_ring"):  # another model
-        LeagueMember(MAIN_EXPLOITER, 1, 5, 6, 3, 2, 100, 0.25, 100, saved=member.saved_parts())
+        LeagueMember(MAIN_EXPLOITER, 1, 5, 6, 3, 2, 100, 0.25, 100, saved=member.state())
 
 
 def test_a_holder_loads_a_slot_only_when_its_snapshot_changes_and_never_from_a_first_version():
@@ -345,7 +345,7 @@ def test_a_league_of_three_members_on_12_ranks_plays_each_others_snapshots_and_r
     assert resets[0] == 0 and resets[1] == newest[1], (resets, newest)
     digests = read_metrics(str(run_dir(cfg) / "member1" / "metrics.h5"))["replica_digest"]
     assert digests.shape[1] == 2 and np.all(digests[:, 0] == digests[:, 1])
-    saved = load_checkpoint(str(run_dir(cfg) / "member1" / "checkpoint.h5"))["extra"]
+    saved = load_checkpoint(str(run_dir(cfg) / "member1" / "checkpoint.h5"))["parts"]["league"]
     assert saved["league_counters"][0] == newest[1]
     assert (saved["league_slot_ids"] >= 0).all()
     assert len(saved["league_ring"]) == 3 + 1 + 512 // 1024

@@ -295,7 +295,7 @@ def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_
     assert m["rating"][-20:].mean() > m["rating"][0] + 2.0, (m["rating"][0], m["rating"][-20:])  # (about 22 -> 28)
     early_frames = read_metrics(str(tmp_path / "early" / "metrics.h5"))["frames"][-1]
     first = int(np.flatnonzero(m["frames"] > early_frames)[0])
-    saved = load_checkpoint(str(tmp_path / "early" / "checkpoint.h5"))["extra"]["rating"]
+    saved = load_checkpoint(str(tmp_path / "early" / "checkpoint.h5"))["parts"]["stats"]["rating"]
     rating = AnchorRating(parse_config(open(path).read()).algo.selfplay.anchor_ratings(), saved)
     games = []
     for anchor in ("uniform", "one_step"):

@@ -79,7 +79,7 @@ def test_members_copy_states_and_hyperparameters_as_the_lineage_says(tmp_path):
 
     finals = {m: load_checkpoint(str(run_dir(cfg) / f"member{m}" / "checkpoint.h5")) for m in range(4)}
     for m in range(4):
-        assert finals[m]["extra"]["hyperparameters"]["lr"] == lr[m]
+        assert finals[m]["parts"]["hyperparameters"]["lr"] == lr[m]
         assert read_metrics(str(run_dir(cfg) / f"member{m}" / "metrics.h5"))["lr"][-1] == lr[m]
         for k in range(4):  # weights: equal exactly where the lineage leads to the same seeded member
             same = all(np.array_equal(finals[m]["model"][key], finals[k]["model"][key]) for key in finals[m]["model"])
@@ -152,7 +152,7 @@ def test_a_preempted_population_resumes_every_member_with_its_hyperparameters(tm
     before = lineage(cfg)
     saved = {m: load_checkpoint(str(run_dir(cfg) / f"member{m}" / "checkpoint.h5")) for m in range(4)}
     assert all(saved[m]["counters"]["stopped_by"] == "preempted" for m in range(4))
-    lrs = {m: saved[m]["extra"]["hyperparameters"]["lr"] for m in range(4)}
+    lrs = {m: saved[m]["parts"]["hyperparameters"]["lr"] for m in range(4)}
     assert (before["event"] == EXPLOIT).any()
     for m in range(4):  # each checkpoint holds the rate the lineage last gave its member
         assert lrs[m] == before["algo.lr"][np.flatnonzero(before["member"] == m)[-1]], (m, lrs)
@@ -207,7 +207,7 @@ def test_a_population_in_rounds_resumes_exactly(tmp_path):
     assert proc.returncode == 3 and "Traceback" not in err, out + err
     saved = [load_checkpoint(str(run_dir(halves) / f"member{m}" / "checkpoint.h5")) for m in range(4)]
     assert max(int(c["counters"]["frames"]) for c in saved) < 3072  # stopped part-way
-    waiting = [int(c["extra"]["population_waiting_round"]) for c in saved]
+    waiting = [int(c["parts"]["population"]["waiting_round"]) for c in saved]
     assert waiting[3] == 0 and min(waiting[:3]) > 0, waiting
     resumed = mpirun(4, "run", path)
     assert resumed.returncode == 0 and resumed.stdout.count("resuming from") == 4, resumed.stdout + resumed.stderr
@@ -244,8 +244,8 @@ def test_dqn_members_copy_their_target_networks_too(tmp_path):
     assert len(exploits_taken(table["event"], table["member"], table["parent"])) >= 1
     for m in range(2):
         saved = load_checkpoint(str(run_dir(cfg) / f"member{m}" / "checkpoint.h5"))
-        assert saved["counters"]["frames"] >= 3000 and "target" in saved["extra"]["step"]
-        assert saved["extra"]["hyperparameters"]["lr"] == table["algo.lr"][np.flatnonzero(table["member"] == m)[-1]]
+        assert saved["counters"]["frames"] >= 3000 and "target" in saved["parts"]["step"]
+        assert saved["parts"]["hyperparameters"]["lr"] == table["algo.lr"][np.flatnonzero(table["member"] == m)[-1]]
 
 
 def test_self_play_members_are_judged_on_their_rating_against_the_anchors(tmp_path):

@@ -214,6 +214,6 @@ def test_r2d2_trains_through_a_policy_server_and_plays_in_eval(tmp_path):
     assert metrics["replay_size"][0] >= 32  # nobody trains before the warm-up is in
     assert 1.0 < metrics["replay_ratio"][-1] <= 2.0 + 1e-9
     ck = load_checkpoint(str(run_dir(cfg) / "checkpoint.h5"))
-    assert set(ck["extra"]["step"]["target"]) == set(ck["model"]) and any("core" in k for k in ck["model"])
+    assert set(ck["parts"]["step"]["target"]) == set(ck["model"]) and any("core" in k for k in ck["model"])
     played = mpirun(1, "eval", str(run_dir(cfg)), "--episodes", "2")
     assert played.returncode == 0 and "2 episodes" in played.stdout, played.stdout + played.stderr

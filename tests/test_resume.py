@@ -63,11 +63,11 @@ def test_serial_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, nor
         np.testing.assert_allclose(m["lr"], 0.001 * np.where(began < 640, 1.0, 0.5))
     ca, cb = a["checkpoint"], b["checkpoint"]
     assert_same_models(ca, cb)
-    saved = cb["extra"]["step"]
+    saved = cb["parts"]["step"]
     assert ("reward_return_moments" in saved) == normalize_reward
     if normalize_reward:  # count: SB3's 1e-4 start plus one return per frame
         assert saved["reward_return_moments"][2] == pytest.approx(1280 + 1e-4)
-        np.testing.assert_array_equal(saved["reward_return_moments"], ca["extra"]["step"]["reward_return_moments"])
+        np.testing.assert_array_equal(saved["reward_return_moments"], ca["parts"]["step"]["reward_return_moments"])
 
 
 # DQN with n-step windows across records; SAC whose replay ratio owes several updates per record

@@ -41,8 +41,8 @@ def test_sac_on_4_ranks_with_a_policy_server_keeps_env_ranks_torch_free_and_play
     assert 8.0 < metrics["replay_ratio"][-1] <= 16.0 + 1e-9  # held by credits, one update ahead at most
     assert np.all(metrics["alpha"] > 0) and metrics["alpha"][-1] < 1.0  # tuned down from 1 towards -|A|
     ck = load_checkpoint(str(run_dir(cfg) / "checkpoint.h5"))
-    assert int(ck["extra"]["step"]["gradient_steps"]) == 4 * metrics["policy_version"][-1]
-    assert set(ck["extra"]["step"]["target"]) == set(ck["model"])  # the target networks, saved beside
+    assert int(ck["parts"]["step"]["gradient_steps"]) == 4 * metrics["policy_version"][-1]
+    assert set(ck["parts"]["step"]["target"]) == set(ck["model"])  # the target networks, saved beside
     played = subprocess.run([sys.executable, "-m", "hpcrl", "eval", str(run_dir(cfg)), "--episodes", "2",
                              "--deterministic", "--json", "--trust-env-code"], capture_output=True, text=True, cwd=REPO)
     assert played.returncode == 0, played.stderr

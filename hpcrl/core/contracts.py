@@ -1,7 +1,8 @@
 """The contracts between the runtime and an algorithm's parts, in code: what the wiring and the
-poll loop call on a worker, what a trainer calls on its batch source and on its step. Every class
-an algorithm declares (core/dataflow.py) must meet them; tests/test_registry.py checks each
-declared class against these Protocols, member by member and parameter by parameter.
+poll loop call on a worker, what a trainer calls on its batch source, its step and the parts
+its checkpoints keep. Every class the registry binds for an algorithm (launch/registry.py) must
+meet them; tests/test_registry.py checks each one against these Protocols, member by member and
+parameter by parameter.
 
 A new algorithm (SAC, a population member) brings its classes under these names; nothing in
 the runtime then changes.
@@ -82,3 +83,16 @@ class TrainerStep(Protocol):
         ...
 
     def restore(self, state: dict) -> None: ...
+
+
+class Part(Protocol):
+    """A piece of a learner's state that its checkpoints keep, each under its own name (the trainer
+    step, the statistics, a population member's link...; workers/trainer.py `LearnerRole.keep`)."""
+
+    def state(self) -> Any:
+        """A tree of arrays, numbers and strings (io/checkpoint.py writes it); None: nothing to keep now."""
+        ...
+
+    def restore(self, state: Any) -> None:
+        """Take up the state a checkpoint kept (as `state` gave it)."""
+        ...

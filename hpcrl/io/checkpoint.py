@@ -156,9 +156,11 @@ def previous_path(path: str) -> str:
 
 def save_checkpoint(path: str, model, optimizer,
                     counters: dict[str, int | float], np_rng: np.random.Generator, config_text: str,
-                    extra: dict[str, np.ndarray] | None = None, policies: dict[str, dict] | None = None,
+                    parts: dict[str, Any] | None = None, policies: dict[str, dict] | None = None,
                     provenance: dict | None = None) -> None:
     """Write a checkpoint with a content checksum; the one it replaces becomes `*.prev.h5`.
+    `parts`: the state of each part of the learner (workers/trainer.py: its step, statistics,
+    population link...), each a group of its own under /parts/NAME.
     `policies` (runs of several, core/policies.py): the other policies, each a group of its own
     under /policies/NAME with its 'model', 'optimizer' and 'step' state; `model` and `optimizer`
     are the first policy's. `provenance`: the package versions and layout shape the run's bits
@@ -172,7 +174,7 @@ def save_checkpoint(path: str, model, optimizer,
         _write_tree(f.create_group("optimizer"), optimizer.state_dict())
         _write_tree(f.create_group("counters"), dict(counters))
         _write_tree(f.create_group("rng"), rng_states(np_rng))
-        _write_tree(f.create_group("extra"), dict(extra or {}))
+        _write_tree(f.create_group("parts"), dict(parts or {}))
         if policies:
             _write_tree(f.create_group("policies"), policies)
 
@@ -290,16 +292,39 @@ def _newest_usable(path: str, read: Callable[[str], Any]) -> tuple[str | None, A
 
 
 def load_checkpoint(path: str) -> dict:
-    """{'model', 'optimizer', 'counters', 'rng', 'extra', 'config', 'policies', 'provenance'}; tensors
-    as torch tensors ('provenance': {} in checkpoints written before it was recorded).
+    """{'model', 'optimizer', 'counters', 'rng', 'parts', 'config', 'policies', 'provenance'}; tensors
+    as torch tensors ('provenance': {} in checkpoints written before it was recorded; 'parts' from
+    the flat /extra group of checkpoints written before parts had groups of their own).
     Raises CheckpointError if the file is unreadable, its content does not match its checksum or
     a counter is not a whole number (whether the weights fit a model: `check_fits`)."""
     return _read_verified(path, lambda f: {
         "model": _read_tree(f["model"], as_torch=True), "optimizer": _read_tree(f["optimizer"], as_torch=True),
         "counters": _read_counters(f, path), "rng": _read_tree(f["rng"], as_torch=False),
-        "extra": _read_tree(f["extra"], as_torch=False), "config": str(f.attrs["config"]),
+        "parts": (_read_tree(f["parts"], as_torch=False) if "parts" in f
+                  else parts_of_extra(_read_tree(f["extra"], as_torch=False))), "config": str(f.attrs["config"]),
         "policies": _read_tree(f["policies"], as_torch=True) if "policies" in f else {},
         "provenance": _provenance(f)})
+
+
+# where each key of an older checkpoint's flat /extra group went: (part, key in it, or "" for the whole part)
+EXTRA_KEYS = {"step": ("step", ""), "return_window": ("stats", "return_window"), "rating": ("stats", "rating"),
+              "hyperparameters": ("hyperparameters", ""), "population_waiting_round": ("population", "waiting_round"),
+              "env_state": ("env", "")}
+
+
+def parts_of_extra(extra: dict) -> dict:
+    """The parts of a checkpoint written with a flat /extra group: its keys sorted into the parts
+    that own them now (a league member's league_* keys: the part 'league')."""
+    parts: dict = {}
+    for key, value in extra.items():
+        part, inner = EXTRA_KEYS.get(key, ("league", key) if key.startswith("league_") else (None, ""))
+        if part is None:
+            continue  # no part reads it any more
+        if inner:
+            parts.setdefault(part, {})[inner] = value
+        else:
+            parts[part] = value
+    return parts
 
 
 def _provenance(f: h5py.File) -> dict:

@@ -1,4 +1,4 @@
-"""`hpcrl run` of a population (issue 28): the job cut into one block of ranks per member, each
+"""`hpcrl run` of a population: the job cut into one block of ranks per member, each
 running the roles table as a run of its own (`comm.use_world`), and the members' learner roots
 joined on a communicator of their own for population-based training (workers/population.py).
 
@@ -71,11 +71,14 @@ class Population:
             return None
         from hpcrl.workers.population import Decider, MemberLink, PopulationRole
         p, live = self.whole.population, ALGORITHMS[self.whole.algo.name].live
-        waiting = trainer.waiting_round if trainer is not None else 0
         league = self._league_member(trainer) if self.league and trainer is not None else None
-        link = MemberLink(self.channel, p.ready_frames, live, start_frames, p.synchronous, waiting, league)
-        if trainer is not None:
+        link = MemberLink(self.channel, p.ready_frames, live, start_frames, p.synchronous, league=league)
+        if trainer is not None:  # a part of its checkpoints, as its league snapshots are
+            link.restore(trainer.saved.get("population", {}))
             trainer.population = link
+            trainer.keep("population", link)
+            if league is not None:
+                trainer.keep("league", league)
         decider = None
         if self.channel.member == POPULATION_ROOT:
             rng = np.random.default_rng(seed_for(self.whole.run.seed, "population", 0))
@@ -83,14 +86,14 @@ class Population:
                               starting_values(self.whole, live), self.run_dir, rundir.METRICS_FILE, p.synchronous,
                               league=self._league_root(rng) if self.league else None)
             link.decider = decider
-        if waiting and trainer.comm.Get_size() == 1:  # preempted in a round: take it up again first
+        if link.waiting_round and trainer.comm.Get_size() == 1:  # preempted in a round: take it up again first
             link.resume_round(trainer, trainer.frames, trainer.stats.fitness())
         return PopulationRole(link, trainer, decider)
 
     def _league_member(self, trainer):
         """A league member's snapshots and slots, on its learner root (from its checkpoint, when it resumes)."""
         from hpcrl.workers.league import LeagueMember
-        saved, lg = trainer.league_saved, self.league
+        saved, lg = trainer.saved.get("league"), self.league
         frames, win_rate = snapshot_rule(self.role_name, lg.snapshot_frames, lg.exploiter_snapshot_frames,
                                          lg.snapshot_win_rate)
         try:

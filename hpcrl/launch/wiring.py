@@ -140,8 +140,6 @@ def _link_serial(workers: list) -> list:
     actor waits while the trainer owes updates, so every update finds it between records."""
     trainer, actor = workers
     if actor.writer.serial_parts() is not None:
-        trainer.local_env = actor
-        if trainer.env_state is not None:
-            actor.restore(trainer.env_state)
+        trainer.keep_local_actor(actor)
         actor.hold = trainer.source.owes_updates
     return [actor, trainer]

@@ -56,7 +56,7 @@ class LeagueMember:
                  snapshot_frames: int, exploiter_reset: float, ready_frames: int, saved: dict | None = None,
                  initial: Callable[[np.ndarray], None] | None = None, snapshot_win_rate: float = 0.0,
                  restart_from_main: bool = False):
-        """`saved`: what a checkpoint held (`saved_parts`); else `initial` copies the weights it
+        """`saved`: what a checkpoint held (`state`); else `initial` copies the weights it
         starts with into snapshot 0 (the ring: core/league.ring_size). `restart_from_main`
         (population.league.restart 'main'): it never starts again by itself; the population root
         orders a main agent's newest snapshot to it instead (LeagueRoot.restart_parent)."""
@@ -155,7 +155,8 @@ class LeagueMember:
         return [self.seq, *self.slot_ids.tolist(), *games]
 
     # --- checkpoints --------------------------------------------------------------------------------
-    def saved_parts(self) -> dict[str, np.ndarray]:
+    def state(self) -> dict[str, np.ndarray]:
+        """What a checkpoint keeps (the learner's part 'league'): the ring, the slots, the counters."""
         return {"league_ring": self.ring, "league_ring_seq": self.ring_seq, "league_slots": self.slot_params,
                 "league_slot_ids": self.slot_ids,
                 "league_counters": np.array([self.seq, self.next_snapshot, self.last_snapshot], dtype=np.int64),

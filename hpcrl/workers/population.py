@@ -1,4 +1,4 @@
-"""Population-based training between members (issue 28): each member's learner root reports its
+"""Population-based training between members: each member's learner root reports its
 fitness to the population root, which decides exploit and explore (workers/population_root.py,
 core/population.py) and orders the copies; the states travel in memory between the learner
 roots (runtime/member_copy.py).
@@ -60,6 +60,14 @@ class MemberLink:
         self.pause_s = 0.0  # seconds spent in copies, sending or receiving (metrics: exploit_pause_s)
         self._round_over = self._aborted = False
         self.decider = None  # on the population root: polled while this member waits in a round
+
+    def state(self) -> dict[str, int]:
+        """What its learner root's checkpoint keeps (the part 'population'): the round it was
+        waiting in when it stopped (0: none)."""
+        return {"waiting_round": self.waiting_round}
+
+    def restore(self, state: dict) -> None:
+        self.waiting_round = int(state.get("waiting_round", 0))
 
     def _ready_from(self, frames: int) -> None:
         """The next judgement: after `ready_frames` more; synchronous, at the next multiple of it.

@@ -21,6 +21,7 @@ import torch
 
 from hpcrl.core.config import Config
 from hpcrl.core.config_schedule import scheduled
+from hpcrl.core.contracts import Part
 from hpcrl.core.faults import pause_point
 from hpcrl.core.messages import KEEP_ENV_STATE
 from hpcrl.core.policies import policy_names
@@ -37,10 +38,13 @@ from hpcrl.runtime import comm
 from hpcrl.runtime.control import ControlStream
 from hpcrl.runtime.params import END, ParameterPublisher
 from hpcrl.workers.averaging import start_averaging
-from hpcrl.workers.trainer_member import MemberParts
+from hpcrl.workers.trainer_member import LiveValues, MemberParts
 from hpcrl.workers.trainer_stats import TrainerStats
 from hpcrl.core.say import say
 
+# the parts every trainer keeps alike, which a resume hands from the root to all of them (the
+# others, a population member's link, a league member's snapshots, a serial actor, live on the root)
+SHARED_PARTS = ("step", "stats", "hyperparameters")
 MEMBER_WAIT_SLEEP_S = 1e-4  # a population member's learners, waiting for their root's word after an update
 
 
@@ -102,7 +106,6 @@ class LearnerRole(MemberParts):
         self.preempt_requested = preempt_requested
         self.heartbeat = heartbeat  # called per minibatch: a long update is work, not a hang
         self.local_env = None  # serial mode: the actor in this process, saved with the checkpoint
-        self._warned_env_state = False
         self._other_policies = None  # several policies: the others' states for the next checkpoint (root)
         self.root = trainer_comm.Get_rank() == 0
         self.population, self.live = None, live
@@ -115,7 +118,6 @@ class LearnerRole(MemberParts):
         # resume continues exactly (hpcrl/io/env_states.py; serial runs hold the actor instead)
         self.keeps_env_state = keeps_env_state
         self.env_state_next = False  # the env ranks were asked for their state at the next version's start
-        self.league_saved = None  # (root) a league member's snapshots and slots, from its checkpoint
         # only the trainers, never the whole world; with several policies, each policy's block of
         # trainers averages that policy's gradients (none at all where a block is one trainer)
         self.averaging = start_averaging(trainer_comm, len(self.policy_names), self.policy_comm.Get_size(), policy)
@@ -131,7 +133,6 @@ class LearnerRole(MemberParts):
         if resume_path is None:
             # A fresh run's first weights go out before the optimizer is built, so the actors
             # collect the first batch meanwhile.
-            self.waiting_round = 0
             self.averaging.same_start(self.model)
             self._publish()
         optimizer = build_optimizer(self.model, cfg)
@@ -144,9 +145,15 @@ class LearnerRole(MemberParts):
         self.updates = int(counters.get("updates", 0))
         self.stats = TrainerStats(trainer_comm, frames=int(counters.get("frames", 0)),
                                   fragments_dropped=int(counters.get("fragments_dropped", 0)),
-                                  policy=policy, policy_names=self.policy_names,
-                                  selfplay=cfg.algo.selfplay, window=counters.get("return_window"),
-                                  rating=counters.get("rating"))
+                                  policy=policy, policy_names=self.policy_names, selfplay=cfg.algo.selfplay)
+        # the parts whose state checkpoints keep, each under its own name; a population member's
+        # link, a league member's snapshots and a serial run's actor join them once built (`keep`)
+        self.parts: dict[str, Part] = {"step": self.step, "stats": self.stats}
+        if self.live:
+            self.parts["hyperparameters"] = LiveValues(cfg.algo, self.live)
+        for name, part in self.parts.items():
+            if name in self.saved:
+                part.restore(self.saved[name])
         self.start = time.perf_counter() - float(counters.get("wall_time", 0.0))  # wall time continues
         self.stopped_by = ""
         self.draining = False
@@ -160,13 +167,15 @@ class LearnerRole(MemberParts):
         return self.stats.frames
 
     def _start_from(self, resume_path: str | None) -> dict:
-        """Same weights (and, resuming, optimizer state and counters) on every trainer; returns the
-        counters. The root reads the checkpoint; the others receive it."""
+        """Same weights and optimizer state on every trainer, and the checkpoint's parts in
+        `self.saved` (on the root all of them; on the others those every trainer keeps alike: the
+        step's, the statistics', the live hyperparameters'); returns the counters. The root
+        reads the checkpoint; the others receive it."""
+        self.saved: dict = {}
         if not resume_path:
             # The weights are everywhere the same already (published in __init__). A fresh optimizer
             # is identical everywhere too; hvd.broadcast_optimizer_state would take a zero-gradient
             # step to create Adam's state, putting bias correction one step off.
-            self.env_state = None
             return {}
         checkpoint = load_checkpoint(resume_path) if self.root else None
         if checkpoint is not None and (changed := changed_packages(checkpoint["provenance"])):
@@ -178,32 +187,39 @@ class LearnerRole(MemberParts):
             self.averaging.same_start(self.model)
         # (several policies: each block's trainers seeded alike start alike; a resume's weights
         # come with the optimizer state below)
-        self.env_state = checkpoint["extra"].get("env_state") if checkpoint else None
-        self.league_saved = ({k: v for k, v in checkpoint["extra"].items() if k.startswith("league_")} or None
-                             if checkpoint else None)
-        # (root) a population member preempted while it waited in a round (workers/population.py)
-        self.waiting_round = int(checkpoint["extra"].get("population_waiting_round", 0)) if checkpoint else 0
-        # MPI: the root's optimizer state, counters and step state (with several policies, every
-        # policy's weights too), pickled once at start, loaded as saved
-        policies = None
+        # MPI: the root's optimizer state, counters and shared parts (with several policies, every
+        # policy's weights and step too), pickled once at start, loaded as saved
+        policies, shared = None, None
         if checkpoint is not None:
+            parts = checkpoint["parts"]
             policies = {self.policy_names[0]: {"model": checkpoint["model"], "optimizer": checkpoint["optimizer"],
-                                               "step": checkpoint["extra"].get("step", {})},
+                                               "step": parts.get("step", {})},
                         **checkpoint["policies"]} if len(self.policy_names) > 1 else None
-        state, counters, step_state, policies, hyperparameters, window, rating = comm.broadcast_object_on(
-            self.comm, (checkpoint["optimizer"], checkpoint["counters"], checkpoint["extra"].get("step", {}), policies,
-                        checkpoint["extra"].get("hyperparameters", {}), checkpoint["extra"].get("return_window"),
-                        checkpoint["extra"].get("rating")) if self.root else None)
-        self._set_hyperparameters(hyperparameters)  # a population member's, as its copies left them
+            shared = {name: parts[name] for name in SHARED_PARTS if name in parts}
+        state, counters, policies, shared = comm.broadcast_object_on(
+            self.comm, (checkpoint["optimizer"], checkpoint["counters"], policies, shared) if self.root else None)
+        self.saved = checkpoint["parts"] if checkpoint is not None else shared
         if policies is not None:
             mine = policies[self.policy_names[self.policy]]
             self.model.load_state_dict(mine["model"])
-            state, step_state = mine["optimizer"], mine["step"]
+            state, self.saved["step"] = mine["optimizer"], mine["step"]
         self.optimizer.load_state_dict(state)
-        self.step.restore(step_state)
         if checkpoint is not None:
             restore_rng_states(checkpoint["rng"], self.rng)
-        return {**counters, "return_window": window, "rating": rating}
+        return counters
+
+    def keep(self, name: str, part: Part) -> None:
+        """From now on checkpoints keep `part`'s state under `name` (what a resume gave it: `saved`)."""
+        self.parts[name] = part
+
+    def keep_local_actor(self, actor) -> None:
+        """Serial mode: the actor in this process, whose state checkpoints keep (where it can be
+        saved), restored from the checkpoint resumed from."""
+        self.local_env = actor
+        part = SerialActor(actor, self.cfg.env.id)
+        if "env" in self.saved:
+            part.restore(self.saved["env"])
+        self.keep("env", part)
 
     # --- the poll loop ----------------------------------------------------------------------------
     def poll(self) -> int:
@@ -363,28 +379,8 @@ class LearnerRole(MemberParts):
                     "wall_time": time.perf_counter() - self.start, "stopped_by": self.stopped_by,
                     "fragments_dropped": self.stats.fragments_dropped,
                     "target_return": self.cfg.run.target_return}
-        # the recent episodes run.target_return (and a population's fitness) judge, so a resumed run
-        # stops when the uninterrupted one would
-        extra = {"step": self.step.state(), "return_window": self.stats.window_state()}
-        if (rating := self.stats.rating_state()) is not None:  # against the anchors (workers/ratings.py)
-            extra["rating"] = rating
-        if self.population is not None:
-            extra["population_waiting_round"] = self.population.waiting_round
-            if self.population.league is not None:  # its snapshots and slots (workers/league.py)
-                extra.update(self.population.league.saved_parts())
-        if self.live:
-            extra["hyperparameters"] = {k: float(getattr(self.cfg.algo, k)) for k in self.live}
-        # serial mode: the env's state too, for an exact continuation (none where the actor is
-        # mid-record: a population's preemption stops a member wherever it finds it)
-        if self.local_env is not None and self.local_env.between_records():
-            try:
-                extra["env_state"] = self.local_env.snapshot()
-            except NotCapturable as exc:
-                if not self._warned_env_state:
-                    say(f"warning: the state of {self.cfg.env.id} cannot be saved as data ({exc}); "
-                        f"checkpoints hold no env state, so a resumed serial run starts new episodes")
-                    self._warned_env_state = True
-        save_checkpoint(path, self.model, self.optimizer, counters, self.rng, self.files.config_text, extra=extra,
+        parts = {name: state for name, part in self.parts.items() if (state := part.state()) is not None}
+        save_checkpoint(path, self.model, self.optimizer, counters, self.rng, self.files.config_text, parts=parts,
                         policies=self._other_policies, provenance=self.files.provenance)
 
     def _gather_policies(self) -> dict | None:
@@ -401,6 +397,30 @@ class LearnerRole(MemberParts):
             self.files.close()
         self.done = True
         self.status = "finished"
+
+
+class SerialActor:
+    """Serial mode: the actor in this process, as a part of its trainer's checkpoints (the part
+    'env'), for an exact continuation. None where it is mid-record (a population's preemption stops
+    a member wherever it finds it) or its env cannot be saved as data (said once)."""
+
+    def __init__(self, actor, env_id: str):
+        self.actor, self.env_id, self.warned = actor, env_id, False
+
+    def state(self):
+        if not self.actor.between_records():
+            return None
+        try:
+            return self.actor.snapshot()
+        except NotCapturable as exc:
+            if not self.warned:
+                say(f"warning: the state of {self.env_id} cannot be saved as data ({exc}); "
+                    f"checkpoints hold no env state, so a resumed serial run starts new episodes")
+                self.warned = True
+            return None
+
+    def restore(self, state) -> None:
+        self.actor.restore(state)
 
 
 def _no_slot(message) -> None:

@@ -75,7 +75,7 @@ class MemberParts:
         is the main agent whose snapshot it started again from)."""
         self.step.restore(adoption.step_state)
         before = {k: getattr(self.cfg.algo, k) for k in self.live}
-        self._set_hyperparameters(adoption.hyperparameters)
+        LiveValues(self.cfg.algo, self.live).restore(adoption.hyperparameters)
         self.stats.reset_fitness()
         if self.root and adoption.parent < 0:
             say(f"league: started again from its initial weights at {self.frames:,} "
@@ -89,7 +89,19 @@ class MemberParts:
             say(f"exploit: took member {adoption.parent}'s state at {self.frames:,} "
                 f"frames{'; ' + ', '.join(changed) if changed else ''}", label=self.files.label)
 
-    def _set_hyperparameters(self, values: dict) -> None:
-        for key, value in values.items():
+
+
+class LiveValues:
+    """A population member's live algo keys (`live`), as its copies and explore left them: a part
+    of its learners' checkpoints (the part 'hyperparameters'), so a resume trains on with them."""
+
+    def __init__(self, algo, live: tuple[str, ...]):
+        self.algo, self.live = algo, live
+
+    def state(self) -> dict[str, float]:
+        return {k: float(getattr(self.algo, k)) for k in self.live}
+
+    def restore(self, state: dict) -> None:
+        for key, value in state.items():
             if key in self.live:
-                setattr(self.cfg.algo, key, float(value))
+                setattr(self.algo, key, float(value))

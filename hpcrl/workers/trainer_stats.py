@@ -24,21 +24,19 @@ RETURN_WINDOW_EPISODES = 20  # target_return is judged on the mean of at least t
 
 class TrainerStats:
     def __init__(self, trainer_comm, frames: int = 0, fragments_dropped: int = 0, policy: int = 0,
-                 policy_names: list[str] | tuple = ("shared",), selfplay=None, window=None, rating=None):
+                 policy_names: list[str] | tuple = ("shared",), selfplay=None):
         """`selfplay`: algo.selfplay; with a pool or anchors, records carry games against each pool
-        age, then each anchor. `window`: the recent episodes of a resumed run (`window_state`);
-        `rating`: its rating against the anchors (`rating_state`)."""
+        age, then each anchor. A resumed run's recent episodes and rating come back by `restore`."""
         self.comm = trainer_comm
         self.selfplay_ages = selfplay.pool if selfplay is not None else 0
         self.anchor_names = list(selfplay.anchors) if selfplay is not None else []
         self.opponents = self.selfplay_ages + len(self.anchor_names)
-        self.rating = AnchorRating(selfplay.anchor_ratings(), rating) if self.anchor_names else None
+        self.anchor_ratings = selfplay.anchor_ratings() if self.anchor_names else None
+        self.rating = AnchorRating(self.anchor_ratings) if self.anchor_names else None
         self.policy, self.policy_names = policy, list(policy_names)
         self.frames = frames
         self.fragments_dropped = fragments_dropped
         self.windows: deque = deque()  # (episodes, return_sum) of recent updates, all trainers
-        if window is not None:
-            self.windows.extend((float(e), float(r)) for e, r in np.asarray(window, dtype=np.float64).reshape(-1, 2))
 
     def local(self, fragments: list, dropped: list, slots_held_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """From this trainer's fragment headers (trained, and `dropped` since the last update, as
@@ -121,13 +119,22 @@ class TrainerStats:
             row.update(self.rating.columns())
         return row
 
-    def rating_state(self) -> np.ndarray | None:
-        """The rating against the anchors, for a checkpoint (None without anchors)."""
-        return self.rating.state() if self.rating is not None else None
+    def state(self) -> dict:
+        """What a checkpoint keeps (the part 'stats'): the window of recent episodes as (episodes,
+        return sum) rows, which run.target_return and a population's fitness judge, so a resumed
+        run stops when the uninterrupted one would; and the rating against the anchors, if any."""
+        kept = {"return_window": np.array(list(self.windows), dtype=np.float64).reshape(-1, 2)}
+        if self.rating is not None:  # against the anchors (workers/ratings.py)
+            kept["rating"] = self.rating.state()
+        return kept
 
-    def window_state(self) -> np.ndarray:
-        """The window as an array of (episodes, return sum) rows, for a checkpoint."""
-        return np.array(list(self.windows), dtype=np.float64).reshape(-1, 2)
+    def restore(self, state: dict) -> None:
+        window = state.get("return_window")
+        self.windows.clear()
+        if window is not None:
+            self.windows.extend((float(e), float(r)) for e, r in np.asarray(window, dtype=np.float64).reshape(-1, 2))
+        if self.rating is not None and state.get("rating") is not None:
+            self.rating = AnchorRating(self.anchor_ratings, state["rating"])
 
     def fitness(self) -> float:
         """What a population judges this run on: its rating against the anchors (self-play with
