@@ -154,3 +154,12 @@ def test_every_hpcrl_name_the_benchmarks_import_exists():
                 missing += [f"{path.name}:{node.lineno}: {node.module}.{a.name}" for a in node.names
                             if not hasattr(module, a.name) and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
     assert not missing, missing
+
+
+def test_the_code_says_what_is_not_how_it_came_to_be():
+    """Docstrings and comments describe the code as it is: no issue numbers, no "before issue N"
+    (history lives in git and in the job READMEs)."""
+    found = [f"{path.relative_to(REPO)}:{n}: {line.strip()}" for path in sorted((REPO / "hpcrl").rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"\bissues? \d+", line, re.IGNORECASE)]
+    assert not found, "history in the code:\n" + "\n".join(found)

@@ -1,4 +1,4 @@
-"""The config section of a population (population-based training, issue 28).
+"""The config section of a population (population-based training).
 
 With `population.members: N` one job trains N members side by side. The world is cut into N
 equal blocks of consecutive ranks (so a member stays on as few nodes as it can); each block runs

@@ -1,5 +1,5 @@
-"""An algorithm's dataflow, declared as data: the workers it needs, the streams that join them,
-the record layout its samples travel in, and where its trainer step and batch source live.
+"""An algorithm's dataflow, declared as data: the streams that join its roles, the record layout
+its samples travel in, the facts the code asks of it, and the names of its parts.
 
 The wiring (`hpcrl.launch.wiring.build_workers`) reads the declaration and builds exactly the
 streams it names; the layout (ranks per role, per node, devices) comes from the config alone and

@@ -1,4 +1,4 @@
-"""League self-play (issue 28, after AlphaStar's league: Vinyals et al. 2019): who plays whom.
+"""League self-play (after AlphaStar's league: Vinyals et al. 2019): who plays whom.
 
 A league is a population whose members play each other's frozen snapshots. Each member has a role:
 - main agents play the whole league: every snapshot still kept, their own included, drawn by

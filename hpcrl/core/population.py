@@ -1,4 +1,4 @@
-"""The decisions of a population (issue 28): population-based training's exploit and explore, the
+"""The decisions of a population: population-based training's exploit and explore, the
 lineage they leave, and prioritized fictitious self-play's opponent weights.
 
 Pure numpy, no MPI and no torch: one decider (the population root) calls these with the fitness

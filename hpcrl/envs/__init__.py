@@ -73,7 +73,7 @@ _REGISTERED_ID = r"(?:[\w.-]+/)?[\w.-]+-v\d+"  # an id the module registers: loo
 _ENV_MODULE = r"[a-z][a-z0-9_]*_v\d+"  # a PettingZoo env module (connect_four_v3): its env or parallel_env made
 # 'module:name' ids of the installed env families hpcrl supports, by module: importing such a
 # module only registers its envs, and a name of this form only looks an env up, so a run
-# directory that names one runs no code of its author's choosing (issue 25)
+# directory that names one runs no code of its author's choosing
 _KNOWN_ENV_MODULES = {
     "gymnasium": re.compile(_REGISTERED_ID), "ale_py": re.compile(_REGISTERED_ID),
     "minigrid": re.compile(_REGISTERED_ID),

@@ -1,4 +1,4 @@
-"""Serial-mode env state as data: JSON text and numpy arrays, never pickle (issue 25: a run
+"""Serial-mode env state as data: JSON text and numpy arrays, never pickle (a run
 directory is data, never code).
 
 `capture(obj)` walks a live object graph (the env vector, its sub-envs and wrappers, through

@@ -4,7 +4,7 @@ torch.optim's machinery around it.
 Why not torch.optim.Adam itself: every Optimizer method (its constructor, step, zero_grad,
 state_dict) is wrapped to keep torch.compile out, and that wrapper imports torch._dynamo on first
 use: 1.0-1.2 s on this machine, on the learner's path to its first update, in a run that never
-compiles anything (issue 27). The arithmetic is the same kernel, so the steps are bit-identical to
+compiles anything. The arithmetic is the same kernel, so the steps are bit-identical to
 torch.optim.Adam(fused=True) (tests/test_adam.py), and the state_dict has torch.optim.Adam's
 layout, so checkpoints written by either load into the other.
 

@@ -1,4 +1,4 @@
-"""The whole job, where a population cuts it into members (issue 28): each member's run lives on
+"""The whole job, where a population cuts it into members: each member's run lives on
 its own block of ranks (`comm.use_world`), and these few collectives over every rank of the job
 keep the members in step where they must agree: at start-up, every member's verdict (one refusal
 stops them all, with one message), and at the end, a sleeping barrier before MPI_Finalize.

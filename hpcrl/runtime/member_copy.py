@@ -1,5 +1,5 @@
 """A population member's state copied from one learner group to another, in memory over MPI: no
-files and no shared file system (issue 28, population-based training's exploit step).
+files and no shared file system (population-based training's exploit step).
 
 A member's state is a few arrays (hpcrl.models.member_arrays: the parameters' arena, the
 normaliser statistics, Adam's three arenas) whose shapes both sides know already: the members of

@@ -10,7 +10,7 @@ population; or a scripted player, `module:function`, such as a fixed anchor to r
 the run's policy takes one seat, in turn every seat from game to game, the opponent all the
 others, and the result counts the run's wins, draws and losses.
 
-A run directory is data (issue 25): eval imports no module its config names outside the env
+A run directory is data: eval imports no module its config names outside the env
 families hpcrl supports (`imports_of_env_id`) unless the caller trusts it (`--trust-env-code`),
 refuses weights that do not fit the network or are not finite (`check_fits`), and writes nothing
 but the video it was asked for.

@@ -1,7 +1,7 @@
 """A run directory read back: `hpcrl inspect`, and the opening of run directories that `hpcrl plot`
 and `hpcrl eval` share. No MPI and no torch (checkpoints are read with h5py).
 
-A run directory is data, possibly from someone else (issue 25): whatever its files hold, reading
+A run directory is data, possibly from someone else: whatever its files hold, reading
 them ends in a report or in one RunDirError (CheckpointError for a checkpoint) that says what is
 wrong where, never in a traceback, and nothing here writes into it or imports what it names.
 - config.yaml that is not UTF-8, not YAML or not a mapping: RunDirError (`hpcrl inspect` and

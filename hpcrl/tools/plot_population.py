@@ -1,4 +1,4 @@
-"""`hpcrl plot POPULATION_DIR`: a population's members side by side (issue 28): each member's
+"""`hpcrl plot POPULATION_DIR`: a population's members side by side: each member's
 learning curve against its own frames, with its exploits marked (where it took another member's
 state, and whose), and the hyperparameters explore gave it, against the same frames.
 

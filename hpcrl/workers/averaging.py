@@ -2,9 +2,9 @@
 
 A policy with several trainers averages every minibatch's gradient over them with Horovod (an
 allreduce in its background thread), so their weights stay bit-identical. A run whose policies
-have one trainer each averages nothing, so it neither imports Horovod nor starts it (issue 27:
-its import, init and background thread cost a lone learner start-up time and a share of a core,
-for nothing). Either way the trainer asks the same three things of its `Averaging`: wrap the
+have one trainer each averages nothing, so it neither imports Horovod nor starts it (its
+import, init and background thread would cost a lone learner start-up time and a share of a
+core, for nothing). Either way the trainer asks the same three things of its `Averaging`: wrap the
 optimizer, the step's hooks, and the same start on every trainer.
 """
 from __future__ import annotations

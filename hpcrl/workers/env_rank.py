@@ -383,7 +383,7 @@ class EnvRank:
     def restore(self, saved) -> None:
         """Continue from a snapshot into the envs this run built from its config. One that cannot
         be restored leaves every group as built (new episodes, as an MPI run resumes) with a warning."""
-        if not isinstance(saved, dict):  # a uint8 array: the pickle that checkpoints held before issue 25
+        if not isinstance(saved, dict):  # a uint8 array: the pickle that older checkpoints held
             return _not_restored("it is in the old pickled format, which runs code when loaded, so it was not loaded")
         parts, sampling = self._saved_parts()
         try:

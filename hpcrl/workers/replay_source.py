@@ -5,7 +5,7 @@ the record's layout names the fields.
 
 Each learner owns one shard of algo.replay.capacity / learners transitions (as in SRL's Ape-X:
 the replay lives in the trainer, so sampling and priority write-back never cross the network;
-docs/architecture.md says why). A record's slot goes back to its actor as a credit as soon as its
+docs/algorithms.md says why). A record's slot goes back to its actor as a credit as soon as its
 transitions are in the shard, so the stream's memory bound holds and the shard's is fixed.
 
 With algo.replay.replay_ratio set, the learner keeps to it: after warm-up it trains while it owes
