@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 from hpcrl.runtime import comm, signals, traffic
 
@@ -131,9 +132,109 @@ def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = Fal
         signals.ignore()  # the status is decided: a late signal cannot turn it into a death
 
 
+class Refusal(Exception):
+    """A start-up phase's verdict that ends the run before anything is written: its one message
+    and exit status (2, or 4 for a run directory that cannot be written)."""
+
+    def __init__(self, message: str, status: int = EXIT_CONFIG_ERROR):
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+@dataclass
+class StartUp:
+    """What the start-up phases find, each phase filling in its part, in order."""
+
+    config_path: str
+    overrides: tuple[str, ...]
+    overwrite: bool
+    rank: int
+    size: int
+    cfg: Config | None = None
+    population: Population | None = None
+    nodes: object = None  # rank -> node index
+    hosts: list = field(default_factory=list)
+    layout: Layout | None = None
+    sizes: Sizes | None = None
+    spaces: EnvSpaces | None = None
+    num_params: list = field(default_factory=list)
+    shapes: dict | None = None  # (rank 0) each policy's weights' shapes, which a checkpoint resumed must fit
+    start: rundir.RunStart | None = None
+
+    def settle(self, verdict: dict, agreed: bool = False) -> dict:
+        """One verdict for every rank (with a population, every member agrees unless `agreed`
+        already: one refusal stops them all; MPI over the job), or a Refusal. Each phase that may
+        refuse ends here."""
+        if self.population is not None and not agreed:
+            verdict = self.population.agree(verdict)
+        if "error" in verdict:
+            raise Refusal(verdict["error"], verdict.get("status", EXIT_CONFIG_ERROR))
+        return verdict
+
+
+def _read_config(s: StartUp) -> None:
+    """MPI: rank 0 reads the config and its verdict reaches every rank."""
+    s.cfg = s.settle(comm.broadcast_object(_load(s.config_path, s.overrides) if s.rank == 0 else None))["cfg"]
+
+
+def _split_population(s: StartUp) -> None:
+    """With a population section, this member's block of ranks becomes WORLD from here on."""
+    if not s.cfg.population.members:
+        return
+    if problem := population_problem(s.cfg, s.size):
+        raise Refusal(f"{s.config_path}: {problem}")
+    s.population = Population(s.cfg)  # MPI: from here on WORLD is this member's block of ranks
+    s.cfg, s.rank, s.size = s.population.cfg, comm.world_rank(), comm.world_size()
+
+
+def _plan(s: StartUp) -> None:
+    """Every rank plans the same layout from the same gathered facts, and the sizes it implies."""
+    s.nodes, s.hosts = comm.node_of_rank(), comm.host_names()
+    traffic.locate(comm.WORLD, s.nodes)
+    try:
+        s.layout = plan_layout(s.cfg.roles, s.size, s.nodes, _gpus_of_rank(s.cfg, s.nodes),
+                               num_policies(s.cfg.policies))
+        s.sizes = Sizes.of(s.cfg, s.layout)  # once, for every worker: algo.batch_frames fits, slots hold a batch
+        verdict = {}
+    except ConfigError as exc:
+        verdict = {"error": str(exc)}
+    s.settle(verdict)
+    _preload(s.layout, s.rank)
+
+
+def _check_env_and_model(s: StartUp) -> None:
+    """MPI: rank 0 checks the env, the memory and the policies; every rank learns their sizes."""
+    checked = _check(s.cfg, s.layout, s.sizes, s.config_path) if s.rank == 0 else None
+    s.shapes = checked.pop("shapes", None) if checked else None
+    state = s.settle(comm.broadcast_object(checked))
+    s.spaces, s.num_params = state["spaces"], state["num_params"]
+
+
+def _check_every_rank(s: StartUp) -> None:
+    """MPI: what keeps any rank from its roles (threads, devices); every rank sees the same list."""
+    problems = [p for p in comm.all_gather_objects(_rank_problem(s.cfg, s.layout, s.sizes, s.rank)) if p]
+    more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
+    s.settle({"error": problems[0] + more} if problems else {})
+    CLOCK.mark("checks")
+
+
+def _prepare_run_dir(s: StartUp) -> None:
+    """Only now is anything written: rank 0 locks and prepares the run directory (a population's
+    directory first)."""
+    if s.population:
+        s.settle(s.population.prepare(s.overwrite), agreed=True)  # (one verdict for the job already)
+    s.start = s.settle(comm.broadcast_object(_prepare(s.cfg, s.overwrite, s.shapes) if s.rank == 0 else None))["start"]
+    CLOCK.mark("run_dir")
+
+
+# Nothing is written until every check has passed on every rank: the config (rank 0), every rank's
+# layout, rank 0's env, memory and model checks, then every rank's devices; only then does rank 0
+# prepare the run directory.
+PHASES = (_read_config, _split_population, _plan, _check_env_and_model, _check_every_rank, _prepare_run_dir)
+
+
 def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     CLOCK.mark("imports")
-    rank, size = comm.world_rank(), comm.world_size()
     roles_here: list = []
 
     def describe() -> str:  # what this rank is doing, for the abort hook and the watchdog
@@ -142,50 +243,14 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
         return ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up"
 
     comm.install_abort_hook(describe)
-    # Nothing is written until every check has passed on every rank: the config (rank 0), every
-    # rank's layout, rank 0's env, memory and model checks, then every rank's devices; only then
-    # does rank 0 prepare the run directory.
-    loaded = comm.broadcast_object(_load(config_path, overrides) if rank == 0 else None)
-    if "error" in loaded:  # MPI: rank 0's verdict reaches every rank
-        return _refuse(loaded["error"])
-    cfg: Config = loaded["cfg"]
-    population = None
-    if cfg.population.members:
-        if problem := population_problem(cfg, size):
-            return _refuse(f"{config_path}: {problem}")
-        population = Population(cfg)  # MPI: from here on WORLD is this member's block of ranks
-        cfg, rank, size = population.cfg, comm.world_rank(), comm.world_size()
-    # a population's members agree on every verdict (one refusal stops them all); MPI over the job
-    agreed = population.agree if population else (lambda verdict: verdict)
-    label = population.label if population else ""
-    nodes, hosts = comm.node_of_rank(), comm.host_names()
-    traffic.locate(comm.WORLD, nodes)
+    s = StartUp(config_path, overrides, overwrite, comm.world_rank(), comm.world_size())
     try:
-        layout = plan_layout(cfg.roles, size, nodes, _gpus_of_rank(cfg, nodes), num_policies(cfg.policies))
-        sizes = Sizes.of(cfg, layout)  # once, for every worker of this rank: algo.batch_frames fits, slots hold a batch
-        planned = {}
-    except ConfigError as exc:  # every rank computed the same layout from the same gathered facts
-        planned = {"error": str(exc)}
-    if "error" in (planned := agreed(planned)):
-        return _refuse(planned["error"])
-    _preload(layout, rank)
-    checked = _check(cfg, layout, sizes, config_path) if rank == 0 else None
-    shapes = checked.pop("shapes", None) if checked else None
-    state = agreed(comm.broadcast_object(checked))
-    if "error" in state:
-        return _refuse(state["error"])
-    problems = [p for p in comm.all_gather_objects(_rank_problem(cfg, layout, sizes, rank)) if p]
-    more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
-    if "error" in (verdict := agreed({"error": problems[0] + more} if problems else {})):
-        return _refuse(verdict["error"])  # MPI: every rank sees the same list, so every rank stops
-    CLOCK.mark("checks")
-    if population and "error" in (made := population.prepare(overwrite)):
-        return _refuse(made["error"], made.get("status", EXIT_CONFIG_ERROR))
-    prepared = agreed(comm.broadcast_object(_prepare(cfg, overwrite, shapes) if rank == 0 else None))
-    if "error" in prepared:
-        return _refuse(prepared["error"], prepared.get("status", EXIT_CONFIG_ERROR))
-    start: rundir.RunStart = prepared["start"]
-    CLOCK.mark("run_dir")
+        for phase in PHASES:
+            phase(s)
+    except Refusal as refusal:
+        return _refuse(refusal.message, refusal.status)
+    cfg, rank, layout, sizes, start, population = s.cfg, s.rank, s.layout, s.sizes, s.start, s.population
+    label = population.label if population else ""
     if population:
         population.connect(layout, rank)  # MPI over the job: the members' learner roots
     if start.finished:
@@ -196,12 +261,12 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
             population.rest(population.role(None, start.start_frames))
         return 0
     if rank == 0:
-        _announce(cfg, layout, sizes, start, state["spaces"], state["num_params"], hosts, population)
+        _announce(cfg, layout, sizes, start, s.spaces, s.num_params, s.hosts, population)
     watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
     control = build_control_stream(comm.WORLD, rank, layout.learner_root, layout.node_of_rank)
     peers = start_peer_watch(comm.WORLD, rank, control.neighbours, cfg.run.peer_timeout_s,
-                             _rank_names(layout, hosts), comm.leave_cut_off_job)
-    roles_here.extend(build_workers(cfg, state["spaces"], state["num_params"], layout, sizes, rank, start, control,
+                             _rank_names(layout, s.hosts), comm.leave_cut_off_job)
+    roles_here.extend(build_workers(cfg, s.spaces, s.num_params, layout, sizes, rank, start, control,
                                     signals.requested, heartbeat=lambda: watchdog.tick(True), member_label=label,
                                     league=bool(population and population.league)))
     member_role = None
@@ -211,7 +276,7 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     CLOCK.mark("roles")
     poll_until_done(roles_here, control, watchdog)
     control.close()
-    _report_launch(rank, start, control.stop_flags, len(set(nodes.tolist())))
+    _report_launch(rank, start, control.stop_flags, len(set(s.nodes.tolist())))
     watchdog.stop()
     peers.close()  # after the watchdog: waiting for the neighbours' BYE is watched by the peers' clock
     # why the run stopped, the same word on every rank: the exit status
