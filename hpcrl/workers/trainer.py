@@ -14,6 +14,7 @@ weights stay bit-identical.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -21,7 +22,7 @@ import torch
 
 from hpcrl.core.config import Config
 from hpcrl.core.config_schedule import scheduled
-from hpcrl.core.contracts import Part
+from hpcrl.core.contracts import BatchSource, Part
 from hpcrl.core.faults import pause_point
 from hpcrl.core.messages import KEEP_ENV_STATE
 from hpcrl.core.policies import policy_names
@@ -48,6 +49,44 @@ SHARED_PARTS = ("step", "stats", "hyperparameters")
 MEMBER_WAIT_SLEEP_S = 1e-4  # a population member's learners, waiting for their root's word after an update
 
 
+@dataclass
+class LearnerLinks:
+    """What a learner is connected to: the trainers' communicator (statistics, the stop decision)
+    and its policy's (a run of one policy: None, the same), its batch source, the parameter
+    publisher (its policy's first learner only), the run files (the learner root only) and the
+    control stream (the root sends the stop word on it)."""
+
+    trainer_comm: object
+    policy_comm: object
+    source: BatchSource
+    publisher: ParameterPublisher | None
+    files: LearnerOutputs | None
+    control: ControlStream
+
+
+@dataclass
+class LearnerSettings:
+    """A learner's place and duties. `policy`: the policy it trains (core/policies.py).
+    `batch_share`: its fraction of the global batch times the number of trainers (1.0 when every
+    trainer's batch is as large as the others'; core/sizing.py LearnerSizes.batch_share), so
+    unequal batches average to the mean over all samples. `run_dir`: where the batch source saves
+    what it holds with a checkpoint. `resume_path`: the checkpoint to continue from (every trainer
+    is told; the root reads it). `live`: on every learner of a population member, the algo keys a
+    copy may change, which checkpoints keep. `keeps_env_state`: the env ranks write their state
+    where checkpoints fall (a sync run of several ranks with run.deterministic). `preempt_requested`:
+    polled by the root after every update; True stops the run with a checkpoint, marked preempted.
+    `heartbeat`: called per minibatch, so a long update counts as work, not a hang."""
+
+    policy: int = 0
+    batch_share: float = 1.0
+    run_dir: str = "."
+    resume_path: str | None = None
+    live: tuple[str, ...] = ()
+    keeps_env_state: bool = False
+    preempt_requested: Callable[[], bool] = lambda: False
+    heartbeat: Callable[[], None] = lambda: None
+
+
 class LearnerRole(MemberParts):
     name = "learner"
 
@@ -69,42 +108,32 @@ class LearnerRole(MemberParts):
                           label=w.member_label, provenance=provenance(cfg, layout))
                  if root else None)
         source.resume(w.start.run_dir, w.start.start_version if w.start.resume_file else None)
-        return cls(cfg, w.policy_spaces[policy], w.trainer_comm, source, w.params[policy] if publishes else None,
-                   files, w.control, step=w.parts.step(), batch_share=sizes.batch_share,
-                   run_dir=w.start.run_dir, resume_path=w.start.resume_file,
-                   preempt_requested=w.preempt_requested, heartbeat=w.heartbeat, policy=policy,
-                   policy_comm=w.policy_comm, live=w.algorithm.live if w.member_label else (),
-                   keeps_env_state=env_states.wanted(cfg, layout.serial, w.member_label))
+        links = LearnerLinks(w.trainer_comm, w.policy_comm, source, w.params[policy] if publishes else None, files,
+                             w.control)
+        settings = LearnerSettings(policy, sizes.batch_share, w.start.run_dir, w.start.resume_file,
+                                   live=w.algorithm.live if w.member_label else (),
+                                   keeps_env_state=env_states.wanted(cfg, layout.serial, w.member_label),
+                                   preempt_requested=w.preempt_requested, heartbeat=w.heartbeat)
+        return cls(cfg, w.policy_spaces[policy], w.parts.step(), links, settings)
 
-    def __init__(self, cfg: Config, spaces, trainer_comm, source, publisher: ParameterPublisher | None,
-                 files: LearnerOutputs | None, control: ControlStream, step: type, batch_share: float = 1.0,
-                 run_dir: str = ".", resume_path: str | None = None,
-                 preempt_requested: Callable[[], bool] = lambda: False, heartbeat: Callable[[], None] = lambda: None,
-                 policy: int = 0, policy_comm=None, live: tuple[str, ...] = (), keeps_env_state: bool = False):
-        """`step`: the algorithm's trainer step class. `batch_share`: this trainer's fraction of
-        the global batch times the number of trainers (1.0 when every trainer's batch is as large
-        as the others'; hpcrl.core.sizing.LearnerSizes.batch_share), so unequal batches average to the mean
-        over all samples. `resume_path`: the checkpoint to continue from (every trainer is told; the
-        root reads it). `preempt_requested`: polled by the root after every update; True stops
-        the run with a checkpoint, marked preempted. `policy`: the policy this trainer trains, with
-        the others of `policy_comm` (core/policies.py; a run of one policy: every trainer).
-        `live`: on every learner of a population member, the algo keys a copy may change, which
-        checkpoints keep. `keeps_env_state`: the env ranks write their state where checkpoints fall
-        (a sync run of several ranks with run.deterministic; workers/env_rank.py). (A member's
-        learner root gets its `population` link, workers/population.py, once built.)"""
+    def __init__(self, cfg: Config, spaces, step: type, links: LearnerLinks, settings: LearnerSettings):
+        """`step`: the algorithm's trainer step class; `links`: what the learner is connected to;
+        `settings`: its place and duties in the run. (A member's learner root gets its
+        `population` link, workers/population.py, once built.)"""
+        trainer_comm, policy, live = links.trainer_comm, settings.policy, settings.live
         self.cfg = cfg
         self.comm = trainer_comm
         self.policy = policy
         self.policy_names = policy_names(cfg.policies)
-        self.policy_comm = policy_comm if policy_comm is not None else trainer_comm
-        self.control = control  # the root (the controller) sends the stop word on it
-        self.source = source
-        self.publisher = publisher
-        self.files = files
-        self.batch_share = batch_share
-        self.run_dir = run_dir  # where the batch source saves what it holds (replay shards) with a checkpoint
-        self.preempt_requested = preempt_requested
-        self.heartbeat = heartbeat  # called per minibatch: a long update is work, not a hang
+        self.policy_comm = links.policy_comm if links.policy_comm is not None else trainer_comm
+        self.control = links.control  # the root (the controller) sends the stop word on it
+        self.source = links.source
+        self.publisher = links.publisher
+        self.files = links.files
+        self.batch_share = settings.batch_share
+        self.run_dir = settings.run_dir  # where the batch source saves what it holds (replay shards) with a checkpoint
+        self.preempt_requested = settings.preempt_requested
+        self.heartbeat = settings.heartbeat  # called per minibatch: a long update is work, not a hang
         self.local_env = None  # serial mode: the actor in this process, saved with the checkpoint
         self._other_policies = None  # several policies: the others' states for the next checkpoint (root)
         self.root = trainer_comm.Get_rank() == 0
@@ -116,7 +145,7 @@ class LearnerRole(MemberParts):
         # a sync run of several ranks with run.deterministic: a checkpoint of version v waits until
         # every env rank has written its state at v's start (asked for with v - 1's weights), so a
         # resume continues exactly (hpcrl/io/env_states.py; serial runs hold the actor instead)
-        self.keeps_env_state = keeps_env_state
+        self.keeps_env_state = settings.keeps_env_state
         self.env_state_next = False  # the env ranks were asked for their state at the next version's start
         # only the trainers, never the whole world; with several policies, each policy's block of
         # trainers averages that policy's gradients (none at all where a block is one trainer)
@@ -130,7 +159,7 @@ class LearnerRole(MemberParts):
         self.model = build_policy(spaces, cfg).to(self.device)
         self.stop_flags = 0  # the stop word's flags once the run stops
         self.version = 0
-        if resume_path is None:
+        if settings.resume_path is None:
             # A fresh run's first weights go out before the optimizer is built, so the actors
             # collect the first batch meanwhile.
             self.averaging.same_start(self.model)
@@ -140,7 +169,7 @@ class LearnerRole(MemberParts):
         self.optimizer = self.averaging.wrap(self.model, optimizer)
         self.step = step(cfg, self.model, self.optimizer, self.device, self.rng, spaces.obs_dtype,
                          spaces.action_dtype)
-        counters = self._start_from(resume_path)
+        counters = self._start_from(settings.resume_path)
         self.version = int(counters.get("policy_version", 0))
         self.updates = int(counters.get("updates", 0))
         self.stats = TrainerStats(trainer_comm, frames=int(counters.get("frames", 0)),
@@ -159,7 +188,7 @@ class LearnerRole(MemberParts):
         self.draining = False
         self.done = False
         self._set_waiting_status()
-        if resume_path is not None:
+        if settings.resume_path is not None:
             self._publish()
 
     @property
