@@ -34,6 +34,8 @@ class BatchSource(Protocol):
     """A trainer's supply of samples from its sample stream: fragments in arrival or version
     order (FragmentQueue), or a prioritized replay shard (ReplaySource)."""
 
+    stream: Any  # its sample-stream receiver (runtime/streams.py): the trainer reads its slots held, and closes it
+
     @classmethod
     def from_config(cls, cfg: Any, layout: Any, sizes: Any, stream: Any, actors: list[int]) -> BatchSource:
         """`sizes`: this trainer's (core/sizing.py, LearnerSizes): its batch, or its replay shard."""
@@ -62,6 +64,15 @@ class BatchSource(Protocol):
         ...
 
     def all_gone(self) -> bool: ...
+
+    def owes_updates(self) -> bool:
+        """Serial mode: whether an update is due before the actor in this process may go on (a
+        replay ratio's); the actor holds while it is."""
+        ...
+
+    def holds_records(self) -> bool:
+        """Records arrived that no update has taken in yet (serial mode: no checkpoint between)."""
+        ...
 
     def waiting_for(self, version: int) -> str:
         """What the trainer waits for, in words (the watchdog's message)."""

@@ -22,7 +22,7 @@ import torch
 
 from hpcrl.core.config import Config
 from hpcrl.core.config_schedule import scheduled
-from hpcrl.core.contracts import BatchSource, Part
+from hpcrl.core.contracts import BatchSource, Part, TrainerStep
 from hpcrl.core.faults import pause_point
 from hpcrl.core.messages import KEEP_ENV_STATE
 from hpcrl.core.policies import policy_names
@@ -116,7 +116,8 @@ class LearnerRole(MemberParts):
                                    preempt_requested=w.preempt_requested, heartbeat=w.heartbeat)
         return cls(cfg, w.policy_spaces[policy], w.parts.step(), links, settings)
 
-    def __init__(self, cfg: Config, spaces, step: type, links: LearnerLinks, settings: LearnerSettings):
+    def __init__(self, cfg: Config, spaces, step: Callable[..., TrainerStep], links: LearnerLinks,
+                 settings: LearnerSettings):
         """`step`: the algorithm's trainer step class; `links`: what the learner is connected to;
         `settings`: its place and duties in the run. (A member's learner root gets its
         `population` link, workers/population.py, once built.)"""
