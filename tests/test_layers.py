@@ -124,3 +124,21 @@ def test_no_code_outside_the_registry_compares_an_algorithm_name():
     assert not wrong, "algorithm names compared outside core/dataflow.py:\n" + "\n".join(wrong)
     assert NAME_TEST.search('if cfg.algo.name == "td3":') and NAME_TEST.search('a.name in ("dqn", "sac")')
     assert NAME_TEST.search('if algo.get("name") in ("dqn", "sac", "td3"):')
+
+
+MAX_INIT_PARAMETERS = 8
+
+
+def test_every_class_is_built_from_at_most_eight_parameters():
+    """A constructor of more takes concerns that belong in a part or a settings object of their own
+    (as LearnerRole's LearnerLinks and LearnerSettings)."""
+    wide = []
+    for path in sorted((REPO / "hpcrl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for f in node.body:
+                    if isinstance(f, ast.FunctionDef) and f.name == "__init__":
+                        count = len(f.args.args) - 1 + len(f.args.kwonlyargs)
+                        if count > MAX_INIT_PARAMETERS:
+                            wide.append(f"{path.relative_to(REPO)}: {node.name}.__init__ takes {count}")
+    assert not wide, wide

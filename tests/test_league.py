@@ -16,7 +16,7 @@ from hpcrl.core.messages import weights_spec
 from hpcrl.core.population import EXPLOIT, RESTART
 from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.io.metrics import read_metrics
-from hpcrl.workers.league import LeagueMember, LeagueRoot, parse_report_part
+from hpcrl.workers.league import LeagueMember, LeagueRoot, SnapshotRules, parse_report_part
 from hpcrl.tools.plot_population import league_roles
 from tests.conftest import mpirun, run_dir, run_hpcrl, small_config, write_config
 
@@ -120,8 +120,9 @@ def test_with_restart_main_an_exploiter_starts_again_from_the_main_agent_it_beat
 
 
 def test_a_member_that_restarts_from_a_main_agent_never_resets_itself_and_judges_the_copy_afresh():
-    member = LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 2, 2, 1000, 0.25, 100, initial=lambda flat: flat.fill(0),
-                          snapshot_win_rate=0.7, restart_from_main=True)
+    member = LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 2, SnapshotRules(2, 1000, 0.25, 100, snapshot_win_rate=0.7,
+                                                                        restart_from_main=True),
+                          initial=lambda flat: flat.fill(0))
     member.set_slot(0, 3)
     member.add_games(np.array([[90, 0, 10], [0, 0, 0]]))
     assert member.snapshot_due(150)
@@ -155,8 +156,9 @@ def test_the_league_state_round_trips_and_a_member_that_went_back_retires_its_la
 
 def _member(ring_snapshots: int = 2, slots: int = 3) -> LeagueMember:
     counter = iter(range(100))
-    return LeagueMember(MAIN_EXPLOITER, 1, 5, num_params=4, slots=slots, keep=ring_snapshots, snapshot_frames=100,
-                        exploiter_reset=0.25, ready_frames=100, initial=lambda flat: flat.fill(next(counter)))
+    return LeagueMember(MAIN_EXPLOITER, 1, 5, num_params=4, slots=slots,
+                        rules=SnapshotRules(keep=ring_snapshots, snapshot_frames=100, exploiter_reset=0.25,
+                                            ready_frames=100), initial=lambda flat: flat.fill(next(counter)))
 
 
 def test_a_member_snapshots_on_its_frame_rule_and_keeps_a_ring():
@@ -175,8 +177,8 @@ def test_exploiters_snapshot_early_once_they_beat_their_slots_often_enough_and_m
     assert snapshot_rule(MAIN, 1000, 2000, 0.7) == (1000, 0.0)  # a main agent: the frame rule alone
     assert snapshot_rule(MAIN_EXPLOITER, 1000, 2000, 0.7) == (2000, 0.7)  # an exploiter: its own timeout
     assert snapshot_rule(LEAGUE_EXPLOITER, 1000, 0, 0.0) == (1000, 0.0)  # 0: the main agents' interval
-    member = LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, 2, 1000, 0.0, 100, initial=lambda flat: flat.fill(0),
-                          snapshot_win_rate=0.7)
+    member = LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, SnapshotRules(2, 1000, 0.0, 100, snapshot_win_rate=0.7),
+                          initial=lambda flat: flat.fill(0))
     member.set_slot(0, 3)
     member.set_slot(1, 4)
     member.add_games(np.array([[60, 10, 20], [0, 0, 0]]))  # 90 games: too few to judge
@@ -187,14 +189,14 @@ def test_exploiters_snapshot_early_once_they_beat_their_slots_often_enough_and_m
     assert not member.take_snapshot(lambda flat: flat.fill(1), 150)  # exploiter_reset 0: never resets
     assert not member.snapshot_due(150) and member.next_snapshot == 1000
     assert member.ring.shape[0] == 2 + 1 + 100 // 1000 + 1  # room for one early snapshot between reports
-    again = LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, 2, 1000, 0.0, 100, saved=member.state(),
-                         snapshot_win_rate=0.7)
+    again = LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, SnapshotRules(2, 1000, 0.0, 100, snapshot_win_rate=0.7),
+                         saved=member.state())
     again.add_games(np.array([[99, 0, 0], [0, 0, 0]]))
     assert not again.snapshot_due(260)
     again.add_games(np.array([[1, 0, 0], [0, 0, 0]]))
     assert not again.snapshot_due(249) and again.snapshot_due(250)  # the resumed member waits from 150 too
     older = {**member.state(), "league_counters": member.state()["league_counters"][:2]}
-    assert LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, 2, 1000, 0.0, 100, saved=older).last_snapshot == 0
+    assert LeagueMember(LEAGUE_EXPLOITER, 0, 5, 4, 2, SnapshotRules(2, 1000, 0.0, 100), saved=older).last_snapshot == 0
 
 
 def test_weights_messages_carry_every_slot_once_per_cycle_and_games_count_by_snapshot():
@@ -222,14 +224,14 @@ def test_a_member_restores_its_snapshots_and_slots_from_a_checkpoint():
     member = _member()
     member.take_snapshot(lambda flat: flat.fill(7), 150)
     member.set_slot(1, 3, np.arange(4, dtype=np.float32))
-    again = LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 3, 2, 100, 0.25, 100,
+    again = LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 3, SnapshotRules(2, 100, 0.25, 100),
                          saved={k: v.copy() for k, v in member.state().items()})
     assert again.seq == 1 and again.next_snapshot == 200 and again.snapshot(1)[0] == 7
     assert again.slot_ids.tolist() == [-1, 3, -1] and again.slot_params[1].tolist() == [0, 1, 2, 3]
-    larger = LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 3, 5, 100, 0.25, 100, saved=member.state())  # keep 5
+    larger = LeagueMember(MAIN_EXPLOITER, 1, 5, 4, 3, SnapshotRules(5, 100, 0.25, 100), saved=member.state())  # keep 5
     assert len(larger.ring) == 7 and [larger.snapshot(s)[0] for s in (0, 1)] == [0, 7]  # each at its seq's place
     with pytest.raises(ValueError, match="league_ring"):  # another model
-        LeagueMember(MAIN_EXPLOITER, 1, 5, 6, 3, 2, 100, 0.25, 100, saved=member.state())
+        LeagueMember(MAIN_EXPLOITER, 1, 5, 6, 3, SnapshotRules(2, 100, 0.25, 100), saved=member.state())
 
 
 def test_a_holder_loads_a_slot_only_when_its_snapshot_changes_and_never_from_a_first_version():

@@ -11,7 +11,7 @@ from typing import Callable
 from hpcrl.io.checkpoint import inspect_latest
 from hpcrl.io.metrics import MetricsWriter
 from hpcrl.core.stop import EXIT_OUTPUT_FAILED, StopReason
-from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE, free_space, os_reason
+from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE, RunStart, free_space, os_reason
 from hpcrl.core.say import say
 
 # Metrics rows reach metrics.h5 (and TensorBoard) within this long, and before every checkpoint:
@@ -20,22 +20,24 @@ METRICS_FLUSH_S = 1.0
 
 
 class LearnerOutputs:
-    def __init__(self, run_dir: str, config_text: str, log_interval_s: float, checkpoint_interval_s: float,
-                 start_frames: int = 0, resume: bool = False, tensorboard: bool = False,
-                 progress: str = "loss {loss:.3f}", label: str = "", provenance: dict | None = None):
-        """`start_frames`: the frames the run starts from (a resume's); `resume`: continue
-        metrics.h5 (already cut back to the checkpoint by rundir.prepare). `progress`: the
-        algorithm's part of the progress line, a format string over the row (its step's `progress`).
-        `label`: after '[hpcrl' on its lines (' member03' in a population). `provenance`: what
-        checkpoints record of the packages and the layout (core/reproducible.py)."""
+    def __init__(self, start: RunStart, run, progress: str = "loss {loss:.3f}", label: str = "",
+                 provenance: dict | None = None):
+        """`start`: the run directory as rundir.prepare left it (a resume continues metrics.h5,
+        already cut back to the checkpoint, from the checkpoint's frames); `run`: the config's run
+        section (its log and checkpoint intervals, TensorBoard). `progress`: the algorithm's part of
+        the progress line, a format string over the row (its step's `progress`). `label`: after
+        '[hpcrl' on its lines (' member03' in a population). `provenance`: what checkpoints record
+        of the packages and the layout (core/reproducible.py)."""
+        run_dir, config_text, start_frames = start.run_dir, start.config_text, start.start_frames
         self.provenance = provenance or {}
         self.progress, self.label = progress, label
         self.saved = False  # whether the last report wrote a checkpoint
         self.run_dir = run_dir
         self.config_text = config_text
-        self.log_interval_s, self.checkpoint_interval_s = log_interval_s, checkpoint_interval_s
+        self.log_interval_s, self.checkpoint_interval_s = run.log_interval_s, run.checkpoint_interval_s
         self.metrics = MetricsWriter(os.path.join(run_dir, METRICS_FILE), attrs={"config": config_text},
-                                     resume=resume, tensorboard_dir=run_dir if tensorboard else None,
+                                     resume=start.resume_file is not None,
+                                     tensorboard_dir=run_dir if run.tensorboard else None,
                                      flush_interval_s=METRICS_FLUSH_S)
         self.checkpoint_path = os.path.join(run_dir, CHECKPOINT_FILE)
         self.failed = False

@@ -16,7 +16,6 @@ import time
 import numpy as np
 
 from hpcrl.core.config import Config, ConfigError, to_yaml
-from hpcrl.core.config_population import explore_rules
 from hpcrl.core.members import member_config, member_name, member_role, member_seed, starting_values
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.layout import Layout
@@ -82,8 +81,7 @@ class Population:
         decider = None
         if self.channel.member == POPULATION_ROOT:
             rng = np.random.default_rng(seed_for(self.whole.run.seed, "population", 0))
-            decider = Decider(self.channel, live, p.truncation, explore_rules(p), rng,
-                              starting_values(self.whole, live), self.run_dir, rundir.METRICS_FILE, p.synchronous,
+            decider = Decider(self.channel, live, p, rng, starting_values(self.whole, live), self.run_dir,
                               league=self._league_root(rng) if self.league else None)
             link.decider = decider
         if link.waiting_round and trainer.comm.Get_size() == 1:  # preempted in a round: take it up again first
@@ -92,15 +90,15 @@ class Population:
 
     def _league_member(self, trainer):
         """A league member's snapshots and slots, on its learner root (from its checkpoint, when it resumes)."""
-        from hpcrl.workers.league import LeagueMember
+        from hpcrl.workers.league import LeagueMember, SnapshotRules
         saved, lg = trainer.saved.get("league"), self.league
         frames, win_rate = snapshot_rule(self.role_name, lg.snapshot_frames, lg.exploiter_snapshot_frames,
                                          lg.snapshot_win_rate)
         try:
-            member = LeagueMember(self.role_name, self.member, self.cfg.run.seed, trainer.num_params,
-                                  self.cfg.algo.selfplay.pool, lg.keep, frames, lg.exploiter_reset,
-                                  self.whole.population.ready_frames, saved=saved, initial=trainer.copy_params,
+            rules = SnapshotRules(lg.keep, frames, lg.exploiter_reset, self.whole.population.ready_frames,
                                   snapshot_win_rate=win_rate, restart_from_main=lg.restart == "main")
+            member = LeagueMember(self.role_name, self.member, self.cfg.run.seed, trainer.num_params,
+                                  self.cfg.algo.selfplay.pool, rules, saved=saved, initial=trainer.copy_params)
         except ValueError as exc:
             raise ConfigError(f"population.league: cannot resume member {self.member}'s league snapshots: {exc}; "
                               f"resume with the league's settings as they were, or start afresh with "

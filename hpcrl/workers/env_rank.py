@@ -12,6 +12,7 @@ object handed in by the wiring (workers/policy_server.py), the only side that ne
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -75,6 +76,25 @@ def _not_restored(why: str) -> None:
         f"episodes")
 
 
+@dataclass
+class ActorPlace:
+    """Where an env rank starts in its run. `start_version`: the policy version it collects with
+    first (a resume's). `fragments_per_version`: sync mode, records collected with each version
+    (core/sizing.py Sizes.fragments_per_version). `control`: the rank's control stream, whose stop
+    word ends the rollout (None: only a STOP reply does, as in tests that drive an actor alone).
+    `agents`: the env's agent names, which cfg.policies maps to policies. `keep_state_in`: the run
+    directory where the rank writes its state at the versions the learner root asks for, and at
+    the stop (a sync run of several ranks with run.deterministic; io/env_states.py), of a layout
+    of `env_ranks` env ranks."""
+
+    start_version: int = 0
+    fragments_per_version: int = 1
+    control: object = None
+    agents: tuple = ()
+    keep_state_in: str | None = None
+    env_ranks: int = 1
+
+
 class EnvRank:
     """Steps `env.groups` groups of envs in turns and ships the records its writer fills. With
     PettingZoo envs each agent is a row of the vector (envs/multiagent.py), so a group's rows
@@ -88,17 +108,13 @@ class EnvRank:
     name = "env"
 
     def __init__(self, cfg: Config, rank: int, index: int, policies: list, senders: list[SampleSender],
-                 writer: RecordWriter, start_version: int = 0, fragments_per_version: int = 1, control=None,
-                 agents: tuple = (), keep_state_in: str | None = None, env_ranks: int = 1):
+                 writer: RecordWriter, place: ActorPlace | None = None):
         """`policies`: a policy channel per env group. `senders`: one per policy, to the trainer of
         that policy. `writer`: what the replies turn into (fragments, transitions or sequences).
-        `fragments_per_version`: sync mode, records collected with each policy version
-        (hpcrl.core.sizing.Sizes.fragments_per_version). `control`: the rank's control stream, whose
-        stop word ends the rollout (None: only a STOP reply does, as in tests that drive an actor
-        alone). `agents`: the env's agent names, which cfg.policies maps to policies.
-        `keep_state_in`: the run directory where this rank writes its state at the versions the
-        learner root asks for, and at the stop (a sync run of several ranks with run.deterministic;
-        hpcrl/io/env_states.py), of a layout of `env_ranks` env ranks."""
+        `place`: where in the run it starts (default: a fresh run, alone)."""
+        place = place or ActorPlace()
+        start_version, fragments_per_version, control = place.start_version, place.fragments_per_version, place.control
+        agents, keep_state_in, env_ranks = place.agents, place.keep_state_in, place.env_ranks
         self.rank, self.index = rank, index
         self.control = control
         self.sync = cfg.algo.mode == "sync"
@@ -145,10 +161,8 @@ class EnvRank:
         writer = w.parts.writer(w.cfg).build(w)
         keeps = env_states.wanted(w.cfg, w.layout.serial, w.member_label)
         actor = cls(w.cfg, w.rank, index, cls.policies(w, index), cls.senders(w, index), writer,
-                    start_version=w.start.start_version,
-                    fragments_per_version=w.sizes.fragments_per_version, control=w.control,
-                    agents=w.spaces.agents, keep_state_in=w.start.run_dir if keeps else None,
-                    env_ranks=len(w.layout.envs))
+                    ActorPlace(w.start.start_version, w.sizes.fragments_per_version, w.control, w.spaces.agents,
+                               keep_state_in=w.start.run_dir if keeps else None, env_ranks=len(w.layout.envs)))
         if keeps and w.start.resume_file:
             actor.resume_state(w.start.start_version, w.start.saved_layout)
         return actor

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -51,15 +52,31 @@ SAVED_KEYS = ("league_ring", "league_ring_seq", "league_slots", "league_slot_ids
 WIN_RATE_GAMES = 100  # games a snapshot's win-rate rule waits for (population.league.snapshot_win_rate)
 
 
+@dataclass(frozen=True)
+class SnapshotRules:
+    """When a league member takes snapshots and starts again (population.league). `keep`: the
+    snapshots the league keeps of it; `snapshot_frames`: a snapshot every so many frames of its
+    training (or early, at `snapshot_win_rate` against its slots); `exploiter_reset`: an
+    exploiter's chance to start again after a snapshot; `ready_frames`: the population's.
+    `restart_from_main` (population.league.restart 'main'): it never starts again by itself; the
+    population root orders a main agent's newest snapshot to it instead (LeagueRoot.restart_parent)."""
+
+    keep: int
+    snapshot_frames: int
+    exploiter_reset: float
+    ready_frames: int
+    snapshot_win_rate: float = 0.0
+    restart_from_main: bool = False
+
+
 class LeagueMember:
-    def __init__(self, role: str, member: int, run_seed: int, num_params: int, slots: int, keep: int,
-                 snapshot_frames: int, exploiter_reset: float, ready_frames: int, saved: dict | None = None,
-                 initial: Callable[[np.ndarray], None] | None = None, snapshot_win_rate: float = 0.0,
-                 restart_from_main: bool = False):
+    def __init__(self, role: str, member: int, run_seed: int, num_params: int, slots: int, rules: SnapshotRules,
+                 saved: dict | None = None, initial: Callable[[np.ndarray], None] | None = None):
         """`saved`: what a checkpoint held (`state`); else `initial` copies the weights it
-        starts with into snapshot 0 (the ring: core/league.ring_size). `restart_from_main`
-        (population.league.restart 'main'): it never starts again by itself; the population root
-        orders a main agent's newest snapshot to it instead (LeagueRoot.restart_parent)."""
+        starts with into snapshot 0 (the ring: core/league.ring_size)."""
+        keep, snapshot_frames, ready_frames = rules.keep, rules.snapshot_frames, rules.ready_frames
+        snapshot_win_rate, exploiter_reset, restart_from_main = (rules.snapshot_win_rate, rules.exploiter_reset,
+                                                                 rules.restart_from_main)
         self.role, self.member, self.run_seed = role, member, run_seed
         self.restart_from_main = restart_from_main
         self.snapshot_frames, self.exploiter_reset = snapshot_frames, exploiter_reset

@@ -27,7 +27,9 @@ import numpy as np
 
 from hpcrl.core.population import (CANCELLED, EXPLOIT, JUDGED, LINEAGE_KEYS, RESTART, START, STOPPED,
                                    ExploreRule, exploit_parent, explore)
+from hpcrl.core.config_population import PopulationConfig, explore_rules
 from hpcrl.io.metrics import MetricsWriter
+from hpcrl.io.rundir import METRICS_FILE
 from hpcrl.runtime.member_copy import PopulationChannel
 from hpcrl.core.say import say
 
@@ -38,16 +40,17 @@ MAX_STATE_BYTES = 64 * 2**20  # the root's state is a few numbers per member; mo
 
 
 class Decider:
-    def __init__(self, channel: PopulationChannel, live: tuple[str, ...], truncation: float,
-                 rules: list[ExploreRule], rng: np.random.Generator, hyperparameters: np.ndarray,
-                 run_dir: str, metrics_file: str, synchronous: bool = False, league=None):
-        """`hyperparameters`: members x live keys, each member's start (its config's). A lineage
-        the population's directory holds already (--overwrite empties it, so only this run's own)
-        goes on, and in rounds the root's state is read back."""
+    def __init__(self, channel: PopulationChannel, live: tuple[str, ...], population: PopulationConfig,
+                 rng: np.random.Generator, hyperparameters: np.ndarray, run_dir: str, league=None):
+        """`population`: the config's section (its truncation, explore rules, rounds);
+        `hyperparameters`: members x live keys, each member's start (its config's). A lineage the
+        population's directory `run_dir` holds already (--overwrite empties it, so only this run's
+        own) goes on, and in rounds the root's state is read back."""
         n = channel.members
-        self.channel, self.live, self.truncation, self.rng = channel, live, truncation, rng
-        self.rules = [ExploreRule(r.key.split(".", 1)[1], r.perturb, r.resample, r.low, r.high) for r in rules]
-        self.synchronous = synchronous
+        self.channel, self.live, self.truncation, self.rng = channel, live, population.truncation, rng
+        self.rules = [ExploreRule(r.key.split(".", 1)[1], r.perturb, r.resample, r.low, r.high)
+                      for r in explore_rules(population)]
+        self.synchronous = synchronous = population.synchronous
         self.league = league  # a league (workers/league.LeagueRoot): no member is copied onto another
         self.fitness = np.full(n, np.nan)
         self.known = np.zeros(n, dtype=bool)  # judged since its start or its last copy
@@ -63,7 +66,7 @@ class Decider:
         self.write_failed = False
         self.start = time.perf_counter()
         self.state_path = os.path.join(run_dir, STATE_FILE)
-        path = os.path.join(run_dir, metrics_file)
+        path = os.path.join(run_dir, METRICS_FILE)
         resume = os.path.exists(path)
         if synchronous and resume and os.path.exists(self.state_path):
             self._load_state()

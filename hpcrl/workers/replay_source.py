@@ -25,6 +25,7 @@ import json
 import math
 import os
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -62,29 +63,45 @@ class RecordHeader:
         return self.episode_stats
 
 
+@dataclass(frozen=True)
+class ReplaySchedule:
+    """When and how much a replay shard trains. `batch_size` and `warmup`: this shard's
+    (core/sizing.py ReplayShard); `gradient_steps` per update; `replay_ratio`: samples owed per
+    transition inserted (None: train freely); `beta`: the importance weights' exponent at the
+    start, annealed to 1 over `total_frames`; `learners`: the shards of the run; `sync`: in
+    rounds (algo.mode sync, with a replay ratio); `save_shard`: algo.replay.checkpoint."""
+
+    batch_size: int
+    warmup: int
+    gradient_steps: int = 1
+    replay_ratio: float | None = None
+    beta: float = 0.4
+    total_frames: int = 1
+    learners: int = 1
+    sync: bool = False
+    save_shard: bool = False
+
+
 class ReplaySource:
-    def __init__(self, stream: SampleReceiver, actors: list[int], replay: PrioritizedReplay, batch_size: int,
-                 warmup: int, gradient_steps: int, replay_ratio: float | None, beta: float, total_frames: int,
-                 learners: int, rng: np.random.Generator, index: int = 0, save_shard: bool = False,
-                 sync: bool = False):
-        """`batch_size` and `warmup`: this shard's (hpcrl.core.sizing.ReplayShard). `index`: the
-        learner's index among the learners; `save_shard`: algo.replay.checkpoint; `sync`: in rounds
-        (algo.mode sync, with a replay ratio)."""
+    def __init__(self, stream: SampleReceiver, actors: list[int], replay: PrioritizedReplay,
+                 schedule: ReplaySchedule, rng: np.random.Generator, index: int = 0):
+        """`index`: the learner's index among the learners."""
         self.stream, self.actors = stream, list(actors)
         self.replay = replay
-        self.batch_size, self.warmup, self.gradient_steps = batch_size, warmup, gradient_steps
-        self.replay_ratio = replay_ratio
-        self.beta0, self.total_frames = beta, total_frames
-        self.learners = learners
+        self.batch_size, self.warmup = schedule.batch_size, schedule.warmup
+        self.gradient_steps = schedule.gradient_steps
+        self.replay_ratio = schedule.replay_ratio
+        self.beta0, self.total_frames = schedule.beta, schedule.total_frames
+        self.learners = schedule.learners
         self.rng = rng
         self.waiting: deque[int] = deque()  # slots that arrived and are not in the shard yet
         self.arrivals: list[RecordHeader] = []  # records taken in since the last update
         self.inserted_at_warm: int | None = None  # the shard's insert count when warm-up ended (or at a resume)
         self.sampled_at_warm = 0  # and its sample count then
         self.frames = 0  # the run's frames (all env ranks), for beta's annealing
-        self.index, self.save_shard = index, save_shard
+        self.index, self.save_shard = index, schedule.save_shard
         self.unit = "sequences" if "state0" in replay.fields else "transitions"  # what a shard's rows are
-        self.sync = sync
+        self.sync = schedule.sync
         self.round: dict[int, int] = {}  # sync: this round's records so far, slot by env rank
         # sync: (all shards' insert count, this shard's sample count) when every shard was first warm
         # (None: not yet), where the replay ratio counts from
@@ -98,10 +115,10 @@ class ReplaySource:
         capacity, warmup, batch = sizes.replay.capacity, sizes.replay.warmup, sizes.replay.batch
         r, (d, _) = cfg.algo.replay, replay_settings(cfg.algo)
         index = layout.index_in("learner", stream.comm.Get_rank())  # the stream's communicator is a copy of WORLD
-        return cls(stream, actors, shard_for(stream.slots[0].spec, capacity, r.alpha), batch, warmup,
-                   d.gradient_steps, r.replay_ratio, r.beta, cfg.run.total_frames, learners,
-                   np.random.default_rng(seed_for(cfg.run.seed, "replay", index)), index=index,
-                   save_shard=r.checkpoint, sync=cfg.algo.mode == "sync")
+        schedule = ReplaySchedule(batch, warmup, d.gradient_steps, r.replay_ratio, r.beta, cfg.run.total_frames,
+                                  learners, sync=cfg.algo.mode == "sync", save_shard=r.checkpoint)
+        return cls(stream, actors, shard_for(stream.slots[0].spec, capacity, r.alpha), schedule,
+                   np.random.default_rng(seed_for(cfg.run.seed, "replay", index)), index=index)
 
     # --- the trainer's calls -------------------------------------------------------------------------
     def poll(self, version: int, frames: int = 0) -> tuple[int, "ReplaySource | None"]:

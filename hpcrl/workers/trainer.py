@@ -102,11 +102,8 @@ class LearnerRole(MemberParts):
         source = w.parts.batch_source().from_config(cfg, layout, sizes, stream, actors)
         root = w.rank == layout.learner_root
         publishes = w.rank == int(layout.learners_of_policy(policy)[0])  # its policy's first learner
-        files = (LearnerOutputs(w.start.run_dir, w.start.config_text, cfg.run.log_interval_s, cfg.run.checkpoint_interval_s,
-                          start_frames=w.start.start_frames, resume=w.start.resume_file is not None,
-                          tensorboard=cfg.run.tensorboard, progress=w.parts.step().progress,
-                          label=w.member_label, provenance=provenance(cfg, layout))
-                 if root else None)
+        files = (LearnerOutputs(w.start, cfg.run, progress=w.parts.step().progress, label=w.member_label,
+                                provenance=provenance(cfg, layout)) if root else None)
         source.resume(w.start.run_dir, w.start.start_version if w.start.resume_file else None)
         links = LearnerLinks(w.trainer_comm, w.policy_comm, source, w.params[policy] if publishes else None, files,
                              w.control)

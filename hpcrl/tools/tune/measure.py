@@ -130,12 +130,13 @@ class UpdateBench:
         from hpcrl.launch.registry import parts_of
         cfg, spaces = self.cfg, self.spaces
         if self.replay is not None:
-            from hpcrl.workers.replay_source import ReplaySource
+            from hpcrl.workers.replay_source import ReplaySchedule, ReplaySource
             section, where = replay_settings(cfg.algo)  # one gradient step a call
             one_step = dataclasses.replace(section, gradient_steps=1)
             cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, **{where.split(".")[1]: one_step}))
-            batch = ReplaySource(None, [], self.replay, size, 0, 1, None, cfg.algo.replay.beta, cfg.run.total_frames,
-                                 1, np.random.default_rng(0))
+            batch = ReplaySource(None, [], self.replay, ReplaySchedule(size, 0, beta=cfg.algo.replay.beta,
+                                                                       total_frames=cfg.run.total_frames),
+                                 np.random.default_rng(0))
         else:
             batch = [self.record.allocate() for _ in range(size)]
             for f in batch:
