@@ -37,6 +37,7 @@ class RecordWriter(Protocol):
     and sets the rank's status while its envs step (what a hang report shows)."""
 
     record_name: str  # what ships, for the status line
+    in_turns: bool  # the rank hands it the groups' replies in turns (a record's rows in one order)
 
     def attach(self, env_rank: EnvRank) -> None:
         """Start recording `env_rank`'s groups (its groups, senders and tally exist)."""
@@ -140,6 +141,8 @@ class EnvRank:
         self.turn: int | None = None
         self.writer = writer
         writer.attach(self)
+        if writer.in_turns:
+            self.turn = 0
         # each group's action steps since the run began, which key its policy's draws: a sync run
         # (re)starts at a version's first record, of T steps each (a serial snapshot holds the count)
         for group in self.groups:

@@ -53,6 +53,8 @@ class FragmentWriter:
         """Every group has had step T's reply."""
         return all(g.phase is Phase.AT_END for g in self.groups)
 
+    in_turns = False  # each group's reply is taken as it arrives
+
     def take_reply(self, group: EnvGroup, reply: Message) -> None:
         """A fragment's step: the reply's actions step the group, or (step T) its values close the
         group's columns of the fragment."""

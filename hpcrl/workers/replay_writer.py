@@ -86,8 +86,6 @@ class ReplayWriter:
         self.record = self.sender.current()
         self.out = self.rows_class(self.record)
         self.taken = [0] * len(self.groups)  # sync: each group's steps in this record
-        if self.sync:
-            env_rank.turn = 0  # the groups' replies are taken in turns
 
     def epsilon(self, group: EnvGroup) -> np.ndarray:
         """The exploration of `group`'s envs now."""
@@ -107,6 +105,11 @@ class ReplayWriter:
         if self.sync:
             return all(taken == self.T for taken in self.taken)
         return self.out.room() < self.rows_per_step
+
+    @property
+    def in_turns(self) -> bool:
+        """Sync: the groups' replies are taken in turns, so a record's rows come in one order."""
+        return self.sync
 
     def take_reply(self, group: EnvGroup, reply: Message) -> None:
         if self.record_version < 0:
