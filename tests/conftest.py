@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpcrl.core.dataflow import ALGORITHMS
+
 REPO = Path(__file__).resolve().parents[1]
 MPIRUN = REPO / "scripts" / "mpirun.sh"
 
@@ -27,6 +29,10 @@ def small_config(tmp_path: Path, name: str = "t", **sections) -> dict:
     }
     for key, value in sections.items():
         cfg[key] = {**cfg.get(key, {}), **value}
+    if not ALGORITHMS[cfg["algo"].get("name", "ppo")].reads("on_policy"):  # PPO's keys: refused elsewhere
+        for key in ("epochs", "num_minibatches"):
+            if key not in sections.get("algo", {}):
+                del cfg["algo"][key]
     return cfg
 
 
