@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from hpcrl.core.config import Config, ConfigError, ModelConfig
+from hpcrl.core.config import Config, ModelConfig
+from hpcrl.core.network_shapes import check_env_kind
 from hpcrl.core.policies import policy_spaces
 from hpcrl.models.adam import Adam
 from hpcrl.models.member import member_arrays, member_layout  # noqa: F401 (a member's state for population copies)
@@ -51,9 +52,7 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
     if algorithm.continuous:
         from hpcrl.models.sac import build_continuous
         return build_continuous(spaces, cfg)
-    if algorithm.multiagent and not spaces.multiagent:
-        raise ConfigError(f"algo.name: {cfg.algo.name} trains PettingZoo envs (env.id such as "
-                          f"mpe2:simple_spread_v3), and {cfg.env.id} is a single-agent env; use algo.name: ppo")
+    check_env_kind(cfg, spaces)
     return build_model(spaces, cfg.model, central_critic=algorithm.policy == "central_critic",
                        value_norm=bool(cfg.algo.value_norm))
 

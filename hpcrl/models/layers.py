@@ -10,12 +10,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpcrl.core.moments import merge_moments
+from hpcrl.core.network_shapes import NATURE_CNN, NATURE_CNN_FEATURES, grid_shape, nature_cnn_map
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
-NATURE_CNN = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels, kernel, stride): Mnih et al. 2015
-NATURE_CNN_FEATURES = 512
-CNN_MIN_SIZE = 36  # the smallest height/width the three Nature CNN convolutions reduce to 1x1
 OBS_NORM_CLIP, OBS_NORM_EPS = 10.0, 1e-8  # as SB3 VecNormalize and gymnasium NormalizeObservation
 MASKED_LOGIT = -1e9  # the logit of an invalid action (action masks)
 MOMENT_ROWS = 1024  # observations per float64 slice when summing a batch's moments
@@ -41,15 +39,16 @@ def _mlp(sizes: list[int], activation: type, out_gain: float) -> nn.Sequential:
 
 def _nature_cnn(obs_shape: tuple) -> nn.Sequential:
     """conv 32x8x8/4, 64x4x4/2, 64x3x3/1, fc 512, ReLU after each; CleanRL's orthogonal init."""
-    channels, h, w = obs_shape
+    channels = obs_shape[0]
     layers: list[nn.Module] = []
     for out, kernel, stride in NATURE_CNN:
         conv = nn.Conv2d(channels, out, kernel, stride)
         nn.init.orthogonal_(conv.weight, math.sqrt(2))
         nn.init.zeros_(conv.bias)
         layers += [conv, nn.ReLU()]
-        channels, h, w = out, (h - kernel) // stride + 1, (w - kernel) // stride + 1
-    layers += [nn.Flatten(), _linear(channels * h * w, NATURE_CNN_FEATURES, math.sqrt(2)), nn.ReLU()]
+        channels = out
+    layers += [nn.Flatten(), _linear(math.prod(nature_cnn_map(obs_shape)), NATURE_CNN_FEATURES, math.sqrt(2)),
+               nn.ReLU()]
     return nn.Sequential(*layers)
 
 
@@ -58,17 +57,6 @@ class ChannelsFirst(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.permute(0, 3, 1, 2)
-
-
-def grid_shape(obs_shape: tuple, convs: list) -> tuple[int, int, int]:
-    """The [channels, H, W] the grid encoder's convolutions (model.grid_convs) leave of an
-    [H, W, C] board: 'same' ones keep H and W, 'valid' ones take kernel - 1 off each."""
-    h, w, channels = obs_shape
-    for out, kernel, *padding in convs:
-        if padding == ["valid"]:
-            h, w = h - kernel + 1, w - kernel + 1
-        channels = out
-    return channels, h, w
 
 
 def _grid_cnn(obs_shape: tuple, convs: list, hidden: list[int], activation: type) -> nn.Sequential:

@@ -15,40 +15,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcrl.core.config import ConfigError, ModelConfig
-from hpcrl.models.layers import (ACTIVATIONS, CNN_MIN_SIZE, HALF_LOG_2PI, NATURE_CNN_FEATURES, LandingMap,
-                                 RunningNorm, SpatialPolicy, _linear, _grid_cnn, _grid_convs, _masked_log_softmax,
-                                 grid_shape, _mlp, _nature_cnn)
+from hpcrl.core.config import ModelConfig
+from hpcrl.core.network_shapes import (NATURE_CNN_FEATURES, check_central_critic, critic_input, encoder_for,
+                                       input_width, policy_outputs, spatial_map)
+from hpcrl.models.layers import (ACTIVATIONS, HALF_LOG_2PI, LandingMap, RunningNorm, SpatialPolicy, _linear,
+                                 _grid_cnn, _grid_convs, _masked_log_softmax, _mlp, _nature_cnn)
 
 if TYPE_CHECKING:  # not at run time: inference ranks need no gymnasium
     from hpcrl.envs import EnvSpaces
-
-def encoder_for(spaces: EnvSpaces, cfg: ModelConfig) -> str:
-    """'mlp', 'cnn' or 'grid' for these observations; a ConfigError if model.encoder cannot take them."""
-    shape = tuple(spaces.obs_shape)
-    if spaces.obs_leaves is not None:
-        if cfg.encoder in ("cnn", "grid"):
-            what = "image" if cfg.encoder == "cnn" else "board"
-            raise ConfigError(f"model.encoder: {cfg.encoder} reads Box {what} observations; this env's are a Dict "
-                              "or Tuple, whose leaves choose their own encoders (images: the CNN): use encoder: auto "
-                              "or mlp")
-        return "mlp"
-    if cfg.encoder == "grid" and len(shape) != 3:
-        raise ConfigError(f"model.encoder: grid needs board observations of shape [H, W, C] (channel-last planes, "
-                          f"as PettingZoo's classic games give), got shape {shape}; use encoder: mlp")
-    if cfg.encoder == "grid" and min(grid_shape(shape, cfg.grid_convs)[1:]) < 1:
-        raise ConfigError(f"model.grid_convs: the 'valid' convolutions of {cfg.grid_convs} leave nothing of the "
-                          f"{shape[0]} x {shape[1]} board (each takes kernel - 1 off its height and width); use "
-                          f"smaller kernels or 'same' padding")
-    kind = cfg.encoder if cfg.encoder != "auto" else ("cnn" if len(shape) == 3 else "mlp")
-    if kind == "cnn":
-        how = "model.encoder: auto chose cnn for 3-D observations" if cfg.encoder == "auto" else "model.encoder: cnn"
-        if len(shape) != 3:
-            raise ConfigError(f"{how} needs [C, H, W] image observations, got shape {shape}; use encoder: mlp")
-        if min(shape[1:]) < CNN_MIN_SIZE:
-            raise ConfigError(f"{how} needs channel-first [C, H, W] images with H, W >= {CNN_MIN_SIZE} "
-                              f"(the Nature CNN), got shape {shape}; stack frames channel-first or use encoder: mlp")
-    return kind
 
 
 class ObservationInput(nn.Module):
@@ -71,10 +45,6 @@ class ObservationInput(nn.Module):
         self.obs_scale = 1.0 / 255.0 if spaces.obs_dtype == "uint8" else None
         self.obs_norm = RunningNorm(tuple(spaces.obs_shape)) if cfg.obs_norm else None
 
-    def input_width(self, spaces: EnvSpaces) -> int:
-        """Numbers per row the trunk of an MLP network reads."""
-        return self.structured.width if self.structured is not None else int(np.prod(spaces.obs_shape))
-
     def feature_trunk(self, spaces: EnvSpaces, cfg: ModelConfig, width: int | None = None) -> tuple[nn.Module, int]:
         """One trunk for every head (Q-networks, recurrent cores) and its output width: the Nature
         CNN over frames, or an MLP of model.hidden_sizes that ends in its activation, reading
@@ -84,7 +54,7 @@ class ObservationInput(nn.Module):
             return _nature_cnn(tuple(spaces.obs_shape)), NATURE_CNN_FEATURES
         if kind == "grid":
             return _grid_cnn(tuple(spaces.obs_shape), cfg.grid_convs, hidden, act), hidden[-1]
-        width = self.input_width(spaces) if width is None else width
+        width = input_width(spaces) if width is None else width
         return nn.Sequential(nn.Flatten(), _mlp([width, *hidden], act, out_gain=math.sqrt(2)), act()), hidden[-1]
 
     def _scaled(self, obs: torch.Tensor) -> torch.Tensor:
@@ -133,11 +103,10 @@ class ActorCritic(ObservationInput):
         self.central_critic = central_critic
         self.state_dim = spaces.state_dim
         self.value_norm = RunningNorm((), clip=None) if value_norm else None
-        out = int(np.prod(self.action_shape)) if self.continuous else spaces.num_actions
+        out = policy_outputs(spaces)
         self.draw_width = out  # random numbers a sampled row takes: one per action, or per action dimension
-        if central_critic and encoder_for(spaces, cfg) != "mlp":
-            raise ConfigError("algo.name: mappo's centralised critic reads flat observations (model.encoder: mlp); "
-                              f"these are images or boards of shape {tuple(spaces.obs_shape)}: use algo.name: ippo")
+        if central_critic:
+            check_central_critic(spaces, cfg)
         self._build(spaces, cfg, out)
         if self.continuous:  # state-independent log-std, init 0 (std 1), as CleanRL ppo_continuous_action
             self.log_std = nn.Parameter(torch.zeros(out))
@@ -156,33 +125,16 @@ class ActorCritic(ObservationInput):
         else:
             self.trunk = nn.Flatten() if self.structured is None else nn.Identity()
             act, hidden = ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
-            obs_dim = self.input_width(spaces) - self.state_dim  # the agent's own view
+            obs_dim = input_width(spaces) - self.state_dim  # the agent's own view
             self.actor = _mlp([obs_dim, *hidden, out], act, out_gain=0.01)
-            if not central_critic:
-                critic_dim = obs_dim
-            elif self.state_dim:  # the env's state and the agent's one-hot
-                critic_dim = self.state_dim + self.num_agents
-            else:  # every agent's observation of the env and the agent's one-hot
-                critic_dim = (obs_dim + 1) * self.num_agents
-            self.critic = _mlp([critic_dim, *hidden, 1], act, out_gain=1.0)
+            self.critic = _mlp([critic_input(spaces, central_critic, obs_dim), *hidden, 1], act, out_gain=1.0)
 
     def _spatial(self, spaces: EnvSpaces, cfg: ModelConfig, out: int) -> None:
         """model.grid_policy columns, landing or cells: the convolutions' map is the trunk (landing:
         with the taken cells appended, `LandingMap`), the policy a SpatialPolicy over it, the critic
         an MLP of hidden_sizes over the flattened map."""
         shape, mode = tuple(spaces.obs_shape), cfg.grid_policy
-        channels, h, w = grid_shape(shape, cfg.grid_convs)
-        per = "cell" if mode == "cells" else "column"
-        wanted = h * w if mode == "cells" else w
-        if out != wanted:
-            raise ConfigError(f"model.grid_policy: {mode} gives one action per {per} of the convolutions' "
-                              f"{h} x {w} map, {wanted} in all, and this env has {out} actions; use 'same' "
-                              f"convolutions (model.grid_convs) on a board with one action per {per}, or "
-                              f"grid_policy: mlp")
-        if mode == "landing" and (h, w) != shape[:2]:
-            raise ConfigError(f"model.grid_policy: landing reads the board's cells on the convolutions' map, "
-                              f"and 'valid' convolutions leave a {h} x {w} map of the {shape[0]} x {shape[1]} "
-                              f"board; use 'same' convolutions (model.grid_convs)")
+        channels, h, w = spatial_map(spaces, cfg, out)  # ConfigError: no place for each action
         convs = _grid_convs(shape, cfg.grid_convs)
         self.trunk = LandingMap(convs) if mode == "landing" else convs
         self.actor = SpatialPolicy(channels, mode)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hpcrl.core.config import ConfigError, ModelConfig
+from hpcrl.core.config import ModelConfig
+from hpcrl.core.network_shapes import check_q
 from hpcrl.core.observations import count_rows
 from hpcrl.core.observations import take
 from hpcrl.models.layers import _linear
@@ -19,12 +20,7 @@ from hpcrl.models.recurrent import RecurrentCore
 class QNetwork(ObservationInput):
     def __init__(self, spaces, cfg: ModelConfig, dueling: bool = True, env_id: str = "the env"):
         super().__init__(spaces, cfg)
-        if spaces.continuous:
-            raise ConfigError(f"algo.name: dqn needs a Discrete action space, and {env_id} has Box actions of "
-                              f"shape {tuple(spaces.action_shape)}; use algo.name: ppo for continuous control")
-        if spaces.multiagent:
-            raise ConfigError(f"algo.name: dqn trains single-agent envs, and {env_id} is a PettingZoo env with "
-                              f"{spaces.num_agents} agents; use algo.name: mappo or ippo")
+        check_q(spaces, env_id)
         self.num_actions = spaces.num_actions
         self.trunk, width = self.feature_trunk(spaces, cfg)
         width = self._build_core(width, cfg)

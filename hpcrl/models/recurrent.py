@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from hpcrl.core.dataflow import state_size
+from hpcrl.core.network_shapes import critic_input, input_width
 from hpcrl.core.observations import leaves
 from hpcrl.models.layers import ACTIVATIONS, _linear, _masked_log_softmax, _mlp
 from hpcrl.models.networks import ActorCritic
@@ -74,14 +75,13 @@ class RecurrentActorCritic(RecurrentCore, ActorCritic):
     output of the env and the one-hot, so it sees what each agent remembers."""
 
     def _build(self, spaces, cfg, out: int) -> None:
-        self.trunk, width = self.feature_trunk(spaces, cfg, self.input_width(spaces) - self.state_dim)
+        self.trunk, width = self.feature_trunk(spaces, cfg, input_width(spaces) - self.state_dim)
         width = self._build_core(width, cfg)
         self.actor = _linear(width, out, 0.01)
         if not self.central_critic:
             self.critic = _linear(width, 1, 1.0)
             return
-        critic_in = self.state_dim if self.state_dim else width * self.num_agents
-        self.critic = _mlp([critic_in + self.num_agents, *cfg.hidden_sizes, 1], ACTIVATIONS[cfg.activation], 1.0)
+        self.critic = _mlp([critic_input(spaces, True, width), *cfg.hidden_sizes, 1], ACTIVATIONS[cfg.activation], 1.0)
 
     def _encoded(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
         """The trunk's inputs (rows that may end with the env's state) and its encoding of the agent's own part."""

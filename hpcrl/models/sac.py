@@ -17,11 +17,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcrl.core.config import ConfigError, ModelConfig
+from hpcrl.core.config import ModelConfig
 from hpcrl.core.dataflow import algorithm_of
+from hpcrl.core.network_shapes import check_continuous, input_width, policy_outputs
 from hpcrl.core.observations import count_rows
 from hpcrl.models.layers import ACTIVATIONS
-from hpcrl.models.networks import ObservationInput, encoder_for
+from hpcrl.models.networks import ObservationInput
 from hpcrl.models.runner import Runner
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -44,26 +45,14 @@ class ContinuousActorCritics(ObservationInput):
     def __init__(self, spaces, cfg: ModelConfig, stochastic: bool, algo_name: str, env_id: str = "the env",
                  alpha_init: float = 1.0):
         super().__init__(spaces, cfg)
-        if not spaces.continuous:
-            raise ConfigError(f"algo.name: {algo_name} needs a Box (continuous) action space, and {env_id} has "
-                              f"{spaces.num_actions} Discrete actions; use algo.name: dqn or ppo")
-        if spaces.multiagent:
-            raise ConfigError(f"algo.name: {algo_name} trains single-agent envs, and {env_id} is a PettingZoo env "
-                              f"with {spaces.num_agents} agents; use algo.name: mappo or ippo")
-        if encoder_for(spaces, cfg) != "mlp":
-            raise ConfigError(f"model.encoder: algo.name {algo_name} reads its observations with MLPs (its critics "
-                              f"take the action beside them); use encoder: mlp")
-        if not (np.isfinite(spaces.action_low).all() and np.isfinite(spaces.action_high).all()):
-            raise ConfigError(f"algo.name: {algo_name} squashes its actions into the env's bounds, and {env_id} has "
-                              f"unbounded Box actions (low {spaces.action_low}, high {spaces.action_high}); bound "
-                              f"them with a wrapper, or use algo.name: ppo")
+        check_continuous(spaces, cfg, algo_name, env_id)
         self.stochastic = stochastic
         self.action_shape = tuple(spaces.action_shape)
-        self.action_dim = int(np.prod(self.action_shape))
+        self.action_dim = policy_outputs(spaces)
         self.draw_width = self.action_dim  # a sampled row's random numbers: one normal per dimension
         self.low = torch.as_tensor(np.array(spaces.action_low, dtype=np.float32).reshape(self.action_shape))
         self.high = torch.as_tensor(np.array(spaces.action_high, dtype=np.float32).reshape(self.action_shape))
-        width, hidden = self.input_width(spaces), list(cfg.hidden_sizes)
+        width, hidden = input_width(spaces), list(cfg.hidden_sizes)
         act = ACTIVATIONS[cfg.activation]
         self.actor = nn.Sequential(nn.Flatten(), plain_mlp([width, *hidden], act), act())
         self.mean = nn.Linear(hidden[-1], self.action_dim)

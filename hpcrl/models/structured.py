@@ -1,7 +1,7 @@
 """The input of a network whose observations are a Dict or Tuple (core/observations.py): each leaf
 is cast, scaled, normalised and encoded by a module chosen for it, and the codes are concatenated.
 
-- a Discrete leaf: a learned embedding of EMBEDDING_WIDTH numbers;
+- a Discrete leaf: a learned embedding of EMBEDDING_WIDTH numbers (core/network_shapes.py);
 - a uint8 image large enough for the Nature CNN (channel-first [C, H, W], H and W >= 36):
   scaled to [0, 1], then the CNN;
 - anything else (vectors, small grids such as MiniGrid's 7x7x3 codes): flattened, as numbers.
@@ -16,34 +16,26 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcrl.core.observations import Leaf, ObsLeaves
-
-EMBEDDING_WIDTH = 16
-
-
-def _is_image(leaf: Leaf) -> bool:
-    from hpcrl.models.layers import CNN_MIN_SIZE
-    return leaf.dtype == "uint8" and len(leaf.shape) == 3 and min(leaf.shape[1:]) >= CNN_MIN_SIZE
+from hpcrl.core.network_shapes import EMBEDDING_WIDTH, leaf_code
+from hpcrl.core.observations import ObsLeaves
 
 
 class StructuredInput(nn.Module):
     """Observations as a dict of leaf tensors -> [B, width] features."""
 
     def __init__(self, obs: ObsLeaves, obs_norm: bool):
-        from hpcrl.models.layers import NATURE_CNN_FEATURES, RunningNorm, _nature_cnn
+        from hpcrl.models.layers import RunningNorm, _nature_cnn
         super().__init__()
         self.keys = [leaf.key for leaf in obs.leaves]
         self.names = [f"leaf{i}" for i in range(len(obs.leaves))]  # module names cannot hold '.'
         self.kinds, encoders, norms, self.width = [], {}, {}, 0
         for name, leaf in zip(self.names, obs.leaves):
-            if leaf.categories:
-                kind, width = "discrete", EMBEDDING_WIDTH
+            kind, width = leaf_code(leaf)
+            if kind == "discrete":
                 encoders[name] = nn.Embedding(leaf.categories, EMBEDDING_WIDTH)
-            elif _is_image(leaf):
-                kind, width = "image", NATURE_CNN_FEATURES
+            elif kind == "image":
                 encoders[name] = _nature_cnn(leaf.shape)
             else:
-                kind, width = "numbers", int(np.prod(leaf.shape, dtype=np.int64))
                 encoders[name] = nn.Identity()  # the numbers themselves, one row each (forward flattens)
             if obs_norm and kind != "discrete":
                 norms[name] = RunningNorm(leaf.shape)
