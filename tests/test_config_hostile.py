@@ -112,7 +112,7 @@ def test_merged_keys_may_still_be_overridden():
 def test_memory_beyond_the_limit_names_the_key_that_drives_it():
     from hpcrl.core.layout import plan_layout
     from hpcrl.core.sizing import Sizes, memory_problem
-    from hpcrl.models import policy_params
+    from hpcrl.core.network_shapes import policy_params
 
     def problem_of(cfg):
         spaces, layout = env_spaces(cfg.env), plan_layout(cfg.roles, 4)

@@ -262,7 +262,7 @@ def memory_limit(cfg: Config) -> tuple[int, str]:
 def memory_problem(cfg: Config, layout: Layout, sizes: Sizes, spaces, n_params: int) -> str | None:
     """What is wrong when the busiest rank of some role would need more memory than `memory_limit`
     for hpcrl's buffers, batch and model (as `hpcrl plan` estimates them; `n_params` as
-    `hpcrl.models.policy_params` counts them, with nothing allocated), naming the config key that
+    `hpcrl.core.network_shapes.policy_params` counts them, without torch), naming the config key that
     drives it; None when every rank fits. A run
     checks this before it builds its first model, so a 10**9-wide layer or a 10**9-frame fragment
     is a config error, not a MemoryError after the run directory was written."""

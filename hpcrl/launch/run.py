@@ -80,7 +80,7 @@ def _check(cfg: Config, layout: Layout, sizes: Sizes, config_path: str) -> dict:
     try:
         spaces = env_spaces(cfg.env)
         _check_anchors(cfg)
-        from hpcrl.models import policy_params  # torch, on rank 0 only: counted on the meta device
+        from hpcrl.core.network_shapes import policy_params  # counted, nothing allocated
         problem = memory_problem(cfg, layout, sizes, spaces, policy_params(cfg, spaces))  # before any allocation
         if problem:
             raise ConfigError(f"{config_path}: {problem}")

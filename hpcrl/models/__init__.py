@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
 
 from hpcrl.core.config import Config, ModelConfig
 from hpcrl.core.network_shapes import check_env_kind
-from hpcrl.core.policies import policy_spaces
 from hpcrl.models.adam import Adam
 from hpcrl.models.member import member_arrays, member_layout  # noqa: F401 (a member's state for population copies)
 from hpcrl.models.networks import ActorCritic, ObservationInput  # noqa: F401
@@ -55,14 +53,6 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
     check_env_kind(cfg, spaces)
     return build_model(spaces, cfg.model, central_critic=algorithm.policy == "central_critic",
                        value_norm=bool(cfg.algo.value_norm))
-
-
-def policy_params(cfg: Config, spaces: EnvSpaces) -> int:
-    """Parameters (and normaliser buffers: the weights message's length) of the largest policy,
-    counted on a model built on torch's meta device: it allocates nothing, so absurd layer widths
-    cost nothing to count. A ConfigError if model.encoder cannot take the observations."""
-    with torch.device("meta"):
-        return max(num_params(build_policy(s, cfg)) for s in policy_spaces(spaces, cfg.policies))
 
 
 def make_runner(model: ObservationInput, device: str, seed: int, play: str | None = None,

@@ -243,7 +243,7 @@ def _plan(args) -> int:
     from hpcrl.core.layout import plan_layout, simulated_nodes
     from hpcrl.core.policies import num_policies
     from hpcrl.core.sizing import Sizes, memory, traffic
-    from hpcrl.models import policy_params
+    from hpcrl.core.network_shapes import policy_params
     from hpcrl.tools.plan import format_plan
     from hpcrl.core.members import check_members, member_config, population_problem
     from hpcrl.tools.plan import format_population
