@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 import yaml
 
 from tests.conftest import REPO
@@ -121,15 +122,31 @@ def test_every_hpcrl_line_goes_through_say():
     assert not found, found
 
 
-def test_plan_loads_no_transport():
-    """`hpcrl plan` runs on a login node, where initialising MPI may fail or be forbidden: what the
-    command loads (under -X importtime, every module it imports) holds neither mpi4py nor horovod."""
-    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "hpcrl", "plan", "jobs/cartpole_pbt.yaml",
-                             "--world-size", "64", "--ranks-per-node", "8"], capture_output=True, text=True, cwd=REPO)
+def loaded_by(*args) -> set[str]:
+    """The top-level packages `python -X importtime -m hpcrl ARGS` imports (every module it loads)."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "hpcrl", *map(str, args)],
+                            capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
-    loaded = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines()
-              if line.startswith("import time:")}
-    assert "hpcrl" in loaded and not loaded & {"mpi4py", "horovod"}, sorted(loaded & {"mpi4py", "horovod"})
+    return {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines()
+            if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("command", ["plan", "plan-league", "inspect", "plot"])
+def test_plan_inspect_and_plot_load_neither_mpi_nor_torch(command, tmp_path):
+    """These run on a login node or a laptop: initialising MPI (mpi4py's import does) may fail or be
+    forbidden there, and torch costs seconds. What each command loads holds none of mpi4py, horovod
+    and torch: plan counts the policy in core/network_shapes.py, inspect and plot read HDF5 and the
+    config."""
+    from tests.test_untrusted_run_dirs import handed_run  # a run directory: config, metrics, checkpoint
+    run = tmp_path / "run"
+    args = {"plan": ("plan", "jobs/cartpole_pbt.yaml", "--world-size", 64, "--ranks-per-node", 8),
+            "plan-league": ("plan", "jobs/connect_four_league.yaml", "--world-size", 66, "--ranks-per-node", 11),
+            "inspect": ("inspect", run), "plot": ("plot", run, "-o", tmp_path / "curves.png")}[command]
+    if command in ("inspect", "plot"):
+        handed_run(run)
+    loaded = loaded_by(*args)
+    heavy = sorted(loaded & {"mpi4py", "horovod", "torch"})
+    assert "hpcrl" in loaded and not heavy, heavy
 
 
 def test_the_core_is_pure_and_envs_need_neither_mpi_nor_torch():

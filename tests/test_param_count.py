@@ -181,7 +181,8 @@ ENV_CONFIGS = [
     "env: {id: 'pettingzoo:classic/connect_four-v3'}\nalgo: {name: ippo}\n"
     "model: {encoder: grid, grid_policy: landing, grid_convs: [[16, 4, valid]]}",
     "env: {id: 'pettingzoo:classic/connect_four-v3'}\nalgo: {name: ippo}\nmodel: {encoder: grid, core: lstm}",
-    "env: {id: 'pettingzoo:classic/connect_four-v3'}\nalgo: {name: ippo}\npolicies: {first: player_0, second: player_1}",
+    "env: {id: 'pettingzoo:classic/connect_four-v3'}\nalgo: {name: ippo}\n"
+    "policies: {first: player_0, second: player_1}",
     "env: {id: 'tests.ma_envs:StatefulRelay'}\nalgo: {name: mappo}\npolicies: {lead: agent_0, rest: '.*'}",
     "env: {id: 'tests.ma_envs:DictRelay'}\nalgo: {name: mappo}\nmodel: {obs_norm: true}",
     "env: {id: 'tests.ma_envs:Relay', kwargs: {wide_agent: 1}}\nalgo: {name: ippo}\n"
