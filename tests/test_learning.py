@@ -1,4 +1,9 @@
-"""The shipped CartPole jobs learn: mean return of the last >= 20 episodes reaches 475."""
+"""The shipped CartPole jobs learn: mean return of the last >= 20 episodes reaches 475.
+
+DQN learns on its 4-rank layout only: its serial mode runs the same actor, replay and step in one
+process, and tests/test_dqn_runs.py and tests/test_resume.py check that mode (counters, target
+network, replay, exact resumes); a second run to 475 would check again what the first did, at
+100 s of the suite."""
 import pytest
 
 from hpcrl.io.metrics import read_metrics
@@ -15,8 +20,7 @@ pytestmark = pytest.mark.learning
     # the learner (and so the weights' root) on the last rank, world rank 0 an inference rank
     (4, "cartpole_ppo.yaml", ("--set", "roles.learner.place=high")),
     (4, "cartpole_dqn.yaml", ()),  # DQN: 1 learner with the replay, 1 inference (Q-values), 2 env ranks
-    (1, "cartpole_dqn.yaml", ()),  # the same config in serial mode
-], ids=["4-ranks", "serial", "2-learners", "appo", "learner-root-off-rank-0", "dqn-4-ranks", "dqn-serial"])
+], ids=["4-ranks", "serial", "2-learners", "appo", "learner-root-off-rank-0", "dqn-4-ranks"])
 def test_cartpole_job_reaches_475(tmp_path, ranks, job, extra):
     result = mpirun(ranks, "run", str(REPO / "jobs" / job), "--set", f"run.output_dir={tmp_path}", *extra,
                     timeout=480)

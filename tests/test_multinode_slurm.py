@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.usefixtures("munged_as_found"), pytest.mark.slurm, pyt
 SELF_HEALING = "jobs/cartpole_ppo_multinode.sbatch"  # srun --mpi=pmix, --no-kill
 THREE_NODES = ("--nodes=3", "--ntasks-per-node=4")  # the committed script asks for 4 x 128 ranks
 LOST_NODE_COSTS_S = 90  # from the kill to training again on the nodes left (measured: about 45 s)
-# Under srun the ranks left notice a lost node in run.peer_timeout_s (tests/test_multinode.py checks the
-# default 30 s): 10 s here, as a cluster that wants its relaunch sooner sets it (beats go every second).
+# Under srun the ranks left notice a lost node in run.peer_timeout_s (30 s by default, the same code at any value):
+# 10 s here, as a cluster that wants its relaunch sooner sets it (beats go every second).
 PEER_TIMEOUT = "run.peer_timeout_s=10"
 
 
