@@ -174,3 +174,23 @@ def test_configs_runs_stored_resolved_still_parse_and_new_ones_hold_only_what_is
     text = to_yaml(cfg)
     assert "clip_coef" not in text and "epochs" not in text and "sac:" not in text and "n_step: 5" in text
     assert parse_config(text) == cfg
+
+
+def test_every_declared_range_is_enforced_with_its_own_message():
+    """Each key's range sits in its field declaration (core/config_base.py Range), and one checker
+    reads them all: a value just outside any declared range is refused, naming the key."""
+    import dataclasses
+    from hpcrl.core.config import AlgoConfig, RunConfig
+    checked = 0
+    for section, cls in (("run", RunConfig), ("algo", AlgoConfig)):
+        for f in dataclasses.fields(cls):
+            wanted = f.metadata.get("range")
+            if wanted is None:
+                continue
+            low = wanted.low if wanted.above else wanted.low - 1
+            with pytest.raises(ConfigError) as caught:
+                parse_config(f"{section}: {{{f.name}: {low}}}", "c.yaml")
+            assert str(caught.value).startswith(f"c.yaml: {section}.{f.name}: expected {wanted.expected()}, got"), \
+                str(caught.value)
+            checked += 1
+    assert checked >= 20

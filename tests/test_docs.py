@@ -39,7 +39,7 @@ def test_every_config_key_is_in_the_reference_with_its_doc():
     for (name, doc), row in zip(found, rows):
         assert row.startswith(f"| `{name}` |") and f"| {doc.replace('|', chr(92) + '|')}" in row
     assert "| `run.total_frames` | an integer | `100000` |" in text
-    assert "| PPO ratio clipping epsilon. Read by ppo, mappo, ippo only |" in text  # the algorithms that read it
+    assert "| PPO ratio clipping epsilon. Expected: a number > 0. Read by ppo, mappo, ippo only |" in text  # its range, its readers
     assert "| `roles.env.ranks` | an integer or a string or null | `rest` |" in text  # resolved default
 
 

@@ -18,7 +18,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from hpcrl.core.config_base import ConfigError, check, doc, load_yaml, shown
+from hpcrl.core.config_base import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, ConfigError, Range, check,
+                                    check_ranges, doc, load_yaml, shown)
 from hpcrl.core.config_dqn import DQNConfig, ReplayConfig, validate_dqn
 from hpcrl.core.config_sac import SACConfig, replay_settings, validate_sac
 # the env and roles sections have modules of their own; every name they had here is re-exported,
@@ -29,7 +30,7 @@ from hpcrl.core.config_roles import (DEFAULT_MAX_ENV_RANKS, DEFAULT_RANKS, DEVIC
                                      ROLE_NAMES, RoleSpec, RolesConfig, validate_roles)
 from hpcrl.core.config_model import ModelConfig, validate_model
 from hpcrl.core.config_population import PopulationConfig, validate_population
-from hpcrl.core.config_schedule import FRACTIONS, NON_NEGATIVE, POSITIVE, validate_schedule
+from hpcrl.core.config_schedule import validate_schedule
 from hpcrl.core.config_selfplay import SelfPlayConfig, validate_selfplay
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.policies import check_table
@@ -39,6 +40,7 @@ from hpcrl.core.policies import check_table
 # env.num_envs and the Atari frames are bounded in config_env.py
 MAX_SEED = 2**63 - 1  # numpy's SeedSequence takes seeds >= 0, torch.manual_seed < 2**64; int64 stores it
 MAX_ROLLOUT_LENGTH = 65_536
+SECONDS = Range(0, above=True, words="> 0 seconds")
 INT64 = 2**63  # config integers fit int64, as numpy and torch take them: no count needs more
 ON_POLICY = ("on_policy",)  # algo keys of PPO's loss and batches (core/dataflow.py Algorithm.reads)
 
@@ -50,27 +52,33 @@ class RunConfig:
     name: str = doc("run name; the run directory is output_dir/name", default="run")
     output_dir: str = doc("directory that holds run directories (relative to the working directory)",
                           default="runs")
-    seed: int = doc("base random seed, 0 to 2**63 - 1; each rank and env derives its own from it", default=1)
-    total_frames: int = doc("stop after this many environment steps (summed over all envs)", default=100_000)
+    seed: int = doc("base random seed, 0 to 2**63 - 1; each rank and env derives its own from it",
+                    range=Range(0, MAX_SEED, words=f"0 to 2**63 - 1 ({MAX_SEED})"), default=1)
+    total_frames: int = doc("stop after this many environment steps (summed over all envs)",
+                            range=Range(0, above=True, words="a positive integer"), default=100_000)
     target_return: Union[float, None] = doc(
         "stop early once the mean return of the last >= 20 episodes reaches this (null: never)", default=None)
-    log_interval_s: float = doc("seconds between progress lines on the learner root", default=5.0)
+    log_interval_s: float = doc("seconds between progress lines on the learner root", range=SECONDS, default=5.0)
     checkpoint_interval_s: float = doc("seconds between checkpoints (one is always written at the end)",
-                                       default=300.0)
+                                       range=SECONDS, default=300.0)
     hang_timeout_s: float = doc("a rank stuck this long inside one step of its own work (an env step, a "
                                 "forward pass, a training minibatch) ends the job with a message naming it; "
-                                "a rank that waits twice this long for its peers does too", default=300.0)
+                                "a rank that waits twice this long for its peers does too",
+                                range=SECONDS, default=300.0)
     peer_timeout_s: float = doc("a rank that hears nothing from a neighbour (its parent or a child on the control "
                                 "tree; a heartbeat thread answers even during long steps) for this long takes it "
                                 "for lost (its node died, was cut off from the network or is stopped), names it, "
                                 "and ends the job on every node it can reach; the ranks of a cut-off node end "
-                                "themselves the same way", default=30.0)
+                                "themselves the same way", default=30.0,
+                                range=Range(3, words=">= 3 seconds (heartbeats go every peer_timeout_s / 10, at "
+                                                     "most every 3 s)"))
     memory_limit_gib: Union[float, None] = doc(
         "the most memory one rank may need for hpcrl's buffers, batch and model, as `hpcrl plan` estimates them "
         "(in GiB); a config that needs more is refused before anything is allocated or written (null: the "
-        "physical memory of the node of rank 0, which checks the config)", default=None)
+        "physical memory of the node of rank 0, which checks the config)",
+        range=Range(0, above=True, words="a number of GiB > 0, or null (the node's memory)"), default=None)
     torch_threads: int = doc("torch intra-op threads on each rank that runs a policy; ranks are the "
-                             "parallelism, so 1 unless ranks have spare cores", default=1)
+                             "parallelism, so 1 unless ranks have spare cores", range=AT_LEAST_ONE, default=1)
     deterministic: bool = doc(
         "policy holders compute each request (one env group's rows) alone, in forward passes of run.inference_block "
         "envs, so an env's actions never depend on which requests arrived together: a sync run with policy servers "
@@ -106,24 +114,26 @@ class AlgoConfig:
         "algorithm's first mode (ppo: sync, dqn, sac, td3: async)", default=None)
     max_policy_lag: int = doc("async: a fragment whose oldest step was collected more than this many "
                               "policy versions ago is dropped, not trained on (counted in metrics as "
-                              "fragments_dropped)", reads=ON_POLICY, default=8)
+                              "fragments_dropped)", reads=ON_POLICY, range=Range(0, words=">= 0 policy versions"),
+                              default=8)
     vtrace_rho_bar: float = doc("async: V-trace clip of the importance weights in the targets and policy "
-                                "gradient (rho-bar, Espeholt et al. 2018)", reads=ON_POLICY, default=1.0)
+                                "gradient (rho-bar, Espeholt et al. 2018)", reads=ON_POLICY, range=POSITIVE,
+                                default=1.0)
     vtrace_c_bar: float = doc("async: V-trace clip of the trace-cutting weights (c-bar)", reads=ON_POLICY,
-                              default=1.0)
+                              range=POSITIVE, default=1.0)
     rollout_length: int = doc("steps per env per fragment (T); a fragment is T x num_envs frames",
-                              default=128)
+                              range=Range(1, MAX_ROLLOUT_LENGTH, words=f"1 to {MAX_ROLLOUT_LENGTH:,}"), default=128)
     batch_frames: Union[int, None] = doc(
         "frames per update, all learners together. Async: each learner's batch is batch_frames / learners, "
         "so a multiple of learners x a fragment's frames; sync: every env rank collects batch_frames / env "
         "ranks with each policy version, so a multiple of env ranks x a fragment's frames. Setting it "
         "keeps the algorithm (batch, minibatch size, updates per frame) unchanged across resumes with other "
         "env-rank counts (default null: one fragment per env rank, so the env-rank count sets the batch)",
-        reads=ON_POLICY, default=None)
-    gamma: float = doc("discount factor, in [0, 1]", default=0.99)
-    gae_lambda: float = doc("GAE lambda, in [0, 1]; in async mode also V-trace's lambda (traces "
-                            "c_t = lambda * min(c_bar, rho_t))", reads=ON_POLICY, default=0.95)
-    lr: float = doc("Adam learning rate (per learner; Horovod averages gradients)", default=3e-4)
+        reads=ON_POLICY, range=Range(1, words="a positive number of frames or null"), default=None)
+    gamma: float = doc("discount factor", range=FRACTION, default=0.99)
+    gae_lambda: float = doc("GAE lambda; in async mode also V-trace's lambda (traces "
+                            "c_t = lambda * min(c_bar, rho_t))", reads=ON_POLICY, range=FRACTION, default=0.95)
+    lr: float = doc("Adam learning rate (per learner; Horovod averages gradients)", range=POSITIVE, default=3e-4)
     lr_schedule: str = doc("'constant', or 'linear' decay to 0 at total_frames", default="constant")
     schedule: dict = doc(
         "steps in live hyperparameters over the run: key (one the algorithm reads live: lr, ent_coef, clip_coef, "
@@ -131,15 +141,15 @@ class AlgoConfig:
         "many frames on (a population member's own), the key is its value times the factor, and before the "
         "first step its value. E.g. ent_coef: [[1200000, 0.2], [1600000, 0.04]]. Factors scale what a "
         "population's values and explore set, and lr's multiply lr_schedule's decay", default_factory=dict)
-    clip_coef: float = doc("PPO ratio clipping epsilon", reads=ON_POLICY, default=0.2)
+    clip_coef: float = doc("PPO ratio clipping epsilon", reads=ON_POLICY, range=POSITIVE, default=0.2)
     clip_vloss: bool = doc("clip the value loss around the old values as PPO2 does", reads=ON_POLICY,
                            default=False)
-    vf_coef: float = doc("value loss coefficient", reads=ON_POLICY, default=0.5)
-    ent_coef: float = doc("entropy bonus coefficient", reads=ON_POLICY, default=0.0)
-    epochs: int = doc("passes over each batch", reads=ON_POLICY, default=4)
-    num_minibatches: int = doc("minibatches per epoch on every learner", reads=ON_POLICY, default=4)
+    vf_coef: float = doc("value loss coefficient", reads=ON_POLICY, range=NON_NEGATIVE, default=0.5)
+    ent_coef: float = doc("entropy bonus coefficient", reads=ON_POLICY, range=NON_NEGATIVE, default=0.0)
+    epochs: int = doc("passes over each batch", reads=ON_POLICY, range=AT_LEAST_ONE, default=4)
+    num_minibatches: int = doc("minibatches per epoch on every learner", reads=ON_POLICY, range=AT_LEAST_ONE, default=4)
     max_grad_norm: float = doc("global gradient-norm clip (after Horovod averaging)", reads=("on_policy", "dqn"),
-                               default=0.5)
+                               range=POSITIVE, default=0.5)
     norm_adv: bool = doc("normalise advantages per minibatch", reads=ON_POLICY, default=True)
     value_norm: Union[bool, None] = doc(
         "train the critic on returns normalised by their running mean and std (kept in the model, so policy "
@@ -261,17 +271,7 @@ def validate(cfg: Config) -> None:
     check(bool(r.name) and r.name not in (".", "..") and "/" not in r.name and "\0" not in r.name,
            lambda: f"run.name: expected one directory name such as cartpole_ppo (not '.', '..', nor a path), "
                    f"got {shown(r.name)}")
-    check(0 <= r.seed <= MAX_SEED, f"run.seed: expected 0 to 2**63 - 1 ({MAX_SEED}), got {r.seed}")
-    check(r.total_frames > 0, f"run.total_frames: expected a positive integer, got {r.total_frames}")
-    check(r.log_interval_s > 0, f"run.log_interval_s: expected > 0 seconds, got {r.log_interval_s}")
-    check(r.checkpoint_interval_s > 0,
-           f"run.checkpoint_interval_s: expected > 0 seconds, got {r.checkpoint_interval_s}")
-    check(r.hang_timeout_s > 0, f"run.hang_timeout_s: expected > 0 seconds, got {r.hang_timeout_s}")
-    check(r.peer_timeout_s >= 3, f"run.peer_timeout_s: expected >= 3 seconds (heartbeats go every "
-                                  f"peer_timeout_s / 10, at most every 3 s), got {r.peer_timeout_s}")
-    check(r.memory_limit_gib is None or r.memory_limit_gib > 0,
-           f"run.memory_limit_gib: expected a number of GiB > 0, or null (the node's memory), got {r.memory_limit_gib}")
-    check(r.torch_threads >= 1, f"run.torch_threads: expected >= 1, got {r.torch_threads}")
+    check_ranges(r, "run")
     validate_env(e)
     per_group = e.num_envs // e.groups  # a request's envs (an inline policy's request: a multiple of them)
     check(r.inference_block is None or r.deterministic,
@@ -332,29 +332,11 @@ def validate(cfg: Config) -> None:
         check(not e.normalize_reward, f"env.normalize_reward: not supported with algo.name {a.name} (replayed "
                                        f"rewards would be scaled by statistics of another time); use false")
         check(not m.obs_norm, f"model.obs_norm: not supported with algo.name {a.name} yet; use false")
-    check(a.max_policy_lag >= 0, f"algo.max_policy_lag: expected >= 0 policy versions, got {a.max_policy_lag}")
-    for key in ("vtrace_rho_bar", "vtrace_c_bar"):
-        value = getattr(a, key)
-        check(value > 0, f"algo.{key}: expected a number > 0, got {value}")
-    check(1 <= a.rollout_length <= MAX_ROLLOUT_LENGTH,
-           f"algo.rollout_length: expected 1 to {MAX_ROLLOUT_LENGTH:,}, got {a.rollout_length}")
-    # whether it is a whole number of fragments per learner or env rank depends on the layout:
-    # hpcrl.core.sizing.Sizes.of checks that
-    check(a.batch_frames is None or a.batch_frames >= 1,
-           f"algo.batch_frames: expected a positive number of frames or null, got {a.batch_frames}")
-    for key in FRACTIONS:
-        value = getattr(a, key)
-        check(0.0 <= value <= 1.0, f"algo.{key}: expected a number in [0, 1], got {value}")
-    for key in POSITIVE:
-        value = getattr(a, key)
-        check(value > 0, f"algo.{key}: expected a number > 0, got {value}")
-    for key in NON_NEGATIVE:
-        value = getattr(a, key)
-        check(value >= 0, f"algo.{key}: expected a number >= 0, got {value}")
+    # every declared range (whether batch_frames is a whole number of fragments per learner or env
+    # rank depends on the layout: hpcrl.core.sizing.Sizes.of checks that)
+    check_ranges(a, "algo")
     check(a.lr_schedule in ("constant", "linear"),
            f"algo.lr_schedule: expected 'constant' or 'linear', got {a.lr_schedule!r}")
-    check(a.epochs >= 1, f"algo.epochs: expected >= 1, got {a.epochs}")
-    check(a.num_minibatches >= 1, f"algo.num_minibatches: expected >= 1, got {a.num_minibatches}")
     batch_per_env_rank = a.rollout_length * e.num_envs
     check(a.num_minibatches <= batch_per_env_rank,
            f"algo.num_minibatches: {a.num_minibatches} minibatches cannot be cut from one fragment of "

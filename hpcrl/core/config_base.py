@@ -3,9 +3,10 @@ check that raises one, and reading the YAML a user wrote. Pure Python (every ran
 read configs)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import reprlib
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
 import yaml
@@ -15,11 +16,51 @@ class ConfigError(ValueError):
     """A user mistake in the config; the message says where, what, and what would be valid."""
 
 
-def doc(text: str, reads: tuple[str, ...] = (), **kwargs: Any) -> Any:
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric config key may take: from `low` (above it, when `above`) to `high`,
+    either end open when None; a null value passes (a key that may be null says so in its type).
+    `words`: what the message says is expected, where the default phrasing would not do."""
+
+    low: float | None = None
+    high: float | None = None
+    above: bool = False
+    words: str = ""
+
+    def holds(self, value: Any) -> bool:
+        return (value is None or (self.low is None or (value > self.low if self.above else value >= self.low))
+                and (self.high is None or value <= self.high))
+
+    def expected(self) -> str:
+        if self.words:
+            return self.words
+        if self.low is not None and self.high is not None:
+            return f"a number in [{self.low:g}, {self.high:g}]"
+        return f"a number {'>' if self.above else '>='} {self.low:g}" if self.low is not None else f"<= {self.high:g}"
+
+
+POSITIVE = Range(0, above=True)  # > 0
+NON_NEGATIVE = Range(0)  # >= 0
+FRACTION = Range(0, 1)  # in [0, 1]
+AT_LEAST_ONE = Range(1, words=">= 1")
+
+
+def doc(text: str, reads: tuple[str, ...] = (), range: Range | None = None, **kwargs: Any) -> Any:  # noqa: A002
     """A dataclass field with its one-line documentation attached. `reads`: for a key of the algo
     section that not every algorithm reads, the groups of algorithms that do (core/dataflow.py
-    `Algorithm.reads`); a config that sets it for another algorithm is refused."""
-    return field(metadata={"doc": text, "reads": reads}, **kwargs)
+    `Algorithm.reads`); a config that sets it for another algorithm is refused. `range`: the values
+    it may take, which `check_ranges` checks."""
+    return field(metadata={"doc": text, "reads": reads, "range": range}, **kwargs)
+
+
+def check_ranges(section: Any, where: str) -> None:
+    """A ConfigError for the first field of the dataclass `section` (at `where`, e.g. 'algo') whose
+    value is outside the range its declaration gives: one checker for every declared range."""
+    for f in dataclasses.fields(section):
+        wanted = f.metadata.get("range")
+        value = getattr(section, f.name)
+        check(wanted is None or wanted.holds(value),
+              lambda: f"{where}.{f.name}: expected {wanted.expected()}, got {value}")
 
 
 def check(cond: bool, message: Union[str, Callable[[], str]]) -> None:

@@ -17,14 +17,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hpcrl.core.config_base import check, is_number, number_as_text_hint, shown
+from hpcrl.core.config_base import FRACTION, POSITIVE, check, is_number, number_as_text_hint, shown
 
 MAX_STEPS = 1_000  # steps per key; a schedule is read once per update, and real ones have a few
-# The ranges of the algo keys that can be live, which config.validate checks the config's values
-# against and validate_schedule their scaled values: > 0, >= 0 (any factor keeps them so), in [0, 1]
-POSITIVE = ("lr", "clip_coef", "max_grad_norm")
-NON_NEGATIVE = ("vf_coef", "ent_coef")
-FRACTIONS = ("gamma", "gae_lambda")
+
+
+def range_of(algo: Any, key: str):
+    """The range algo's field `key` declares (config.py AlgoConfig): its scaled values must keep it."""
+    return next(f.metadata.get("range") for f in dataclasses.fields(algo) if f.name == key)
 
 
 def validate_schedule(algo: Any, live: tuple[str, ...], algo_name: str) -> None:
@@ -51,10 +51,10 @@ def validate_schedule(algo: Any, live: tuple[str, ...], algo_name: str) -> None:
             check(is_number(factor) and factor >= 0,
                   lambda: f"{here}: expected a factor: a finite number >= 0, got {shown(factor)}"
                           f"{number_as_text_hint(factor)}")
-            check(key not in POSITIVE or factor > 0,
+            check(range_of(algo, key) != POSITIVE or factor > 0,
                   f"{here}: algo.{key} must stay > 0, so its factor must be > 0, got {factor}")
             value = getattr(algo, key) * factor
-            check(key not in FRACTIONS or value <= 1.0,
+            check(range_of(algo, key) != FRACTION or value <= 1.0,
                   f"{here}: algo.{key} {getattr(algo, key)} x {factor} = {value:g} is above 1; algo.{key} must "
                   f"stay in [0, 1]")
             last = frames

@@ -27,6 +27,12 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _range(f: dataclasses.Field) -> str:
+    """A key's declared range, as its error message says it (core/config_base.py Range)."""
+    wanted = f.metadata.get("range")
+    return f". Expected: {wanted.expected()}" if wanted is not None else ""
+
+
 def _readers(f: dataclasses.Field) -> str:
     """For an algo key only some algorithms read: which (a config that sets it for another is refused)."""
     groups = f.metadata.get("reads", ())
@@ -46,7 +52,7 @@ def _sections(obj, prefix: str, what: str, out: list[str]) -> None:
         types = get_type_hints(type(obj))
         for f in plain:
             out.append(f"| `{prefix + '.' if prefix else ''}{f.name}` | {_cell(_type_name(types[f.name]))} | "
-                       f"{_cell(_default(getattr(obj, f.name)))} | {_cell(f.metadata['doc'] + _readers(f))} |")
+                       f"{_cell(_default(getattr(obj, f.name)))} | {_cell(f.metadata['doc'] + _range(f) + _readers(f))} |")
         out.append("")
     for f in nested:
         _sections(getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name, f.metadata["doc"], out)
