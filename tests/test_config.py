@@ -194,3 +194,18 @@ def test_every_declared_range_is_enforced_with_its_own_message():
                 str(caught.value)
             checked += 1
     assert checked >= 20
+
+
+@pytest.mark.parametrize("text", ["{}", "algo: {name: dqn}", "env: {id: Pendulum-v1}\nalgo: {name: sac}",
+                                  "env: {id: 'mpe2:simple_spread_v3'}\nalgo: {name: mappo}",
+                                  "roles: {learner: {per_node: 1}, env: {ranks: rest}}"])
+def test_resolve_fills_the_defaults_and_validate_changes_nothing(text):
+    import copy
+    from hpcrl.core.config import Config, _build, resolve, validate
+    from hpcrl.core.config_base import load_yaml
+    cfg = _build(Config, load_yaml(text, "c.yaml"), "")
+    resolve(cfg)
+    assert cfg.algo.mode is not None and cfg.env.groups is not None and cfg.env.global_state is not None
+    before = copy.deepcopy(cfg)
+    validate(cfg)
+    assert cfg == before and cfg == parse_config(text)

@@ -20,8 +20,8 @@ import yaml
 
 from hpcrl.core.config_base import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, ConfigError, Range, check,
                                     check_ranges, doc, load_yaml, shown)
-from hpcrl.core.config_dqn import DQNConfig, ReplayConfig, validate_dqn
-from hpcrl.core.config_sac import SACConfig, replay_settings, validate_sac
+from hpcrl.core.config_dqn import DQN_ALPHA, DQN_WARMUP, DQNConfig, ReplayConfig, validate_dqn
+from hpcrl.core.config_sac import SACConfig, replay_settings, resolve_sac_replay, validate_sac
 # the env and roles sections have modules of their own; every name they had here is re-exported,
 # so callers still import any config name from hpcrl.core.config
 from hpcrl.core.config_env import (ENV_BACKENDS, ENV_PRESETS, MAX_FRAME_SIZE, MAX_FRAME_STACK,  # noqa: F401
@@ -263,8 +263,35 @@ def refuse_unread_keys(algo: AlgoConfig, given: Any) -> None:
                               f"{', '.join(readers)}); remove it, or set algo.name to one of those")
 
 
+def resolve(cfg: Config) -> None:
+    """Fill in the defaults that depend on other keys (null in the YAML), in one place, before
+    `validate`, which changes nothing: the run directory's config.yaml then says what ran."""
+    for role in ROLE_NAMES:
+        spec = getattr(cfg.roles, role)
+        if spec.ranks is None and spec.per_node is None:
+            spec.ranks = DEFAULT_RANKS[role]
+    e, a = cfg.env, cfg.algo
+    if e.groups is None and isinstance(e.num_envs, int):
+        e.groups = 2 if e.num_envs % 2 == 0 else 1  # two groups hide the inference round trip
+    algorithm = ALGORITHMS.get(a.name)
+    if algorithm is None:
+        return  # validate names the valid algorithms
+    if a.mode is None:
+        a.mode = algorithm.modes[0]
+    if a.value_norm is None:
+        a.value_norm = algorithm.multiagent
+    if e.global_state is None:
+        e.global_state = algorithm.policy == "central_critic"
+    if algorithm.replay_section == "dqn":
+        a.replay.warmup = DQN_WARMUP if a.replay.warmup is None else a.replay.warmup
+        a.replay.alpha = DQN_ALPHA if a.replay.alpha is None else a.replay.alpha
+    elif algorithm.replay_section == "sac":
+        resolve_sac_replay(a.sac, a.replay)
+
+
 def validate(cfg: Config) -> None:
-    """Range and choice checks that types alone cannot express."""
+    """Range and choice checks that types alone cannot express, of a resolved config (`resolve`);
+    a ConfigError for the first that fails, and nothing changed."""
     validate_roles(cfg.roles)
     r, e, a, m = cfg.run, cfg.env, cfg.algo, cfg.model
     # one path component: the run directory is output_dir/name, and --overwrite empties it
@@ -283,15 +310,9 @@ def validate(cfg: Config) -> None:
                    f"{', '.join(str(d) for d in range(1, per_group + 1) if per_group % d == 0)}, got {r.inference_block}")
     check(a.name in ALGORITHMS, f"algo.name: expected one of {', '.join(map(repr, ALGORITHMS))}, got {a.name!r}")
     modes = ALGORITHMS[a.name].modes
-    if a.mode is None:
-        a.mode = modes[0]  # resolved, so the run directory's config.yaml says it
     check(a.mode in modes, f"algo.mode: expected {' or '.join(map(repr, modes))} (the modes of algo.name "
                             f"{a.name}), got {a.mode!r}")
-    if a.value_norm is None:
-        a.value_norm = ALGORITHMS[a.name].multiagent  # resolved, so the run directory's config.yaml says it
     central = ALGORITHMS[a.name].policy == "central_critic"
-    if e.global_state is None:
-        e.global_state = central  # resolved, so the run directory's config.yaml says it
     check(central or not e.global_state,
            f"env.global_state: the env's state is read by a centralised critic (algo.name mappo); algo.name "
            f"{a.name} has none, so use false or null")
@@ -380,6 +401,7 @@ def _config_of(data: Any, source: str, overrides: tuple[str, ...], strict: bool 
         cfg = _build(Config, data, "")
         if strict:
             refuse_unread_keys(cfg.algo, data.get("algo"))
+        resolve(cfg)
         validate(cfg)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None

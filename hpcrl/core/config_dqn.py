@@ -96,8 +96,6 @@ def validate_dqn(d: DQNConfig, r: ReplayConfig, recurrent: bool = False) -> None
               f"algo.dqn.sequence_period: expected 1 to sequence_length - burn_in ({trained}) steps, so that every "
               f"step is trained in some sequence, got {d.sequence_period}")
         check(0.0 <= d.priority_eta <= 1.0, f"algo.dqn.priority_eta: expected a number in [0, 1], got {d.priority_eta}")
-    r.warmup = DQN_WARMUP if r.warmup is None else r.warmup  # resolved: the run directory's config.yaml says it
-    r.alpha = DQN_ALPHA if r.alpha is None else r.alpha
     check(d.n_step >= 1, f"algo.dqn.n_step: expected >= 1, got {d.n_step}")
     check(d.batch_size >= 1, f"algo.dqn.batch_size: expected >= 1, got {d.batch_size}")
     check(d.gradient_steps >= 1, f"algo.dqn.gradient_steps: expected >= 1, got {d.gradient_steps}")

@@ -73,11 +73,9 @@ class EnvConfig:
 
 
 def validate_env(e: EnvConfig) -> None:
-    """Range and choice checks of env and env.atari; fills in env.groups' default."""
+    """Range and choice checks of env and env.atari."""
     check(bool(e.id), "env.id: expected a gymnasium environment id such as CartPole-v1")
     check(1 <= e.num_envs <= MAX_NUM_ENVS, f"env.num_envs: expected 1 to {MAX_NUM_ENVS:,}, got {e.num_envs}")
-    if e.groups is None:
-        e.groups = 2 if e.num_envs % 2 == 0 else 1  # resolved, so the run directory's config.yaml says it
     check(e.groups >= 1 and e.num_envs % e.groups == 0,
           f"env.groups: expected a divisor of env.num_envs ({e.num_envs}) such as "
           f"{', '.join(str(d) for d in range(1, min(e.num_envs, 4) + 1) if e.num_envs % d == 0)}, got {e.groups}")

@@ -63,8 +63,6 @@ def validate_roles(roles: RolesConfig) -> None:
         if spec.per_node is not None:
             check(spec.per_node >= (0 if role == "inference" else 1),
                   f"{key}.per_node: expected >= {0 if role == 'inference' else 1}, got {spec.per_node}")
-        elif spec.ranks is None:
-            spec.ranks = DEFAULT_RANKS[role]  # resolved, so the run directory's config.yaml says it
         check(spec.ranks is None or spec.ranks == REST or (isinstance(spec.ranks, int) and spec.ranks >= 0),
               f"{key}.ranks: expected a count >= 0 or 'rest', got {spec.ranks!r}")
         check(spec.max_env_ranks is None or spec.max_env_ranks >= 0,

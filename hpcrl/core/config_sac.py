@@ -54,13 +54,17 @@ def replay_settings(algo) -> tuple[object, str]:
     return getattr(algo, section), f"algo.{section}"
 
 
-def validate_sac(s: SACConfig, replay) -> None:
-    """`replay`: algo.replay, whose capacity the start must fit; its null warmup and alpha are
-    resolved (to learning_starts, at least batch_size, and 0: uniform replay)."""
+def resolve_sac_replay(s: SACConfig, replay) -> None:
+    """algo.replay's null warmup and alpha for SAC and TD3: learning_starts (at least batch_size, at
+    most the capacity) and 0 (uniform replay)."""
     if replay.warmup is None:
         replay.warmup = min(max(s.learning_starts, s.batch_size), replay.capacity)
     if replay.alpha is None:
         replay.alpha = 0.0
+
+
+def validate_sac(s: SACConfig, replay) -> None:
+    """`replay`: algo.replay, whose capacity the start must fit (resolved: resolve_sac_replay)."""
     check(s.n_step >= 1, f"algo.sac.n_step: expected >= 1, got {s.n_step}")
     check(s.batch_size >= 1, f"algo.sac.batch_size: expected >= 1, got {s.batch_size}")
     check(s.gradient_steps >= 1, f"algo.sac.gradient_steps: expected >= 1, got {s.gradient_steps}")

@@ -12,7 +12,7 @@ from typing import get_type_hints
 
 import yaml
 
-from hpcrl.core.config import Config, _type_name, validate
+from hpcrl.core.config import Config, _type_name, resolve
 from hpcrl.core.dataflow import ALGORITHMS
 
 COMMAND = "hpcrl config-reference -o docs/config.md"
@@ -61,7 +61,7 @@ def _sections(obj, prefix: str, what: str, out: list[str]) -> None:
 def config_reference() -> str:
     """The Markdown text of docs/config.md."""
     cfg = Config()
-    validate(cfg)  # defaults as a run resolves them (e.g. each role's rank count)
+    resolve(cfg)  # defaults as a run resolves them (e.g. each role's rank count)
     out = ["# Config reference", "",
            f"<!-- Generated from hpcrl/core/config.py by `{COMMAND}`; do not edit by hand. -->", "",
            "Every key of the rank-role YAML config, with its type, its default and its meaning. Keys are "
