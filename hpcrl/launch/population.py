@@ -74,8 +74,8 @@ class Population:
         link = MemberLink(self.channel, p.ready_frames, live, start_frames, p.synchronous, league=league)
         if trainer is not None:  # a part of its checkpoints, as its league snapshots are
             link.restore(trainer.saved.get("population", {}))
-            trainer.population = link
-            trainer.keep("population", link)
+            trainer.join_population(link, None if league is None else
+                                    lambda message: league.fill_message(message, trainer.version))
             if league is not None:
                 trainer.keep("league", league)
         decider = None
@@ -103,7 +103,6 @@ class Population:
             raise ConfigError(f"population.league: cannot resume member {self.member}'s league snapshots: {exc}; "
                               f"resume with the league's settings as they were, or start afresh with "
                               f"--overwrite") from None
-        trainer.publish_extra = lambda message: member.fill_message(message, trainer.version)
         return member
 
     def _league_root(self, rng):

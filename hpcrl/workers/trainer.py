@@ -239,6 +239,15 @@ class LearnerRole(MemberParts):
         """From now on checkpoints keep `part`'s state under `name` (what a resume gave it: `saved`)."""
         self.parts[name] = part
 
+    def join_population(self, link, weights_slot=None) -> None:
+        """(A member's learner root) its population link, which after every update reports and
+        serves the population's orders (workers/population.py), and whose state its checkpoints
+        keep; in a league, `weights_slot(message)` fills each weights message's league slot."""
+        self.population = link
+        self.keep("population", link)
+        if weights_slot is not None:
+            self.publish_extra = weights_slot
+
     def keep_local_actor(self, actor) -> None:
         """Serial mode: the actor in this process, whose state checkpoints keep (where it can be
         saved), restored from the checkpoint resumed from."""
@@ -291,7 +300,22 @@ class LearnerRole(MemberParts):
             say(f"{'' if cost.pays else 'warning: '}{cost.describe(len(self.policy_names))}")
 
     def _after_update(self) -> None:
-        """Statistics, the stop decision, the report, and the new weights (or the stop word)."""
+        """After each update, in order: the metrics row; the root's stop decision; the other
+        policies' states (several policies); the population's turn (a member's root); the report
+        (metrics and checkpoint, on the root); what every trainer then agrees on; and the next
+        weights or the stop word."""
+        row = self._row()
+        at_rest = self._between_records()
+        code = self._stop_decision(row, at_rest) if self.root else StopReason.GOING_ON
+        code, due = self._gather_other_policies(code, at_rest)
+        code, adoption = self._population_turn(row, code)
+        if self.root:
+            code = self._report(row, code, due, at_rest)
+        self._agree_and_go_on(code, adoption)
+
+    def _row(self) -> dict:
+        """This update's metrics row: statistics summed over the trainers, the scheduled values in
+        effect, a member's pauses for copies, and (run.replica_digests) every learner's digest."""
         row = self.stats.row(self._local, self._losses, self.version, time.perf_counter() - self.start,
                              self.optimizer.param_groups[0]["lr"])
         for key in self.cfg.algo.schedule:  # the values in effect (lr is in the row already)
@@ -302,42 +326,60 @@ class LearnerRole(MemberParts):
         if self.cfg.run.replica_digests:
             row["replica_digest"] = comm.gather_to_root(self.comm, np.array([policy_digest(self.model)],
                                                                            dtype=np.int64))
+        return row
+
+    def _stop_decision(self, row: dict, at_rest: bool) -> StopReason:
+        """(Root) whether the run stops after this update, and why."""
         code = StopReason.GOING_ON
-        at_rest = self._between_records()
-        if self.root:
-            if self.preempt_requested():
-                code = StopReason.PREEMPTED
-            elif row["frames"] >= self.cfg.run.total_frames:
-                code = StopReason.TOTAL_FRAMES
-            elif self.stats.target_reached(self.cfg.run.target_return):
-                code = StopReason.TARGET_RETURN
-            if code and not at_rest:
-                code = StopReason.GOING_ON  # serial mode: the stop waits for the actor's next record
+        if self.preempt_requested():
+            code = StopReason.PREEMPTED
+        elif row["frames"] >= self.cfg.run.total_frames:
+            code = StopReason.TOTAL_FRAMES
+        elif self.stats.target_reached(self.cfg.run.target_return):
+            code = StopReason.TARGET_RETURN
+        if code and not at_rest:
+            code = StopReason.GOING_ON  # serial mode: the stop waits for the actor's next record
+        self.stopped_by = code.text
+        return code
+
+    def _gather_other_policies(self, code: int, at_rest: bool) -> tuple[int, int | None]:
+        """Several policies: MPI over the trainers, the root's stop code and whether this update
+        checkpoints (decided before the other policies' states travel), and those states at the
+        root when it does. (code, due: None with one policy, where the report decides)."""
+        if len(self.policy_names) == 1:
+            return code, None
+        code, due = comm.broadcast_ints(self.comm, [code, int(self.root and at_rest and self._checkpoint_due(code))])
+        self._other_policies = self._gather_policies() if due else None
+        return code, due
+
+    def _population_turn(self, row: dict, code: int) -> tuple[int, object]:
+        """(A member's root) report to the population when due and serve its orders, before the
+        checkpoint, so that it holds a copy taken now (or, preempted while waiting for a round, says
+        so). (code, the adoption of another member's state or None)."""
+        if not self.root or self.population is None:
+            return code, None
+        adoption, preempted = self.population.between_updates(self, row["frames"], self.stats.fitness(), int(code))
+        if preempted:  # (in a round: its checkpoint says which)
+            code = StopReason.PREEMPTED
             self.stopped_by = code.text
-        due = None  # several policies: whether this update checkpoints, decided before the others' states travel
-        if len(self.policy_names) > 1:  # MPI: the other policies' states reach the root for its checkpoint
-            code, due = comm.broadcast_ints(self.comm, [code, int(self.root and at_rest and self._checkpoint_due(code))])
-            self._other_policies = self._gather_policies() if due else None
-        adoption = None
-        if self.root and self.population is not None:
-            # report to the population when due and serve its orders, before the checkpoint, so that
-            # it holds a copy taken now (or, preempted while waiting for a round, says so)
-            adoption, preempted = self.population.between_updates(self, row["frames"], self.stats.fitness(),
-                                                                  int(code))
-            if preempted:  # (in a round: its checkpoint says which)
-                code = StopReason.PREEMPTED
-                self.stopped_by = code.text
-            if adoption is not None:
-                self._adopt(adoption)
-        if self.root:
-            if due is None and not at_rest and not code:
-                due = 0  # serial mode: a checkpoint due waits for the actor's next record too
-            if due is None and self.keeps_env_state:
-                due = self._checkpoint_due(code)
-            code = self.files.report(row, code, self.save, checkpoint=None if due is None else bool(due))
-        # MPI: all trainers stop after the same update, the same way, save with the root's
-        # checkpoint, and take the state the root received from another member
-        # (a population member's root may wait long for its round: the others sleep meanwhile)
+        if adoption is not None:
+            self._adopt(adoption)
+        return code, adoption
+
+    def _report(self, row: dict, code: int, due: int | None, at_rest: bool) -> int:
+        """(Root) the metrics row, and a checkpoint where one is due; the stop code, or
+        OUTPUT_FAILED when an output could not be written."""
+        if due is None and not at_rest and not code:
+            due = 0  # serial mode: a checkpoint due waits for the actor's next record too
+        if due is None and self.keeps_env_state:
+            due = self._checkpoint_due(code)
+        return self.files.report(row, code, self.save, checkpoint=None if due is None else bool(due))
+
+    def _agree_and_go_on(self, code: int, adoption) -> None:
+        """MPI: all trainers stop after the same update, the same way, save with the root's
+        checkpoint, and take the state the root received from another member (a population
+        member's root may wait long for its round: the others sleep meanwhile); then the next
+        weights, or the stop word and draining."""
         code, saved, copied, ask = comm.broadcast_ints(self.comm, [code, self.files.saved if self.root else 0,
                                                                    int(adoption is not None),
                                                                    int(self.root and self.env_state_next)],
