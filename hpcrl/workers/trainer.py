@@ -14,7 +14,6 @@ weights stay bit-identical.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -22,7 +21,7 @@ import torch
 
 from hpcrl.core.config import Config
 from hpcrl.core.config_schedule import scheduled
-from hpcrl.core.contracts import BatchSource, Part, TrainerStep
+from hpcrl.core.contracts import Part, TrainerStep
 from hpcrl.core.faults import pause_point
 from hpcrl.core.messages import KEEP_ENV_STATE
 from hpcrl.core.policies import policy_names
@@ -30,16 +29,15 @@ from hpcrl.core.reproducible import changed_packages, provenance
 from hpcrl.core.seeds import seed_for
 from hpcrl.core.startup import CLOCK
 from hpcrl.core.stop import StopReason
-from hpcrl.envs.state import NotCapturable
 from hpcrl.io import env_states
 from hpcrl.io.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from hpcrl.io.learner_outputs import LearnerOutputs
 from hpcrl.models import build_optimizer, build_policy, copy_params_to, policy_digest
 from hpcrl.runtime import comm
-from hpcrl.runtime.control import ControlStream
-from hpcrl.runtime.params import END, ParameterPublisher
+from hpcrl.runtime.params import END
 from hpcrl.workers.averaging import start_averaging
-from hpcrl.workers.trainer_member import LiveValues, MemberParts
+from hpcrl.workers.trainer_member import MemberParts
+from hpcrl.workers.trainer_parts import LearnerLinks, LearnerSettings, LiveValues, SerialActor
 from hpcrl.workers.trainer_stats import TrainerStats
 from hpcrl.core.say import say
 
@@ -47,44 +45,6 @@ from hpcrl.core.say import say
 # others, a population member's link, a league member's snapshots, a serial actor, live on the root)
 SHARED_PARTS = ("step", "stats", "hyperparameters")
 MEMBER_WAIT_SLEEP_S = 1e-4  # a population member's learners, waiting for their root's word after an update
-
-
-@dataclass
-class LearnerLinks:
-    """What a learner is connected to: the trainers' communicator (statistics, the stop decision)
-    and its policy's (a run of one policy: None, the same), its batch source, the parameter
-    publisher (its policy's first learner only), the run files (the learner root only) and the
-    control stream (the root sends the stop word on it)."""
-
-    trainer_comm: object
-    policy_comm: object
-    source: BatchSource
-    publisher: ParameterPublisher | None
-    files: LearnerOutputs | None
-    control: ControlStream
-
-
-@dataclass
-class LearnerSettings:
-    """A learner's place and duties. `policy`: the policy it trains (core/policies.py).
-    `batch_share`: its fraction of the global batch times the number of trainers (1.0 when every
-    trainer's batch is as large as the others'; core/sizing.py LearnerSizes.batch_share), so
-    unequal batches average to the mean over all samples. `run_dir`: where the batch source saves
-    what it holds with a checkpoint. `resume_path`: the checkpoint to continue from (every trainer
-    is told; the root reads it). `live`: on every learner of a population member, the algo keys a
-    copy may change, which checkpoints keep. `keeps_env_state`: the env ranks write their state
-    where checkpoints fall (a sync run of several ranks with run.deterministic). `preempt_requested`:
-    polled by the root after every update; True stops the run with a checkpoint, marked preempted.
-    `heartbeat`: called per minibatch, so a long update counts as work, not a hang."""
-
-    policy: int = 0
-    batch_share: float = 1.0
-    run_dir: str = "."
-    resume_path: str | None = None
-    live: tuple[str, ...] = ()
-    keeps_env_state: bool = False
-    preempt_requested: Callable[[], bool] = lambda: False
-    heartbeat: Callable[[], None] = lambda: None
 
 
 class LearnerRole(MemberParts):
@@ -466,30 +426,6 @@ class LearnerRole(MemberParts):
             self.files.close()
         self.done = True
         self.status = "finished"
-
-
-class SerialActor:
-    """Serial mode: the actor in this process, as a part of its trainer's checkpoints (the part
-    'env'), for an exact continuation. None where it is mid-record (a population's preemption stops
-    a member wherever it finds it) or its env cannot be saved as data (said once)."""
-
-    def __init__(self, actor, env_id: str):
-        self.actor, self.env_id, self.warned = actor, env_id, False
-
-    def state(self):
-        if not self.actor.between_records():
-            return None
-        try:
-            return self.actor.snapshot()
-        except NotCapturable as exc:
-            if not self.warned:
-                say(f"warning: the state of {self.env_id} cannot be saved as data ({exc}); "
-                    f"checkpoints hold no env state, so a resumed serial run starts new episodes")
-                self.warned = True
-            return None
-
-    def restore(self, state) -> None:
-        self.actor.restore(state)
 
 
 def _no_slot(message) -> None:

@@ -13,6 +13,7 @@ from hpcrl.models.member import member_arrays, member_layout
 from hpcrl.runtime import comm
 from hpcrl.runtime.member_copy import MemberState, broadcast_state
 from hpcrl.core.say import say
+from hpcrl.workers.trainer_parts import LiveValues
 
 
 class MemberParts:
@@ -88,20 +89,3 @@ class MemberParts:
                        if v != before[k]]
             say(f"exploit: took member {adoption.parent}'s state at {self.frames:,} "
                 f"frames{'; ' + ', '.join(changed) if changed else ''}", label=self.files.label)
-
-
-
-class LiveValues:
-    """A population member's live algo keys (`live`), as its copies and explore left them: a part
-    of its learners' checkpoints (the part 'hyperparameters'), so a resume trains on with them."""
-
-    def __init__(self, algo, live: tuple[str, ...]):
-        self.algo, self.live = algo, live
-
-    def state(self) -> dict[str, float]:
-        return {k: float(getattr(self.algo, k)) for k in self.live}
-
-    def restore(self, state: dict) -> None:
-        for key, value in state.items():
-            if key in self.live:
-                setattr(self.algo, key, float(value))
