@@ -1,4 +1,6 @@
-"""Real multi-rank jobs through mpirun: training, replicas, on-policy versions, failure handling."""
+"""Real multi-rank jobs through mpirun: training, on-policy versions, failure handling. (Runs that
+repeat, serially or on several ranks, and learners that stay bit-identical: tests/test_reproducible.py
+and tests/test_resume.py, whose exact resumes compare against an uninterrupted run.)"""
 
 import re
 
@@ -74,31 +76,6 @@ def check_startup(result, metrics_path, ranks: int, env_ranks: int) -> None:
     works = {role: int((~np.isnan(startup[mark])).sum()) for role, mark in FIRST_WORK.items()}
     assert works == {"learner": 1, "inference": 1 if ranks == 4 else 0, "env": env_ranks}, works
     assert result.stdout.count("[hpcrl] start-up of rank") == ranks, result.stdout
-
-
-def test_serial_runs_repeat_exactly_for_a_seed(tmp_path):
-    results = []
-    for name in ("a", "b"):
-        cfg = small_config(tmp_path, name=name, run={"total_frames": 1024})
-        assert mpirun(1, "run", str(write_config(tmp_path, cfg, f"{name}.yaml"))).returncode == 0
-        results.append(read_metrics(str(run_dir(cfg) / "metrics.h5")))
-    for key in ("frames", "return_mean", "loss_policy", "loss_value", "entropy", "approx_kl"):
-        np.testing.assert_array_equal(results[0][key], results[1][key], err_msg=key)
-
-
-def test_six_ranks_two_learners_stay_bit_identical(tmp_path):
-    cfg = small_config(tmp_path, run={"replica_digests": True, "total_frames": 4096},
-                       roles={"learner": {"ranks": 2}, "inference": {"ranks": 2}, "env": {"ranks": "rest"}})
-    result = mpirun(6, "run", str(write_config(tmp_path, cfg)), extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
-    metrics = check_finished(result, cfg, 4096)
-    assert imported("horovod", result.stderr)  # two learners average their gradients with Horovod
-    # once, after the first updates: what averaging costs per gradient step against what it saves
-    assert result.stdout.count("gradient averaging over 2 learners: ") == 1, result.stdout
-    digests = metrics["replica_digest"]
-    assert digests.shape == (len(metrics["frames"]), 2)
-    assert np.all(digests[:, 0] == digests[:, 1])  # both learners hold the same weights after every update
-    assert len(set(digests[:, 0])) == len(digests)  # and the weights really change every update
-    assert metrics["frames"][0] == 2 * 16 * 4
 
 
 @pytest.mark.parametrize("backend", ["numpy", "envpool"])

@@ -3,6 +3,8 @@ one layout train bit-identical weights and metric rows, and a run with a fixed t
 the same weights on serial, 2 and 4 env ranks, with remote or inline inference (real mpirun jobs).
 The replay families repeat in sync mode. Below them, the pieces that make it so: keyed draws and
 forward passes in fixed blocks."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -141,10 +143,12 @@ TOTAL_ENVS = 12
 
 
 def layout_run(tmp_path, name: str, env_ranks: int, inference: int = 1, learners: int = 1,
-               num_envs: int | None = None, block: int = 3, frames: int = 4096, **sections) -> dict:
+               num_envs: int | None = None, block: int = 3, frames: int = 4096, extra_env: dict | None = None,
+               **sections) -> dict:
     """A sync PPO run on `env_ranks` env ranks (0: serial) of 12 envs in all (or `num_envs` each),
     in forward blocks of 3 envs (a size whose bits differ from larger batches' in torch's kernels);
-    `sections` update the config's (env={...}, algo={...})."""
+    `sections` update the config's (env={...}, algo={...}). Its weights, optimizer state and
+    metric rows, and what the launch printed ('out', 'err')."""
     serial = env_ranks == 0
     config = {"run": {"total_frames": frames, "target_return": None, "deterministic": True, "inference_block": block},
               "roles": {"learner": {"ranks": learners}, "inference": {"ranks": inference}, "env": {"ranks": "rest"}},
@@ -154,9 +158,9 @@ def layout_run(tmp_path, name: str, env_ranks: int, inference: int = 1, learners
         config[key] = {**config[key], **value}
     cfg = small_config(tmp_path, name=name, **config)
     ranks = 1 if serial else learners + inference + env_ranks
-    done = mpirun(ranks, "run", str(write_config(tmp_path, cfg, f"{name}.yaml")))
+    done = mpirun(ranks, "run", str(write_config(tmp_path, cfg, f"{name}.yaml")), extra_env=extra_env)
     assert done.returncode == 0, done.stdout + done.stderr
-    return _trained(cfg)
+    return {**_trained(cfg), "out": done.stdout, "err": done.stderr}
 
 
 def test_a_sync_run_repeats_bit_for_bit_on_one_layout_and_trains_alike_on_others(tmp_path):
@@ -174,10 +178,18 @@ def test_a_sync_run_repeats_bit_for_bit_on_one_layout_and_trains_alike_on_others
         assert_same_weights(first, layout_run(tmp_path, name, env_ranks, inference))
 
 
-def test_two_learners_repeat_bit_for_bit(tmp_path):
-    """6 ranks: 2 learners averaging gradients with Horovod, a policy server, 3 env ranks."""
-    first = layout_run(tmp_path, "two", env_ranks=3, learners=2, num_envs=6)
-    assert_same_run(first, layout_run(tmp_path, "two_again", env_ranks=3, learners=2, num_envs=6))
+def test_two_learners_stay_bit_identical_and_repeat_bit_for_bit(tmp_path):
+    """6 ranks: 2 learners averaging gradients with Horovod, a policy server, 3 env ranks. After
+    every update both learners hold the same weights, which change every update; the run repeats."""
+    sections = dict(env_ranks=3, learners=2, num_envs=6, run={"replica_digests": True})
+    first = layout_run(tmp_path, "two", **sections, extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert re.search(r"^import time: .*\|\s+horovod$", first["err"], re.MULTILINE)  # the learners average with it
+    # once, after the first updates: what averaging costs per gradient step against what it saves
+    assert first["out"].count("gradient averaging over 2 learners: ") == 1, first["out"]
+    digests = first["metrics"]["replica_digest"]
+    assert digests.shape == (len(first["metrics"]["frames"]), 2) and np.all(digests[:, 0] == digests[:, 1])
+    assert len(set(digests[:, 0])) == len(digests)  # the weights really change every update
+    assert_same_run(first, layout_run(tmp_path, "two_again", **sections))
 
 
 SPREAD = {"id": "mpe2:simple_spread_v3", "kwargs": {"N": 3, "max_cycles": 25, "continuous_actions": False}}
