@@ -181,19 +181,26 @@ def test_every_declared_range_is_enforced_with_its_own_message():
     reads them all: a value just outside any declared range is refused, naming the key."""
     import dataclasses
     from hpcrl.core.config import AlgoConfig, RunConfig
+    from hpcrl.core.config_dqn import DQNConfig, ReplayConfig
+    from hpcrl.core.config_sac import SACConfig
     checked = 0
-    for section, cls in (("run", RunConfig), ("algo", AlgoConfig)):
+    for where, cls, around in (("run", RunConfig, "{}"), ("algo", AlgoConfig, "{}"),
+                               ("algo.dqn", DQNConfig, "algo: {{name: dqn, dqn: {}}}"),
+                               ("algo.replay", ReplayConfig, "algo: {{name: dqn, replay: {}}}"),
+                               ("algo.sac", SACConfig, "env: {{id: Pendulum-v1}}\nalgo: {{name: sac, sac: {}}}")):
         for f in dataclasses.fields(cls):
             wanted = f.metadata.get("range")
             if wanted is None:
                 continue
             low = wanted.low if wanted.above else wanted.low - 1
+            text = (f"{where}: {{{f.name}: {low}}}" if around == "{}" else
+                    around.format(f"{{{f.name}: {low}}}"))
             with pytest.raises(ConfigError) as caught:
-                parse_config(f"{section}: {{{f.name}: {low}}}", "c.yaml")
-            assert str(caught.value).startswith(f"c.yaml: {section}.{f.name}: expected {wanted.expected()}, got"), \
+                parse_config(text, "c.yaml")
+            assert str(caught.value).startswith(f"c.yaml: {where}.{f.name}: expected {wanted.expected()}, got"), \
                 str(caught.value)
             checked += 1
-    assert checked >= 20
+    assert checked >= 45
 
 
 @pytest.mark.parametrize("text", ["{}", "algo: {name: dqn}", "env: {id: Pendulum-v1}\nalgo: {name: sac}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from hpcrl.core.config_base import check, doc
+from hpcrl.core.config_base import AT_LEAST_ONE, FRACTION, Range, check, check_ranges, doc
 
 EPS_SCHEDULES = ("apex", "linear")
 
@@ -20,29 +20,29 @@ class DQNConfig:
 
     n_step: int = doc("steps in each return: r_t + g r_t+1 + ... + g^(n-1) r_t+n-1, bootstrapped from step "
                       "t+n (computed by the actors for transitions, by the learner inside R2D2's sequences)",
-                      default=3)
+                      range=AT_LEAST_ONE, default=3)
     batch_size: int = doc("transitions (sequences, with model.core) per gradient step, all learners together "
                           "(each samples batch_size / learners from its own replay shard; Horovod averages the "
-                          "gradients)", default=64)
+                          "gradients)", range=AT_LEAST_ONE, default=64)
     double: bool = doc("double DQN: the online network picks the next action, the target network values it",
                        default=True)
     dueling: bool = doc("dueling head: Q = V + A - mean(A) (Wang et al. 2016)", default=True)
     gradient_steps: int = doc("gradient steps per update, each on its own sample (priorities are written back "
                               "after each); the weights are published and a metrics row written once per update "
                               "(algo.mode sync: not used; each round trains the steps algo.replay.replay_ratio owes)",
-                              default=16)
+                              range=AT_LEAST_ONE, default=16)
     target_update_interval: int = doc("gradient steps between copies of the online network into the target "
-                                      "network", default=500)
+                                      "network", range=Range(1, words=">= 1 gradient steps"), default=500)
     eps_schedule: str = doc("exploration: 'apex' (a fixed epsilon per env, eps_i = eps ^ (1 + eps_alpha * i / "
                             "(N - 1)) over the N envs of every env rank, Horgan et al. 2018) or 'linear' (one "
                             "epsilon, from eps_start to eps_final over eps_decay_frames; for small runs)",
                             default="apex")
-    eps: float = doc("apex: the largest epsilon (env 0's)", default=0.4)
-    eps_alpha: float = doc("apex: how fast epsilon falls over the envs", default=7.0)
-    eps_start: float = doc("linear: epsilon at the start", default=1.0)
-    eps_final: float = doc("linear: epsilon after eps_decay_frames", default=0.05)
+    eps: float = doc("apex: the largest epsilon (env 0's)", range=FRACTION, default=0.4)
+    eps_alpha: float = doc("apex: how fast epsilon falls over the envs", range=Range(0, words=">= 0"), default=7.0)
+    eps_start: float = doc("linear: epsilon at the start", range=FRACTION, default=1.0)
+    eps_final: float = doc("linear: epsilon after eps_decay_frames", range=FRACTION, default=0.05)
     eps_decay_frames: int = doc("linear: frames (all env ranks together) over which epsilon falls",
-                                default=10_000)
+                                range=AT_LEAST_ONE, default=10_000)
     value_rescale: bool = doc("learn h(Q) with R2D2's h(x) = sign(x)(sqrt(|x| + 1) - 1) + 0.001 x (Pohlen et al. "
                               "2018): targets h(G + g^k h^-1(Q')), for returns of very different sizes (R2D2 uses it)",
                               default=False)
@@ -54,7 +54,7 @@ class DQNConfig:
                                "sequence_length - burn_in, so every step is trained (R2D2: 40, sequences "
                                "overlap by half)", default=40)
     priority_eta: float = doc("model.core: a sequence's priority is eta max |TD| + (1 - eta) mean |TD| over its "
-                              "trained steps (R2D2: 0.9)", default=0.9)
+                              "trained steps (R2D2: 0.9)", range=FRACTION, default=0.9)
 
 
 @dataclass
@@ -67,13 +67,13 @@ class ReplayConfig:
                                    "the learners start training (null: 50,000 for dqn; for sac and td3 "
                                    "algo.sac.learning_starts, at least algo.sac.batch_size)", default=None)
     alpha: Union[float, None] = doc("priority exponent: P(i) ~ p_i ^ alpha (0: uniform replay; null: 0.6 for dqn, "
-                                    "0 for sac and td3)", default=None)
+                                    "0 for sac and td3)", range=Range(0, words=">= 0"), default=None)
     beta: float = doc("importance-sampling exponent at the start, annealed linearly to 1 at run.total_frames",
-                      default=0.4)
+                      range=FRACTION, default=0.4)
     replay_ratio: Union[float, None] = doc(
         "transitions (sequences, with model.core) sampled per one inserted; the learners hold back their actors' "
         "records (credit flow control) while they are behind it. null: learners train as fast as they can and actors never wait "
-        "for them (Ape-X)", default=None)
+        "for them (Ape-X)", range=Range(0, above=True, words="a number > 0 or null"), default=None)
     checkpoint: bool = doc("save every learner's replay shard (replay-K.h5 in the run directory) with each checkpoint, "
                            "so a resume with the same learner count trains on at once; it can be gigabytes. Without "
                            "it a resumed run fills its replay again (warmup transitions) before it trains. With it a "
@@ -95,19 +95,9 @@ def validate_dqn(d: DQNConfig, r: ReplayConfig, recurrent: bool = False) -> None
         check(1 <= d.sequence_period <= trained,
               f"algo.dqn.sequence_period: expected 1 to sequence_length - burn_in ({trained}) steps, so that every "
               f"step is trained in some sequence, got {d.sequence_period}")
-        check(0.0 <= d.priority_eta <= 1.0, f"algo.dqn.priority_eta: expected a number in [0, 1], got {d.priority_eta}")
-    check(d.n_step >= 1, f"algo.dqn.n_step: expected >= 1, got {d.n_step}")
-    check(d.batch_size >= 1, f"algo.dqn.batch_size: expected >= 1, got {d.batch_size}")
-    check(d.gradient_steps >= 1, f"algo.dqn.gradient_steps: expected >= 1, got {d.gradient_steps}")
-    check(d.target_update_interval >= 1,
-          f"algo.dqn.target_update_interval: expected >= 1 gradient steps, got {d.target_update_interval}")
+    check_ranges(d, "algo.dqn")
     check(d.eps_schedule in EPS_SCHEDULES,
           f"algo.dqn.eps_schedule: expected one of {', '.join(EPS_SCHEDULES)}, got {d.eps_schedule!r}")
-    for key in ("eps", "eps_start", "eps_final"):
-        value = getattr(d, key)
-        check(0.0 <= value <= 1.0, f"algo.dqn.{key}: expected a number in [0, 1], got {value}")
-    check(d.eps_alpha >= 0, f"algo.dqn.eps_alpha: expected >= 0, got {d.eps_alpha}")
-    check(d.eps_decay_frames >= 1, f"algo.dqn.eps_decay_frames: expected >= 1, got {d.eps_decay_frames}")
     validate_replay(r, d.batch_size, "algo.dqn")
 
 
@@ -119,7 +109,4 @@ def validate_replay(r: ReplayConfig, batch_size: int, section: str) -> None:
     check(batch_size <= r.warmup <= r.capacity,
           f"algo.replay.warmup: expected between {section}.batch_size ({batch_size}) and algo.replay.capacity "
           f"({r.capacity}) transitions, got {r.warmup}")
-    check(r.alpha >= 0, f"algo.replay.alpha: expected >= 0, got {r.alpha}")
-    check(0.0 <= r.beta <= 1.0, f"algo.replay.beta: expected a number in [0, 1], got {r.beta}")
-    check(r.replay_ratio is None or r.replay_ratio > 0,
-          f"algo.replay.replay_ratio: expected a number > 0 or null, got {r.replay_ratio}")
+    check_ranges(r, "algo.replay")

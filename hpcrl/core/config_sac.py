@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from hpcrl.core.config_base import check, doc
+from hpcrl.core.config_base import AT_LEAST_ONE, Range, check, check_ranges, doc
 from hpcrl.core.config_dqn import validate_replay
 from hpcrl.core.dataflow import ALGORITHMS
 
@@ -21,28 +21,34 @@ from hpcrl.core.dataflow import ALGORITHMS
 class SACConfig:
     """SAC (Haarnoja et al. 2018) and TD3 (Fujimoto et al. 2018) on n-step transitions from the actors."""
 
-    n_step: int = doc("steps in each return, computed by the actors (1: the papers' one-step targets)", default=1)
+    n_step: int = doc("steps in each return, computed by the actors (1: the papers' one-step targets)",
+                      range=AT_LEAST_ONE, default=1)
     batch_size: int = doc("transitions per gradient step, all learners together (each samples batch_size / "
-                          "learners from its own replay shard; Horovod averages the gradients)", default=256)
+                          "learners from its own replay shard; Horovod averages the gradients)",
+                          range=AT_LEAST_ONE, default=256)
     gradient_steps: int = doc("gradient steps per update, each on its own sample; the weights are published and "
                               "a metrics row written once per update (algo.mode sync: not used; each round trains "
-                              "the steps algo.replay.replay_ratio owes)", default=1)
+                              "the steps algo.replay.replay_ratio owes)", range=AT_LEAST_ONE, default=1)
     learning_starts: int = doc("frames (all env ranks together) of uniformly random actions before the policy "
                                "acts; the learners wait for algo.replay.warmup transitions besides", default=10_000)
     tau: float = doc("Polyak step of the target networks after every gradient step: target <- (1 - tau) target "
-                     "+ tau online", default=0.005)
+                     "+ tau online", range=Range(0, 1, above=True, words="a Polyak step in (0, 1]"), default=0.005)
     alpha: Union[float, None] = doc("SAC: the entropy coefficient; null: tuned automatically towards "
-                                    "target_entropy (Haarnoja et al. 2018b)", default=None)
-    alpha_init: float = doc("SAC, alpha null: the entropy coefficient at the start", default=1.0)
+                                    "target_entropy (Haarnoja et al. 2018b)",
+                                    range=Range(0, words="a coefficient >= 0 or null (tuned)"), default=None)
+    alpha_init: float = doc("SAC, alpha null: the entropy coefficient at the start",
+                            range=Range(0, above=True, words="> 0"), default=1.0)
     target_entropy: Union[float, None] = doc("SAC, alpha null: the entropy the tuning aims at; null: -|A| "
                                              "(minus the action dimension)", default=None)
     policy_delay: int = doc("gradient steps per actor (and target) update: TD3's delayed policy updates (2); "
-                            "SAC: 1", default=1)
+                            "SAC: 1", range=Range(1, words=">= 1 gradient steps"), default=1)
     target_noise: float = doc("TD3: std of the Gaussian noise on the target policy's actions (target policy "
-                              "smoothing), in units of the action range's half-width", default=0.2)
-    target_noise_clip: float = doc("TD3: that noise is clipped to +-this", default=0.5)
+                              "smoothing), in units of the action range's half-width",
+                              range=Range(0, words=">= 0"), default=0.2)
+    target_noise_clip: float = doc("TD3: that noise is clipped to +-this", range=Range(0, words=">= 0"), default=0.5)
     exploration_noise: float = doc("TD3: std of the Gaussian noise the env ranks add to the policy's actions, "
-                                   "per env, in units of the action range's half-width", default=0.1)
+                                   "per env, in units of the action range's half-width",
+                                   range=Range(0, words=">= 0"), default=0.1)
 
 
 def replay_settings(algo) -> tuple[object, str]:
@@ -65,17 +71,8 @@ def resolve_sac_replay(s: SACConfig, replay) -> None:
 
 def validate_sac(s: SACConfig, replay) -> None:
     """`replay`: algo.replay, whose capacity the start must fit (resolved: resolve_sac_replay)."""
-    check(s.n_step >= 1, f"algo.sac.n_step: expected >= 1, got {s.n_step}")
-    check(s.batch_size >= 1, f"algo.sac.batch_size: expected >= 1, got {s.batch_size}")
-    check(s.gradient_steps >= 1, f"algo.sac.gradient_steps: expected >= 1, got {s.gradient_steps}")
+    check_ranges(s, "algo.sac")
     check(0 <= s.learning_starts <= replay.capacity,
           f"algo.sac.learning_starts: {s.learning_starts:,} random frames would not fit algo.replay.capacity "
           f"({replay.capacity:,} transitions): expected 0 to {replay.capacity:,}")
-    check(0.0 < s.tau <= 1.0, f"algo.sac.tau: expected a Polyak step in (0, 1], got {s.tau}")
-    check(s.alpha is None or s.alpha >= 0, f"algo.sac.alpha: expected a coefficient >= 0 or null (tuned), got {s.alpha}")
-    check(s.alpha_init > 0, f"algo.sac.alpha_init: expected > 0, got {s.alpha_init}")
-    check(s.policy_delay >= 1, f"algo.sac.policy_delay: expected >= 1 gradient steps, got {s.policy_delay}")
-    for key in ("target_noise", "target_noise_clip", "exploration_noise"):
-        value = getattr(s, key)
-        check(value >= 0, f"algo.sac.{key}: expected >= 0, got {value}")
     validate_replay(replay, s.batch_size, "algo.sac")
