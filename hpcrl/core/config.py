@@ -32,7 +32,7 @@ from hpcrl.core.config_model import ModelConfig, validate_model
 from hpcrl.core.config_population import PopulationConfig, validate_population
 from hpcrl.core.config_schedule import validate_schedule
 from hpcrl.core.config_selfplay import SelfPlayConfig, validate_selfplay
-from hpcrl.core.dataflow import ALGORITHMS
+from hpcrl.core.dataflow import ALGORITHMS, readers
 from hpcrl.core.policies import check_table
 
 # Sizes a run allocates from before `hpcrl plan`'s memory estimate can be made (core/sizing.py
@@ -240,9 +240,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 def unread_keys(name: str) -> list[str]:
     """The algo keys algo.name `name` does not read, as the fields' `reads` say."""
-    algorithm = ALGORITHMS[name]
     return [f.name for f in dataclasses.fields(AlgoConfig)
-            if f.metadata["reads"] and not any(algorithm.reads(g) for g in f.metadata["reads"])]
+            if f.metadata["reads"] and name not in readers(f.metadata["reads"])]
 
 
 def refuse_unread_keys(algo: AlgoConfig, given: Any) -> None:
@@ -256,11 +255,10 @@ def refuse_unread_keys(algo: AlgoConfig, given: Any) -> None:
     for key in unread_keys(algo.name):
         value = getattr(algo, key)
         if key in given and value != getattr(defaults, key):
-            groups = AlgoConfig.__dataclass_fields__[key].metadata["reads"]
-            readers = [n for n, other in ALGORITHMS.items() if any(other.reads(g) for g in groups)]
             said = "set" if dataclasses.is_dataclass(value) else f"set to {shown(value)}"
+            who = readers(AlgoConfig.__dataclass_fields__[key].metadata["reads"])
             raise ConfigError(f"algo.{key}: {said}, but algo.name {algo.name} does not read it (only "
-                              f"{', '.join(readers)}); remove it, or set algo.name to one of those")
+                              f"{', '.join(who)}); remove it, or set algo.name to one of those")
 
 
 def resolve(cfg: Config) -> None:
@@ -309,31 +307,31 @@ def validate(cfg: Config) -> None:
                    f"{e.num_envs} / env.groups {e.groups} = {per_group}) such as "
                    f"{', '.join(str(d) for d in range(1, per_group + 1) if per_group % d == 0)}, got {r.inference_block}")
     check(a.name in ALGORITHMS, f"algo.name: expected one of {', '.join(map(repr, ALGORITHMS))}, got {a.name!r}")
-    modes = ALGORITHMS[a.name].modes
+    algorithm = ALGORITHMS[a.name]
+    modes = algorithm.modes
     check(a.mode in modes, f"algo.mode: expected {' or '.join(map(repr, modes))} (the modes of algo.name "
                             f"{a.name}), got {a.mode!r}")
-    central = ALGORITHMS[a.name].policy == "central_critic"
+    central = algorithm.policy == "central_critic"
     check(central or not e.global_state,
            f"env.global_state: the env's state is read by a centralised critic (algo.name mappo); algo.name "
            f"{a.name} has none, so use false or null")
     check_table(cfg.policies)
-    validate_selfplay(a.selfplay, ALGORITHMS[a.name].multiagent, len(cfg.policies))
-    validate_population(cfg.population, ALGORITHMS[a.name].live, a.name)
-    validate_schedule(a, ALGORITHMS[a.name].live, a.name)
+    validate_selfplay(a.selfplay, algorithm.multiagent, len(cfg.policies))
+    validate_population(cfg.population, algorithm.live, a.name)
+    validate_schedule(a, algorithm.live, a.name)
     if cfg.population.members:
         check(not cfg.policies, "population: members train one policy each; remove the policies table")
         check(cfg.roles.learner.device == "cpu", "population: a member's state is copied from host memory; use "
                                                   "roles.learner.device: cpu")
         if cfg.population.league.members:
-            check(ALGORITHMS[a.name].multiagent, f"population.league: a league plays games of several agents "
+            check(algorithm.multiagent, f"population.league: a league plays games of several agents "
                                                   f"(algo.name mappo or ippo), not algo.name {a.name}")
             check(a.selfplay.pool >= 1, "population.league: each member's policy holders hold algo.selfplay.pool "
                                          "league snapshots to play against; set algo.selfplay.pool >= 1")
     multiagent = [n for n, alg in ALGORITHMS.items() if alg.multiagent]
-    check(not cfg.policies or ALGORITHMS[a.name].multiagent,
+    check(not cfg.policies or algorithm.multiagent,
            f"policies: maps the agents of PettingZoo envs to policies, for the multi-agent algorithms "
            f"({', '.join(multiagent)}); algo.name {a.name} trains one policy, so remove the policies table")
-    algorithm = ALGORITHMS[a.name]
     if algorithm.replay_section == "dqn":
         validate_dqn(a.dqn, a.replay, recurrent=m.core != "none")
     if algorithm.replay_section == "sac":
@@ -362,7 +360,7 @@ def validate(cfg: Config) -> None:
     check(a.num_minibatches <= batch_per_env_rank,
            f"algo.num_minibatches: {a.num_minibatches} minibatches cannot be cut from one fragment of "
            f"{batch_per_env_rank} frames (rollout_length x env.num_envs); use at most {batch_per_env_rank}")
-    validate_model(m, a.name, ALGORITHMS[a.name].policy)
+    validate_model(m, a.name, algorithm.policy)
     check(m.core == "none" or algorithm.replay or a.num_minibatches <= e.num_envs,
            f"algo.num_minibatches: a recurrent core's minibatches are whole sequences of whole envs (a fragment's "
            f"columns of one env: its agents, for PettingZoo envs), so at most env.num_envs ({e.num_envs}) of "

@@ -92,6 +92,11 @@ class Algorithm:
         return next((s for s in self.streams if s.kind == kind), None)
 
 
+def readers(groups: tuple[str, ...]) -> list[str]:
+    """The algorithms that read algo keys of any of `groups` (a config field's `reads`)."""
+    return [name for name, a in ALGORITHMS.items() if any(a.reads(g) for g in groups)]
+
+
 def algorithm_of(cfg) -> Algorithm:
     """The declaration of `cfg`'s algorithm (a validated config names one of ALGORITHMS)."""
     return ALGORITHMS[cfg.algo.name]

@@ -13,7 +13,7 @@ from typing import get_type_hints
 import yaml
 
 from hpcrl.core.config import Config, _type_name, resolve
-from hpcrl.core.dataflow import ALGORITHMS
+from hpcrl.core.dataflow import readers
 
 COMMAND = "hpcrl config-reference -o docs/config.md"
 
@@ -36,8 +36,7 @@ def _range(f: dataclasses.Field) -> str:
 def _readers(f: dataclasses.Field) -> str:
     """For an algo key only some algorithms read: which (a config that sets it for another is refused)."""
     groups = f.metadata.get("reads", ())
-    names = [n for n, a in ALGORITHMS.items() if any(a.reads(g) for g in groups)]
-    return f". Read by {', '.join(names)} only" if groups else ""
+    return f". Read by {', '.join(readers(groups))} only" if groups else ""
 
 
 def _sections(obj, prefix: str, what: str, out: list[str]) -> None:
@@ -51,8 +50,9 @@ def _sections(obj, prefix: str, what: str, out: list[str]) -> None:
         out += [f"## {title}", "", about, "", "| key | type | default | meaning |", "|---|---|---|---|"]
         types = get_type_hints(type(obj))
         for f in plain:
+            meaning = f.metadata["doc"] + _range(f) + _readers(f)
             out.append(f"| `{prefix + '.' if prefix else ''}{f.name}` | {_cell(_type_name(types[f.name]))} | "
-                       f"{_cell(_default(getattr(obj, f.name)))} | {_cell(f.metadata['doc'] + _range(f) + _readers(f))} |")
+                       f"{_cell(_default(getattr(obj, f.name)))} | {_cell(meaning)} |")
         out.append("")
     for f in nested:
         _sections(getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name, f.metadata["doc"], out)
