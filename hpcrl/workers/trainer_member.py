@@ -13,7 +13,6 @@ from hpcrl.models.member import member_arrays, member_layout
 from hpcrl.runtime import comm
 from hpcrl.runtime.member_copy import MemberState, broadcast_state
 from hpcrl.core.say import say
-from hpcrl.workers.trainer_parts import LiveValues
 
 
 class MemberParts:
@@ -67,7 +66,7 @@ class MemberParts:
         new_step = type(self.step)(self.cfg, self.model, self.optimizer, self.device, np.random.default_rng(0),
                                    self.spaces.obs_dtype, self.spaces.action_dtype)
         from hpcrl.workers.population import Adoption
-        return Adoption(owner, new_step.state(), {k: float(getattr(self.cfg.algo, k)) for k in self.live})
+        return Adoption(owner, new_step.state(), self.parts["hyperparameters"].state())
 
     def _adopt(self, adoption) -> None:
         """A copy's state is in this learner's arrays already: the parent's step state and the new
@@ -76,7 +75,7 @@ class MemberParts:
         is the main agent whose snapshot it started again from)."""
         self.step.restore(adoption.step_state)
         before = {k: getattr(self.cfg.algo, k) for k in self.live}
-        LiveValues(self.cfg.algo, self.live).restore(adoption.hyperparameters)
+        self.parts["hyperparameters"].restore(adoption.hyperparameters)
         self.stats.reset_fitness()
         if self.root and adoption.parent < 0:
             say(f"league: started again from its initial weights at {self.frames:,} "
