@@ -220,7 +220,8 @@ def memory(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int, p
     its weights messages carry a slot besides the policy, and its learner root holds snapshots."""
     G = sizes.env_groups
     req, rep = (m.nbytes for m in inference_messages(cfg, spaces, G))
-    frag = algorithm_of(cfg).record(cfg, spaces).nbytes
+    record = algorithm_of(cfg).record(cfg, spaces)
+    frag = record.nbytes
     league = population is not None and population.league.members > 0
     weights = weights_spec(num_params, league).nbytes
     model = 4 * num_params
@@ -237,7 +238,7 @@ def memory(cfg: Config, layout: Layout, sizes: Sizes, spaces, num_params: int, p
     # learner: the sample slots, the batch assembled from them (a copy of its fragments), the model;
     # DQN: the replay shard and its sum-tree instead of the batch, and a target network
     if algorithm_of(cfg).replay:  # and a target network (SAC's, TD3's: a whole copy)
-        data = replay_bytes(learner.replay, algorithm_of(cfg).record(cfg, spaces)) + model
+        data = replay_bytes(learner.replay, record) + model
     else:
         data = learner.batch_fragments * frag
     if league:  # the learner root's own snapshots and its slots (workers/league.py)

@@ -102,8 +102,8 @@ def build_workers(cfg: Config, spaces, n_params: list[int], layout: Layout, size
     weights messages carry its slots)."""
     algorithm = ALGORITHMS[cfg.algo.name]
     w = Wiring(cfg, spaces, layout, sizes, rank, start, algorithm, parts_of(cfg), control,
-               [weights_spec(n, league) for n in n_params], policy_spaces=policy_spaces(spaces, cfg.policies), preempt_requested=preempt_requested,
-               heartbeat=heartbeat, member_label=member_label, league=league)
+               [weights_spec(n, league) for n in n_params], policy_spaces=policy_spaces(spaces, cfg.policies),
+               preempt_requested=preempt_requested, heartbeat=heartbeat, member_label=member_label, league=league)
     # MPI: the trainers' communicator (Horovod among them), then each declared stream's own communicator
     learner = rank in set(layout.learners.tolist())
     w.trainer_comm = comm.sub_communicator(learner)
