@@ -16,8 +16,8 @@ from hpcrl.runtime.control import build_control_stream
 
 
 def main(out: str, nodes: list[int], root: int) -> None:
-    rank = comm.world_rank()
-    control = build_control_stream(comm.WORLD, rank, root, np.array(nodes))
+    rank = comm.JOB.Get_rank()
+    control = build_control_stream(comm.JOB, rank, root, np.array(nodes))
     if rank == root:
         time.sleep(0.2)  # the others are polling by now
         control.stop(PREEMPTED, version=42)

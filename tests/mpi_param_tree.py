@@ -19,8 +19,8 @@ VERSIONS, PARAMS = 300, 100_000
 
 
 def main(out: str, nodes: list[int], slow: int) -> None:
-    rank, size = comm.world_rank(), comm.world_size()
-    end = build_parameter_stream(comm.WORLD, rank, 0, list(range(1, size)), np.array(nodes),
+    rank, size = comm.JOB.Get_rank(), comm.JOB.Get_size()
+    end = build_parameter_stream(comm.JOB, rank, 0, list(range(1, size)), np.array(nodes),
                                  weights_spec(PARAMS))
     record = {"versions": [], "torn": 0}
     if rank == 0:

@@ -33,8 +33,8 @@ def collect_fragment(env: str = f"{{id: CartPole-v1, num_envs: {N}, kwargs: {{ma
     rep = reply_spec(N, spaces.action_shape, spaces.action_dtype)
     policy = InlinePolicy(PolicySet([runner], [comm.LocalWeightSubscriber(publisher)]), req.allocate(), rep.allocate())
     frag = fragment_spec(T, N, spaces.obs_shape, spaces.obs_dtype, spaces.action_shape, spaces.action_dtype)
-    me = comm.world_rank()
-    stream = comm.stream_communicator()
+    me = comm.JOB.Get_rank()
+    stream = comm.stream_communicator(comm.JOB)
     receiver = SampleReceiver(stream, [me], [frag.allocate()])
     role = EnvRank(cfg, rank=me, index=0, policies=[policy],
                    senders=[SampleSender(stream, me, [frag.allocate(), frag.allocate()])], writer=FragmentWriter(cfg))

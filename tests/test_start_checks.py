@@ -14,7 +14,7 @@ def test_a_learner_below_mpi_thread_multiple_is_a_config_error(tmp_path):
 
 def test_env_groups_beyond_mpi_tag_ub_are_refused_with_the_largest_that_fits():
     from mpi4py import MPI
-    bound = comm.WORLD.Get_attr(MPI.TAG_UB)
+    bound = comm.JOB.Get_attr(MPI.TAG_UB)
     most = (bound - int(comm.Tag.ACTION_REPLY)) // comm.GROUP_TAG_STRIDE + 1
     assert comm.group_tag_problem(most) is None
     problem = comm.group_tag_problem(most + 1)

@@ -46,11 +46,11 @@ def test_dict_messages_have_a_field_per_leaf_and_round_trip_over_mpi():
         leaf[...] = rng.integers(0, 4, size=leaf.shape)
     sent["final_obs"]["image"][:2] = 7
     sent.set(version=3, n_final=2)
-    me = comm.world_rank()
+    me = comm.JOB.Get_rank()
     nbytes = spec.prefix_nbytes("final_obs", 2)  # the last leaf's first 2 rows; the others whole
     assert nbytes == spec.offsets["final_obs.pos.0"] + 2 * 2 * 4
-    request = comm.WORLD.Irecv(got.buffer, source=me, tag=77)
-    comm.WORLD.Send([sent.buffer[:nbytes], comm.MPI.BYTE], dest=me, tag=77)
+    request = comm.JOB.Irecv(got.buffer, source=me, tag=77)
+    comm.JOB.Send([sent.buffer[:nbytes], comm.MPI.BYTE], dest=me, tag=77)
     request.Wait()
     assert got.get("version") == 3 and got.get("n_final") == 2
     for key in sent["obs"]:

@@ -1,6 +1,10 @@
 """`hpcrl run` of a population: the job cut into one block of ranks per member, each
-running the roles table as a run of its own (`comm.use_world`), and the members' learner roots
-joined on a communicator of their own for population-based training (workers/population.py).
+running the roles table as a run of its own (on `world`, its block's communicator), and the
+members' learner roots joined on a communicator of their own for population-based training
+(workers/population.py).
+
+A population wraps a run: `launch/run.py` calls the same hooks on every run (agree, prepare,
+connect, role, rest), and a run of its own (`Alone`) does nothing in them.
 
 Rank 0 of the job locks and prepares the population's directory (output_dir/name: its
 config.yaml, and metrics.h5 with the lineage); each member's rank 0 then prepares the member's
@@ -20,13 +24,44 @@ from hpcrl.core.members import member_config, member_name, member_role, member_s
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.layout import Layout
 from hpcrl.core.league import snapshot_rule
+from hpcrl.core.say import say
 from hpcrl.core.seeds import seed_for
 from hpcrl.core.stop import EXIT_OUTPUT_FAILED
 from hpcrl.io import rundir
-from hpcrl.runtime import comm, job
+from hpcrl.runtime import job
 from hpcrl.runtime.member_copy import POPULATION_ROOT, PopulationChannel
 
 POLL_SLEEP_S = 0.01  # a stopped member's learner root, waiting for the population root's farewell
+
+
+class Alone:
+    """A run of its own: the hooks a population member has around its run, each doing nothing."""
+
+    label = ""
+    league = None
+    section = None  # a population's section (the memory estimate counts its copies)
+    announces_layout = True  # every run says its layout once; a population says it for all its members
+
+    def __init__(self, world):
+        self.world = world
+
+    def agree(self, verdict: dict) -> dict:
+        return verdict
+
+    def prepare(self, overwrite: bool) -> dict:
+        return {}
+
+    def connect(self, layout: Layout, rank: int) -> None:
+        pass
+
+    def role(self, trainer, start_frames: int):
+        return None
+
+    def headline(self, layout: Layout) -> str | None:
+        return None
+
+    def rest(self, role) -> None:
+        pass
 
 
 class Population:
@@ -42,7 +77,9 @@ class Population:
         self.cfg = member_config(whole, self.member)
         self.label = f" {member_name(self.member, n)}"
         self.run_dir = os.path.join(whole.run.output_dir, whole.run.name)
-        comm.use_world(job.split(self.member, job.job_rank()))
+        self.world = job.split(self.member, job.job_rank())  # this member's run lives on its block
+        self.section = whole.population
+        self.announces_layout = job.job_rank() == 0
         self.channel: PopulationChannel | None = None
         self.league = whole.population.league if whole.population.league.members else None
         self.role_name = member_role(whole, self.member)  # in a league: main, main_exploiter or league_exploiter
@@ -116,6 +153,11 @@ class Population:
             if lg.restart == "main" else None
         return LeagueRoot(self.channel, league, rng, self.run_dir, restart)
 
+    def headline(self, layout: Layout) -> str:
+        return (f"population of {self.members} members, each on {layout.world_size} "
+                f"rank{'s' if layout.world_size > 1 else ''} as below; lineage in "
+                f"{os.path.join(self.run_dir, rundir.METRICS_FILE)}")
+
     def rest(self, role) -> None:
         """After this member's run: its learner root serves the population until the farewell
         (its state may still be copied); then every rank waits, sleeping, for every member."""
@@ -124,6 +166,8 @@ class Population:
                 if not role.poll():
                     time.sleep(POLL_SLEEP_S)
         job.wait_for_every_member()
+        if job.job_rank() == 0:
+            say(f"population done: {self.run_dir}")
 
 
 def _prepare_directory(whole: Config, overwrite: bool) -> dict:

@@ -24,9 +24,9 @@ from hpcrl.core.stop import EXIT_CONFIG_ERROR, StopReason
 from hpcrl.envs import EnvSpaces
 from hpcrl.io import rundir
 from hpcrl.io.metrics import write_crossed_nodes, write_startup
-from hpcrl.launch.population import Population
+from hpcrl.launch.population import Alone, Population
 from hpcrl.launch.startup import PHASES, Refusal, StartUp
-from hpcrl.launch.wiring import build_workers
+from hpcrl.launch.wiring import Hooks, build_workers
 from hpcrl.runtime import comm, job, signals, traffic
 from hpcrl.runtime.control import ControlStream, build_control_stream
 from hpcrl.runtime.liveness import start_peer_watch
@@ -55,50 +55,42 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
         return ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up"
 
     comm.install_abort_hook(describe)
-    s = StartUp(config_path, overrides, overwrite, comm.world_rank(), comm.world_size())
+    s = StartUp(config_path, overrides, overwrite, comm.JOB)
     try:
         for phase in PHASES:
             phase(s)
     except Refusal as refusal:
         return _refuse(refusal.message, refusal.status)
-    cfg, rank, layout, sizes, start, population = s.cfg, s.rank, s.layout, s.sizes, s.start, s.population
-    label = population.label if population else ""
-    if population:
-        population.connect(layout, rank)  # MPI over the job: the members' learner roots
+    cfg, rank, layout, start, member = s.cfg, s.rank, s.layout, s.start, s.member
+    member.connect(layout, rank)  # a population's: MPI over the job, its members' learner roots
     if start.finished:
         if rank == 0:
             say(f"nothing to do: the run in {start.run_dir} is complete: {start.finished} "
-                f"(or pass --overwrite to start it again)", label=label)
-        if population:
-            population.rest(population.role(None, start.start_frames))
+                f"(or pass --overwrite to start it again)", label=member.label)
+        member.rest(member.role(None, start.start_frames))
         return 0
     if rank == 0:
-        _announce(cfg, layout, sizes, start, s.spaces, s.num_params, s.hosts, population)
+        _announce(s)
     watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
-    control = build_control_stream(comm.WORLD, rank, layout.learner_root, layout.node_of_rank)
-    peers = start_peer_watch(comm.WORLD, rank, control.neighbours, cfg.run.peer_timeout_s,
+    control = build_control_stream(s.world, rank, layout.learner_root, layout.node_of_rank)
+    peers = start_peer_watch(s.world, rank, control.neighbours, cfg.run.peer_timeout_s,
                              _rank_names(layout, s.hosts), comm.leave_cut_off_job)
-    roles_here.extend(build_workers(cfg, s.spaces, s.num_params, layout, sizes, rank, start, control,
-                                    signals.requested, heartbeat=lambda: watchdog.tick(True), member_label=label,
-                                    league=bool(population and population.league)))
-    member_role = None
-    if population and (member_role := population.role(_learner(roles_here), start.start_frames)):
+    roles_here.extend(build_workers(s, control, Hooks(signals.requested, heartbeat=lambda: watchdog.tick(True))))
+    member_role = member.role(_learner(roles_here), start.start_frames)
+    if member_role is not None:
         roles_here.append(member_role)
     CLOCK.set_roles(f"rank {rank} ({'/'.join(r.name for r in roles_here)})", tuple(r.name for r in roles_here))
     CLOCK.mark("roles")
     poll_until_done(roles_here, control, watchdog)
     control.close()
-    _report_launch(rank, start, control.stop_flags, len(set(s.nodes.tolist())))
+    _report_launch(s.world, start, control.stop_flags, len(set(s.nodes.tolist())))
     watchdog.stop()
     peers.close()  # after the watchdog: waiting for the neighbours' BYE is watched by the peers' clock
     # why the run stopped, the same word on every rank: the exit status
     status = StopReason.from_flags(control.stop_flags).exit_status
     if rank == 0 and status == 0:
-        say(f"done: {start.run_dir}", label=label)
-    if population:  # its learner root serves the population until every member has stopped
-        population.rest(member_role)
-        if job.job_rank() == 0:
-            say(f"population done: {population.run_dir}")
+        say(f"done: {start.run_dir}", label=member.label)
+    member.rest(member_role)  # a population member's learner root serves it until every member has stopped
     return status
 
 
@@ -106,13 +98,13 @@ def _learner(roles: list):
     return next((r for r in roles if r.name == "learner"), None)
 
 
-def _report_launch(rank: int, start: rundir.RunStart, flags: int, n_nodes: int) -> None:
+def _report_launch(world, start: rundir.RunStart, flags: int, n_nodes: int) -> None:
     """Totals of this launch on rank 0 (collectives): every rank's cross-node counts summed,
     printed for a multi-node run, and every rank's start-up marks; both written to metrics.h5."""
     import numpy as np
-    sums = comm.sum_polled(comm.WORLD, traffic.table())
-    marks = comm.gather_polled(comm.WORLD, np.array(CLOCK.row(), dtype=np.float64))
-    if rank != 0 or StopReason.from_flags(flags) is StopReason.OUTPUT_FAILED:
+    sums = comm.sum_polled(world, traffic.table())
+    marks = comm.gather_polled(world, np.array(CLOCK.row(), dtype=np.float64))
+    if world.Get_rank() != 0 or StopReason.from_flags(flags) is StopReason.OUTPUT_FAILED:
         return
     if n_nodes > 1:
         say(f"crossed nodes (messages): {traffic.describe(sums)}")
@@ -138,13 +130,12 @@ def _refuse(message: str, status: int = EXIT_CONFIG_ERROR) -> int:
     return status
 
 
-def _announce(cfg: Config, layout: Layout, sizes: Sizes, start: rundir.RunStart, spaces: EnvSpaces,
-              n_params: list[int], hosts: list[str], population: Population | None = None) -> None:
+def _announce(s: StartUp) -> None:
     """The run's layout, once (a population's: by its first member, for every member alike), then
     this run's (member's) directory and what its start found."""
-    label = population.label if population else ""
-    if population is None or job.job_rank() == 0:
-        _announce_layout(cfg, layout, sizes, spaces, n_params, hosts, population)
+    label, start = s.member.label, s.start
+    if s.member.announces_layout:
+        _announce_layout(s.cfg, s.layout, s.sizes, s.spaces, s.num_params, s.hosts, s.member)
     say(f"run directory: {start.run_dir}", label=label)
     for warning in start.warnings:
         say(f"warning: {warning}", label=label)
@@ -154,11 +145,9 @@ def _announce(cfg: Config, layout: Layout, sizes: Sizes, start: rundir.RunStart,
 
 
 def _announce_layout(cfg: Config, layout: Layout, sizes: Sizes, spaces: EnvSpaces, n_params: list[int],
-                     hosts: list[str], population: Population | None) -> None:
-    if population:
-        say(f"population of {population.members} members, each on {layout.world_size} "
-            f"rank{'s' if layout.world_size > 1 else ''} as below; lineage in "
-            f"{os.path.join(population.run_dir, rundir.METRICS_FILE)}")
+                     hosts: list[str], member: Alone | Population) -> None:
+    if headline := member.headline(layout):
+        say(headline)
     if layout.serial:
         say("world size 1: serial mode (learner, env and inline inference in one process)")
     else:
@@ -176,8 +165,7 @@ def _announce_layout(cfg: Config, layout: Layout, sizes: Sizes, spaces: EnvSpace
         say("policies: " + "; ".join(
             f"{name} acts for {', '.join(s.agents)} (learner ranks {_ranges(layout.learners_of_policy(p))})"
             for p, (name, s) in enumerate(zip(cfg.policies, policy_spaces(spaces, cfg.policies)))))
-    for warning in warnings(cfg, layout, memory(cfg, layout, sizes, spaces, max(n_params),
-                                                     population.whole.population if population else None)):
+    for warning in warnings(cfg, layout, memory(cfg, layout, sizes, spaces, max(n_params), member.section)):
         say(f"warning: {warning}")
 
 

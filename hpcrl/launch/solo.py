@@ -67,7 +67,7 @@ def solo_actor(cfg: Config, spaces, model=None, sampler_seed: int = 0, receiver_
                           reply.allocate(), sync=cfg.algo.mode == "sync")
     parts = parts_of(cfg)
     record = algorithm_of(cfg).record(cfg, spaces)
-    me, stream = comm.world_rank(), comm.stream_communicator()
+    me, stream = comm.JOB.Get_rank(), comm.stream_communicator(comm.JOB)  # one process: the job's world
     receiver = SampleReceiver(stream, [me], [record.allocate() for _ in range(receiver_slots)],
                               per_sender=receiver_slots)
     actor = parts.worker("env")(

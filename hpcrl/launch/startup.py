@@ -22,7 +22,7 @@ from hpcrl.core.stop import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED
 from hpcrl.envs import EnvSpaces, env_spaces
 from hpcrl.envs.scripted import anchor_players
 from hpcrl.io import rundir
-from hpcrl.launch.population import Population
+from hpcrl.launch.population import Alone, Population
 from hpcrl.launch.wiring import holds_a_policy
 from hpcrl.runtime import comm, traffic
 
@@ -123,10 +123,9 @@ class StartUp:
     config_path: str
     overrides: tuple[str, ...]
     overwrite: bool
-    rank: int
-    size: int
+    world: object  # the run's communicator: the job's, or a population member's block of it
     cfg: Config | None = None
-    population: Population | None = None
+    member: Alone | Population = None  # what a population member does around its run (Alone: nothing)
     nodes: object = None  # rank -> node index
     hosts: list = field(default_factory=list)
     layout: Layout | None = None
@@ -136,12 +135,23 @@ class StartUp:
     shapes: dict | None = None  # (rank 0) each policy's weights' shapes, which a checkpoint resumed must fit
     start: rundir.RunStart | None = None
 
+    def __post_init__(self):
+        self.member = self.member or Alone(self.world)
+
+    @property
+    def rank(self) -> int:
+        return self.world.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self.world.Get_size()
+
     def settle(self, verdict: dict, agreed: bool = False) -> dict:
         """One verdict for every rank (with a population, every member agrees unless `agreed`
         already: one refusal stops them all; MPI over the job), or a Refusal. Each phase that may
         refuse ends here."""
-        if self.population is not None and not agreed:
-            verdict = self.population.agree(verdict)
+        if not agreed:
+            verdict = self.member.agree(verdict)
         if "error" in verdict:
             raise Refusal(verdict["error"], verdict.get("status", EXIT_CONFIG_ERROR))
         return verdict
@@ -149,25 +159,25 @@ class StartUp:
 
 def _read_config(s: StartUp) -> None:
     """MPI: rank 0 reads the config and its verdict reaches every rank."""
-    s.cfg = s.settle(comm.broadcast_object(_load(s.config_path, s.overrides) if s.rank == 0 else None))["cfg"]
+    s.cfg = s.settle(comm.broadcast_object(s.world, _load(s.config_path, s.overrides) if s.rank == 0 else None))["cfg"]
 
 
 def _split_population(s: StartUp) -> None:
-    """With a population section, this member's block of ranks becomes WORLD from here on."""
+    """With a population section, this member's block of ranks is the run's world from here on."""
     if not s.cfg.population.members:
         return
     if problem := population_problem(s.cfg, s.size):
         raise Refusal(f"{s.config_path}: {problem}")
-    s.population = Population(s.cfg)  # MPI: from here on WORLD is this member's block of ranks
-    s.cfg, s.rank, s.size = s.population.cfg, comm.world_rank(), comm.world_size()
+    s.member = Population(s.cfg)  # MPI over the job
+    s.cfg, s.world = s.member.cfg, s.member.world
 
 
 def _plan(s: StartUp) -> None:
     """Every rank plans the same layout from the same gathered facts, and the sizes it implies."""
-    s.nodes, s.hosts = comm.node_of_rank(), comm.host_names()
-    traffic.locate(comm.WORLD, s.nodes)
+    s.nodes, s.hosts = comm.node_of_rank(s.world), comm.host_names(s.world)
+    traffic.locate(s.world, s.nodes)
     try:
-        s.layout = plan_layout(s.cfg.roles, s.size, s.nodes, _gpus_of_rank(s.cfg, s.nodes),
+        s.layout = plan_layout(s.cfg.roles, s.size, s.nodes, _gpus_of_rank(s.world, s.cfg, s.nodes),
                                num_policies(s.cfg.policies))
         s.sizes = Sizes.of(s.cfg, s.layout)  # once, for every worker: algo.batch_frames fits, slots hold a batch
         verdict = {}
@@ -181,13 +191,13 @@ def _check_env_and_model(s: StartUp) -> None:
     """MPI: rank 0 checks the env, the memory and the policies; every rank learns their sizes."""
     checked = _check(s.cfg, s.layout, s.sizes, s.config_path) if s.rank == 0 else None
     s.shapes = checked.pop("shapes", None) if checked else None
-    state = s.settle(comm.broadcast_object(checked))
+    state = s.settle(comm.broadcast_object(s.world, checked))
     s.spaces, s.num_params = state["spaces"], state["num_params"]
 
 
 def _check_every_rank(s: StartUp) -> None:
     """MPI: what keeps any rank from its roles (threads, devices); every rank sees the same list."""
-    problems = [p for p in comm.all_gather_objects(_rank_problem(s.cfg, s.layout, s.sizes, s.rank)) if p]
+    problems = [p for p in comm.all_gather_objects(s.world, _rank_problem(s.cfg, s.layout, s.sizes, s.rank)) if p]
     more = f" (and {len(problems) - 1} more ranks)" if len(problems) > 1 else ""
     s.settle({"error": problems[0] + more} if problems else {})
     CLOCK.mark("checks")
@@ -196,9 +206,9 @@ def _check_every_rank(s: StartUp) -> None:
 def _prepare_run_dir(s: StartUp) -> None:
     """Only now is anything written: rank 0 locks and prepares the run directory (a population's
     directory first)."""
-    if s.population:
-        s.settle(s.population.prepare(s.overwrite), agreed=True)  # (one verdict for the job already)
-    s.start = s.settle(comm.broadcast_object(_prepare(s.cfg, s.overwrite, s.shapes) if s.rank == 0 else None))["start"]
+    s.settle(s.member.prepare(s.overwrite), agreed=True)  # a population's directory: one verdict for the job
+    prepared = _prepare(s.cfg, s.overwrite, s.shapes) if s.rank == 0 else None
+    s.start = s.settle(comm.broadcast_object(s.world, prepared))["start"]
     CLOCK.mark("run_dir")
 
 
@@ -222,12 +232,12 @@ def visible_gpus() -> int:
     return min(present, len(wanted))
 
 
-def _gpus_of_rank(cfg: Config, nodes):
+def _gpus_of_rank(world, cfg: Config, nodes):
     """Per rank, the GPUs of its node (the most any rank there sees); None when no role wants cuda."""
     if all(getattr(cfg.roles, role).device == "cpu" for role in ("learner", "inference", "env")):
         return None
     import numpy as np
-    seen = np.array(comm.all_gather_objects(visible_gpus()), dtype=np.int64)  # MPI: start-up control message
+    seen = np.array(comm.all_gather_objects(world, visible_gpus()), dtype=np.int64)  # MPI: start-up control message
     per_node = {node: seen[nodes == node].max() for node in np.unique(nodes)}
     return np.array([per_node[node] for node in nodes], dtype=np.int64)
 

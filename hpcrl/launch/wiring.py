@@ -5,8 +5,8 @@ A worker only knows its stream endpoints, never who is on the other side; the la
 ranks, how many, on which node and device) comes from the config through `plan_layout`, and the
 sizes both imply (batches, sample slots, replay shards) through `Sizes.of`, so the same
 algorithm runs serially, on 4 ranks or on 4,000 with only the roles table different.
-Building the streams is collective over WORLD: every rank takes part in the same order,
-whatever its roles.
+Building the streams is collective over the run's world (a communicator: the job's, or a
+population member's block of it): every rank takes part in the same order, whatever its roles.
 """
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ class Wiring:
     spaces: object  # hpcrl.envs.EnvSpaces (not imported: the runtime needs no gymnasium here)
     layout: Layout
     sizes: Sizes
+    world: object  # the run's communicator
     rank: int
     start: RunStart
     algorithm: Algorithm
@@ -93,30 +94,39 @@ class Wiring:
         return self.sizes.env_groups
 
 
-def build_workers(cfg: Config, spaces, n_params: list[int], layout: Layout, sizes: Sizes, rank: int,
-                  start: RunStart, control: ControlStream, preempt_requested: Callable[[], bool] = lambda: False,
-                  heartbeat: Callable[[], None] = lambda: None, member_label: str = "", league: bool = False) -> list:
+@dataclass
+class Hooks:
+    """What the launch lends the workers: whether a signal asked for a preemption, and the
+    watchdog's heartbeat."""
+
+    preempt_requested: Callable[[], bool] = lambda: False
+    heartbeat: Callable[[], None] = lambda: None
+
+
+def build_workers(s, control: ControlStream, hooks: Hooks) -> list:
     """This rank's workers, connected by the streams the algorithm declares (a sample and a
-    parameter stream per policy). Collective over WORLD. `n_params`: each policy's size; `sizes`:
-    `Sizes.of(cfg, layout)`, handed to every worker. `league`: a league member's ranks (their
-    weights messages carry its slots)."""
-    algorithm = ALGORITHMS[cfg.algo.name]
-    w = Wiring(cfg, spaces, layout, sizes, rank, start, algorithm, parts_of(cfg), control,
-               [weights_spec(n, league) for n in n_params], policy_spaces=policy_spaces(spaces, cfg.policies),
-               preempt_requested=preempt_requested, heartbeat=heartbeat, member_label=member_label, league=league)
+    parameter stream per policy). Collective over the run's world. `s`: what the start-up phases
+    found (launch/startup.py `StartUp`, not imported: it imports this module); its sizes are handed
+    to every worker. A league member's weights messages carry its slots."""
+    cfg, layout, rank = s.cfg, s.layout, s.rank
+    algorithm, league = ALGORITHMS[cfg.algo.name], bool(s.member.league)
+    w = Wiring(cfg, s.spaces, layout, s.sizes, s.world, rank, s.start, algorithm, parts_of(cfg), control,
+               [weights_spec(n, league) for n in s.num_params], policy_spaces=policy_spaces(s.spaces, cfg.policies),
+               preempt_requested=hooks.preempt_requested, heartbeat=hooks.heartbeat, member_label=s.member.label,
+               league=league)
     # MPI: the trainers' communicator (Horovod among them), then each declared stream's own communicator
     learner = rank in set(layout.learners.tolist())
-    w.trainer_comm = comm.sub_communicator(learner)
+    w.trainer_comm = comm.sub_communicator(w.world, learner)
     # the trainers of this rank's policy: its normalisers' moments are summed over them
     w.policy_comm = w.trainer_comm.Split(layout.policy_of_learner(rank), rank) if learner else None
     if algorithm.stream(INFERENCE) is not None:
-        w.inference = InferenceStream(comm.stream_communicator(), *inference_messages(cfg, spaces, w.groups))
+        w.inference = InferenceStream(comm.stream_communicator(w.world), *inference_messages(cfg, w.spaces, w.groups))
     if algorithm.stream(SAMPLE) is not None:
-        w.sample = [SampleStream(comm.stream_communicator(), algorithm.record(cfg, s)) for s in w.policy_spaces]
+        w.sample = [SampleStream(comm.stream_communicator(w.world), algorithm.record(cfg, seen)) for seen in w.policy_spaces]
     if algorithm.stream(PARAMETER) is not None:
         # serial mode: the inline policy reads the publisher's newest version in place
         w.params = ([ParameterPublisher(None, w.weights[0])] if layout.serial else
-                    [build_parameter_stream(comm.WORLD, rank, int(layout.learners_of_policy(p)[0]),
+                    [build_parameter_stream(w.world, rank, int(layout.learners_of_policy(p)[0]),
                                             layout.weight_subscribers(), layout.node_of_rank, w.weights[p])
                      for p in range(layout.policies)])
     if holds_a_policy(layout, rank):

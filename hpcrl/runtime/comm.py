@@ -34,7 +34,8 @@ import numpy as np  # noqa: E402
 from hpcrl.core.messages import Message  # noqa: E402
 from hpcrl.runtime import traffic  # noqa: E402
 
-WORLD = MPI.COMM_WORLD
+JOB = MPI.COMM_WORLD  # every rank of the job; a run's own world (a population member's block of
+# ranks, runtime/job.py) is a communicator passed to what needs it, never a global rebound
 
 
 class Tag(enum.IntEnum):
@@ -53,27 +54,12 @@ def group_tag(tag: Tag, group: int) -> int:
 
 def group_tag_problem(groups: int) -> str | None:
     """Each env group gets its own tag pair; MPI only promises tags up to 32767 (MPI_TAG_UB)."""
-    # (the job's: a population member's WORLD, a split of it, has no predefined attributes)
-    highest, bound = group_tag(Tag.ACTION_REPLY, groups - 1), MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    # (the job's: a population member's world, a split of it, has no predefined attributes)
+    highest, bound = group_tag(Tag.ACTION_REPLY, groups - 1), JOB.Get_attr(MPI.TAG_UB)
     if highest <= bound:
         return None
     return (f"env.groups: {groups} groups need MPI tags up to {highest}, above this MPI's limit of {bound} "
             f"(MPI_TAG_UB); use at most {(bound - int(Tag.ACTION_REPLY)) // GROUP_TAG_STRIDE + 1} groups")
-
-
-def use_world(sub) -> None:
-    """From now on this process's run lives on `sub` (a population member's block of ranks,
-    runtime/job.py): every collective and stream that says WORLD means it."""
-    global WORLD
-    WORLD = sub
-
-
-def world_rank() -> int:
-    return WORLD.Get_rank()
-
-
-def world_size() -> int:
-    return WORLD.Get_size()
 
 
 ABORT_GRACE_S = 10.0  # after MPI_Abort: a rank the abort cannot reach (a node cut off) exits by itself
@@ -87,7 +73,7 @@ def abort_job(code: int = 1) -> None:
     timer = threading.Timer(ABORT_GRACE_S, os._exit, (code,))
     timer.daemon = True
     timer.start()
-    WORLD.Abort(code)
+    JOB.Abort(code)
 
 
 def leave_cut_off_job(code: int = 1) -> None:
@@ -136,9 +122,9 @@ def _command_name(pid: int) -> str:
         return ""
 
 
-def host_names() -> list[str]:
+def host_names(world) -> list[str]:
     """Start-up control message (pickled): every rank's host name, for messages that name a node."""
-    return all_gather_objects(socket.gethostname())
+    return all_gather_objects(world, socket.gethostname())
 
 
 def install_abort_hook(describe: Callable[[], str]) -> None:
@@ -148,7 +134,7 @@ def install_abort_hook(describe: Callable[[], str]) -> None:
     """
     def hook(exc_type, exc, tb):
         text = "".join(traceback.format_exception(exc_type, exc, tb))
-        sys.stderr.write(f"{text}\nhpcrl: rank {WORLD.Get_rank()} ({describe()}) failed: "
+        sys.stderr.write(f"{text}\nhpcrl: rank {JOB.Get_rank()} ({describe()}) failed: "
                          f"{exc_type.__name__}: {exc}\nhpcrl: aborting the job\n")
         sys.stderr.flush()
         sys.stdout.flush()
@@ -182,27 +168,27 @@ def wait_sleeping(request, sleep_s: float = WAIT_SLEEP_S) -> None:
         time.sleep(sleep_s)
 
 
-def broadcast_object(obj, root: int = 0):
+def broadcast_object(world, obj, root: int = 0):
     """Start-up control message (pickled): the validated config, or the error that stops the job.
     The ranks wait for `root` in a sleeping barrier; the broadcast then finds it there."""
-    wait_sleeping(WORLD.Ibarrier())
-    return WORLD.bcast(obj, root=root)
+    wait_sleeping(world.Ibarrier())
+    return world.bcast(obj, root=root)
 
 
-def all_gather_objects(obj) -> list:
+def all_gather_objects(world, obj) -> list:
     """Start-up control message (pickled): one small object from every rank, to every rank
     (after a sleeping barrier, as broadcast_object)."""
-    wait_sleeping(WORLD.Ibarrier())
-    return WORLD.allgather(obj)
+    wait_sleeping(world.Ibarrier())
+    return world.allgather(obj)
 
 
-def node_of_rank() -> np.ndarray:
-    """World rank -> node id (the lowest world rank on the same shared-memory node)."""
-    node_comm = WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=WORLD.Get_rank())
-    leader = node_comm.allreduce(WORLD.Get_rank(), op=MPI.MIN)
+def node_of_rank(world) -> np.ndarray:
+    """Rank of `world` -> node id (the lowest such rank on the same shared-memory node)."""
+    node_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    leader = node_comm.allreduce(world.Get_rank(), op=MPI.MIN)
     node_comm.Free()
-    out = np.empty(WORLD.Get_size(), dtype=np.int64)
-    WORLD.Allgather(np.array([leader], dtype=np.int64), out)
+    out = np.empty(world.Get_size(), dtype=np.int64)
+    world.Allgather(np.array([leader], dtype=np.int64), out)
     return out
 
 
@@ -216,16 +202,16 @@ def local_rank(comm) -> int:
         node.Free()
 
 
-def sub_communicator(member: bool, key: int | None = None):
-    """Collective over WORLD: a communicator of the ranks with member=True (None elsewhere)."""
-    comm = WORLD.Split(0 if member else MPI.UNDEFINED, WORLD.Get_rank() if key is None else key)
+def sub_communicator(world, member: bool, key: int | None = None):
+    """Collective over `world`: a communicator of the ranks with member=True (None elsewhere)."""
+    comm = world.Split(0 if member else MPI.UNDEFINED, world.Get_rank() if key is None else key)
     return comm if member else None
 
 
-def stream_communicator():
-    """Collective over WORLD: a duplicate of it for one stream, so the stream's tags are its own
+def stream_communicator(world):
+    """Collective over `world`: a duplicate of it for one stream, so the stream's tags are its own
     and no other traffic can match its receives (ranks are the world ranks)."""
-    return WORLD.Dup()
+    return world.Dup()
 
 
 def wait_all(requests: Sequence) -> None:
@@ -246,7 +232,7 @@ class RequestServer:
 
     def __init__(self, comm, env_ranks: Sequence[int], groups: Sequence[int], requests: Sequence[Message],
                  replies: Sequence[Message]):
-        """`comm`: the inference stream's communicator (a duplicate of WORLD: ranks are world ranks)."""
+        """`comm`: the inference stream's communicator (a duplicate of the run's world: ranks are its ranks)."""
         self.env_ranks = list(env_ranks)
         self.requests = list(requests)
         self.replies = list(replies)

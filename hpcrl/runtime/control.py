@@ -12,7 +12,7 @@ A word goes down the tree as one tiny int64 message per edge: each rank talks to
 at most four children (O(1) peers), the depth is log-deep in nodes and in ranks per node, and the
 controller sends at most four messages per word whatever the world size.
 
-Protocol, on the stream's own communicator (a duplicate of WORLD; the tag is a local constant):
+Protocol, on the stream's own communicator (a duplicate of the run's world; the tag is a local constant):
 every rank but the controller keeps one receive posted from its parent. The stop word (its flags
 say why: done, preempted, output failed) is the last word a rank receives; it forwards it to its
 children and is finished once those sends complete. Every rank's poll loop keeps polling the

@@ -1,5 +1,5 @@
 """The whole job, where a population cuts it into members: each member's run lives on
-its own block of ranks (`comm.use_world`), and these few collectives over every rank of the job
+its own block of ranks (a communicator split from the job's, passed to everything of its run), and these few collectives over every rank of the job
 keep the members in step where they must agree: at start-up, every member's verdict (one refusal
 stops them all, with one message), and at the end, a sleeping barrier before MPI_Finalize.
 
@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from hpcrl.runtime.comm import wait_sleeping
+from hpcrl.runtime.comm import JOB, wait_sleeping
 
-JOB = MPI.COMM_WORLD
 FINISH_SLEEP_S = 0.05  # between tests of the end-of-job barrier: a member waits there for seconds or hours
 
 

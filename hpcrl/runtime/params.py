@@ -1,7 +1,7 @@
 """The parameter stream: each policy version from the learner root to every policy holder, newest
 only and hierarchical, so a slow holder never delays the publisher or the learners.
 
-Shape (built once by `build_parameter_stream`, collective over WORLD):
+Shape (built once by `build_parameter_stream`, collective over the run's world):
 - the root and one leader per node (the lowest holder rank there) form a binary tree; each edge
   carries one version at a time: a sender starts a send to a child only once the child's previous
   send has completed, and then sends the newest version it has, skipping any in between;

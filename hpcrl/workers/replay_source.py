@@ -114,7 +114,7 @@ class ReplaySource:
         learners = len(layout.learners)
         capacity, warmup, batch = sizes.replay.capacity, sizes.replay.warmup, sizes.replay.batch
         r, (d, _) = cfg.algo.replay, replay_settings(cfg.algo)
-        index = layout.index_in("learner", stream.comm.Get_rank())  # the stream's communicator is a copy of WORLD
+        index = layout.index_in("learner", stream.comm.Get_rank())  # the stream's communicator is a copy of the run's world
         schedule = ReplaySchedule(batch, warmup, d.gradient_steps, r.replay_ratio, r.beta, cfg.run.total_frames,
                                   learners, sync=cfg.algo.mode == "sync", save_shard=r.checkpoint)
         return cls(stream, actors, shard_for(stream.slots[0].spec, capacity, r.alpha), schedule,

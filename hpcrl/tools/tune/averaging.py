@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     from hpcrl.core.config_sac import replay_settings
     from hpcrl.tools.tune.measure import UpdateBench, on_devices, replays
     from hpcrl.workers.averaging import averaging_hooks, averaging_optimizer, start_horovod
-    world = comm.WORLD
+    world = comm.JOB
     if world.Get_size() != 2:
         raise SystemExit(f"hpcrl.tools.tune.averaging: run it on 2 ranks (mpirun -n 2), not {world.Get_size()}")
     cfg, _ = load_config(args.config, tuple(args.overrides))
