@@ -18,25 +18,41 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Range:
-    """The values a numeric config key may take: from `low` (above it, when `above`) to `high`,
-    either end open when None; a null value passes (a key that may be null says so in its type).
+    """The values a numeric config key may take: from `low` (above it, when `above`) to `high`
+    (below it, when `below`), either end open when None; a null value passes (a key that may be
+    null says so in its type).
     `words`: what the message says is expected, where the default phrasing would not do."""
 
     low: float | None = None
     high: float | None = None
     above: bool = False
     words: str = ""
+    below: bool = False
 
     def holds(self, value: Any) -> bool:
         return (value is None or (self.low is None or (value > self.low if self.above else value >= self.low))
-                and (self.high is None or value <= self.high))
+                and (self.high is None or (value < self.high if self.below else value <= self.high)))
 
     def expected(self) -> str:
         if self.words:
             return self.words
         if self.low is not None and self.high is not None:
-            return f"a number in [{self.low:g}, {self.high:g}]"
+            return f"a number in {'(' if self.above else '['}{self.low:g}, {self.high:g}{')' if self.below else ']'}"
         return f"a number {'>' if self.above else '>='} {self.low:g}" if self.low is not None else f"<= {self.high:g}"
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """The values a config key that names a choice may take (null too, when `null`)."""
+
+    choices: tuple
+    null: bool = False
+
+    def holds(self, value: Any) -> bool:
+        return (value is None and self.null) or value in self.choices
+
+    def expected(self) -> str:
+        return ("null or " if self.null else "") + "one of " + ", ".join(str(c) for c in self.choices)
 
 
 POSITIVE = Range(0, above=True)  # > 0
@@ -45,11 +61,11 @@ FRACTION = Range(0, 1)  # in [0, 1]
 AT_LEAST_ONE = Range(1, words=">= 1")
 
 
-def doc(text: str, reads: tuple[str, ...] = (), range: Range | None = None, **kwargs: Any) -> Any:  # noqa: A002
+def doc(text: str, reads: tuple[str, ...] = (), range: Range | OneOf | None = None, **kwargs: Any) -> Any:  # noqa: A002
     """A dataclass field with its one-line documentation attached. `reads`: for a key of the algo
     section that not every algorithm reads, the groups of algorithms that do (core/dataflow.py
     `Algorithm.reads`); a config that sets it for another algorithm is refused. `range`: the values
-    it may take, which `check_ranges` checks."""
+    it may take (a Range, or a OneOf for a choice), which `check_ranges` checks."""
     return field(metadata={"doc": text, "reads": reads, "range": range}, **kwargs)
 
 
@@ -60,7 +76,7 @@ def check_ranges(section: Any, where: str) -> None:
         wanted = f.metadata.get("range")
         value = getattr(section, f.name)
         check(wanted is None or wanted.holds(value),
-              lambda: f"{where}.{f.name}: expected {wanted.expected()}, got {value}")
+              lambda: f"{where}.{f.name}: expected {wanted.expected()}, got {shown(value)}")
 
 
 def check(cond: bool, message: Union[str, Callable[[], str]]) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from hpcrl.core.config_base import check, doc, shown
+from hpcrl.core.config_base import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, OneOf, Range, check, check_ranges, doc,
+                                     shown)
 
 # Sizes an env rank allocates from before `hpcrl plan`'s memory estimate can be made (see the
 # bounds in config.py): far above any real run
@@ -22,12 +23,14 @@ class AtariConfig:
     """DeepMind-style Atari preprocessing, used when env.preset is 'atari' (ids such as ALE/Breakout-v5)."""
 
     noop_max: int = doc("at most this many no-op actions after each reset (a random number in [1, noop_max]; "
-                        "0 = none)", default=30)
+                        "0 = none)", range=NON_NEGATIVE, default=30)
     frame_skip: int = doc("emulator frames per agent step (the action repeats; the observation is the max "
-                          "of the last two frames)", default=4)
-    frame_size: int = doc("observations are frame_size x frame_size grey frames", default=84)
+                          "of the last two frames)", range=AT_LEAST_ONE, default=4)
+    frame_size: int = doc("observations are frame_size x frame_size grey frames",
+                          range=Range(1, MAX_FRAME_SIZE, words=f"1 to {MAX_FRAME_SIZE:,}"), default=84)
     frame_stack: int = doc("the observation stacks this many most recent frames: uint8 [frame_stack, "
-                           "frame_size, frame_size]", default=4)
+                           "frame_size, frame_size]",
+                           range=Range(1, MAX_FRAME_STACK, words=f"1 to {MAX_FRAME_STACK:,}"), default=4)
     terminal_on_life_loss: bool = doc("a lost life ends the episode for training (the game goes on; "
                                       "metrics count whole games)", default=True)
     fire_reset: bool = doc("press FIRE after each reset, in games that have a FIRE action", default=True)
@@ -35,7 +38,7 @@ class AtariConfig:
                              default=True)
     repeat_action_probability: float = doc(
         "sticky actions: chance the emulator repeats the previous action (ALE v5: 0.25; the "
-        "NoFrameskip-v4 setting of SB3/CleanRL results: 0.0)", default=0.25)
+        "NoFrameskip-v4 setting of SB3/CleanRL results: 0.0)", range=FRACTION, default=0.25)
 
 
 @dataclass
@@ -45,7 +48,8 @@ class EnvConfig:
     id: str = doc("gymnasium environment id (e.g. CartPole-v1, ALE/Breakout-v5), 'module:EnvId' to import a "
                   "module that registers EnvId first, or 'module:Name' for a gymnasium.Env subclass (or a "
                   "function returning an Env) defined in that module", default="CartPole-v1")
-    num_envs: int = doc("environments per env rank", default=8)
+    num_envs: int = doc("environments per env rank", range=Range(1, MAX_NUM_ENVS, words=f"1 to {MAX_NUM_ENVS:,}"),
+                        default=8)
     groups: Union[int, None] = doc(
         "with remote inference, the env rank's envs are split into this many groups (vectors) that take "
         "turns: one steps while the others wait for actions, hiding the inference round trip; must divide "
@@ -56,9 +60,9 @@ class EnvConfig:
     backend: str = doc("how an env rank steps its vector: 'sync' (gymnasium envs one after the other, any "
                        "env), 'numpy' (gymnasium's numpy-vectorised env where the env has one, e.g. "
                        "CartPole-v1), 'envpool' (envpool's C++ thread pool; pip install hpcrl[envpool])",
-                       default="sync")
+                       range=OneOf(ENV_BACKENDS), default="sync")
     preset: Union[str, None] = doc("a standard wrapper stack: null (none) or 'atari' (see env.atari)",
-                                   default=None)
+                                   range=OneOf(ENV_PRESETS, null=True), default=None)
     atari: AtariConfig = doc("Atari preprocessing options (used with preset: atari)", default_factory=AtariConfig)
     normalize_reward: bool = doc("train on rewards divided by a running std of the discounted return "
                                  "(gamma = algo.gamma, clipped to +-10, as SB3's VecNormalize): env ranks send "
@@ -75,14 +79,10 @@ class EnvConfig:
 def validate_env(e: EnvConfig) -> None:
     """Range and choice checks of env and env.atari."""
     check(bool(e.id), "env.id: expected a gymnasium environment id such as CartPole-v1")
-    check(1 <= e.num_envs <= MAX_NUM_ENVS, f"env.num_envs: expected 1 to {MAX_NUM_ENVS:,}, got {e.num_envs}")
+    check_ranges(e, "env")
     check(e.groups >= 1 and e.num_envs % e.groups == 0,
           f"env.groups: expected a divisor of env.num_envs ({e.num_envs}) such as "
           f"{', '.join(str(d) for d in range(1, min(e.num_envs, 4) + 1) if e.num_envs % d == 0)}, got {e.groups}")
-    check(e.backend in ENV_BACKENDS,
-          f"env.backend: expected one of {', '.join(ENV_BACKENDS)}, got {e.backend!r}")
-    check(e.preset is None or e.preset in ENV_PRESETS,
-          f"env.preset: expected null or one of {', '.join(ENV_PRESETS)}, got {e.preset!r}")
     check(all(isinstance(k, str) for k in e.kwargs),
           lambda: f"env.kwargs: expected names as keys, got {shown(e.kwargs)}")
     steps = e.kwargs.get("max_episode_steps")
@@ -92,14 +92,7 @@ def validate_env(e: EnvConfig) -> None:
                   f"limit), got {shown(steps)}")
     if e.preset != "atari":
         return
-    at = e.atari
-    check(at.noop_max >= 0, f"env.atari.noop_max: expected >= 0, got {at.noop_max}")
-    for key, most in (("frame_skip", None), ("frame_size", MAX_FRAME_SIZE), ("frame_stack", MAX_FRAME_STACK)):
-        value = getattr(at, key)
-        check(value >= 1 and (most is None or value <= most),
-              f"env.atari.{key}: expected " + (f"1 to {most:,}" if most else ">= 1") + f", got {value}")
-    check(0.0 <= at.repeat_action_probability <= 1.0,
-          f"env.atari.repeat_action_probability: expected a number in [0, 1], got {at.repeat_action_probability}")
+    check_ranges(e.atari, "env.atari")
     owned = {"frameskip": "env.atari.frame_skip", "repeat_action_probability": "env.atari.repeat_action_probability",
              "obs_type": "env.atari.frame_size (the preset makes grey frames)"}
     for key, instead in owned.items():

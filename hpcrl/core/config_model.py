@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hpcrl.core.config_base import check, doc, shown
+from hpcrl.core.config_base import OneOf, Range, check, check_ranges, doc, shown
 
 ENCODERS = ("auto", "mlp", "cnn", "grid")
 GRID_POLICIES = ("mlp", "columns", "landing", "cells")
@@ -22,13 +22,13 @@ class ModelConfig:
 
     hidden_sizes: list = doc("widths of the hidden layers of the actor and of the critic MLPs (MLP encoder)",
                              default_factory=lambda: [64, 64])
-    activation: str = doc("'tanh' or 'relu' (MLP encoder)", default="tanh")
+    activation: str = doc("'tanh' or 'relu' (MLP encoder)", range=OneOf(("tanh", "relu")), default="tanh")
     encoder: str = doc("'mlp' (flattened observations; separate actor and critic MLPs), 'cnn' (the Nature CNN "
                        "of Mnih et al. 2015 over channel-first [C, H, W] frame stacks, one trunk for both heads; "
                        "uint8 frames are scaled by 1/255), 'grid' (small boards as channel-last [H, W, C] planes, "
                        "as PettingZoo's classic games give: the convolutions of grid_convs, then an MLP of "
                        "hidden_sizes; one trunk for both heads) or 'auto' (cnn for 3-D observations, mlp otherwise)",
-                       default="auto")
+                       range=OneOf(ENCODERS), default="auto")
     grid_convs: list = doc("the grid encoder's convolutions, in order: [channels, kernel] keeps the board's size "
                            "('same' padding: a piece's neighbours are what matter, and a small board has no room to "
                            "stride); [channels, kernel, valid] leaves the padding out, so each output reads one "
@@ -45,7 +45,7 @@ class ModelConfig:
                            "These read the map itself, so a pattern learned at one place is known at every place; "
                            "the critic then has an MLP of hidden_sizes of its own. They need a map of the board's "
                            "width (columns) or one cell per action (cells): 'same' convolutions. Actor-critic "
-                           "algorithms without a recurrent core", default="mlp")
+                           "algorithms without a recurrent core", range=OneOf(GRID_POLICIES), default="mlp")
     obs_norm: bool = doc("normalise observations by a running mean and variance (clipped to +-10), kept in "
                          "the model, updated by the learners from every update's batch", default=False)
     core: str = doc("'none' (feed-forward), 'lstm' or 'gru': a recurrent core between the encoder and the "
@@ -53,13 +53,15 @@ class ModelConfig:
                     "state and reset it at episode ends; PPO/APPO train each fragment as a sequence "
                     "(truncated BPTT at algo.rollout_length; MAPPO/IPPO: a state per agent row), DQN stored "
                     "sequences (R2D2: algo.dqn.sequence_length, burn_in, sequence_period, priority_eta)",
-                    default="none")
-    core_size: int = doc("hidden size of the recurrent core (model.core: lstm or gru)", default=128)
+                    range=OneOf(CORES), default="none")
+    core_size: int = doc("hidden size of the recurrent core (model.core: lstm or gru)",
+                         range=Range(1, MAX_WIDTH, words=f"1 to {MAX_WIDTH:,}"), default=128)
 
 
 def validate_model(m: ModelConfig, algo_name: str, trains: str) -> None:
     """Range and choice checks of the model section; `trains`: what algo.name trains (its
     dataflow's policy: 'q', 'sac', 'td3' or an actor-critic's)."""
+    check_ranges(m, "model")
     check(1 <= len(m.hidden_sizes) <= MAX_LAYERS
           and all(_whole(h, MAX_WIDTH) for h in m.hidden_sizes),
           lambda: f"model.hidden_sizes: expected a list of 1 to {MAX_LAYERS} widths, each 1 to {MAX_WIDTH:,}, "
@@ -68,18 +70,12 @@ def validate_model(m: ModelConfig, algo_name: str, trains: str) -> None:
           lambda: f"model.grid_convs: expected a list of 1 to {MAX_LAYERS} convolutions, each [channels, kernel] "
                   f"or [channels, kernel, valid] with channels 1 to {MAX_WIDTH:,} and kernel 1 to {MAX_KERNEL}, "
                   f"got {shown(m.grid_convs)}")
-    check(m.activation in ("tanh", "relu"), f"model.activation: expected 'tanh' or 'relu', got {m.activation!r}")
-    check(m.encoder in ENCODERS, f"model.encoder: expected one of {', '.join(ENCODERS)}, got {m.encoder!r}")
-    check(m.core in CORES, f"model.core: expected one of {', '.join(CORES)}, got {m.core!r}")
-    check(m.grid_policy in GRID_POLICIES,
-          f"model.grid_policy: expected one of {', '.join(GRID_POLICIES)}, got {m.grid_policy!r}")
     check(m.grid_policy == "mlp" or (m.encoder == "grid" and m.core == "none"),
           f"model.grid_policy: {m.grid_policy} reads the grid encoder's map, so it needs model.encoder: grid and "
           f"model.core: none (got encoder {m.encoder!r}, core {m.core!r}); or use grid_policy: mlp")
     check(m.grid_policy == "mlp" or trains not in ("q", "sac", "td3"),
           f"model.grid_policy: {m.grid_policy} is an actor-critic's policy head, and {algo_name} trains a "
           f"{'Q-network' if trains == 'q' else 'continuous actor'}; use grid_policy: mlp")
-    check(1 <= m.core_size <= MAX_WIDTH, f"model.core_size: expected 1 to {MAX_WIDTH:,}, got {m.core_size}")
 
 
 def _whole(x: Any, top: int) -> bool:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hpcrl.core.config_base import ConfigError, check, doc, is_number, number_as_text_hint, shown
+from hpcrl.core.config_base import (ConfigError, OneOf, Range, check, check_ranges, doc, is_number, number_as_text_hint,
+                                     shown)
 from hpcrl.core.population import PFSP_WEIGHTINGS, ExploreRule
 
 MAX_KEEP = 256  # snapshots an owner keeps: each a whole copy of the policy on its learner root
@@ -38,7 +39,7 @@ class LeagueConfig:
                                  "start again with probability exploiter_reset at each of their own snapshots",
                                  default=0)
     snapshot_frames: int = doc("frames of a member's training between its snapshots (its weights frozen into the "
-                               "league)", default=100_000)
+                               "league)", range=Range(1, words="a positive number of frames"), default=100_000)
     exploiter_snapshot_frames: int = doc("frames of an exploiter's training between its snapshots, at most (with "
                                          "snapshot_win_rate, its timeout: AlphaStar's is twice the main agents' "
                                          "interval). 0: snapshot_frames", default=0)
@@ -47,22 +48,25 @@ class LeagueConfig:
                                     "frames (AlphaStar's 0.7; a draw counts half); a main exploiter then starts "
                                     "again. Main agents keep the frame rule: they beat their frozen slots most of "
                                     "the time. 0: the frame rule only",
-                                    default=0.0)
+                                    range=Range(0, 1, words="a win rate in [0, 1] (0: off)"), default=0.0)
     keep: int = doc("snapshots each member keeps in the league (its newest; older ones leave it). Its learner "
-                    "root holds them in memory, and its checkpoints save them", default=16)
+                    "root holds them in memory, and its checkpoints save them",
+                    range=Range(1, MAX_KEEP, words=f"1 to {MAX_KEEP} snapshots per member"), default=16)
     opponents: str = doc("how main agents and league exploiters weigh the snapshots when the population root "
                          "fills their slots (algo.selfplay.pool of them): 'hard' (1 - p)^2, 'variance' p(1 - p) "
-                         "or 'uniform', p the member's win rate against the snapshot", default="hard")
+                         "or 'uniform', p the member's win rate against the snapshot",
+                         range=OneOf(PFSP_WEIGHTINGS), default="hard")
     payoff_decay: float = doc("decay per game of the payoff matrix's win rates (an EMA; AlphaStar's 0.99)",
-                              default=0.99)
+                              range=Range(0, 1, below=True, words="a decay in [0, 1)"), default=0.99)
     exploiter_reset: float = doc("probability that a league exploiter starts again (restart says from what) at "
-                                 "one of its snapshots (AlphaStar's 0.25)", default=0.25)
+                                 "one of its snapshots (AlphaStar's 0.25)",
+                                 range=Range(0, 1, words="a probability in [0, 1]"), default=0.25)
     restart: str = doc("what an exploiter starts again from after its snapshot: 'initial', the weights it was "
                        "built with, or 'main', the newest snapshot of the main agent it beats least (its weights "
                        "and normalisers, moved over MPI as a slot's at the exploiter's next report; a fresh "
                        "optimizer either way). AlphaStar's exploiters start again from a supervised agent: 'main' "
                        "is the nearest here, a player that knows the game, so a new exploiter starts even with a "
-                       "strong main agent and learns what beats it", default="initial")
+                       "strong main agent and learns what beats it", range=OneOf(RESTARTS), default="initial")
 
     @property
     def members(self) -> int:
@@ -76,11 +80,13 @@ class PopulationConfig:
     members: int = doc("members trained side by side (0: no population, one run); the world size must be a "
                        "multiple, and each member runs the roles table on world size / members ranks", default=0)
     ready_frames: int = doc("frames a member trains (from its start, its last report, or its last copy) before "
-                            "the population root judges it", default=50_000)
+                            "the population root judges it",
+                            range=Range(1, words="a positive number of frames"), default=50_000)
     truncation: float = doc("exploit: a judged member in the bottom fraction of the population's fitness copies "
                             "the weights, optimizer state and normalisers of a member drawn from the top "
                             "fraction (at most 0.5). A member whose fitness is NaN (diverged, or no episode "
-                            "ended) ranks last", default=0.25)
+                            "ended) ranks last",
+                            range=Range(0, 0.5, above=True, words="a fraction in (0, 0.5]"), default=0.25)
     explore: dict = doc("explore, after a copy: hyperparameter (a live key of the algorithm, e.g. algo.lr) -> "
                         "{perturb: [factors]} (the parent's value times one, drawn uniformly) or {resample: "
                         "[values]} (one drawn anew), optionally with low and high bounds. Empty: copies keep "
@@ -124,8 +130,7 @@ def validate_population(p: PopulationConfig, live: tuple[str, ...], algo_name: s
         return
     check(2 <= p.members <= MAX_MEMBERS, f"population.members: expected 0 (no population) or 2 to {MAX_MEMBERS:,}, "
                                          f"got {p.members}")
-    check(p.ready_frames >= 1, f"population.ready_frames: expected a positive number of frames, got {p.ready_frames}")
-    check(0.0 < p.truncation <= 0.5, f"population.truncation: expected a fraction in (0, 0.5], got {p.truncation}")
+    check_ranges(p, "population")
     allowed = [f"algo.{k}" for k in live]
 
     def known(key: str, where: str) -> None:
@@ -164,6 +169,7 @@ def validate_league(p: PopulationConfig) -> None:
         value = getattr(league, name)
         check(isinstance(value, int) and value >= 0, lambda: f"population.league.{name}: expected a count >= 0, "
                                                              f"got {shown(value)}")
+    check_ranges(league, "population.league")
     check(league.main >= 1, f"population.league.main: a league needs at least one main agent, got {league.main}")
     check(league.members == p.members,
           f"population.league: main {league.main} + main_exploiters {league.main_exploiters} + league_exploiters "
@@ -171,20 +177,6 @@ def validate_league(p: PopulationConfig) -> None:
           f"make them equal")
     check(not p.explore, "population.explore: a league's members are not copied onto each other, so nothing is "
                          "explored; remove it (population.values still gives each member its own start)")
-    check(league.snapshot_frames >= 1, f"population.league.snapshot_frames: expected a positive number of frames, "
-                                       f"got {league.snapshot_frames}")
     check(isinstance(league.exploiter_snapshot_frames, int) and league.exploiter_snapshot_frames >= 0,
           lambda: f"population.league.exploiter_snapshot_frames: expected a number of frames >= 0 (0: "
                   f"snapshot_frames), got {shown(league.exploiter_snapshot_frames)}")
-    check(0.0 <= league.snapshot_win_rate <= 1.0, f"population.league.snapshot_win_rate: expected a win rate in "
-                                                  f"[0, 1] (0: off), got {league.snapshot_win_rate}")
-    check(1 <= league.keep <= MAX_KEEP, f"population.league.keep: expected 1 to {MAX_KEEP} snapshots per member, "
-                                        f"got {league.keep}")
-    check(league.opponents in PFSP_WEIGHTINGS, f"population.league.opponents: expected one of "
-                                               f"{', '.join(PFSP_WEIGHTINGS)}, got {league.opponents!r}")
-    check(0.0 <= league.payoff_decay < 1.0, f"population.league.payoff_decay: expected a decay in [0, 1), got "
-                                            f"{league.payoff_decay}")
-    check(0.0 <= league.exploiter_reset <= 1.0, f"population.league.exploiter_reset: expected a probability in "
-                                                f"[0, 1], got {league.exploiter_reset}")
-    check(league.restart in RESTARTS, lambda: f"population.league.restart: expected one of {', '.join(RESTARTS)}, "
-                                              f"got {shown(league.restart)}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from hpcrl.core.config_base import check, doc
+from hpcrl.core.config_base import NON_NEGATIVE, OneOf, check, check_ranges, doc
 
 REST = "rest"
 ROLE_NAMES = ("learner", "inference", "env")
@@ -23,14 +23,14 @@ class RoleSpec:
     ranks: Union[int, str, None] = doc("number of ranks for this role in total, or 'rest' for all ranks "
                                        "left over (default: learner 1, inference 0, env rest)", default=None)
     per_node: Union[int, None] = doc("ranks of this role on every node, instead of a total `ranks`", default=None)
-    device: str = doc("torch device for this role's policy: 'cpu' or 'cuda'", default="cpu")
+    device: str = doc("torch device for this role's policy: 'cpu' or 'cuda'", range=OneOf(DEVICES), default="cpu")
     place: str = doc("which ranks the role takes: 'low' (the lowest free ranks; learners are placed first, so "
                      "the learner root is rank 0) or 'high' (the highest, e.g. when a heterogeneous job lists "
-                     "its GPU nodes last)", default="low")
+                     "its GPU nodes last)", range=OneOf(("low", "high")), default="low")
     max_env_ranks: Union[int, None] = doc(
         "learner and inference: the most env ranks one such rank should serve; hpcrl plan and the run warn "
         "above it (default 256: beyond that one server's per-poll work and buffers dominate; 0 = no limit)",
-        default=None)
+        range=NON_NEGATIVE, default=None)
     sample_slots: Union[int, None] = doc(
         "learner: fragments one learner holds or has in flight at once, its sample stream's memory bound "
         "(this x the fragment size, whatever the MPI eager limit); an env rank without a free slot waits "
@@ -58,6 +58,7 @@ def validate_roles(roles: RolesConfig) -> None:
     for role in ROLE_NAMES:
         spec: RoleSpec = getattr(roles, role)
         key = f"roles.{role}"
+        check_ranges(spec, key)
         check(spec.ranks is None or spec.per_node is None,
               f"{key}: set either ranks (a total) or per_node (on every node), not both")
         if spec.per_node is not None:
@@ -65,17 +66,13 @@ def validate_roles(roles: RolesConfig) -> None:
                   f"{key}.per_node: expected >= {0 if role == 'inference' else 1}, got {spec.per_node}")
         check(spec.ranks is None or spec.ranks == REST or (isinstance(spec.ranks, int) and spec.ranks >= 0),
               f"{key}.ranks: expected a count >= 0 or 'rest', got {spec.ranks!r}")
-        check(spec.max_env_ranks is None or spec.max_env_ranks >= 0,
-              f"{key}.max_env_ranks: expected >= 0, got {spec.max_env_ranks}")
         check(role != "env" or not spec.max_env_ranks,
               f"{key}.max_env_ranks: only learner and inference ranks serve env ranks")
-        check(spec.place in ("low", "high"), f"{key}.place: expected 'low' or 'high', got {spec.place!r}")
         check(spec.place == "low" or spec.ranks != REST,
               f"{key}.place: a role with ranks: rest takes every rank left over; give it a count to place it high")
         check(spec.sample_slots is None or (role == "learner" and spec.sample_slots >= 1),
               f"{key}.sample_slots: " + ("expected >= 1 (or null)" if role == "learner"
                                         else "only learners receive fragments; set roles.learner.sample_slots"))
-        check(spec.device in DEVICES, f"{key}.device: expected one of {', '.join(DEVICES)}, got {spec.device!r}")
     rest = [r for r in ROLE_NAMES if getattr(roles, r).ranks == REST]
     check(len(rest) <= 1, f"roles: only one role may use ranks: rest, got {', '.join(rest)}")
     check(roles.learner.ranks != 0, "roles.learner.ranks: at least 1 learner rank is needed")

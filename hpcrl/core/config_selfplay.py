@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from hpcrl.core.config_base import check, doc, shown
+from hpcrl.core.config_base import AT_LEAST_ONE, OneOf, Range, check, check_ranges, doc, shown
 from hpcrl.core.population import PFSP_WEIGHTINGS
 
 MAX_POOL = 64  # pool members per holder: each is a whole copy of the policy
@@ -34,18 +34,22 @@ class SelfPlayConfig:
     """Self-play against a pool of frozen past versions (multi-agent games)."""
 
     pool: int = doc("past versions kept to play against (0: the policy only ever plays itself); games against "
-                    "them train the learning seat alone, and metrics.h5 gets a win rate per pool age", default=0)
+                    "them train the learning seat alone, and metrics.h5 gets a win rate per pool age",
+                    range=Range(0, MAX_POOL, words=f"0 to {MAX_POOL}"), default=0)
     snapshot_every: int = doc("policy versions between snapshots into the pool (the oldest member gives way)",
-                              default=20)
+                              range=AT_LEAST_ONE, default=20)
     latest: float = doc("share of games in which the policy plays itself; the others, but the anchors' share, go "
-                        "to a pool member drawn as `opponents` says", default=0.5)
+                        "to a pool member drawn as `opponents` says",
+                        range=Range(0, 1, below=True, words="a share in [0, 1) (1 would never use the pool; set pool: 0 "
+                                                              "instead)"), default=0.5)
     opponents: str = doc("how a game against the pool picks its pool age: 'uniform' (every age alike), or "
                          "prioritized fictitious self-play on the win rate p against each age: 'hard' weighs "
                          "an age by (1 - p)^2 (the ages it loses to), 'variance' by p(1 - p) (the ages it wins "
                          "half the time). Each env rank keeps p per age itself, an EMA of its own games",
-                         default="uniform")
+                         range=OneOf(PFSP_WEIGHTINGS), default="uniform")
     payoff_decay: float = doc("decay of that EMA per judged game (AlphaStar's 0.99); a win counts 1, a draw 0.5, "
-                              "a loss 0, and every age starts at 0.5", default=0.99)
+                              "a loss 0, and every age starts at 0.5",
+                              range=Range(0, 1, below=True, words="a decay in [0, 1)"), default=0.99)
     anchors: dict = doc("fixed players to rate the policy against, by name: 'module:function' (a function of "
                         "(obs, action_mask, numpy generator) returning an action per row, imported from the "
                         "Python path), or {player: 'module:function', rating: MU} to fix the anchor's rating "
@@ -73,13 +77,7 @@ def validate_selfplay(s: SelfPlayConfig, multiagent: bool, policies: int) -> Non
     _validate_anchors(s)
     if not s.pool and not s.anchors:
         return
-    check(0 <= s.pool <= MAX_POOL, f"algo.selfplay.pool: expected 0 to {MAX_POOL}, got {s.pool}")
-    check(s.snapshot_every >= 1, f"algo.selfplay.snapshot_every: expected >= 1, got {s.snapshot_every}")
-    check(s.opponents in PFSP_WEIGHTINGS, f"algo.selfplay.opponents: expected one of "
-                                          f"{', '.join(PFSP_WEIGHTINGS)}, got {s.opponents!r}")
-    check(0.0 <= s.payoff_decay < 1.0, f"algo.selfplay.payoff_decay: expected a decay in [0, 1), got {s.payoff_decay}")
-    check(0.0 <= s.latest < 1.0, f"algo.selfplay.latest: expected a share in [0, 1) (1 would never use the "
-                                 f"pool; set pool: 0 instead), got {s.latest}")
+    check_ranges(s, "algo.selfplay")
     if s.anchors:
         check(0.0 < s.anchor_share < 1.0, f"algo.selfplay.anchor_share: expected a share in (0, 1), got "
                                           f"{s.anchor_share}")
