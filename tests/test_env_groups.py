@@ -1,5 +1,6 @@
 """Double-buffered env ranks: with two env groups, one steps while the other waits for actions."""
 import numpy as np
+import pytest
 
 from hpcrl.io.metrics import read_metrics
 from tests.conftest import mpirun, run_dir, small_config, write_config
@@ -19,6 +20,7 @@ def wait_fraction(tmp_path, groups: int) -> float:
     return float(np.mean(metrics["env_wait_fraction"]))
 
 
+@pytest.mark.alone  # a ratio of measured waits
 def test_two_env_groups_hide_the_inference_round_trip(tmp_path):
     one, two = wait_fraction(tmp_path, 1), wait_fraction(tmp_path, 2)
     assert one > 0.0  # with a single vector the env rank idles for every reply

@@ -3,6 +3,7 @@ shared memory), and a slow holder never slows the learner."""
 import json
 
 import numpy as np
+import pytest
 
 from hpcrl.io.metrics import read_metrics
 from tests.conftest import mpirun, mpirun_script, run_dir, small_config, write_config
@@ -22,6 +23,7 @@ def test_every_holder_gets_the_newest_versions_and_the_stop_word_through_a_tree_
     assert len(records[slow]["versions"]) < 301  # the slow holder skipped versions instead of queueing them
 
 
+@pytest.mark.alone  # a ratio of updates to a slow holder's steps, both paced by the wall clock
 def test_a_slow_policy_holder_does_not_set_the_learners_pace(tmp_path):
     """Async, inline inference: every env rank holds the policy; one sleeps 0.2 s per env step.
     With one broadcast per version the learner would wait for it at every update."""

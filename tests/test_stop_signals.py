@@ -77,10 +77,22 @@ def test_a_signal_before_the_run_has_started_is_a_request_too(tmp_path):
     update and exits 3 (it used to die at once)."""
     cfg = long_run(tmp_path)
     proc = start(tmp_path, cfg)
-    time.sleep(0.4)  # the handlers are in place within Python's start-up; the imports take ~2 s
-    assert proc.poll() is None
+    deadline = time.monotonic() + 30
+    while not catches(proc.pid, signal.SIGTERM):  # the handlers come first in Python's start-up; the imports
+        assert proc.poll() is None and time.monotonic() < deadline  # then take seconds
+        time.sleep(0.005)
     os.kill(proc.pid, signal.SIGTERM)
     assert_preempted(proc, cfg)
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (the SigCgt mask of /proc/PID/status)."""
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return False
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(mask >> (sig - 1) & 1)
 
 
 def test_sigterm_twice_to_the_launcher_of_a_multi_rank_job_exits_3_after_the_checkpoint(tmp_path):
