@@ -166,7 +166,7 @@ def layout_run(tmp_path, name: str, env_ranks: int, inference: int = 1, learners
 def test_a_sync_run_repeats_bit_for_bit_on_one_layout_and_trains_alike_on_others(tmp_path):
     """Twice on 4 ranks (1 learner, 1 policy server, 2 env ranks of 6 envs in groups of 3): the
     same weights, optimizer state and metric rows. The same 12 envs serially, on 4 env ranks of 3,
-    and on 2 env ranks with inline policies: the same weights."""
+    on 2 env ranks with inline policies, and with the learner on the last rank: the same weights."""
     first = layout_run(tmp_path, "remote2", env_ranks=2)
     assert_same_run(first, layout_run(tmp_path, "remote2_again", env_ranks=2))
     report = run_hpcrl("inspect", str(tmp_path / "runs" / "remote2"))
@@ -176,6 +176,10 @@ def test_a_sync_run_repeats_bit_for_bit_on_one_layout_and_trains_alike_on_others
             f"(1 learner, 1 inference, 2 env; 12 envs)") in report.stdout
     for name, env_ranks, inference in (("serial", 0, 0), ("remote4", 4, 1), ("inline2", 2, 0)):
         assert_same_weights(first, layout_run(tmp_path, name, env_ranks, inference))
+    # the learner (and so the weights' root) on the last rank, world rank 0 a policy server
+    high = layout_run(tmp_path, "learner_high", env_ranks=2, roles={"learner": {"ranks": 1, "place": "high"}})
+    assert "roles: learner ranks 3; inference ranks 0; env ranks 1-2" in high["out"]
+    assert_same_weights(first, high)
 
 
 def test_two_learners_stay_bit_identical_and_repeat_bit_for_bit(tmp_path):
