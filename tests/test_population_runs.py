@@ -40,25 +40,88 @@ def lineage(cfg) -> dict:
     return read_metrics(str(run_dir(cfg) / "metrics.h5"))
 
 
-def test_members_copy_states_and_hyperparameters_as_the_lineage_says(tmp_path):
+def test_a_copy_reaches_every_learner_of_a_member(tmp_path):
+    """2 members of 4 ranks (2 learners, averaging with Horovod, and 2 env ranks): after every
+    copy both learners of the target hold the same weights and normalisers (their digests after
+    each update are equal), and training goes on."""
+    cfg = population_config(tmp_path, 2, {"learner": {"ranks": 2}, "inference": {"ranks": 0}}, [1e-3, 3e-3],
+                            run={"total_frames": 3072, "replica_digests": True}, model={"obs_norm": True})
+    cfg["population"]["truncation"] = 0.5
+    result = mpirun(8, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = lineage(cfg)
+    assert (table["event"] == EXPLOIT).sum() >= 1
+    for m in range(2):
+        metrics = read_metrics(str(run_dir(cfg) / f"member{m}" / "metrics.h5"))
+        digests = metrics["replica_digest"]
+        assert digests.shape[1] == 2 and np.all(digests[:, 0] == digests[:, 1])
+        assert metrics["frames"][-1] >= 3072
+
+
+def test_a_population_that_does_not_fit_the_world_is_refused(tmp_path):
+    cfg = population_config(tmp_path, 2, {"learner": {"ranks": 1}, "inference": {"ranks": 0}}, [1e-3, 2e-3])
+    result = mpirun(1, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "population.members: 2 members need a world size that is a multiple of 2" in result.stderr
+    assert not (tmp_path / "runs").exists()  # a refused start writes nothing
+
+
+def test_a_population_is_not_started_in_the_directory_of_a_single_run(tmp_path):
+    single = small_config(tmp_path, name="pbt", roles={"learner": {"ranks": 1}, "inference": {"ranks": 0}},
+                          run={"total_frames": 256})
+    assert mpirun(1, "run", str(write_config(tmp_path, single, "single.yaml"))).returncode == 0
+    cfg = population_config(tmp_path, 2, {"learner": {"ranks": 1}, "inference": {"ranks": 0}}, [1e-3, 2e-3])
+    result = mpirun(2, "run", str(write_config(tmp_path, cfg)))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "holds a run of one policy set, not a population" in result.stderr
+    assert not (run_dir(cfg) / "member0").exists()
+
+
+def test_a_preempted_population_resumes_and_its_members_end_as_the_lineage_says(tmp_path):
     """4 serial members that do not train (algo.train: false), so each keeps the weights it was
-    seeded with until it copies another's: every member's final weights must be those of the
-    member its lineage leads back to, and its learning rate the lineage's last."""
+    seeded with until it copies another's. SIGTERM to the launcher once copies have happened: every
+    member checkpoints and the job exits 3; run again on twice the ranks (each member a learner and
+    an env rank instead of one serial rank), each member resumes from its own checkpoint with the
+    learning rate its copies left it (its first report says so in the lineage), and the lineage goes
+    on. At the end every member's weights are those of the member its lineage leads back to, and its
+    learning rate the lineage's last."""
     lrs = [1e-3, 2e-3, 3e-3, 4e-3]
     cfg = population_config(tmp_path, 4, {"learner": {"ranks": 1}, "inference": {"ranks": 0}}, lrs,
-                            run={"total_frames": 4096}, algo={"train": False})
-    result = mpirun(4, "run", str(write_config(tmp_path, cfg)))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
+                            run={"total_frames": 10**8}, algo={"train": False})
+    path = str(write_config(tmp_path, cfg))
+    proc = start_until_a_copy(path)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "Traceback" not in err, out + err
+    before = lineage(cfg)
+    saved = {m: load_checkpoint(str(run_dir(cfg) / f"member{m}" / "checkpoint.h5")) for m in range(4)}
+    assert all(saved[m]["counters"]["stopped_by"] == "preempted" for m in range(4))
+    saved_lrs = {m: saved[m]["parts"]["hyperparameters"]["lr"] for m in range(4)}
+    assert (before["event"] == EXPLOIT).any()
+    for m in range(4):  # each checkpoint holds the rate the lineage last gave its member
+        assert saved_lrs[m] == before["algo.lr"][np.flatnonzero(before["member"] == m)[-1]], (m, saved_lrs)
+
+    resumed = mpirun(8, "run", path, "--set", "run.total_frames=" + str(max(
+        int(saved[m]["counters"]["frames"]) for m in range(4)) + 2048))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "Traceback" not in resumed.stderr, resumed.stderr
+    assert resumed.stdout.count("resuming from") == 4
+    assert "population of 4 members, each on 2 ranks as below" in resumed.stdout, resumed.stdout
     table = lineage(cfg)
+    rows = len(before["event"])
+    assert np.array_equal(table["event"][:rows], before["event"]) and len(table["event"]) > rows
+    for m in range(4):  # each member's first update of the new launch trained with the rate its checkpoint held
+        metrics = read_metrics(str(run_dir(cfg) / f"member{m}" / "metrics.h5"))
+        first = np.flatnonzero(metrics["frames"] > saved[m]["counters"]["frames"])[0]
+        assert metrics["lr"][first] == saved_lrs[m], (m, metrics["lr"][first], saved_lrs[m])
+
     events, members, parents = table["event"], table["member"], table["parent"]
     assert sorted(members[events == START].tolist()) == [0, 1, 2, 3]
-    assert sorted(members[events == STOPPED].tolist()) == [0, 1, 2, 3]
-    assert len(exploits_taken(events, members, parents)) >= 1
+    assert Counter(members[events == STOPPED].tolist()) == {m: 2 for m in range(4)}  # preempted, then done
     assert np.all(np.isin(events, (START, JUDGED, EXPLOIT, STOPPED, CANCELLED)))
     # every copy a member announces is one the lineage holds (under load mpirun's output forwarding
     # may merge and drop a line of several ranks writing at once, so the announcements may be fewer)
-    announced = Counter(re.findall(r"member(\d)\] exploit: took member (\d)'s", result.stdout))
+    announced = Counter(re.findall(r"member(\d)\] exploit: took member (\d)'s", out + resumed.stdout))
     held = Counter((str(members[i]), str(parents[i])) for i in exploits_taken(events, members, parents))
     assert announced and announced <= held, (announced, held)
 
@@ -98,77 +161,6 @@ def test_members_copy_states_and_hyperparameters_as_the_lineage_says(tmp_path):
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     mixed = run_hpcrl("plot", str(run_dir(cfg)), str(run_dir(cfg) / "member0"), "-o", str(image))
     assert mixed.returncode == 2 and "is a population's directory: plot it alone" in mixed.stderr
-
-
-def test_a_copy_reaches_every_learner_of_a_member(tmp_path):
-    """2 members of 4 ranks (2 learners, averaging with Horovod, and 2 env ranks): after every
-    copy both learners of the target hold the same weights and normalisers (their digests after
-    each update are equal), and training goes on."""
-    cfg = population_config(tmp_path, 2, {"learner": {"ranks": 2}, "inference": {"ranks": 0}}, [1e-3, 3e-3],
-                            run={"total_frames": 3072, "replica_digests": True}, model={"obs_norm": True})
-    cfg["population"]["truncation"] = 0.5
-    result = mpirun(8, "run", str(write_config(tmp_path, cfg)))
-    assert result.returncode == 0, result.stdout + result.stderr
-    table = lineage(cfg)
-    assert (table["event"] == EXPLOIT).sum() >= 1
-    for m in range(2):
-        metrics = read_metrics(str(run_dir(cfg) / f"member{m}" / "metrics.h5"))
-        digests = metrics["replica_digest"]
-        assert digests.shape[1] == 2 and np.all(digests[:, 0] == digests[:, 1])
-        assert metrics["frames"][-1] >= 3072
-
-
-def test_a_population_that_does_not_fit_the_world_is_refused(tmp_path):
-    cfg = population_config(tmp_path, 2, {"learner": {"ranks": 1}, "inference": {"ranks": 0}}, [1e-3, 2e-3])
-    result = mpirun(1, "run", str(write_config(tmp_path, cfg)))
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert "population.members: 2 members need a world size that is a multiple of 2" in result.stderr
-    assert not (tmp_path / "runs").exists()  # a refused start writes nothing
-
-
-def test_a_population_is_not_started_in_the_directory_of_a_single_run(tmp_path):
-    single = small_config(tmp_path, name="pbt", roles={"learner": {"ranks": 1}, "inference": {"ranks": 0}},
-                          run={"total_frames": 256})
-    assert mpirun(1, "run", str(write_config(tmp_path, single, "single.yaml"))).returncode == 0
-    cfg = population_config(tmp_path, 2, {"learner": {"ranks": 1}, "inference": {"ranks": 0}}, [1e-3, 2e-3])
-    result = mpirun(2, "run", str(write_config(tmp_path, cfg)))
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert "holds a run of one policy set, not a population" in result.stderr
-    assert not (run_dir(cfg) / "member0").exists()
-
-
-def test_a_preempted_population_resumes_every_member_with_its_hyperparameters(tmp_path):
-    """SIGTERM to the launcher once copies have happened: every member checkpoints and the job
-    exits 3; run again on twice the ranks (each member a learner and an env rank instead of one
-    serial rank), each member resumes from its own checkpoint with the learning rate its copies
-    left it (its first report says so in the lineage), and the lineage goes on."""
-    cfg = population_config(tmp_path, 4, {"learner": {"ranks": 1}, "inference": {"ranks": 0}},
-                            [1e-3, 2e-3, 3e-3, 4e-3], run={"total_frames": 10**8}, algo={"train": False})
-    path = str(write_config(tmp_path, cfg))
-    proc = start_until_a_copy(path)
-    os.kill(proc.pid, signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 3 and "Traceback" not in err, out + err
-    before = lineage(cfg)
-    saved = {m: load_checkpoint(str(run_dir(cfg) / f"member{m}" / "checkpoint.h5")) for m in range(4)}
-    assert all(saved[m]["counters"]["stopped_by"] == "preempted" for m in range(4))
-    lrs = {m: saved[m]["parts"]["hyperparameters"]["lr"] for m in range(4)}
-    assert (before["event"] == EXPLOIT).any()
-    for m in range(4):  # each checkpoint holds the rate the lineage last gave its member
-        assert lrs[m] == before["algo.lr"][np.flatnonzero(before["member"] == m)[-1]], (m, lrs)
-
-    resumed = mpirun(8, "run", path, "--set", "run.total_frames=" + str(max(
-        int(saved[m]["counters"]["frames"]) for m in range(4)) + 1024))
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert resumed.stdout.count("resuming from") == 4
-    assert "population of 4 members, each on 2 ranks as below" in resumed.stdout, resumed.stdout
-    after = lineage(cfg)
-    rows = len(before["event"])
-    assert np.array_equal(after["event"][:rows], before["event"]) and len(after["event"]) > rows
-    for m in range(4):  # each member's first update of the new launch trained with the rate its checkpoint held
-        metrics = read_metrics(str(run_dir(cfg) / f"member{m}" / "metrics.h5"))
-        first = np.flatnonzero(metrics["frames"] > saved[m]["counters"]["frames"])[0]
-        assert metrics["lr"][first] == lrs[m], (m, metrics["lr"][first], lrs[m])
 
 
 def test_inspect_and_eval_of_a_population_point_to_its_members(tmp_path):
