@@ -171,13 +171,13 @@ def resume_on_n0(cluster: Cluster, tmp_path) -> str:
     found, _, counters, problems = inspect_latest(run_path(tmp_path) + "/checkpoint.h5")
     assert found is not None, problems
     frames = int(counters["frames"])
-    status, out = cluster.run(PER_NODE, *job(tmp_path, f"run.total_frames={frames + 4096}",
+    status, out = cluster.run(PER_NODE, *job(tmp_path, f"run.total_frames={frames + 2048}",
                                              "run.target_return=null"), hosts=f"n0:{PER_NODE}")
     assert status == 0, out
     assert "[hpcrl] 4 ranks on 1 node" in out and "resuming from" in out
     metrics = read_metrics(run_path(tmp_path) + "/metrics.h5")
     assert metrics["policy_version"].tolist() == list(range(1, len(metrics["policy_version"]) + 1))
-    assert metrics["frames"][-1] >= frames + 4096
+    assert metrics["frames"][-1] >= frames + 2048
     return out
 
 

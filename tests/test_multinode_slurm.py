@@ -113,7 +113,7 @@ def test_srun_job_loses_a_node_and_finishes_on_the_two_left(cluster, tmp_path):
     learner and a policy server on each; n1 dies; the script relaunches on n0 and n2 and the run
     resumes from its checkpoint with 2 learners."""
     job = submit(cluster, tmp_path, SELF_HEALING, "roles.inference.per_node=1", "run.target_return=null",
-                 "run.total_frames=15000", "run.checkpoint_interval_s=1", PEER_TIMEOUT, sbatch=THREE_NODES,
+                 "run.total_frames=11000", "run.checkpoint_interval_s=1", PEER_TIMEOUT, sbatch=THREE_NODES,
                  env={"HPCRL_CPU_BIND": "none"})
     run_dir = tmp_path / "runs" / "cartpole_ppo_multinode"
     lost_s = lose_a_node_and_resume(cluster, tmp_path, job, run_dir, "n1", relaunch=1)
@@ -128,7 +128,7 @@ def test_srun_job_loses_a_node_and_finishes_on_the_two_left(cluster, tmp_path):
     assert "[hpcrl] nodes: n0 ranks 0-3; n2 ranks 4-7" in text and "[hpcrl] done" in text
     assert "relaunch 1 of at most 3" in (run_dir / "recovery.log").read_text()
     metrics = read_metrics(str(run_dir / "metrics.h5"))
-    assert metrics["frames"][-1] >= 15000
+    assert metrics["frames"][-1] >= 11000
     versions = metrics["policy_version"].tolist()
     assert versions == list(range(1, len(versions) + 1))  # one series across the relaunch, no gap, no repeat
 
