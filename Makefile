@@ -14,9 +14,9 @@ demo: setup
 	bash scripts/mpirun.sh -n $(RANKS) $(PY) -m hpcrl run $(CONFIG) --overwrite
 
 # Two passes: the suite on 2 workers (a test's jobs leave the cores idle about half the time:
-# start-up barriers, sleeping waits), then the tests that build emulated nodes or assert a bound in
-# seconds, one at a time with nothing beside them.
-ALONE := multinode or slurm or alone
+# start-up barriers, sleeping waits), then the tests that start SLURM's daemons, cause faults or
+# assert a bound in seconds, one at a time with nothing beside them.
+ALONE := slurm or alone
 test: setup
 	$(PY) -m pytest -n 2 --dist worksteal -m "not ($(ALONE))" tests
 	$(PY) -m pytest -m "$(ALONE)" tests
