@@ -22,6 +22,7 @@ LOST_NODE_COSTS_S = 90  # from the kill to training again on the nodes left (mea
 # Under srun the ranks left notice a lost node in run.peer_timeout_s (30 s by default, the same code at any value):
 # 10 s here, as a cluster that wants its relaunch sooner sets it (beats go every second).
 PEER_TIMEOUT = "run.peer_timeout_s=10"
+PROBE = {"HPCRL_PROBE_S": "10"}  # a lost node's probe gives up after 10 s instead of 20: these nodes answer in 1
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,7 @@ def test_srun_job_loses_a_node_and_finishes_on_the_two_left(cluster, tmp_path):
     resumes from its checkpoint with 2 learners."""
     job = submit(cluster, tmp_path, SELF_HEALING, "roles.inference.per_node=1", "run.target_return=null",
                  "run.total_frames=11000", "run.checkpoint_interval_s=1", PEER_TIMEOUT, sbatch=THREE_NODES,
-                 env={"HPCRL_CPU_BIND": "none"})
+                 env={"HPCRL_CPU_BIND": "none", **PROBE})
     run_dir = tmp_path / "runs" / "cartpole_ppo_multinode"
     lost_s = lose_a_node_and_resume(cluster, tmp_path, job, run_dir, "n1", relaunch=1)
     out = tmp_path / f"{job}.out"
@@ -142,7 +143,7 @@ def test_mpirun_job_relaunches_at_most_as_often_as_allowed(cluster, tmp_path):
                  "--launcher", "mpirun", "--no-kill", "--max-relaunches", "1", "-o", str(script))
     assert made.returncode == 0, made.stderr
     job = submit(cluster, tmp_path, str(script), "run.target_return=null", "run.total_frames=10000000",
-                 "run.checkpoint_interval_s=1", env={"HPCRL_BIND": "none"})
+                 "run.checkpoint_interval_s=1", env={"HPCRL_BIND": "none", **PROBE})
     run_dir = tmp_path / "runs" / "cartpole_ppo"
     lost_s = lose_a_node_and_resume(cluster, tmp_path, job, run_dir, "n2", relaunch=1)
     print(f"a lost node cost {lost_s:.1f} s from the kill to training again (mpirun)")

@@ -106,10 +106,12 @@ trap 'kill -USR1 $launcher' USR1 TERM
 def _self_healing_body(launch: str, other: str, max_relaunches: int) -> str:
     return f"""MAX_RELAUNCHES=${{HPCRL_MAX_RELAUNCHES:-{max_relaunches}}}  # edit: relaunches after lost nodes, per job
 
-answering_nodes() {{  # the nodes of the comma-separated list $1 that start a one-task step within 20 s
+PROBE_S=${{HPCRL_PROBE_S:-20}}  # seconds a node may take to start a one-task step before it counts as lost
+
+answering_nodes() {{  # the nodes of the comma-separated list $1 that start a one-task step within PROBE_S
     local node pids=() ok=() i=0
     for node in ${{1//,/ }}; do
-        timeout -k 5 20 srun --nodes=1 --ntasks=1 --nodelist="$node" --overlap true >/dev/null 2>&1 &
+        timeout -k 5 "$PROBE_S" srun --nodes=1 --ntasks=1 --nodelist="$node" --overlap true >/dev/null 2>&1 &
         pids+=($!)
     done
     for node in ${{1//,/ }}; do wait "${{pids[i]}}" && ok+=("$node"); i=$((i + 1)); done
