@@ -13,13 +13,14 @@ setup:
 demo: setup
 	bash scripts/mpirun.sh -n $(RANKS) $(PY) -m hpcrl run $(CONFIG) --overwrite
 
-# Two passes: the suite on 2 workers (a test's jobs leave the cores idle about half the time:
-# start-up barriers, sleeping waits), then the tests that start SLURM's daemons, cause faults or
-# assert a bound in seconds, one at a time with nothing beside them.
+# Two passes. First the suite on 2 workers (a test's jobs leave the cores idle about half the time:
+# start-up barriers, sleeping waits). Then the tests that start SLURM's daemons, cause faults or
+# assert a bound in seconds, which mostly wait (a quarter of the cores): the SLURM ones on one
+# worker and the others on a second, with no other test beside them (tests/conftest.py).
 ALONE := slurm or alone
 test: setup
 	$(PY) -m pytest -n 2 --dist worksteal -m "not ($(ALONE))" tests
-	$(PY) -m pytest -m "$(ALONE)" tests
+	$(PY) -m pytest -n 2 --dist loadgroup -m "$(ALONE)" tests
 
 # The tests that launch no MPI job, build no emulated node and train no agent to a return (markers
 # set in tests/conftest.py and the modules): a minute or two, for the edit-test loop.
