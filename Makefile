@@ -15,12 +15,11 @@ demo: setup
 
 # Two passes. First the suite on 2 workers (a test's jobs leave the cores idle about half the time:
 # start-up barriers, sleeping waits). Then the tests that start SLURM's daemons, cause faults or
-# assert a bound in seconds, which mostly wait (a quarter of the cores): the SLURM ones on one
-# worker and the others on a second, with no other test beside them (tests/conftest.py).
-ALONE := slurm or alone
+# assert a bound in seconds, which mostly wait: scripts/test_alone.sh runs the SLURM ones and the
+# others side by side, with no other test beside them.
 test: setup
-	$(PY) -m pytest -n 2 --dist worksteal -m "not ($(ALONE))" tests
-	$(PY) -m pytest -n 2 --dist loadgroup -m "$(ALONE)" tests
+	$(PY) -m pytest -n 2 --dist worksteal -m "not (slurm or alone)" tests
+	PY=$(PY) bash scripts/test_alone.sh
 
 # The tests that launch no MPI job, build no emulated node and train no agent to a return (markers
 # set in tests/conftest.py and the modules): a minute or two, for the edit-test loop.

@@ -185,14 +185,8 @@ def _refuse_in_fast_tier() -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark `mpi` every test that launches an MPI job, through its own code or its fixtures'. The
-    tests that run apart from the rest (`make test`'s second pass, two workers) wait more than they
-    compute: the SLURM tests on one worker (one SLURM at a time), every other on the other."""
+    """Mark `mpi` every test that launches an MPI job, through its own code or its fixtures'."""
     for item in items:
-        if item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif item.get_closest_marker("alone"):
-            item.add_marker(pytest.mark.xdist_group("faults"))
         functions = [getattr(item, "function", None)]
         for name in getattr(item, "fixturenames", ()):
             defs = item._fixtureinfo.name2fixturedefs.get(name) or ()
