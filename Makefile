@@ -14,11 +14,10 @@ demo: setup
 	bash scripts/mpirun.sh -n $(RANKS) $(PY) -m hpcrl run $(CONFIG) --overwrite
 
 # Two passes. First the suite on 2 workers (a test's jobs leave the cores idle about half the time:
-# start-up barriers, sleeping waits). Then the tests that start SLURM's daemons, cause faults or
-# assert a bound in seconds, which mostly wait: scripts/test_alone.sh runs the SLURM ones and the
-# others side by side, with no other test beside them.
+# start-up barriers, sleeping waits). Then scripts/test_alone.sh: the tests that mostly wait (SLURM,
+# faults, bounds in seconds) side by side, and last the ratios of measured waits, alone.
 test: setup
-	$(PY) -m pytest -n 2 --dist worksteal -m "not (slurm or alone)" tests
+	$(PY) -m pytest -n 2 --dist worksteal -m "not (slurm or waits or alone)" tests
 	PY=$(PY) bash scripts/test_alone.sh
 
 # The tests that launch no MPI job, build no emulated node and train no agent to a return (markers

@@ -11,7 +11,7 @@ from tests.conftest import job_pids, mpirun, run_dir, small_config, write_config
 from tests.test_hard_stop import start
 from tests.test_resume import wait_for_rows
 
-pytestmark = pytest.mark.alone  # timeouts of 4 s, and bounds in seconds on how soon a job ends
+pytestmark = pytest.mark.waits  # timeouts of 4 s, and bounds in seconds on how soon a job ends
 
 
 def test_hung_env_step_ends_the_job_naming_the_rank_and_what_it_did(tmp_path):

@@ -21,7 +21,7 @@ from tests.test_reproducible import assert_same_weights
 from tests.emulated_cluster import Cluster
 
 pytestmark = pytest.mark.multinode
-ALONE = pytest.mark.alone  # a fault, and a bound in seconds on what follows it (the others run beside other tests)
+WAITS = pytest.mark.waits  # a fault, and a bound in seconds on what follows it (the others run beside other tests)
 
 JOB = "jobs/cartpole_ppo_multinode.yaml"  # a learner and an inference rank per node: Horovod over TCP
 RANKS, PER_NODE = 8, 4
@@ -182,7 +182,7 @@ def resume_on_n0(cluster: Cluster, tmp_path) -> str:
     return out
 
 
-@ALONE
+@WAITS
 def test_async_trains_on_at_the_other_nodes_pace_while_one_is_stopped(healthy, tmp_path):
     """APPO with its learner and policy server on n0, one env rank there and two on n1; n1 stopped
     for half the peer timeout (PEER_TIMEOUT_S here): the learner trains on n0's fragments meanwhile,
@@ -212,7 +212,7 @@ def test_async_trains_on_at_the_other_nodes_pace_while_one_is_stopped(healthy, t
     assert series["policy_version"].tolist() == list(range(1, len(series["policy_version"]) + 1))
 
 
-@ALONE
+@WAITS
 def test_a_node_that_dies_ends_the_job_in_seconds_and_the_run_resumes_on_the_other(healthy, tmp_path):
     proc = start_and_train(healthy, tmp_path)
     killed = healthy.fault("kill", "n1")
@@ -223,7 +223,7 @@ def test_a_node_that_dies_ends_the_job_in_seconds_and_the_run_resumes_on_the_oth
     resume_on_n0(healthy, tmp_path)
 
 
-@ALONE
+@WAITS
 @pytest.mark.parametrize("pause", [
     None,  # sampling and training
     {"HPCRL_PAUSE_INSIDE": "update:8", "HPCRL_PAUSE_RANK": "4"},  # n1's learner stops in its update: the
@@ -248,7 +248,7 @@ def test_a_node_cut_off_ends_the_job_on_both_sides(healthy, tmp_path, pause):
         assert "a checkpoint a stopped run had not finished writing" in resumed
 
 
-@ALONE
+@WAITS
 def test_sync_ppo_across_nodes_averages_over_tcp_and_waits_out_a_stopped_node(healthy, tmp_path):
     """A learner and a policy server per node; n1 stopped for 12 s (less than the peer timeout):
     sync PPO waits for its fragments and gradients, then trains on to the end with the learners
