@@ -55,7 +55,7 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
         return ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up"
 
     comm.install_abort_hook(describe)
-    s = StartUp(config_path, overrides, overwrite, comm.JOB)
+    s = StartUp(config_path, overrides, overwrite, Alone(comm.JOB))
     try:
         for phase in PHASES:
             phase(s)

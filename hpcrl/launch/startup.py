@@ -123,9 +123,8 @@ class StartUp:
     config_path: str
     overrides: tuple[str, ...]
     overwrite: bool
-    world: object  # the run's communicator: the job's, or a population member's block of it
+    member: Alone | Population  # what a population member does around its run (Alone: nothing), and its world
     cfg: Config | None = None
-    member: Alone | Population = None  # what a population member does around its run (Alone: nothing)
     nodes: object = None  # rank -> node index
     hosts: list = field(default_factory=list)
     layout: Layout | None = None
@@ -135,8 +134,10 @@ class StartUp:
     shapes: dict | None = None  # (rank 0) each policy's weights' shapes, which a checkpoint resumed must fit
     start: rundir.RunStart | None = None
 
-    def __post_init__(self):
-        self.member = self.member or Alone(self.world)
+    @property
+    def world(self):
+        """The run's communicator: the job's, or a population member's block of it."""
+        return self.member.world
 
     @property
     def rank(self) -> int:
@@ -169,7 +170,7 @@ def _split_population(s: StartUp) -> None:
     if problem := population_problem(s.cfg, s.size):
         raise Refusal(f"{s.config_path}: {problem}")
     s.member = Population(s.cfg)  # MPI over the job
-    s.cfg, s.world = s.member.cfg, s.member.world
+    s.cfg = s.member.cfg
 
 
 def _plan(s: StartUp) -> None:
