@@ -56,7 +56,7 @@ class OneOf:
 
 
 POSITIVE = Range(0, above=True)  # > 0
-NON_NEGATIVE = Range(0)  # >= 0
+NON_NEGATIVE = Range(0, words=">= 0")
 FRACTION = Range(0, 1)  # in [0, 1]
 AT_LEAST_ONE = Range(1, words=">= 1")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from hpcrl.core.config_base import AT_LEAST_ONE, FRACTION, Range, check, check_ranges, doc
+from hpcrl.core.config_base import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, Range, check, check_ranges, doc
 
 EPS_SCHEDULES = ("apex", "linear")
 
@@ -38,7 +38,7 @@ class DQNConfig:
                             "epsilon, from eps_start to eps_final over eps_decay_frames; for small runs)",
                             default="apex")
     eps: float = doc("apex: the largest epsilon (env 0's)", range=FRACTION, default=0.4)
-    eps_alpha: float = doc("apex: how fast epsilon falls over the envs", range=Range(0, words=">= 0"), default=7.0)
+    eps_alpha: float = doc("apex: how fast epsilon falls over the envs", range=NON_NEGATIVE, default=7.0)
     eps_start: float = doc("linear: epsilon at the start", range=FRACTION, default=1.0)
     eps_final: float = doc("linear: epsilon after eps_decay_frames", range=FRACTION, default=0.05)
     eps_decay_frames: int = doc("linear: frames (all env ranks together) over which epsilon falls",
@@ -67,7 +67,7 @@ class ReplayConfig:
                                    "the learners start training (null: 50,000 for dqn; for sac and td3 "
                                    "algo.sac.learning_starts, at least algo.sac.batch_size)", default=None)
     alpha: Union[float, None] = doc("priority exponent: P(i) ~ p_i ^ alpha (0: uniform replay; null: 0.6 for dqn, "
-                                    "0 for sac and td3)", range=Range(0, words=">= 0"), default=None)
+                                    "0 for sac and td3)", range=NON_NEGATIVE, default=None)
     beta: float = doc("importance-sampling exponent at the start, annealed linearly to 1 at run.total_frames",
                       range=FRACTION, default=0.4)
     replay_ratio: Union[float, None] = doc(

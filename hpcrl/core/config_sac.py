@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from hpcrl.core.config_base import AT_LEAST_ONE, Range, check, check_ranges, doc
+from hpcrl.core.config_base import AT_LEAST_ONE, NON_NEGATIVE, Range, check, check_ranges, doc
 from hpcrl.core.config_dqn import validate_replay
 from hpcrl.core.dataflow import ALGORITHMS
 
@@ -44,11 +44,11 @@ class SACConfig:
                             "SAC: 1", range=Range(1, words=">= 1 gradient steps"), default=1)
     target_noise: float = doc("TD3: std of the Gaussian noise on the target policy's actions (target policy "
                               "smoothing), in units of the action range's half-width",
-                              range=Range(0, words=">= 0"), default=0.2)
-    target_noise_clip: float = doc("TD3: that noise is clipped to +-this", range=Range(0, words=">= 0"), default=0.5)
+                              range=NON_NEGATIVE, default=0.2)
+    target_noise_clip: float = doc("TD3: that noise is clipped to +-this", range=NON_NEGATIVE, default=0.5)
     exploration_noise: float = doc("TD3: std of the Gaussian noise the env ranks add to the policy's actions, "
                                    "per env, in units of the action range's half-width",
-                                   range=Range(0, words=">= 0"), default=0.1)
+                                   range=NON_NEGATIVE, default=0.1)
 
 
 def replay_settings(algo) -> tuple[object, str]:

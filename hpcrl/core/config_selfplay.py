@@ -40,8 +40,9 @@ class SelfPlayConfig:
                               range=AT_LEAST_ONE, default=20)
     latest: float = doc("share of games in which the policy plays itself; the others, but the anchors' share, go "
                         "to a pool member drawn as `opponents` says",
-                        range=Range(0, 1, below=True, words="a share in [0, 1) (1 would never use the pool; set pool: 0 "
-                                                              "instead)"), default=0.5)
+                        range=Range(0, 1, below=True,
+                                    words="a share in [0, 1) (1 would never use the pool; set pool: 0 instead)"),
+                        default=0.5)
     opponents: str = doc("how a game against the pool picks its pool age: 'uniform' (every age alike), or "
                          "prioritized fictitious self-play on the win rate p against each age: 'hard' weighs "
                          "an age by (1 - p)^2 (the ages it loses to), 'variance' by p(1 - p) (the ages it wins "
