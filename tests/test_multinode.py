@@ -5,7 +5,8 @@ waits for it, APPO trains on with the other node). A lost peer is noticed within
 run.peer_timeout_s: the cuts and the APPO stop set PEER_TIMEOUT_S (10 s, as a cluster that wants a
 lost node noticed sooner sets it; the default's 30 s runs through the same code and would cost
 each test 20 s more), their bounds and the stop scaled from it. After a dead node and after every
-cut (while sampling, averaging or checkpointing) the run resumes on the node left. Each run's cross-node counts are checked against `hpcrl plan`'s prediction."""
+cut (while sampling, averaging or checkpointing) the run resumes on the node left. Each run's
+cross-node counts are checked against `hpcrl plan`'s prediction."""
 import os
 import re
 import signal

@@ -122,7 +122,8 @@ def build_workers(s, control: ControlStream, hooks: Hooks) -> list:
     if algorithm.stream(INFERENCE) is not None:
         w.inference = InferenceStream(comm.stream_communicator(w.world), *inference_messages(cfg, w.spaces, w.groups))
     if algorithm.stream(SAMPLE) is not None:
-        w.sample = [SampleStream(comm.stream_communicator(w.world), algorithm.record(cfg, seen)) for seen in w.policy_spaces]
+        w.sample = [SampleStream(comm.stream_communicator(w.world), algorithm.record(cfg, seen))
+                    for seen in w.policy_spaces]
     if algorithm.stream(PARAMETER) is not None:
         # serial mode: the inline policy reads the publisher's newest version in place
         w.params = ([ParameterPublisher(None, w.weights[0])] if layout.serial else

@@ -1,7 +1,8 @@
 """The whole job, where a population cuts it into members: each member's run lives on
-its own block of ranks (a communicator split from the job's, passed to everything of its run), and these few collectives over every rank of the job
-keep the members in step where they must agree: at start-up, every member's verdict (one refusal
-stops them all, with one message), and at the end, a sleeping barrier before MPI_Finalize.
+its own block of ranks (a communicator split from the job's, passed to everything of its run),
+and these few collectives over every rank of the job keep the members in step where they must
+agree: at start-up, every member's verdict (one refusal stops them all, with one message), and at
+the end, a sleeping barrier before MPI_Finalize.
 
 Open MPI's MPI_Finalize waits for every process of the job, polling every 100 us: members that
 stop early would take a share of the cores from the members still training. The barrier here
