@@ -3,8 +3,6 @@ one layout train bit-identical weights and metric rows, and a run with a fixed t
 the same weights on serial, 2 and 4 env ranks, with remote or inline inference (real mpirun jobs).
 The replay families repeat in sync mode. Below them, the pieces that make it so: keyed draws and
 forward passes in fixed blocks."""
-import re
-
 import numpy as np
 import pytest
 import torch
@@ -20,6 +18,7 @@ from hpcrl.io.metrics import read_metrics
 from hpcrl.models import build_policy, make_runner
 from hpcrl.workers.policy_holder import PolicySet, RequestBatch
 from tests.conftest import mpirun, run_dir, run_hpcrl, small_config, write_config
+from tests.test_mpi_runs import imported
 
 
 
@@ -187,7 +186,7 @@ def test_two_learners_stay_bit_identical_and_repeat_bit_for_bit(tmp_path):
     every update both learners hold the same weights, which change every update; the run repeats."""
     sections = dict(env_ranks=3, learners=2, num_envs=6, run={"replica_digests": True})
     first = layout_run(tmp_path, "two", **sections, extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
-    assert re.search(r"^import time: .*\|\s+horovod$", first["err"], re.MULTILINE)  # the learners average with it
+    assert imported("horovod", first["err"])  # the learners average with it
     # once, after the first updates: what averaging costs per gradient step against what it saves
     assert first["out"].count("gradient averaging over 2 learners: ") == 1, first["out"]
     digests = first["metrics"]["replica_digest"]
