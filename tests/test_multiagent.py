@@ -258,7 +258,7 @@ def test_self_play_on_connect_four_runs_on_4_ranks_under_masks(tmp_path):
 @pytest.mark.learning
 def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_path):
     """The shipped connect four job, serially: its policy after 2k moves of self-play (a frozen early
-    snapshot) and after 60k, each played by hpcrl eval in both seats for 100 games. A quarter of the
+    snapshot) and after 30k, each played by hpcrl eval in both seats for 100 games. A quarter of the
     job's games are against its pool of past versions, which it beats more often than not."""
     path = str(REPO / "jobs/connect_four_selfplay.yaml")
     common = ("--set", f"run.output_dir={tmp_path}", "--set", "roles.inference.ranks=0")
@@ -266,7 +266,7 @@ def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_
     assert first.returncode == 0, first.stdout + first.stderr
     assert "cannot be saved as data" not in first.stdout  # the games are data (envs/state.py): saved whole
     shutil.copytree(tmp_path / "connect_four_selfplay", tmp_path / "early")
-    resumed = mpirun(1, "run", path, *common, "--set", "run.total_frames=60000")
+    resumed = mpirun(1, "run", path, *common, "--set", "run.total_frames=30000")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     # the games, the seats' draws and their win rates per pool age continue from the checkpoint
     assert "resuming from" in resumed.stdout and "env state was not restored" not in resumed.stdout
@@ -288,11 +288,11 @@ def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_
     anchored = anchored.summary()
     assert anchored["wins"] + anchored["draws"] + anchored["losses"] == 50 and anchored["win_rate"] <= 0.25, anchored
     m = read_metrics(str(tmp_path / "connect_four_selfplay" / "metrics.h5"))
-    assert m["selfplay.games"].sum() >= 300 and m["selfplay.wins"].sum() > 0.5 * m["selfplay.games"].sum()
+    assert m["selfplay.games"].sum() >= 200 and m["selfplay.wins"].sum() > 0.5 * m["selfplay.games"].sum()
     # the anchors measured it all along (untrained games), and its rating rose and continued from
     # the early checkpoint's: the first resumed update's games, rated from there, give its row
     assert m["anchor.uniform.games"].sum() >= 50 and m["anchor.one_step.games"].sum() >= 50
-    assert m["rating"][-20:].mean() > m["rating"][0] + 2.0, (m["rating"][0], m["rating"][-20:])  # (about 22 -> 28)
+    assert m["rating"][-20:].mean() > m["rating"][0] + 2.0, (m["rating"][0], m["rating"][-20:])  # (about 23 -> 28)
     early_frames = read_metrics(str(tmp_path / "early" / "metrics.h5"))["frames"][-1]
     first = int(np.flatnonzero(m["frames"] > early_frames)[0])
     saved = load_checkpoint(str(tmp_path / "early" / "checkpoint.h5"))["parts"]["stats"]["rating"]
