@@ -227,7 +227,7 @@ def test_dqn_members_copy_their_target_networks_too(tmp_path):
                        algo={"name": "dqn", "rollout_length": 8, "lr": 0.001,
                              "dqn": {"batch_size": 32, "target_update_interval": 10, "eps_schedule": "linear",
                                      "eps_decay_frames": 1000},
-                             "replay": {"capacity": 20000, "warmup": 256}})
+                             "replay": {"capacity": 20000, "warmup": 256, "replay_ratio": 4}})
     cfg["population"] = {"members": 2, "ready_frames": 400, "truncation": 0.5,
                          "explore": {"algo.lr": {"perturb": [0.5, 2.0]}}}
     result = mpirun(2, "run", str(write_config(tmp_path, cfg)))

@@ -76,7 +76,7 @@ def test_serial_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, nor
 REPLAY_CASES = {
     "dqn": ("dqn", {"dqn": {"n_step": 3, "gradient_steps": 2}, "replay": {"replay_ratio": 4}}),
     "sac": ("sac", {"sac": {"n_step": 2, "gradient_steps": 1, "learning_starts": 200}}),
-    "td3": ("td3", {"sac": {"gradient_steps": 2, "learning_starts": 200}, "replay": {"replay_ratio": None}}),
+    "td3": ("td3", {"sac": {"gradient_steps": 1, "learning_starts": 200}, "replay": {"replay_ratio": None}}),
     "dqn-sync": ("dqn", {"dqn": {"n_step": 3}, "replay": {"replay_ratio": 4}}),  # rounds: algo.mode sync
 }
 
