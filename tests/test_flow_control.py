@@ -17,7 +17,7 @@ def test_a_slow_learner_holds_at_most_its_sample_slots_and_fast_env_ranks_wait_f
                        roles={"learner": {"ranks": 1, "sample_slots": SLOTS}, "inference": {"ranks": 1},
                               "env": {"ranks": "rest"}},
                        env={"id": "CartPole-v1", "num_envs": N},
-                       algo={"mode": "async", "rollout_length": T, "epochs": 40, "num_minibatches": 8})
+                       algo={"mode": "async", "rollout_length": T, "epochs": 16, "num_minibatches": 8})
     result = mpirun(2 + ACTORS, "run", str(write_config(tmp_path, cfg)), timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     m = read_metrics(str(run_dir(cfg) / "metrics.h5"))
