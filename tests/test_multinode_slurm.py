@@ -17,7 +17,7 @@ from tests.test_slurm import job_env
 pytestmark = [pytest.mark.usefixtures("munged_as_found"), pytest.mark.slurm, pytest.mark.multinode]
 
 SELF_HEALING = "jobs/cartpole_ppo_multinode.sbatch"  # srun --mpi=pmix, --no-kill
-THREE_NODES = ("--nodes=3", "--ntasks-per-node=4")  # the committed script asks for 4 x 128 ranks
+THREE_NODES = ("--nodes=3", "--ntasks-per-node=3")  # the committed script asks for 4 x 128 ranks
 LOST_NODE_COSTS_S = 90  # from the kill to training again on the nodes left (measured: about 45 s)
 # Under srun the ranks left notice a lost node in run.peer_timeout_s (30 s by default, the same code at any value):
 # 10 s here, as a cluster that wants its relaunch sooner sets it (beats go every second).
@@ -111,8 +111,8 @@ def test_a_config_error_is_not_relaunched(cluster, tmp_path):
 
 def test_srun_job_loses_a_node_and_finishes_on_the_two_left(cluster, tmp_path):
     """`sbatch --nodes 3 jobs/cartpole_ppo_multinode.sbatch`: srun --mpi=pmix across 3 nodes, a
-    learner and a policy server on each; n1 dies; the script relaunches on n0 and n2 and the run
-    resumes from its checkpoint with 2 learners."""
+    learner, a policy server and an env rank on each; n1 dies; the script relaunches on n0 and n2
+    and the run resumes from its checkpoint with 2 learners."""
     job = submit(cluster, tmp_path, SELF_HEALING, "roles.inference.per_node=1", "run.target_return=null",
                  "run.total_frames=11000", "run.checkpoint_interval_s=1", PEER_TIMEOUT, sbatch=THREE_NODES,
                  env={"HPCRL_CPU_BIND": "none", **PROBE})
@@ -123,10 +123,10 @@ def test_srun_job_loses_a_node_and_finishes_on_the_two_left(cluster, tmp_path):
     text = out.read_text()
     print(f"a lost node cost {lost_s:.1f} s from the kill to training again (srun)")
     assert lost_s < LOST_NODE_COSTS_S, text
-    assert "[hpcrl] nodes: n0 ranks 0-3; n1 ranks 4-7; n2 ranks 8-11" in text
+    assert "[hpcrl] nodes: n0 ranks 0-2; n1 ranks 3-5; n2 ranks 6-8" in text
     assert (f"hpcrl: relaunch 1 of at most 3 by job {job}: the launcher ended with status" in text
             and "node(s) n1 stopped answering; going on on n0,n2" in text)
-    assert "[hpcrl] nodes: n0 ranks 0-3; n2 ranks 4-7" in text and "[hpcrl] done" in text
+    assert "[hpcrl] nodes: n0 ranks 0-2; n2 ranks 3-5" in text and "[hpcrl] done" in text
     assert "relaunch 1 of at most 3" in (run_dir / "recovery.log").read_text()
     metrics = read_metrics(str(run_dir / "metrics.h5"))
     assert metrics["frames"][-1] >= 11000
