@@ -134,8 +134,8 @@ class Population:
         try:
             rules = SnapshotRules(lg.keep, frames, lg.exploiter_reset, self.whole.population.ready_frames,
                                   snapshot_win_rate=win_rate, restart_from_main=lg.restart == "main")
-            member = LeagueMember(self.role_name, self.member, self.cfg.run.seed, trainer.num_params,
-                                  self.cfg.algo.selfplay.pool, rules, saved=saved, initial=trainer.copy_params)
+            member = LeagueMember(self.role_name, self.member, self.cfg.run.seed, trainer.member.num_params,
+                                  self.cfg.algo.selfplay.pool, rules, saved=saved, initial=trainer.member.copy_params)
         except ValueError as exc:
             raise ConfigError(f"population.league: cannot resume member {self.member}'s league snapshots: {exc}; "
                               f"resume with the league's settings as they were, or start afresh with "

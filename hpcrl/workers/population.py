@@ -92,8 +92,8 @@ class MemberLink:
         reset = None
         if self.league is not None and not code:
             self.league.add_games(trainer.stats.pool_games)
-            if self.league.snapshot_due(frames) and self.league.take_snapshot(trainer.copy_params, frames):
-                reset = trainer.reset_to()  # an exploiter starts again from its initial weights (core/league.py)
+            if self.league.snapshot_due(frames) and self.league.take_snapshot(trainer.member.copy_params, frames):
+                reset = trainer.member.reset_to()  # an exploiter starts again from its initial weights (core/league.py)
         if code and not self.stopped:
             self.report(DONE, trainer, frames, fitness, preempted=code == StopReason.PREEMPTED)
             self.stopped = True
@@ -114,7 +114,7 @@ class MemberLink:
         self.report(READY, trainer, frames, fitness, round_)
         adoption, _ = self.hold(trainer, round_, frames, fitness)
         if adoption is not None:
-            trainer.adopt_before_training(adoption)
+            trainer.member.adopt_before_training(adoption)
 
     def hold(self, trainer, round_: int, frames: int, fitness: float) -> tuple[Adoption | None, bool]:
         """Synchronous: serve orders until the population root ends this member's round. A
@@ -146,14 +146,14 @@ class MemberLink:
             kind, peer = order[0], int(order[1])
             start = time.perf_counter()
             if kind == SEND:
-                send_state(self.channel.comm, trainer.member_state(), peer)
+                send_state(self.channel.comm, trainer.member.member_state(), peer)
                 self.channel.send_step_state(trainer.step.state(), peer)
             elif kind == RECEIVE and self.stopped:
-                mine = trainer.member_state()
+                mine = trainer.member.member_state()
                 receive_state(self.channel.comm, MemberState([np.empty_like(a) for a in mine.arrays]), peer)
                 self.channel.receive_step_state(peer)
             elif kind == RECEIVE:
-                receive_state(self.channel.comm, trainer.member_state(), peer)
+                receive_state(self.channel.comm, trainer.member.member_state(), peer)
                 adopted = Adoption(peer, self.channel.receive_step_state(peer),
                                    dict(zip(self.live, (float(v) for v in order[2:]))))
                 self._ready_from(trainer.frames)
@@ -180,7 +180,7 @@ class MemberLink:
         if self.stopped:
             return None
         self.league.restarted(trainer.frames)
-        return trainer.reset_to(weights, owner)
+        return trainer.member.reset_to(weights, owner)
 
     def _serve_snapshot(self, order: np.ndarray) -> None:
         """A league snapshot's move: send one of this member's, take one into a slot, or copy

@@ -36,7 +36,7 @@ from hpcrl.models import build_optimizer, build_policy, copy_params_to, policy_d
 from hpcrl.runtime import comm
 from hpcrl.runtime.params import END
 from hpcrl.workers.averaging import start_averaging
-from hpcrl.workers.trainer_member import MemberParts
+from hpcrl.workers.trainer_member import MemberSide
 from hpcrl.workers.trainer_parts import LearnerLinks, LearnerSettings, LiveValues, SerialActor
 from hpcrl.workers.trainer_stats import TrainerStats
 from hpcrl.core.say import say
@@ -47,7 +47,7 @@ SHARED_PARTS = ("step", "stats", "hyperparameters")
 MEMBER_WAIT_SLEEP_S = 1e-4  # a population member's learners, waiting for their root's word after an update
 
 
-class LearnerRole(MemberParts):
+class LearnerRole:
     name = "learner"
 
     @classmethod
@@ -97,9 +97,9 @@ class LearnerRole(MemberParts):
         self.root = trainer_comm.Get_rank() == 0
         self.population, self.live = None, live
         self._in_effect = cfg.algo  # the algo section of the last update: algo.schedule's steps applied
-        self._member_state = None  # built at a member's first copy (workers/population.py)
         self.spaces = spaces
         self.publish_extra = None  # a league member's: its slot in each weights message (workers/league.py)
+        self.member = MemberSide(self)  # what a population member's link calls (workers/trainer_member.py)
         # a sync run of several ranks with run.deterministic: a checkpoint of version v waits until
         # every env rank has written its state at v's start (asked for with v - 1's weights), so a
         # resume continues exactly (hpcrl/io/env_states.py; serial runs hold the actor instead)
@@ -121,7 +121,7 @@ class LearnerRole(MemberParts):
             # A fresh run's first weights go out before the optimizer is built, so the actors
             # collect the first batch meanwhile.
             self.averaging.same_start(self.model)
-            self._publish()
+            self.publish()
         optimizer = build_optimizer(self.model, cfg)
         self.rng = np.random.default_rng(seed_for(cfg.run.seed, "learner", trainer_comm.Get_rank()))  # minibatch order
         self.optimizer = self.averaging.wrap(self.model, optimizer)
@@ -147,7 +147,7 @@ class LearnerRole(MemberParts):
         self.done = False
         self._set_waiting_status()
         if settings.resume_path is not None:
-            self._publish()
+            self.publish()
 
     @property
     def frames(self) -> int:
@@ -323,7 +323,7 @@ class LearnerRole(MemberParts):
             code = StopReason.PREEMPTED
             self.stopped_by = code.text
         if adoption is not None:
-            self._adopt(adoption)
+            self.member.adopt(adoption)
         return code, adoption
 
     def _report(self, row: dict, code: int, due: int | None, at_rest: bool) -> int:
@@ -348,12 +348,12 @@ class LearnerRole(MemberParts):
         if saved:
             self.source.save(self.run_dir, self.version)
         if copied:
-            self._share_adoption(adoption)
+            self.member.share_adoption(adoption)
         reason = StopReason(code)
         self.stopped_by, self.stop_flags = reason.text, reason.flags
         if code and self.control.is_controller:
             self.control.stop(self.stop_flags, self.version)  # every rank hears why the run ends
-        self._publish()
+        self.publish()
         if code:  # take (and discard) records until every actor's goodbye is in
             self.draining = True
             self.status = "stopping: waiting for the env ranks' last messages"
@@ -396,7 +396,8 @@ class LearnerRole(MemberParts):
     def status(self, text: str) -> None:
         self._status = text
 
-    def _publish(self) -> None:
+    def publish(self) -> None:
+        """This version's weights to the policy's holders (the stream's end once the run stops)."""
         if self.publisher is not None:  # after the stop word, the last version closes the stream
             flags = END if self.stop_flags else KEEP_ENV_STATE if self.env_state_next else 0
             self.publisher.publish(self.version, lambda flat: copy_params_to(self.model, flat),
