@@ -67,7 +67,7 @@ class ActionWriter(ReplayWriter):
         window.emit_due(obs, self.no_values, self.out)
         actions = self.actions(reply)
         window.record(obs, actions, self.no_values)
-        self.env_rank.status = f"stepping envs (step {window.t})"
+        self.stepping_window = window
         next_obs, rewards, terminated, truncated, info = group.envs.step(
             self.low + 0.5 * (actions + 1.0) * (self.high - self.low))
         ended = terminated | truncated

@@ -34,7 +34,7 @@ class RecordWriter(Protocol):
     """How an env rank turns its policy's replies into records, and ships them. A writer is made
     from the config (`build(w)` from the wiring), then attached to its env rank: it steps the
     rank's groups, adds their episodes to the rank's tally, fills and sends the rank's records,
-    and sets the rank's status while its envs step (what a hang report shows)."""
+    and says what its envs are doing when a hang report asks (`stepping`)."""
 
     record_name: str  # what ships, for the status line
     in_turns: bool  # the rank hands it the groups' replies in turns (a record's rows in one order)
@@ -47,6 +47,9 @@ class RecordWriter(Protocol):
 
     def take_reply(self, group: EnvGroup, reply: Message) -> None:
         """A reply to `group`'s request: step its envs (and ask again), or close its part of the record."""
+
+    def stepping(self) -> str:
+        """What its envs are doing, e.g. "stepping envs (step 12)": read only when a hang report asks."""
 
     def ship(self, header: dict) -> None:
         """Send the record(s) with the env rank's `header` fields and the tally's episode statistics."""
@@ -185,6 +188,15 @@ class EnvRank:
         """Env rank number `index`'s ends of the sample streams: one per policy, to its trainer."""
         return [stream.sender(int(w.layout.env_learners[p, index])) for p, stream in enumerate(w.sample)]
 
+    @property
+    def status(self) -> str:
+        """What this rank does or waits for (a hang report's line): while its envs step, the writer's."""
+        return self._status if self._status is not None else self.writer.stepping()
+
+    @status.setter
+    def status(self, text: str) -> None:
+        self._status = text
+
     def poll(self) -> int:
         if not self.stopping and self.control is not None and self.control.stopped:
             self.stopping = True
@@ -245,6 +257,7 @@ class EnvRank:
         if self.sync and reply.get("version") != self.version:
             raise RuntimeError(f"env rank {self.rank}: sync mode got actions from policy version "
                                f"{reply.get('version')} while collecting with version {self.version}")
+        self._status = None  # the writer's envs step: it says which step when asked
         self.writer.take_reply(group, reply)
         if self.turn is not None:
             self.turn = (self.turn + 1) % len(self.groups)

@@ -36,6 +36,7 @@ class FragmentWriter:
         self.sync = cfg.algo.mode == "sync"
         self.normalize_reward = cfg.env.normalize_reward
         self.whole_record = whole_record
+        self.stepping_t = 0  # the step its envs take now (what a hang report names)
 
     @classmethod
     def build(cls, w) -> FragmentWriter:
@@ -54,6 +55,9 @@ class FragmentWriter:
         return all(g.phase is Phase.AT_END for g in self.groups)
 
     in_turns = False  # each group's reply is taken as it arrives
+
+    def stepping(self) -> str:
+        return f"stepping envs (step {self.stepping_t})"
 
     def take_reply(self, group: EnvGroup, reply: Message) -> None:
         """A fragment's step: the reply's actions step the group, or (step T) its values close the
@@ -88,7 +92,7 @@ class FragmentWriter:
             frag["active"][t, cols] = group.active if group.seats is None else group.active & group.seats.learning
         if group.masked:
             frag["action_mask"][t, cols] = group.request["action_mask"]
-        self.env_rank.status = f"stepping envs (step {t})"
+        self.stepping_t = t
         obs, rewards, terminated, truncated, info = group.envs.step(reply["actions"])
         if group.active is not None:
             group.active = info["active"]

@@ -67,12 +67,17 @@ class ReplayWriter:
         self.record_version = -1  # the policy version of the record's first step
         self.sync = cfg.algo.mode == "sync"
         self.T = cfg.algo.rollout_length  # sync: each group's steps per record
+        self.stepping_window = None  # the window of the group whose envs step now (a hang report's)
 
     @classmethod
     def build(cls, w) -> ReplayWriter:
         """From the wiring (hpcrl.launch.wiring.Wiring): the env-rank count and where a resume starts."""
         env_ranks = len(w.layout.envs)
         return cls(w.cfg, env_ranks=env_ranks, frames=w.start.start_frames // env_ranks)
+
+    def stepping(self) -> str:
+        window = self.stepping_window
+        return "stepping envs" if window is None else f"stepping envs (step {window.t})"
 
     def attach(self, env_rank) -> None:
         self.env_rank, self.groups, self.tally = env_rank, env_rank.groups, env_rank.tally

@@ -108,6 +108,10 @@ class SequenceWriter(ReplayWriter):
         self.windows = [SequenceWindow(self.cfg, self.per_group, g.request["obs"], self.record["actions"].dtype,
                                        state_size) for g in self.groups]
 
+    def stepping(self) -> str:
+        window = self.stepping_window
+        return "stepping envs" if window is None else f"stepping envs (sequence {window.emitted}, step {window.i})"
+
     def serial_parts(self) -> dict | None:
         return None  # its windows hold the recurrent states of sequences in flight: not saved yet
 
@@ -119,7 +123,7 @@ class SequenceWriter(ReplayWriter):
             window.emit(self.out)
         actions = self.explore(group, q)
         window.acted(actions, q[np.arange(self.per_group), actions])
-        self.env_rank.status = f"stepping envs (sequence {window.emitted}, step {window.i})"
+        self.stepping_window = window
         next_obs, rewards, terminated, truncated, info = group.envs.step(actions)
         window.stepped(rewards, terminated, truncated)
         obs = fit(group.request["obs"], next_obs)

@@ -105,7 +105,7 @@ class TransitionWriter(ReplayWriter):
         window.emit_due(obs, max_q, self.out)
         actions = self.explore(group, q)
         window.record(obs, actions, q[np.arange(self.per_group), actions])
-        self.env_rank.status = f"stepping envs (step {window.t})"
+        self.stepping_window = window
         next_obs, rewards, terminated, truncated, info = group.envs.step(actions)
         ended = terminated | truncated
         window.record_rewards(rewards, terminated, ended, info.get("final_obs"), max_q, self.out)
