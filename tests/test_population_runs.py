@@ -220,8 +220,9 @@ def test_a_population_in_rounds_resumes_exactly(tmp_path):
 
 
 def test_dqn_members_copy_their_target_networks_too(tmp_path):
-    """2 serial DQN members (Ape-X, replay in the learner): a copy carries the trainer step's state
-    (the target network and its step count) besides the weights and Adam's state; training goes on."""
+    """2 serial DQN members (replay in the learner, a replay ratio of 4): a copy carries the trainer
+    step's state (the target network and its step count) besides the weights and Adam's state;
+    training goes on."""
     cfg = small_config(tmp_path, name="pbt", roles={"learner": {"ranks": 1}, "inference": {"ranks": 0}},
                        run={"total_frames": 3000},
                        algo={"name": "dqn", "rollout_length": 8, "lr": 0.001,
