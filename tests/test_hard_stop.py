@@ -1,6 +1,8 @@
 """Hard stops (kill -9, the OOM killer, a dead node, a full disk) never leave a run that cannot be
 resumed: repeated kills at random moments, kills inside the metrics and checkpoint writes, and a
 disk that fills up, each followed by a resume that finishes the run with one gapless series."""
+import contextlib
+import errno
 import os
 import random
 import signal
@@ -13,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcrl.io.checkpoint import inspect_latest, load_latest
+from hpcrl.io.checkpoint import inspect_latest, load_arrays, load_latest, save_arrays
 from hpcrl.io.metrics import MetricsWriter, read_metrics, rebuild_metrics
 from tests.conftest import MPIRUN, REPO, job_pids, mpirun, run_dir, small_config, write_config
 
@@ -165,16 +167,45 @@ def test_an_unreadable_metrics_file_is_set_aside_and_the_run_resumes(tmp_path):
     assert read_metrics(str(metrics))["policy_version"].tolist() == list(range(11, 21))
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 16 MiB tmpfs: a file system that really fills up (the tests run as root)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True,
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str):
+    """A tmpfs of `size` at `path`: a file system that really fills up (the tests run as root)."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
                              text=True)
     assert mounted.returncode == 0, f"mounting a tmpfs needs root: {mounted.stderr}"
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    with tmpfs(tmp_path / "disk", "16m") as disk:
+        yield disk
+
+
+def test_a_checkpoint_that_fills_the_disk_fails_as_an_os_error_and_leaves_no_part_behind(tmp_path):
+    """Files of every size around a 1 MiB disk's room: the disk fills while the data goes out, or
+    while HDF5 flushes the file's last blocks (which h5py raises as RuntimeError, a second one from
+    the close hiding the first); either way the writer gets ENOSPC naming the file, the disk holds
+    a whole file or nothing, and nothing is left at the temporary name."""
+    outcomes = set()
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        for kib in range(1000, 1040):
+            path = disk / "shard.h5"
+            try:
+                save_arrays(str(path), {"a": np.ones(kib * 128)}, {"kib": kib})
+                assert load_arrays(str(path))[1]["kib"] == kib
+                outcomes.add("written")
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                outcomes.add("ENOSPC, at the temporary name" if exc.filename else "ENOSPC")
+            assert [p.name for p in disk.iterdir()] in ([], ["shard.h5"])
+            for p in disk.iterdir():
+                p.unlink()
+    assert outcomes == {"written", "ENOSPC", "ENOSPC, at the temporary name"}
 
 
 def fill(disk: Path) -> Path:

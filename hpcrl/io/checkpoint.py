@@ -32,7 +32,8 @@ import h5py
 import numpy as np
 
 from hpcrl.core.faults import pause_point
-from hpcrl.io.h5safe import DAMAGE_ERRORS, RefusedFileError, check_contents, open_for_reading, unlink_if_link
+from hpcrl.io.h5safe import (DAMAGE_ERRORS, RefusedFileError, check_contents, open_for_reading, unlink_if_link,
+                              writes_fail_as_os_errors)
 
 FORMAT_VERSION = 1
 # Counters a run converts with int(): a checkpoint holding anything else there is unusable.
@@ -204,7 +205,7 @@ def _write_whole(path: str, fill: Callable[[h5py.File], None], install: Callable
     tmp = f"{path}.tmp.{os.getpid()}"
     unlink_if_link(tmp)
     try:
-        with h5py.File(tmp, "w") as f:
+        with writes_fail_as_os_errors(tmp), h5py.File(tmp, "w") as f:
             fill(f)
             f.attrs["sha256"] = _digest(f)
             f.flush()

@@ -19,10 +19,12 @@ h5py) report these too.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import math
 import os
+import re
 import stat
 import time
 from typing import Callable
@@ -117,6 +119,25 @@ def open_for_writing(path: str, mode: str, wait_s: float = 60.0, **kwargs) -> h5
                                             f"close that reader and start again") from None
             time.sleep(pause)
             pause = min(2 * pause, 1.0)
+
+
+@contextlib.contextmanager
+def writes_fail_as_os_errors(path: str):
+    """HDF5 writes to `path` whose failures all reach the caller as OSError. h5py raises most failed
+    writes as OSError, but one met while it flushes, closes or frees an object (a full disk when the
+    file's last blocks go out) as RuntimeError, with the C errno only in its text ("... errno = 28,
+    error message = 'No space left on device' ..."), and closing the file after it may raise a
+    second RuntimeError that hides the first ("Can't destroy cache")."""
+    try:
+        yield
+    except RuntimeError as exc:
+        cause: BaseException | None = exc
+        while cause is not None and not (found := re.search(r"errno = (\d+)", str(cause))):
+            cause = cause.__context__
+        if cause is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), path) from exc
 
 
 def check_contents(f: h5py.File, path: str, written_whole: bool) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 
 from hpcrl.core.faults import pause_point
 from hpcrl.io.h5safe import (DAMAGE_ERRORS, RefusedFileError, check_contents, open_for_reading,
-                              open_for_writing, unlink_if_link)
+                              open_for_writing, unlink_if_link, writes_fail_as_os_errors)
 
 CHUNK_ROWS = 256
 
@@ -87,6 +87,10 @@ class MetricsWriter:
         """Write the rows held in memory: each series grows once, by all of them."""
         if not self._pending:
             return
+        with writes_fail_as_os_errors(self.path):
+            self._write_pending()
+
+    def _write_pending(self) -> None:
         rows, self._pending = self._pending, []
         self._last_flush = time.perf_counter()
         if not len(self.file):  # first rows: create one dataset per key
@@ -110,7 +114,8 @@ class MetricsWriter:
         try:
             self.flush()
         finally:
-            self.file.close()
+            with writes_fail_as_os_errors(self.path):
+                self.file.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
 
