@@ -23,7 +23,9 @@ gym.register("HpcrlTest/Exploding-v0", entry_point=ExplodingCartPole, max_episod
 
 
 class ReportsModulesOnClose:
-    """An env that, on close, writes which heavy modules its process has imported (mixed in first)."""
+    """An env that, on close, writes which heavy modules its process has imported (mixed in first),
+    and beside it (gc-rankN-PID.txt) whether the cyclic collector runs and how many objects
+    start-up froze (core/startup.py pauses it during start-up only)."""
 
     def __init__(self, report_dir: str, **kwargs):
         super().__init__(**kwargs)
@@ -36,6 +38,9 @@ class ReportsModulesOnClose:
         loaded = sorted(m for m in ("torch", "horovod") if m in sys.modules)
         with open(os.path.join(self.report_dir, f"rank{rank}-{os.getpid()}.txt"), "w") as fh:
             fh.write(",".join(loaded))
+        import gc
+        with open(os.path.join(self.report_dir, f"gc-rank{rank}-{os.getpid()}.txt"), "w") as fh:
+            fh.write(f"{gc.isenabled()} {gc.get_freeze_count()}")
         super().close()
 
 

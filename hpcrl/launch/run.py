@@ -19,7 +19,7 @@ from hpcrl.core.layout import Layout
 from hpcrl.core.policies import policy_spaces
 from hpcrl.core.say import say
 from hpcrl.core.sizing import Sizes, memory, warnings
-from hpcrl.core.startup import CLOCK, MARKS
+from hpcrl.core.startup import CLOCK, MARKS, resume_collection
 from hpcrl.core.stop import EXIT_CONFIG_ERROR, StopReason
 from hpcrl.envs import EnvSpaces
 from hpcrl.io import rundir
@@ -81,6 +81,7 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
         roles_here.append(member_role)
     CLOCK.set_roles(f"rank {rank} ({'/'.join(r.name for r in roles_here)})", tuple(r.name for r in roles_here))
     CLOCK.mark("roles")
+    resume_collection()  # paused by `hpcrl run` from its first import (core/startup.py)
     poll_until_done(roles_here, control, watchdog)
     control.close()
     _report_launch(s.world, start, control.stop_flags, len(set(s.nodes.tolist())))

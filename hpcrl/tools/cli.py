@@ -336,6 +336,9 @@ def entry() -> None:
     """`python -m hpcrl` and the `hpcrl` console script. A rank whose run is over leaves through
     comm.finish: MPI finalized, without the interpreter's teardown (0.5-0.6 s per rank here)."""
     find_modules_in_working_directory()
+    if sys.argv[1:2] == ["run"]:
+        from hpcrl.core.startup import pause_collection
+        pause_collection()  # until the rank's roles are built (launch/run.py)
     try:
         status = main(sys.argv[1:])
     except BrokenPipeError:  # `hpcrl inspect RUN | head`: the reader has what it wanted
