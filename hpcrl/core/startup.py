@@ -101,11 +101,12 @@ CLOCK = StartupClock()
 
 
 def pause_collection() -> None:
-    """Start-up imports and builds objects that live as long as the process: torch's import alone
-    makes about a million (its operator registrations, decompositions, dataclasses), and Python's
-    cyclic collector, started every 700 new objects, walks them again and again and finds no
-    garbage. Paused from the first import until `resume_collection`, it costs a torch rank about
-    0.5 s of processor time less (15% of torch's import here)."""
+    """Start-up imports and builds objects that live as long as the process: after torch's import
+    alone the collector tracks about 250,000 (its operator registrations, decompositions,
+    dataclasses), and Python's cyclic collector, started every 700 new objects, walked them in
+    about 380 collections and freed some 7,000. Paused from the first import until
+    `resume_collection`, it costs a torch rank about 0.5 s of processor time less (15% of torch's
+    import here)."""
     gc.disable()
 
 
