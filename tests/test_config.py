@@ -70,7 +70,7 @@ def test_the_schedule_names_live_keys_and_rising_steps_within_each_keys_range():
         "algo: {schedule: {ent_coef: [0.5]}}")
     assert "algo.schedule.ent_coef: expected a list of 1 to 1,000 steps" in error_of(
         "algo: {schedule: {ent_coef: []}}")
-    assert "got '2e-1' (YAML reads 2e-1 as text; write it with a dot, e.g. 3.0e-5)" in error_of(
+    assert "got '2e-1' (YAML reads 2e-1 as text; write it as 2.0e-1)" in error_of(
         "algo: {schedule: {ent_coef: [[10, 2e-1]]}}")
     assert error_of("algo: {schedule: {ent_coef: [[10, lots]]}}").endswith("got 'lots'")
     assert "algo.schedule.lr[0]: algo.lr must stay > 0, so its factor must be > 0, got 0" in error_of(
@@ -216,3 +216,22 @@ def test_resolve_fills_the_defaults_and_validate_changes_nothing(text):
     before = copy.deepcopy(cfg)
     validate(cfg)
     assert cfg == before and cfg == parse_config(text)
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("algo", "lr", "3e-4",
+     "job.yaml: algo.lr: expected a finite number, got '3e-4' (YAML reads 3e-4 as text; write it as 3.0e-4)"),
+    ("run", "target_return", "4E2", "got '4E2' (YAML reads 4E2 as text; write it as 4.0e+2)"),
+    ("run", "total_frames", "1e6", "run.total_frames: expected an integer, got '1e6' (YAML reads 1e6 as text; "
+                                   "write it as 1000000)"),
+    ("run", "seed", "1.5e0", "got '1.5e0' (YAML reads 1.5e0 as text; an integer is expected here)"),
+])
+def test_a_number_yaml_reads_as_text_gets_the_spelling_it_reads_as_a_number(section, key, value, message):
+    """YAML 1.1 wants a dot in the mantissa and a sign in the exponent: `3e-4` is the string '3e-4'.
+    Every numeric key's message says so and gives the spelling that works, which then parses."""
+    error = error_of(f"{section}:\n  {key}: {value}\n")
+    assert message in error
+    if "write it as " in error:
+        fixed = error.rsplit("write it as ", 1)[1].rstrip(")")
+        parsed = getattr(getattr(parse_config(f"{section}:\n  {key}: {fixed}\n"), section), key)
+        assert parsed == float(value)

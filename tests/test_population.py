@@ -115,7 +115,7 @@ def test_each_member_is_a_plain_run_of_its_own_in_the_populations_directory():
     ("population.ready_frames=0", "population.ready_frames: expected a positive number of frames, got 0"),
     ("population.values={algo.lr: [0.1, 0.2]}", "population.values.algo.lr: expected one value per member (4), got 2"),
     ("population.values={algo.lr: [0.1, 0.2, 0.3, 3e-5]}",
-     "(YAML reads 3e-5 as text; write it with a dot, e.g. 3.0e-5)"),
+     "(YAML reads 3e-5 as text; write it as 3.0e-5)"),
     ("population.explore={algo.epochs: {perturb: [2]}}",
      "population.explore: 'algo.epochs' is not a hyperparameter algo.name ppo reads live; expected one of algo.lr, "),
     ("population.explore={algo.lr: {perturb: [2], resample: [0.1]}}",

@@ -19,7 +19,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from hpcrl.core.config_base import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, ConfigError, Range, check,
-                                    check_ranges, doc, load_yaml, shown)
+                                    check_ranges, doc, load_yaml, number_as_text_hint, shown)
 from hpcrl.core.config_dqn import DQN_ALPHA, DQN_WARMUP, DQNConfig, ReplayConfig, validate_dqn
 from hpcrl.core.config_sac import SACConfig, replay_settings, resolve_sac_replay, validate_sac
 # the env and roles sections have modules of their own; every name they had here is re-exported,
@@ -194,6 +194,14 @@ def _type_name(tp: Any) -> str:
             list: "a list", dict: "a mapping"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
+def _as_text_hint(value: Any, tp: Any) -> str:
+    """The YAML-number hint for a key of numbers (`3e-4` is text to YAML 1.1); empty for others."""
+    options = get_args(tp) if get_origin(tp) is Union else (tp,)
+    if float in options:
+        return number_as_text_hint(value)
+    return number_as_text_hint(value, integer=True) if int in options else ""
+
+
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     if get_origin(tp) is Union:
         for option in get_args(tp):
@@ -203,7 +211,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, option, where)
             except ConfigError:
                 continue
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(value)}")
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(value)}{_as_text_hint(value, tp)}")
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, where)
     ok = (isinstance(value, bool) if tp is bool
@@ -211,7 +219,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
           else isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float
           else isinstance(value, tp))
     if not ok:
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(value)}")
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(value)}{_as_text_hint(value, tp)}")
     # no config number means NaN (every comparison with it is false, so range checks pass it) or inf
     # (it breaks timers and sums); nor an integer beyond a double's range, which float() refuses
     if tp is float and not abs(value) <= sys.float_info.max:

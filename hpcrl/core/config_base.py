@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Union
@@ -111,14 +112,31 @@ def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def number_as_text_hint(value: Any) -> str:
+def number_as_text_hint(value: Any, integer: bool = False) -> str:
     """YAML 1.1 reads 3e-5 as a string (it wants a dot: 3.0e-5): the hint an error message about
-    `value`, which should have been a number, ends with; empty for any other value."""
+    `value`, which should have been a number (an integer with `integer`), ends with; empty for any
+    other value."""
     try:
         parsed = float(value) if isinstance(value, str) else None
     except ValueError:
         parsed = None
-    return f" (YAML reads {value} as text; write it with a dot, e.g. 3.0e-5)" if is_number(parsed) else ""
+    if not is_number(parsed):
+        return ""
+    if integer:
+        whole = f"write it as {int(parsed)}" if parsed == int(parsed) else "an integer is expected here"
+        return f" (YAML reads {value} as text; {whole})"
+    return f" (YAML reads {value} as text; write it as {_yaml_float(value.strip())})"
+
+
+def _yaml_float(text: str) -> str:
+    """`text` as YAML 1.1 reads a float: a dot in the mantissa and a sign in the exponent
+    ('3e-4' -> '3.0e-4', '1e6' -> '1.0e+6')."""
+    found = re.fullmatch(r"([-+]?)(\d*\.?\d*)[eE]([-+]?)(\d+)", text)
+    if found is None:
+        return repr(float(text))
+    sign, mantissa, exp_sign, exponent = found.groups()
+    mantissa = mantissa if "." in mantissa else f"{mantissa}.0"
+    return f"{sign}{mantissa}e{exp_sign or '+'}{exponent}"
 
 
 def shown(value: Any) -> str:

@@ -67,6 +67,7 @@ def config_reference() -> str:
            "Every key of the rank-role YAML config, with its type, its default and its meaning. Keys are "
            "written as `section.key`; in YAML they nest (`run: {total_frames: 20000}`), and on the command "
            "line `--set run.total_frames=20000` overrides one. A run writes its resolved config, every default "
-           "filled in, to `config.yaml` in its run directory.", ""]
+           "filled in, to `config.yaml` in its run directory. YAML reads `3e-4` and `1e6` as text (it wants a "
+           "dot and a signed exponent): write `3.0e-4` and `1.0e+6`, or `1000000`.", ""]
     _sections(cfg, "", "", out)
     return "\n".join(out).rstrip() + "\n"
