@@ -71,6 +71,8 @@ def test_plan_lays_out_a_thousand_members_on_a_hundred_thousand_ranks():
     wrong = hpcrl("plan", "jobs/cartpole_pbt.yaml", "--world-size", "12")
     assert wrong.returncode == 2 and "8 members need a world size that is a multiple of 8" in wrong.stderr
     assert "run on 8 or 16 ranks" in wrong.stderr
+    small = hpcrl("plan", "jobs/cartpole_pbt.yaml", "--world-size", "4")  # fewer ranks than members
+    assert small.returncode == 2 and "got 4; run on 8 ranks, or change" in small.stderr, small.stderr
 
 
 def test_plan_sizes_a_league_of_a_thousand_members_with_its_snapshots_and_payoff_matrix():

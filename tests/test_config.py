@@ -3,7 +3,7 @@ import pytest
 
 from hpcrl.core.config import ConfigError, load_config, parse_config, to_yaml
 from hpcrl.core.layout import resolve_role_counts
-from tests.conftest import REPO
+from tests.conftest import REPO, run_hpcrl
 
 
 def error_of(text: str, *overrides: str) -> str:
@@ -129,6 +129,25 @@ def test_an_empty_config_file_is_refused_not_trained_as_defaults(tmp_path, text)
         load_config(str(path))
 
 
+@pytest.mark.parametrize("text, given", [
+    ("run:\n  total_frames: 100\n", "has no env section"),
+    ("run:\n  total_frames: 100\nenv:\n", "has an empty env section"),
+    ("env:\n  num_envs: 2\n", "has an env section without an id"),
+])
+def test_a_config_file_that_names_no_env_is_refused_not_trained_on_cartpole(tmp_path, text, given):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path))
+    assert str(info.value).startswith(f"{path}: env.id: the config {given}, so it names no environment")
+    assert "e.g. 'env: {id: CartPole-v1}'" in str(info.value)
+    assert load_config(str(path), ("env.id=CartPole-v1",))[0].env.id == "CartPole-v1"
+    run = run_hpcrl("run", str(path), "--set", f"run.output_dir={tmp_path / 'runs'}")
+    assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
+    assert run.stderr.count("hpcrl: config error:") == 1 and "Traceback" not in run.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_role_counts_that_do_not_fit_name_a_size_that_would():
     fixed = parse_config("roles: {learner: {ranks: 1}, inference: {ranks: 1}, env: {ranks: 2}}").roles
     with pytest.raises(ConfigError, match="exactly 4, but the job has 3 ranks; run with mpirun -n 4"):
@@ -235,3 +254,19 @@ def test_a_number_yaml_reads_as_text_gets_the_spelling_it_reads_as_a_number(sect
         fixed = error.rsplit("write it as ", 1)[1].rstrip(")")
         parsed = getattr(getattr(parse_config(f"{section}:\n  {key}: {fixed}\n"), section), key)
         assert parsed == float(value)
+
+
+def test_set_errors_name_the_override_at_fault_in_one_line():
+    """Issue 46, item 8: a --set value that is no YAML is one line naming where it breaks (not
+    PyYAML's dump of '<unicode string>' with carets); an override that turned a section into a
+    value is blamed, not the innocent one after it."""
+    bad = error_of("", "algo.lr=[0.1")
+    assert bad == ("--set 'algo.lr=[0.1': the value: not valid YAML: line 1, column 5: expected ',' or ']', but got "
+                   "'<stream end>' (in a flow sequence that starts at line 1, column 1)")
+    assert "\n" not in error_of("algo:\n  lr: [0.1\n") and "<unicode string>" not in error_of("algo: {lr: [0.1")
+    blamed = error_of("", "run=5", "run.output_dir=/tmp/x")
+    assert blamed.startswith("--set 'run=5': 'run' is a section, a mapping of keys; set one of them instead, "
+                             "e.g. --set run.KEY=VALUE (got 5)"), blamed
+    assert error_of("env: {id: CartPole-v1}", "env.id.x=1") == \
+        "--set env.id.x: 'env.id' is 'CartPole-v1' in the config, not a section of keys"
+    assert parse_config("env:\n", overrides=("env.id=Acrobot-v1",)).env.id == "Acrobot-v1"  # an empty section

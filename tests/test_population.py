@@ -120,7 +120,9 @@ def test_each_member_is_a_plain_run_of_its_own_in_the_populations_directory():
      "population.explore: 'algo.epochs' is not a hyperparameter algo.name ppo reads live; expected one of algo.lr, "),
     ("population.explore={algo.lr: {perturb: [2], resample: [0.1]}}",
      "explore rule for algo.lr: give either perturb factors or resample values"),
-    ("population.explore={algo.lr: {factor: [2]}}", "expected a mapping with perturb or resample"),
+    ("population.explore={algo.lr: {factor: [2]}}", "unknown key 'population.explore.algo.lr.factor' (valid keys "
+                                                     "here: perturb, resample, low, high)"),
+    ("population.explore={algo.lr: [2]}", "expected a mapping with perturb or resample"),
     ("population.explore={algo.lr: {perturb: [2], low: 1, high: 0.1}}", "low 1.0 is above high 0.1"),
     ("policies={a: 'player_0'}", "population: members train one policy each; remove the policies table"),
     ("roles.learner.device=cuda", "population: a member's state is copied from host memory"),

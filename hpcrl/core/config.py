@@ -375,13 +375,22 @@ def validate(cfg: Config) -> None:
            f"them, got {a.num_minibatches}")
 
 
-def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+def _set_dotted(data: dict, dotted: str, value: Any, set_by: dict[str, str]) -> None:
+    """data[a][b][c] = value for dotted 'a.b.c' (an empty section, `env:` in a file, counts as one
+    with no keys). `set_by`: the overrides applied so far, by their dotted key, so a key that an
+    earlier override turned into a plain value is blamed on that override, not on this one."""
     node = data
     parts = dotted.split(".")
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
+    for depth, part in enumerate(parts[:-1]):
+        if node.get(part) is None:
+            node[part] = {}
+        child = node[part]
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {dotted}: '{part}' is not a section")
+            where = ".".join(parts[:depth + 1])
+            if where in set_by:
+                raise ConfigError(f"--set {set_by[where]!r}: '{where}' is a section, a mapping of keys; set one of "
+                                  f"them instead, e.g. --set {where}.KEY=VALUE (got {shown(child)})")
+            raise ConfigError(f"--set {dotted}: '{where}' is {shown(child)} in the config, not a section of keys")
         node = child
     node[parts[-1]] = value
 
@@ -398,11 +407,13 @@ def _config_of(data: Any, source: str, overrides: tuple[str, ...], strict: bool 
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of sections (run, roles, env, algo, model)")
+    set_by: dict[str, str] = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. run.total_frames=20000")
-        _set_dotted(data, key.strip(), load_yaml(raw, f"--set {item!r}: the value"))
+        _set_dotted(data, key.strip(), load_yaml(raw, f"--set {item!r}: the value"), set_by)
+        set_by[key.strip()] = item
     try:
         cfg = _build(Config, data, "")
         if strict:
@@ -431,7 +442,14 @@ def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, str
     if data is None:  # most likely the wrong file, or one not written yet: never train a default run quietly
         raise ConfigError(f"config file {path!r} is empty (or only comments); it needs at least the sections "
                           f"it changes (run, roles, env, algo, model), e.g. start from jobs/cartpole_ppo.yaml")
-    return _config_of(data, path, overrides), text
+    cfg = _config_of(data, path, overrides)  # (the overrides are in `data` now)
+    if not (isinstance(data.get("env"), dict) and "id" in data["env"]):
+        given = ("has no env section" if "env" not in data else "has an empty env section" if data["env"] is None
+                 else "has an env section without an id")
+        raise ConfigError(f"{path}: env.id: the config {given}, so it names no environment to train on; add one, "
+                          f"e.g. 'env: {{id: CartPole-v1}}' (a gymnasium id, 'pettingzoo:classic/connect_four-v3' "
+                          f"or 'mypackage.envs:MyEnv'), or pass --set env.id=...")
+    return cfg, text
 
 
 def to_dict(cfg: Config) -> dict:

@@ -162,7 +162,23 @@ def load_yaml(text: str, source: str) -> Any:
     try:
         return load_bounded_yaml(text, source)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error in one line, where it is: 'line 2, column 7: expected ',' or ']', but got
+    '<stream end>' (in a flow sequence that starts at line 2, column 7)'. PyYAML's own text spans
+    several lines, names the text '<unicode string>' and draws carets under copies of it."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return " ".join(str(exc).split())
+    mark = exc.problem_mark
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+    if exc.context:
+        context = "in " + exc.context.removeprefix("while ").removeprefix("parsing ").removeprefix("scanning ")
+        if exc.context_mark is not None and (exc.context_mark.line, exc.context_mark.column) != (mark.line, mark.column):
+            context += f" that starts at line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1}"
+        text += f" ({context})"
+    return text
 
 
 def load_bounded_yaml(text: str, source: str) -> Any:

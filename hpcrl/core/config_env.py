@@ -47,7 +47,8 @@ class EnvConfig:
 
     id: str = doc("gymnasium environment id (e.g. CartPole-v1, ALE/Breakout-v5), 'module:EnvId' to import a "
                   "module that registers EnvId first, or 'module:Name' for a gymnasium.Env subclass (or a "
-                  "function returning an Env) defined in that module", default="CartPole-v1")
+                  "function returning an Env) defined in that module. Required in a config file: a file "
+                  "without it is refused rather than trained on CartPole-v1", default="CartPole-v1")
     num_envs: int = doc("environments per env rank", range=Range(1, MAX_NUM_ENVS, words=f"1 to {MAX_NUM_ENVS:,}"),
                         default=8)
     groups: Union[int, None] = doc(

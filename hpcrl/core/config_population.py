@@ -12,6 +12,7 @@ Pure Python, like the rest of the config: `hpcrl plan` checks a population witho
 """
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 
@@ -140,9 +141,13 @@ def validate_population(p: PopulationConfig, live: tuple[str, ...], algo_name: s
     for key, spec in p.explore.items():
         where = f"population.explore.{key}"
         known(key, "population.explore")
-        check(isinstance(spec, dict) and set(spec) <= set(EXPLORE_KEYS),
-              lambda: f"{where}: expected a mapping with perturb or resample (and optionally low, high), got "
-                      f"{shown(spec)}")
+        check(isinstance(spec, dict), lambda: f"{where}: expected a mapping with perturb or resample (and optionally "
+                                              f"low, high), got {shown(spec)}")
+        for name in spec:
+            close = difflib.get_close_matches(str(name), EXPLORE_KEYS, n=1)
+            check(name in EXPLORE_KEYS, lambda: f"unknown key '{where}.{name}'"
+                                                f"{f'; did you mean {close[0]!r}?' if close else ''} (valid keys here: "
+                                                f"{', '.join(EXPLORE_KEYS)})")
         for name in ("perturb", "resample"):
             if name in spec:
                 _numbers(spec[name], f"{where}.{name}")

@@ -78,6 +78,7 @@ def population_problem(cfg: Config, world_size: int) -> str | None:
     n = cfg.population.members
     if world_size % n == 0:
         return None
+    sizes = sorted({n * (world_size // n), n * (world_size // n + 1)} - {0})  # the multiples around it
     return (f"population.members: {n} members need a world size that is a multiple of {n} (each member runs the "
-            f"roles table on world size / members ranks), got {world_size}; run on {n * max(1, world_size // n)} or "
-            f"{n * (world_size // n + 1)} ranks, or change population.members")
+            f"roles table on world size / members ranks), got {world_size}; run on "
+            f"{' or '.join(f'{s:,}' for s in sizes)} ranks, or change population.members")
