@@ -1,7 +1,7 @@
 """Does the league learn? jobs/connect_four_league.yaml (a main agent, a main exploiter and a league
 exploiter on connect four, one rank each), summed up from its population directory:
 
-- per member, its win rate against each anchor (tests/anchors.py: a uniform player and a one-step
+- per member, its win rate against each anchor (hpcrl/envs/anchors.py: a uniform player and a one-step
   lookahead player) by quarter of its frames, from the anchor games the run plays untrained (a
   tenth of its games), and its OpenSkill rating at the start, its peak and its end;
 - `hpcrl eval` of each member's final checkpoint: GAMES games against each anchor, and the main
@@ -38,7 +38,7 @@ from hpcrl.core.league import League, member_roles  # noqa: E402
 from hpcrl.io.metrics import read_metrics  # noqa: E402
 
 JOB = REPO / "jobs" / "connect_four_league.yaml"
-ANCHORS = {"uniform": "tests.anchors:uniform", "one_step": "tests.anchors:one_step_lookahead"}
+ANCHORS = {"uniform": "hpcrl.envs.anchors:uniform", "one_step": "hpcrl.envs.anchors:one_step_lookahead"}
 GAMES = 200
 QUARTERS = 4
 
@@ -64,12 +64,12 @@ def evaluate(run: Path, opponent: str) -> dict:
 
 def mistakes(run: Path) -> dict:
     """The run's final weights against the one-step player (sampled actions, as `evaluate`): its
-    chances to win at once and to block, what it missed (tests/anchors.py:mistake), and by which
+    chances to win at once and to block, what it missed (hpcrl/envs/anchors.py:mistake), and by which
     first mistake it lost each game it lost (one the one-step player punishes at once). Also the
     policy's mean probability of a winning column where it had one, and of a blocking column where
     it faced a threat without a win: a measure of the tactics less noisy than the sampled moves."""
     from hpcrl.tools.evaluate import evaluate as play
-    from tests.anchors import MISTAKES, chances, mistake
+    from hpcrl.envs.anchors import MISTAKES, chances, mistake
     counts = {"win chances": 0, "block chances": 0, **{kind: 0 for kind in MISTAKES}}
     first: dict[int, str] = {}
     chance_of = _column_probabilities(run)
@@ -123,9 +123,9 @@ def league_table(pop: Path, roles: list[str], keep: int, slots: int) -> dict:
 
 def tactician(centre: bool):
     """A scripted player with perfect one-move tactics: a win, else a block, else a column that
-    gives the opponent no win on top of it (tests/anchors.py:mistake), drawn uniformly or, with
+    gives the opponent no win on top of it (hpcrl/envs/anchors.py:mistake), drawn uniformly or, with
     `centre`, weighted towards the centre ((4 - |column - 3|)^2)."""
-    from tests.anchors import chances, mistake
+    from hpcrl.envs.anchors import chances, mistake
 
     def play(board: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> int:
         found = wins, blocks = chances(board, mask)
@@ -142,7 +142,7 @@ def references(games: int = 2 * GAMES, seed: int = 0) -> dict:
     """What 80% against the one-step player takes: the win rates of the two tacticians against it
     in PettingZoo's own game, the seats alternating."""
     from pettingzoo.classic import connect_four_v3
-    from tests.anchors import one_step_move as one_step
+    from hpcrl.envs.anchors import one_step_move as one_step
     rng, env, out = np.random.default_rng(seed), connect_four_v3.env(), {}
     for name, player in (("tactics, else uniform", tactician(False)),
                          ("tactics, else towards the centre", tactician(True))):

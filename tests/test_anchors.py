@@ -1,10 +1,15 @@
-"""The fixed connect four players that trained policies are rated against (tests/anchors.py),
+"""The fixed connect four players that trained policies are rated against (hpcrl/envs/anchors.py),
 checked by hand and in real PettingZoo games, and played through `hpcrl eval --opponent`."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from pettingzoo.classic import connect_four_v3
 
-from tests.anchors import chances, mistake, one_step_lookahead, uniform
+from hpcrl.envs.anchors import chances, mistake, one_step_lookahead, uniform
+from tests.conftest import REPO
 
 
 def board(mine=(), theirs=()) -> np.ndarray:
@@ -74,7 +79,29 @@ def test_eval_refuses_a_scripted_opponent_it_cannot_import(tmp_path):
     from hpcrl.tools.inspect import RunDirError
     with pytest.raises(RunDirError, match="cannot import module 'tests.no_such_module'"):
         _scripted("tests.no_such_module:player", 0)
-    with pytest.raises(RunDirError, match="module 'tests.anchors' has no 'nobody'"):
-        _scripted("tests.anchors:nobody", 0)
+    with pytest.raises(RunDirError, match="module 'hpcrl.envs.anchors' has no 'nobody'"):
+        _scripted("hpcrl.envs.anchors:nobody", 0)
     with pytest.raises(RunDirError, match="is not a function"):
-        _scripted("tests.anchors:ROWS", 0)
+        _scripted("hpcrl.envs.anchors:ROWS", 0)
+
+
+def test_the_shipped_jobs_anchors_import_from_a_copy_outside_the_checkout(tmp_path):
+    """A user copies a shipped self-play job into their own directory and runs it there: its
+    anchors come from the installed package, not from this repository's tests/."""
+    script = ("import sys\n"
+              "from hpcrl.core.config import load_config\n"
+              "from hpcrl.envs.scripted import anchor_players\n"
+              "for path in sys.argv[1:]:\n"
+              "    players = anchor_players(load_config(path)[0].algo.selfplay)\n"
+              "    print(path, len(players))\n")
+    jobs = [j for j in sorted((REPO / "jobs").glob("*.yaml")) if "anchors:" in j.read_text()]
+    assert {j.name for j in jobs} >= {"connect_four_selfplay.yaml", "connect_four_league.yaml"}
+    copies = []
+    for job in jobs:
+        (tmp_path / job.name).write_text(job.read_text())
+        copies.append(job.name)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", script, *copies], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [word for name in copies for word in (name, "2")]

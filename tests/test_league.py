@@ -270,7 +270,7 @@ def _league_dict(tmp_path=None, **league) -> dict:
                        env={"id": "pettingzoo:classic/connect_four-v3", "num_envs": 4},
                        algo={"name": "ippo", "rollout_length": 32,
                              "selfplay": {"pool": 4, "latest": 0.4, "anchor_share": 0.2,
-                                          "anchors": {"uniform": "tests.anchors:uniform"}}},
+                                          "anchors": {"uniform": "hpcrl.envs.anchors:uniform"}}},
                        run={"total_frames": 12288}, model={"encoder": "mlp", "hidden_sizes": [32]})
     cfg["population"] = {"members": 3, "ready_frames": 1024,
                          "league": {"main": 1, "main_exploiters": 1, "league_exploiters": 1, "snapshot_frames": 2048,

@@ -276,10 +276,10 @@ def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_
     versus_early = evaluate(str(tmp_path / "connect_four_selfplay"), 100, opponent=str(tmp_path / "early"))
     assert late >= early + 0.15 and late >= 0.7, (early, late)
     assert versus_early.summary()["win_rate"] >= 0.6
-    # the fixed anchor a league is rated against (tests/anchors.py, a scripted --opponent) beats the
+    # the fixed anchor a league is rated against (hpcrl/envs/anchors.py, a scripted --opponent) beats the
     # early snapshot nearly always: an untrained policy is about as good as a uniform player
     seen = []  # every step, as `watch` sees it: one row of two moves, the run's seat alternating by game
-    anchored = evaluate(str(tmp_path / "early"), 50, opponent="tests.anchors:one_step_lookahead",
+    anchored = evaluate(str(tmp_path / "early"), 50, opponent="hpcrl.envs.anchors:one_step_lookahead",
                         watch=lambda game, seat, rows, mask, actions, active: seen.append(
                             (game, seat, active.copy(), mask[active].sum())))
     assert len(seen) == sum(anchored.lengths) and [g for g, *_ in seen] == sorted(g for g, *_ in seen)
@@ -376,7 +376,8 @@ def test_recurrent_multiagent_runs_through_a_policy_server_and_plays_in_eval(tmp
         cfg = small_config(tmp_path, env={"id": "pettingzoo:classic/connect_four-v3", "num_envs": 4},
                            algo={"name": "ippo", "rollout_length": 16, "mode": "async",
                                  "selfplay": {"pool": 2, "snapshot_every": 2, "latest": 0.5, "opponents": "hard",
-                                              "anchors": {"uniform": "tests.anchors:uniform"}, "anchor_share": 0.25}},
+                                              "anchors": {"uniform": "hpcrl.envs.anchors:uniform"},
+                                              "anchor_share": 0.25}},
                            model={"encoder": "mlp", "core": "gru", "core_size": 16}, run={"total_frames": 1280})
     result = mpirun(4, "run", str(write_config(tmp_path, cfg)))
     assert result.returncode == 0, result.stdout + result.stderr

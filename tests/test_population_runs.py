@@ -249,7 +249,7 @@ def test_self_play_members_are_judged_on_their_rating_against_the_anchors(tmp_pa
                             env={"id": "pettingzoo:classic/connect_four-v3", "num_envs": 8},
                             algo={"name": "ippo", "rollout_length": 32,
                                   "selfplay": {"latest": 0.5, "anchor_share": 0.5,
-                                               "anchors": {"uniform": "tests.anchors:uniform"}}},
+                                               "anchors": {"uniform": "hpcrl.envs.anchors:uniform"}}},
                             run={"total_frames": 8192}, model={"encoder": "mlp", "hidden_sizes": [32]})
     cfg["population"].update(ready_frames=2048, truncation=0.5)
     result = mpirun(2, "run", str(write_config(tmp_path, cfg)))

@@ -87,8 +87,8 @@ def test_a_player_that_returns_the_wrong_number_of_actions_is_named():
 
 def test_a_player_is_found_in_the_working_directory_whichever_way_hpcrl_started(tmp_path, monkeypatch):
     """`python -m hpcrl` has the working directory on the Python path and the `hpcrl` console
-    script does not, until its entry puts it there (last): a player module beside the user
-    (tests.anchors at the repository's root) is found either way. test_cli runs the console script."""
+    script does not, until its entry puts it there (last): a player module beside the user is
+    found either way. test_cli runs the console script."""
     (tmp_path / "my_players.py").write_text("def first(obs, mask, rng):\n    return [0] * len(obs)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", str(tmp_path))])
@@ -138,11 +138,11 @@ def test_the_rating_is_openskills_against_fixed_anchors_and_resumes_exactly():
 
 
 @pytest.mark.parametrize("anchors, message", [
-    ("{1st: 'tests.anchors:uniform'}", "algo.selfplay.anchors: '1st' is no anchor name"),
-    ("{u: 'tests.anchors'}", "algo.selfplay.anchors.u: expected 'module:function'"),
+    ("{1st: 'hpcrl.envs.anchors:uniform'}", "algo.selfplay.anchors: '1st' is no anchor name"),
+    ("{u: 'hpcrl.envs.anchors'}", "algo.selfplay.anchors.u: expected 'module:function'"),
     ("{u: {rating: 3}}", r"algo.selfplay.anchors.u: expected \{player: module:function, rating: MU\}"),
-    ("{u: {player: 'tests.anchors:uniform', rating: .nan}}", "algo.selfplay.anchors.u.rating: expected a finite"),
-    ("[tests.anchors:uniform]", "algo.selfplay.anchors: expected a mapping"),
+    ("{u: {player: 'hpcrl.envs.anchors:uniform', rating: .nan}}", "algo.selfplay.anchors.u.rating: expected a finite"),
+    ("[hpcrl.envs.anchors:uniform]", "algo.selfplay.anchors: expected a mapping"),
 ])
 def test_anchors_that_cannot_be_named_or_rated_are_refused(anchors, message):
     with pytest.raises(ConfigError, match=message):
@@ -163,8 +163,9 @@ def test_anchor_share_must_leave_room_and_anchors_need_a_game():
 def test_a_run_whose_anchor_does_not_import_is_refused_before_it_starts(tmp_path):
     cfg = small_config(tmp_path, env={"id": "pettingzoo:classic/connect_four-v3", "num_envs": 2},
                        roles={"inference": {"ranks": 0}},
-                       algo={"name": "ippo", "selfplay": {"anchors": {"lookahead": "tests.anchors:two_steps"}}})
+                       algo={"name": "ippo", "selfplay": {"anchors": {"lookahead": "hpcrl.envs.anchors:two_steps"}}})
     result = mpirun(1, "run", str(write_config(tmp_path, cfg)))
     assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr
-    assert "algo.selfplay.anchors.lookahead: module 'tests.anchors' has no 'two_steps'" in result.stdout + result.stderr
+    assert ("algo.selfplay.anchors.lookahead: module 'hpcrl.envs.anchors' has no 'two_steps'"
+            in result.stdout + result.stderr)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing written

@@ -110,4 +110,4 @@ def _validate_anchors(s: SelfPlayConfig) -> None:
                   lambda: f"{where}.rating: expected a finite number, got {shown(rating)}")
             anchor = anchor["player"]
         check(isinstance(anchor, str) and anchor.count(":") == 1 and all(anchor.split(":")),
-              lambda: f"{where}: expected 'module:function' (e.g. tests.anchors:uniform), got {shown(anchor)}")
+              lambda: f"{where}: expected 'module:function' (e.g. hpcrl.envs.anchors:uniform), got {shown(anchor)}")

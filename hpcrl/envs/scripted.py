@@ -26,7 +26,7 @@ def load_player(spec: str, where: str) -> Callable:
     config key that gave it) if it cannot be imported or is not a function."""
     module, _, name = spec.partition(":")
     if not module or not name:
-        raise ConfigError(f"{where}: expected module:function (e.g. tests.anchors:uniform), got {spec!r}")
+        raise ConfigError(f"{where}: expected module:function (e.g. hpcrl.envs.anchors:uniform), got {spec!r}")
     try:
         play = getattr(importlib.import_module(module), name)
     except ImportError as exc:

@@ -325,8 +325,7 @@ def main(argv: list[str] | None = None) -> int:
 def find_modules_in_working_directory() -> None:
     """`python -m hpcrl` has the working directory on the Python path, and the `hpcrl` console
     script would not: a user's module beside them (env.id my_envs:Maze, a scripted player such as
-    tests.anchors:one_step_lookahead from the repository's root) is found either way. Appended, so
-    it never shadows an installed module."""
+    my_players:greedy) is found either way. Appended, so it never shadows an installed module."""
     cwd = os.getcwd()
     if "" not in sys.path and cwd not in sys.path:
         sys.path.append(cwd)

@@ -1,5 +1,5 @@
 """Fixed players for connect four (PettingZoo connect_four_v3), to rate trained policies against
-(`hpcrl eval RUN --opponent tests.anchors:one_step_lookahead`). Each takes the env's rows (every
+(`hpcrl eval RUN --opponent hpcrl.envs.anchors:one_step_lookahead`). Each takes the env's rows (every
 agent's own observation, the 6 x 7 x 2 board flattened: plane 0 the agent's own pieces, plane 1
 the opponent's, row 0 the top), their action masks and a numpy generator, and returns an action
 per row."""
