@@ -51,10 +51,11 @@ def mpirun(n: int, *args: str, timeout: float = 240, cwd: Path | None = None,
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=env)
 
 
-def run_hpcrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m hpcrl ARGS` in one process, without mpirun (plan, sbatch, inspect, eval, tune)."""
+def run_hpcrl(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m hpcrl ARGS` in one process, without mpirun (plan, sbatch, inspect, eval, tune), in
+    the repository's root unless `cwd` says otherwise."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, cwd=cwd or REPO,
                           env=env, timeout=timeout)
 
 

@@ -321,3 +321,40 @@ def test_plan_counts_each_dqn_learners_replay_shard_and_says_what_to_lower():
     assert "replay shard per learner: 25,000 transitions" in two and "learner 1.4 GiB" in two
     big = hpcrl("plan", "jobs/breakout_apex.yaml", "--world-size", "4", "--set", "algo.replay.capacity=200000").stdout
     assert "add learners or lower algo.replay.capacity" in big
+
+
+@pytest.mark.parametrize("args, message", [
+    (("-o", "nodir/x.sbatch"), "cannot write the job script to nodir/x.sbatch: No such file or directory (the "
+                               "directory nodir does not exist: create it first)"),
+    (("--time", "25:99:00"), "--time: expected SLURM's minutes, minutes:seconds, hours:minutes:seconds, days-hours, "
+                             "days-hours:minutes or days-hours:minutes:seconds, e.g. 02:00:00 or 1-12:00:00; got "
+                             "'25:99:00': minutes 99 is above 59"),
+    (("--partition", "gpu; rm -rf /"), "--partition: expected a SLURM name (letters, digits, '_', '.', '+', '-'; "
+                                       "several partitions comma-separated), got 'gpu; rm -rf /'"),
+    (("--account", "lab\n#SBATCH --qos=top"), "--account: expected a SLURM name"),
+    (("--max-relaunches", "5"), "--max-relaunches bounds the relaunches of a self-healing script; add --no-kill"),
+])
+def test_sbatch_refuses_what_it_cannot_write_faithfully_in_one_line(tmp_path, args, message):
+    """Issue 46, item 7: each was a traceback, or written verbatim into an #SBATCH line, or ignored."""
+    result = hpcrl("sbatch", str(REPO / "jobs/cartpole_ppo.yaml"), "--nodes", "1", "--ntasks-per-node", "4", *args,
+                   cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+    assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sbatch_plans_with_set_and_passes_it_to_the_run(tmp_path):
+    """--set, as hpcrl plan takes it: the layout is planned with the override, and the script's run
+    line passes it on (quoted for the shell), beside the submit-time arguments ("$@")."""
+    out = tmp_path / "job.sbatch"
+    refused = hpcrl("sbatch", "jobs/cartpole_ppo.yaml", "--nodes", "1", "--ntasks-per-node", "4",
+                    "--set", "roles.learner.ranks=4")
+    assert refused.returncode == 2 and "roles" in refused.stderr  # planned with it: 4 learners leave no env rank
+    made = hpcrl("sbatch", "jobs/cartpole_ppo.yaml", "--nodes", "1", "--ntasks-per-node", "4", "--time", "90",
+                 "--set", "run.output_dir=runs of mine", "--set", "algo.lr=1.0e-4", "--partition", "gpu,debug",
+                 "-o", str(out))
+    assert made.returncode == 0, made.stderr
+    text = out.read_text()
+    assert """python -m hpcrl run "$CONFIG" --set 'run.output_dir=runs of mine' --set algo.lr=1.0e-4 "$@" &""" in text
+    assert "#SBATCH --partition=gpu,debug\n" in text and "#SBATCH --time=90 " in text
+    assert "--partition gpu,debug --set 'run.output_dir=runs of mine' --set algo.lr=1.0e-4" in text.splitlines()[2]

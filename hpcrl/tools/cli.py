@@ -44,9 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     sb.add_argument("--no-kill", action="store_true",
                     help="a self-healing script: a lost node does not end the allocation, and the script "
                          "relaunches hpcrl on the nodes still answering, which resumes from its checkpoint")
-    sb.add_argument("--max-relaunches", type=int, default=3,
+    sb.add_argument("--max-relaunches", type=int, default=None,
                     help="with --no-kill: relaunches per job at most (default 3; HPCRL_MAX_RELAUNCHES at submit "
                          "time overrides it)")
+    sb.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config value for the layout's plan; the script passes it to hpcrl run")
     sb.add_argument("-o", "--output", help="write the script here (default: print it)")
     ins = sub.add_parser("inspect", help="print a run directory's config, progress and checkpoints (no MPI)")
     ins.add_argument("run_dir", help="run directory (run.output_dir/run.name, e.g. runs/cartpole_ppo)")
@@ -213,26 +215,37 @@ def _inspect(args) -> int:
 
 
 def _sbatch(args) -> int:
-    import os
-
     from hpcrl.core.config import ConfigError, load_config
-    from hpcrl.tools.sbatch import JobRequest, check, render
+    from hpcrl.tools.sbatch import JobRequest, check, render, write_script
+    if args.max_relaunches is not None and not args.no_kill:
+        return _user_error("hpcrl: cannot write the job script: --max-relaunches bounds the relaunches of a "
+                           "self-healing script; add --no-kill, or leave --max-relaunches out")
     request = JobRequest(args.config, args.nodes, args.ntasks_per_node, args.time, args.launcher,
                          args.partition, args.account, no_kill=args.no_kill,
-                         max_relaunches=args.max_relaunches)
+                         max_relaunches=3 if args.max_relaunches is None else args.max_relaunches,
+                         overrides=tuple(args.overrides))
     try:
-        cfg, _ = load_config(args.config)
+        cfg, _ = load_config(args.config, request.overrides)
         layout = check(request, cfg)
     except ConfigError as exc:
         return _user_error(f"hpcrl: cannot write the job script: {exc}")
     text = render(request, cfg, layout)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(args.output, 0o755)
-    else:
+    if not args.output:
         sys.stdout.write(text)
+        return 0
+    try:
+        write_script(args.output, text)
+    except OSError as exc:
+        return _user_error(f"hpcrl: cannot write the job script to {args.output}: {exc.strerror or exc}"
+                           f"{_missing_directory(args.output)}")
     return 0
+
+
+def _missing_directory(path: str) -> str:
+    import os
+    parent = os.path.dirname(os.path.abspath(path))
+    return f" (the directory {os.path.dirname(path) or parent} does not exist: create it first)" \
+        if not os.path.isdir(parent) else ""
 
 
 def _plan(args) -> int:

@@ -7,7 +7,9 @@ layout that cannot fit.
 """
 from __future__ import annotations
 
+import os
 import re
+import shlex
 from dataclasses import dataclass
 
 from hpcrl.core.config import Config, ConfigError
@@ -15,7 +17,14 @@ from hpcrl.core.layout import Layout, plan_layout, simulated_nodes
 from hpcrl.core.policies import num_policies
 
 LAUNCHERS = ("mpirun", "srun")
-TIME_FORMAT = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
+# SLURM's --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
+# days-hours:minutes:seconds
+TIME_FORMAT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+TIME_FORMATS = ("minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes or "
+                "days-hours:minutes:seconds, e.g. 02:00:00 or 1-12:00:00")
+# a partition or account name as SLURM knows them (several partitions: comma-separated); never
+# a space, a quote or a `;`, which would end the #SBATCH line or reach the shell
+SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
 
 
 @dataclass
@@ -30,6 +39,23 @@ class JobRequest:
     signal_lead_s: int = 120
     no_kill: bool = False  # self-healing: keep the allocation when a node fails, relaunch on the rest
     max_relaunches: int = 3
+    overrides: tuple[str, ...] = ()  # --set KEY=VALUE: planned with, and passed to hpcrl run by the script
+
+
+def time_problem(text: str) -> str | None:
+    """What is wrong with a SLURM --time value, or None."""
+    found = TIME_FORMAT.fullmatch(text)
+    if found is None:
+        return "not one of SLURM's time formats"
+    days, first, second, third = found.groups()
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        named = (("hours", first, 23), ("minutes", second, 59), ("seconds", third, 59))
+    elif third is not None:  # hours:minutes:seconds
+        named = (("minutes", second, 59), ("seconds", third, 59))
+    else:  # minutes[:seconds]
+        named = (("seconds", second, 59),)
+    return next((f"{name} {int(value)} is above {top}" for name, value, top in named
+                 if value is not None and int(value) > top), None)
 
 
 def check(request: JobRequest, cfg: Config) -> Layout:
@@ -40,8 +66,12 @@ def check(request: JobRequest, cfg: Config) -> Layout:
         raise ConfigError(f"--ntasks-per-node: expected >= 1, got {request.ntasks_per_node}")
     if request.launcher not in LAUNCHERS:
         raise ConfigError(f"--launcher: expected one of {', '.join(LAUNCHERS)}, got {request.launcher!r}")
-    if not TIME_FORMAT.match(request.time):
-        raise ConfigError(f"--time: expected SLURM's [D-]HH:MM:SS (e.g. 02:00:00), got {request.time!r}")
+    if problem := time_problem(request.time):
+        raise ConfigError(f"--time: expected SLURM's {TIME_FORMATS}; got {request.time!r}: {problem}")
+    for option, name in (("--partition", request.partition), ("--account", request.account)):
+        if name is not None and not SLURM_NAME.fullmatch(name):
+            raise ConfigError(f"{option}: expected a SLURM name (letters, digits, '_', '.', '+', '-'; several "
+                              f"partitions comma-separated), got {name!r}")
     if request.max_relaunches < 0:
         raise ConfigError(f"--max-relaunches: expected >= 0, got {request.max_relaunches}")
     world = request.nodes * request.ntasks_per_node
@@ -64,14 +94,20 @@ def _launchers(request: JobRequest) -> tuple[str, str]:
         srun_where = f'--nodes="$count" --nodelist="$nodes" --ntasks="$((count * {per_node}))" '
     else:
         mpirun_where, srun_where = '-n "${SLURM_NTASKS}"', ""
+    run = f'python -m hpcrl run "$CONFIG"{_sets(request)} "$@"'
     mpirun = (f'mpirun {mpirun_where} --map-by "ppr:{per_node}:node" '
-              '--bind-to "${HPCRL_BIND:-core}" python -m hpcrl run "$CONFIG" "$@"')
+              f'--bind-to "${{HPCRL_BIND:-core}}" {run}')
     # --kill-on-bad-exit=0: hpcrl ends every rank itself (the same status on every rank for its
     # verdicts, MPI_Abort on a failure); srun's kill of the ranks still leaving after the first
     # turned a config error's 2 (or a preemption's 3) into 137, which the script then misread
     srun = (f'srun --mpi=pmix --kill-on-bad-exit=0 {srun_where}--cpu-bind="${{HPCRL_CPU_BIND:-cores}}" '
-            'python -m hpcrl run "$CONFIG" "$@"')
+            f'{run}')
     return (srun, mpirun) if request.launcher == "srun" else (mpirun, srun)
+
+
+def _sets(request: JobRequest) -> str:
+    """' --set KEY=VALUE' for each override the layout was planned with, quoted for the shell."""
+    return "".join(f" --set {shlex.quote(item)}" for item in request.overrides)
 
 
 # `wait` returns when a signal arrives, so wait again until the launcher has really finished
@@ -169,15 +205,17 @@ def render(request: JobRequest, cfg: Config, layout: Layout) -> str:
     gpus = any(getattr(cfg.roles, role).device == "cuda" for role in ("learner", "inference", "env"))
     gpu_line = "#SBATCH --gpus-per-node=1             # edit: GPUs per node (roles with device: cuda)\n" if gpus else ""
     launch, other = _launchers(request)
+    options = "".join(f" --{key} {shlex.quote(value)}" for key, value in
+                      (("partition", request.partition), ("account", request.account)) if value) + _sets(request)
     if request.no_kill:
-        written_by = f" --no-kill --max-relaunches {request.max_relaunches}"
+        written_by = f"{options} --no-kill --max-relaunches {request.max_relaunches}"
         healing = (f"# Lost nodes: SLURM keeps the allocation (--no-kill) and this script relaunches hpcrl on the\n"
                    f"# nodes that still answer, at most {request.max_relaunches} times; the run resumes from its last "
                    f"checkpoint,\n# and each relaunch is appended to recovery.log in the run directory.\n")
         no_kill_line = "#SBATCH --no-kill                  # a lost node does not end the allocation (see the loop below)\n"
         body = _self_healing_body(launch, other, request.max_relaunches)
     else:
-        written_by = healing = no_kill_line = ""
+        written_by, healing, no_kill_line = options, "", ""
         body = _plain_body(launch, other)
     return f"""#!/bin/bash
 # {cfg.env.id} {cfg.algo.name.upper()} on {request.nodes} node{'s' if request.nodes > 1 else ''} x {request.ntasks_per_node} MPI ranks = {world} ({counts}).
@@ -202,6 +240,20 @@ if [[ -f .venv/bin/activate ]]; then source .venv/bin/activate; fi
 export OMP_NUM_THREADS=1           # one thread per rank: the ranks themselves are the parallelism
 export MPICH_MAX_THREAD_SAFETY=multiple  # (Cray) MPICH: learners need MPI_THREAD_MULTIPLE for Horovod
 
-CONFIG=${{CONFIG:-{request.config_path}}}
+CONFIG=${{CONFIG:-{shlex.quote(request.config_path)}}}
 {body}
 """
+
+
+def write_script(path: str, text: str) -> None:
+    """The script at `path`, executable, written whole: to a temporary name beside it, then
+    renamed over it, so a failed write (a full disk) leaves the old script or none, never half."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
