@@ -23,6 +23,16 @@ class Corridor(gym.Env):
         return np.array([self.pos], np.float32), float(done), done, False, {}
 
 
+class WrongShape(Corridor):
+    """Declares Box(2) observations and returns 3 values: a newcomer's mistake (issue 46, item 1)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+
 def make_corridor(length: int = 3) -> Corridor:
     return Corridor(length=length)
 

@@ -9,6 +9,7 @@ import pytest
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.moments import ReturnScaler
 from hpcrl.envs import EnvSpaces, make_vector_env, env_spaces, random_actions
+from tests.conftest import run_hpcrl
 
 
 def env_cfg(**env):
@@ -203,3 +204,18 @@ def test_random_actions_fit_the_spaces():
     assert box.shape == (100, 2) and box.dtype == np.float32
     assert (np.abs(box[:, 0]) <= 2).all() and box[:, 0].std() > 0.5 and (box[:, 1] < 0).any()
 
+
+
+def test_an_env_whose_observations_do_not_fit_its_space_is_refused_at_start_up(tmp_path):
+    """Issue 46, item 1: a Box(2) space and 3 values from reset() was a 30-line traceback ending in
+    numpy's 'Output array is the wrong shape', exit 1. Now one message names the env, the space and
+    what reset() returned; `hpcrl run` exits 2 and writes nothing."""
+    message = ("env.id 'tests.custom_envs:WrongShape': reset() returned an observation of shape (3,) (float32), but "
+               "its observation_space is Box(-1.0, 1.0, (2,), float32) (shape (2,), float32); return arrays of shape "
+               "(2,) from reset() and step(), or declare the space the env really gives")
+    assert error_of(id="tests.custom_envs:WrongShape") == message
+    path = tmp_path / "job.yaml"
+    path.write_text(f"env: {{id: 'tests.custom_envs:WrongShape'}}\nrun: {{output_dir: {tmp_path / 'runs'}}}\n")
+    run = run_hpcrl("run", str(path))
+    assert run.returncode == 2 and run.stderr == f"hpcrl: config error: {message}\n", run.stdout + run.stderr
+    assert not (tmp_path / "runs").exists()

@@ -13,6 +13,7 @@ import functools
 import importlib
 import re
 import sys
+import warnings
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -215,9 +216,62 @@ def make_vector_env(cfg: EnvConfig, seed: int | list[int], gamma: float = 0.99,
     return envs, obs
 
 
+def check_observations(cfg: EnvConfig) -> None:
+    """One env of the config reset and stepped once (a seeded random action): a ConfigError naming
+    the env, its observation space and what reset() or step() returned, when an observation does
+    not have the shape its space declares. The vector an env rank steps writes observations into
+    arrays of the space's shape, and failed there with numpy's 'Output array is the wrong shape'
+    deep inside gymnasium. (PettingZoo envs and the numpy and envpool backends build their own
+    vectors, with their own checks.)"""
+    with warnings.catch_warnings():  # gymnasium's env checker says less, and only warns
+        warnings.simplefilter("ignore")
+        env = make_env(cfg)
+        try:
+            space = env.observation_space
+            obs, _ = env.reset(seed=0)
+            _check_fits(cfg.id, "reset()", obs, space, "")
+            if _supported_actions(env.action_space):  # (else env_spaces says what is supported)
+                env.action_space.seed(0)
+                obs = env.step(env.action_space.sample())[0]
+                _check_fits(cfg.id, "step()", obs, space, "")
+        finally:
+            env.close()
+
+
+def _supported_actions(act: gym.spaces.Space) -> bool:
+    """Discrete actions from 0, or one-dimensional Box (continuous) actions."""
+    return (isinstance(act, gym.spaces.Discrete) and int(act.start) == 0) or \
+        (isinstance(act, gym.spaces.Box) and len(act.shape) == 1)
+
+
+def _check_fits(env_id: str, call: str, obs, space: gym.spaces.Space, where: str) -> None:
+    if isinstance(space, gym.spaces.Dict):
+        for key, sub in space.spaces.items():
+            if not isinstance(obs, dict) or key not in obs:
+                raise ConfigError(f"env.id {env_id!r}: {call} returned an observation without key {key!r}{where}, "
+                                  f"but its observation_space is a Dict with keys {list(space.spaces)}")
+            _check_fits(env_id, call, obs[key], sub, f"{where}[{key!r}]")
+    elif isinstance(space, gym.spaces.Tuple):
+        if not isinstance(obs, (tuple, list)) or len(obs) != len(space.spaces):
+            raise ConfigError(f"env.id {env_id!r}: {call} returned {type(obs).__name__} for{where or ' the'} "
+                              f"observation, but its observation_space is a Tuple of {len(space.spaces)}")
+        for i, sub in enumerate(space.spaces):
+            _check_fits(env_id, call, obs[i], sub, f"{where}[{i}]")
+    elif isinstance(space, gym.spaces.Box):
+        array = np.asarray(obs)
+        if array.shape != space.shape:
+            part = f"observation{where}" if where else "an observation"
+            raise ConfigError(f"env.id {env_id!r}: {call} returned {part} of shape {array.shape} ({array.dtype}), "
+                              f"but its observation_space{where} is {space} (shape {space.shape}, {space.dtype}); "
+                              f"return arrays of shape {space.shape} from reset() and step(), or declare the space "
+                              f"the env really gives")
+
+
 def env_spaces(cfg: EnvConfig) -> EnvSpaces:
     """Make the configured vector with one env to read its spaces; a ConfigError if the env or its
-    spaces are unsupported."""
+    spaces are unsupported, or if its observations do not fit its observation space."""
+    if cfg.backend == "sync" and pettingzoo_vector(cfg.id) is None:
+        check_observations(cfg)
     envs = _vector(dataclasses.replace(cfg, num_envs=1), 1, seed=0, gamma=0.99)
     try:
         envs.reset(seed=0)  # a single-agent env says whether it gives action masks in its reset info
@@ -241,9 +295,9 @@ def env_spaces(cfg: EnvConfig) -> EnvSpaces:
     if masked and not agents and (not isinstance(act, gym.spaces.Discrete) or mask_width != int(act.n)):
         raise ConfigError(f"env.id: {cfg.id!r} gives info['action_mask'] of {mask_width} entries for action space "
                           f"{act}; masks are for Discrete actions, one entry per action")
-    if isinstance(act, gym.spaces.Discrete) and int(act.start) == 0:
+    if _supported_actions(act) and isinstance(act, gym.spaces.Discrete):
         return dataclasses.replace(spaces, num_actions=int(act.n))
-    if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
+    if _supported_actions(act):
         return dataclasses.replace(spaces, action_shape=tuple(act.shape), action_dtype="float32",
                                    action_low=tuple(float(x) for x in act.low),
                                    action_high=tuple(float(x) for x in act.high))
