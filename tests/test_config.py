@@ -3,7 +3,7 @@ import pytest
 
 from hpcrl.core.config import ConfigError, load_config, parse_config, to_yaml
 from hpcrl.core.layout import resolve_role_counts
-from tests.conftest import REPO, run_hpcrl
+from tests.conftest import REPO, mpirun
 
 
 def error_of(text: str, *overrides: str) -> str:
@@ -142,7 +142,7 @@ def test_a_config_file_that_names_no_env_is_refused_not_trained_on_cartpole(tmp_
     assert str(info.value).startswith(f"{path}: env.id: the config {given}, so it names no environment")
     assert "e.g. 'env: {id: CartPole-v1}'" in str(info.value)
     assert load_config(str(path), ("env.id=CartPole-v1",))[0].env.id == "CartPole-v1"
-    run = run_hpcrl("run", str(path), "--set", f"run.output_dir={tmp_path / 'runs'}")
+    run = mpirun(1, "run", str(path), "--set", f"run.output_dir={tmp_path / 'runs'}")
     assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
     assert run.stderr.count("hpcrl: config error:") == 1 and "Traceback" not in run.stderr
     assert not (tmp_path / "runs").exists()

@@ -9,7 +9,7 @@ import pytest
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.moments import ReturnScaler
 from hpcrl.envs import EnvSpaces, make_vector_env, env_spaces, random_actions
-from tests.conftest import run_hpcrl
+from tests.conftest import mpirun
 
 
 def env_cfg(**env):
@@ -216,6 +216,7 @@ def test_an_env_whose_observations_do_not_fit_its_space_is_refused_at_start_up(t
     assert error_of(id="tests.custom_envs:WrongShape") == message
     path = tmp_path / "job.yaml"
     path.write_text(f"env: {{id: 'tests.custom_envs:WrongShape'}}\nrun: {{output_dir: {tmp_path / 'runs'}}}\n")
-    run = run_hpcrl("run", str(path))
-    assert run.returncode == 2 and run.stderr == f"hpcrl: config error: {message}\n", run.stdout + run.stderr
+    run = mpirun(1, "run", str(path))
+    assert run.returncode == 2 and "Traceback" not in run.stdout + run.stderr, run.stdout + run.stderr
+    assert [line for line in run.stderr.splitlines() if line.startswith("hpcrl:")] == [f"hpcrl: config error: {message}"]
     assert not (tmp_path / "runs").exists()

@@ -215,3 +215,26 @@ def test_sigusr1_checkpoints_and_exits_3_then_resume_with_more_env_ranks(tmp_pat
     assert resumed_rows[0] == saved["frames"] + 3 * 16 * 4  # three env ranks' fragments per update now
     assert np.all(np.diff(resumed_rows) == 3 * 16 * 4)
     assert m["wall_time"][len(rows_before["frames"])] > rows_before["wall_time"][-1]  # wall time continues
+
+
+def test_a_resume_that_changes_hyperparameters_says_so_and_keeps_the_config_before(tmp_path):
+    """Issue 46, item 4: `--set algo.lr=0.1` on a resume was taken silently and config.yaml lost
+    the old value. The resume says what changed in one line; config_history.yaml keeps each config
+    a resume replaced, oldest first, headed by what it ran to."""
+    import yaml
+    cfg = small_config(tmp_path, run={"total_frames": 256}, roles={"inference": {"ranks": 0}})
+    path = str(write_config(tmp_path, cfg))
+    assert mpirun(1, "run", path).returncode == 0
+    resumed = mpirun(1, "run", path, "--set", "algo.lr=0.1", "--set", "run.total_frames=512")
+    assert resumed.returncode == 0, resumed.stderr
+    lines = [line for line in resumed.stdout.splitlines() if "resuming with" in line]
+    assert lines == ["[hpcrl] resuming with run.total_frames 512 (was 256); algo.lr 0.1 (was 0.001); the config "
+                     "before is kept in config_history.yaml"], resumed.stdout
+    again = mpirun(1, "run", path, "--set", "algo.lr=0.1", "--set", "run.total_frames=768")
+    assert again.returncode == 0 and "algo.lr" not in again.stdout, again.stdout  # said once, when it changed
+    history = (run_dir(cfg) / "config_history.yaml").read_text()
+    assert history.startswith("--- # the config up to policy version 4, 256 frames; resumed at ")
+    assert "with run.total_frames 512 (was 256); algo.lr 0.1 (was 0.001)\n" in history
+    configs = list(yaml.safe_load_all(history))
+    assert [(c["algo"]["lr"], c["run"]["total_frames"]) for c in configs] == [(0.001, 256), (0.1, 512)]
+    assert yaml.safe_load((run_dir(cfg) / "config.yaml").read_text())["run"]["total_frames"] == 768

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
-from hpcrl.io import env_states
+from hpcrl.io import config_history, env_states
 from hpcrl.io.checkpoint import CheckpointError, latest_summary, previous_path, recover_temporaries
 from hpcrl.core.config import Config, ConfigError, parse_config, to_dict, to_yaml
 from hpcrl.core.config_base import load_yaml
@@ -54,6 +54,7 @@ class RunStart:
     saved_layout: tuple[int, int] | None = None
     finished: str = ""  # why the run in the directory is already complete (nothing left to do)
     warnings: list[str] = field(default_factory=list)
+    changes: str = ""  # what this resume changed in the config, in one line ('' for none)
 
 
 def _lookup(tree: dict, dotted: str):
@@ -125,6 +126,10 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "",
             start.start_frames = int(counters.get("frames", 0))
             start.saved_layout = _saved_layout(provenance)
             start.finished = _already_finished(cfg, counters)
+            changed = config_history.changes(old, new)
+            start.changes = config_history.describe(changed)
+            config_history.keep(run_dir, start.config_text, f"policy version {start.start_version}, "
+                                f"{start.start_frames:,} frames", changed)
         if not start.finished:
             repairs += _repair_metrics(metrics, start.start_version, int(counters.get("updates", 0)))
         _log_repairs(run_dir, repairs)

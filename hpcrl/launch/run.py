@@ -23,6 +23,7 @@ from hpcrl.core.startup import CLOCK, MARKS, resume_collection
 from hpcrl.core.stop import EXIT_CONFIG_ERROR, StopReason
 from hpcrl.envs import EnvSpaces
 from hpcrl.io import rundir
+from hpcrl.io.config_history import HISTORY_FILE
 from hpcrl.io.metrics import write_crossed_nodes, write_startup
 from hpcrl.launch.population import Alone, Population
 from hpcrl.launch.startup import PHASES, Refusal, StartUp
@@ -143,6 +144,8 @@ def _announce(s: StartUp) -> None:
     if start.resume_file:
         say(f"resuming from {start.resume_file}: policy version {start.start_version}, "
             f"{start.start_frames:,} frames", label=label)
+        if start.changes:
+            say(f"resuming with {start.changes}; the config before is kept in {HISTORY_FILE}", label=label)
 
 
 def _announce_layout(cfg: Config, layout: Layout, sizes: Sizes, spaces: EnvSpaces, n_params: list[int],
