@@ -41,8 +41,10 @@ class LearnerOutputs:
                                      flush_interval_s=METRICS_FLUSH_S)
         self.checkpoint_path = os.path.join(run_dir, CHECKPOINT_FILE)
         self.failed = False
+        self.total_frames = run.total_frames
         self._last_log = self._last_ckpt = time.perf_counter()
         self._last_log_frames = start_frames
+        self._logged = False  # the first update's line comes at once, not after log_interval_s
 
     def checkpoint_due(self, code: int) -> bool:
         """A checkpoint is written with this update: the run stops, or the interval has passed."""
@@ -60,13 +62,13 @@ class LearnerOutputs:
         except OSError as exc:
             return self.output_failed("the metrics rows of the last updates", self.metrics.path, exc)
         now = time.perf_counter()
-        if code or now - self._last_log >= self.log_interval_s:
+        if code or not self._logged or now - self._last_log >= self.log_interval_s:
             fps = (row["frames"] - self._last_log_frames) / max(now - self._last_log, 1e-9)
             rating = f" | rating {row['rating']:6.1f}" if "rating" in row else ""  # against the anchors
-            say(f"frames {row['frames']:>10,} | {fps:8,.0f} fps | return "
+            say(f"frames {row['frames']:>10,} {progress_of(row['frames'], self.total_frames, fps)} | return "
                 f"{row['return_window_mean']:7.1f}{rating} | version {row['policy_version']:5d} | "
                 f"{self.progress.format(**row)}", label=self.label)
-            self._last_log, self._last_log_frames = now, row["frames"]
+            self._last_log, self._last_log_frames, self._logged = now, row["frames"], True
         self.saved = False
         if self.checkpoint_due(code) if checkpoint is None else checkpoint:
             try:  # the checkpoint's rows first: a resume keeps the rows up to its checkpoint
@@ -105,3 +107,21 @@ class LearnerOutputs:
         except OSError:
             if not self.failed:  # after a failed write, closing fails too; resuming rebuilds the file
                 raise
+
+
+def progress_of(frames: int, total: int, fps: float) -> str:
+    """' 46% | 3,857 fps | ETA 7s': the share of run.total_frames done, the speed since the last
+    line, and the time the rest of the budget takes at that speed (a target return may end the run
+    sooner)."""
+    left = max(total - frames, 0)
+    eta = f" | ETA {duration(left / fps)}" if fps > 0 and left else ""
+    return f"{min(100 * frames / total, 100):3.0f}% | {fps:8,.0f} fps{eta}"
+
+
+def duration(seconds: float) -> str:
+    """'42s', '3m05s', '1h02m', '2d03h': two units at most."""
+    s = int(round(seconds))
+    for big, small, unit_big, unit_small in ((86400, 3600, "d", "h"), (3600, 60, "h", "m"), (60, 1, "m", "s")):
+        if s >= big:
+            return f"{s // big}{unit_big}{(s % big) // small:02d}{unit_small}"
+    return f"{s}s"
