@@ -92,8 +92,9 @@ class RunConfig:
     replica_digests: bool = doc("record a digest of every learner's weights and observation-normaliser "
                                 "stats after each update in metrics.h5 (checks that learners stay "
                                 "bit-identical)", default=False)
-    tensorboard: bool = doc("also write every metrics row as TensorBoard scalars (step = frames) in event "
-                            "files in the run directory: tensorboard --logdir runs", default=True)
+    tensorboard: bool = doc("also write every metrics row as TensorBoard scalars (step = frames; groups "
+                            "episode/, losses/, perf/, train/) and the config as text in event files in the "
+                            "run directory: tensorboard --logdir runs", default=True)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Written in HDF5's single-writer/multiple-reader mode, so `read_metrics` (or h5py, h5dump with
 SWMR) can follow a run while it goes on, and a crash leaves every row written so far readable.
-Optionally every row is mirrored as TensorBoard scalars in event files beside it.
+Optionally every row is mirrored as TensorBoard scalars in event files beside it (io/tensorboard.py).
 
 Rows may be buffered (`flush_interval_s`) and written as one block per series: a learner that
 updates many times a second (small async batches) would otherwise spend a large share of its core
@@ -22,9 +22,7 @@ is left as it is); `write_crossed_nodes` refuses one.
 from __future__ import annotations
 
 import glob
-import itertools
 import os
-import socket
 import time
 from dataclasses import dataclass
 
@@ -72,7 +70,9 @@ class MetricsWriter:
         if tensorboard_dir is not None:
             # TensorBoard drops what an earlier session wrote from this step on: the rows cut above
             kept_frames = int(self.file["frames"][self.rows - 1]) if self.rows and "frames" in self.file else -1
-            self.tensorboard = TensorBoardScalars(tensorboard_dir, purge_from_step=kept_frames + 1)
+            from hpcrl.io.tensorboard import TensorBoardScalars  # (the tensorboard package only where asked)
+            self.tensorboard = TensorBoardScalars(tensorboard_dir, purge_from_step=kept_frames + 1,
+                                                  config_text=(attrs or {}).get("config"))
 
     def append(self, row: dict[str, float | np.ndarray]) -> None:
         values = {key: np.asarray(value) for key, value in row.items()}
@@ -118,57 +118,6 @@ class MetricsWriter:
                 self.file.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
-
-
-_event_files = itertools.count()  # several writers in one process (and second) get their own files
-
-
-class TensorBoardScalars:
-    """Metrics rows as TensorBoard scalars (tag = the metrics key, step = `frames`), so
-    `tensorboard --logdir runs` shows every run. Records go through the tensorboard package's
-    record format (no torch needed), written synchronously by the learner's own thread, so a
-    failed write (a full disk) raises here, naming the events file, instead of in a background
-    thread. TensorBoard stores scalars as float32."""
-
-    def __init__(self, log_dir: str, purge_from_step: int = 0):
-        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-        from tensorboard.compat.proto.summary_pb2 import Summary
-        from tensorboard.summary.writer.record_writer import RecordWriter
-        self._event, self._summary = Event, Summary
-        self.path = os.path.join(log_dir, f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
-                                          f"{os.getpid()}.{next(_event_files)}")
-        self.writer = RecordWriter(open(self.path, "wb"))
-        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
-        # A session start at step s makes TensorBoard discard every event of earlier files with a
-        # step >= s (what torch's SummaryWriter(purge_step=s) writes): a resumed run's cut rows.
-        self._write(Event(step=purge_from_step, wall_time=time.time(),
-                          session_log=SessionLog(status=SessionLog.START)))
-
-    def _write(self, event, flush: bool = True) -> None:
-        try:
-            self.writer.write(event.SerializeToString())
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, self.path) from None
-        if flush:
-            self._flush()
-
-    def _flush(self) -> None:
-        """Readers see the rows as soon as metrics.h5 has them."""
-        try:
-            self.writer.flush()
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, self.path) from None
-
-    def append(self, rows: list[dict[str, np.ndarray]]) -> None:
-        for row in rows:
-            values = [self._summary.Value(tag=key, simple_value=float(value))
-                      for key, value in row.items() if np.ndim(value) == 0]  # vectors (replica digests) stay in HDF5
-            self._write(self._event(step=int(row["frames"]), wall_time=time.time(),
-                                    summary=self._summary(value=values)), flush=False)
-        self._flush()
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 CROSSED_NODES = "crossed_nodes"  # attributes: what the run's last launch sent across nodes, per stream
