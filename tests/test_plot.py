@@ -101,3 +101,26 @@ def test_a_run_without_finished_episodes_cannot_be_plotted(tmp_path):
     run_dir = fake_run(tmp_path, "r", frames=np.array([100]), first_nan=True)
     with pytest.raises(RunDirError, match="has no value yet"):
         load_curve(run_dir)
+
+
+def test_plot_over_many_runs_leaves_out_one_it_cannot_read_with_a_warning(tmp_path):
+    """Issue 46, item 6: a run whose env crashed at once left a 48-byte metrics.h5, and
+    `hpcrl plot runs` exited 2 for every run because of it."""
+    for s in (1, 2):
+        fake_run(tmp_path / "runs", f"cp_s{s}", seed=s)
+    crashed = tmp_path / "runs" / "crashed"
+    crashed.mkdir()
+    (crashed / "config.yaml").write_text((tmp_path / "runs" / "cp_s1" / "config.yaml").read_text())
+    (crashed / "metrics.h5").write_bytes((tmp_path / "runs" / "cp_s1" / "metrics.h5").read_bytes()[:48])
+    out = tmp_path / "curves.png"
+    result = hpcrl("plot", str(tmp_path / "runs"), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stdout.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(f"[hpcrl] warning: plot: left out {crashed}: ")
+    assert "2 runs in 1 curve (cp (2 runs))" in result.stdout and out.stat().st_size > 0
+    alone = hpcrl("plot", str(crashed), "-o", str(out))  # named alone, it is still an error
+    assert alone.returncode == 2 and alone.stderr.startswith("hpcrl: plot: ") and "Traceback" not in alone.stderr
+    (tmp_path / "runs" / "cp_s1" / "metrics.h5").write_bytes(b"")
+    (tmp_path / "runs" / "cp_s2" / "metrics.h5").write_bytes(b"")
+    none = hpcrl("plot", str(tmp_path / "runs"), "-o", str(out))
+    assert none.returncode == 2 and "none of the 3 runs can be plotted" in none.stderr

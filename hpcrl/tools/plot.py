@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcrl.io.rundir import METRICS_FILE
+from hpcrl.core.say import say
 from hpcrl.tools.inspect import RunDirError, load_config_dict, load_metrics, open_run_dir
 
 GROUP_BY = ("config", "name", "none")
@@ -70,6 +71,31 @@ def expand_run_dirs(paths: list[str]) -> list[str]:
                 raise
             out += runs
     return out
+
+
+def readable_runs(run_dirs: list[str], metric: str | None, group_by: str) -> tuple[list[str], dict[str, Curve]]:
+    """The runs whose curves (and, to group by config, configs) can be read, and their curves (one
+    series for every run: `metric`, or the first readable run's default). Among several runs an
+    unreadable one (a run that crashed before its first rows, a damaged file) is left out with a
+    warning; a lone run that cannot be read, or none of several, is a RunDirError."""
+    if len(run_dirs) == 1:
+        return run_dirs, {run_dirs[0]: load_curve(run_dirs[0], metric)}
+    curves: dict[str, Curve] = {}
+    problems = []
+    for run_dir in run_dirs:
+        try:
+            curves[run_dir] = load_curve(run_dir, metric)
+            if group_by == "config":
+                load_config_dict(run_dir)
+        except RunDirError as exc:
+            curves.pop(run_dir, None)
+            problems.append(str(exc))
+            say(f"warning: plot: left out {run_dir}: {exc}")
+            continue
+        metric = metric or curves[run_dir].metric
+    if not curves:
+        raise RunDirError(f"none of the {len(run_dirs)} runs can be plotted: {'; '.join(problems)}")
+    return list(curves), curves
 
 
 def group_runs(run_dirs: list[str], group_by: str = "config") -> list[tuple[str, list[str]]]:
@@ -149,10 +175,9 @@ def plot_runs(run_dirs: list[str], output: str, metric: str | None = None, smoot
     """Draw the two panels into `output` (the format from its extension); returns the groups drawn."""
     check_output(output)
     import matplotlib.pyplot as plt
-    run_dirs = expand_run_dirs(run_dirs)
+    run_dirs, curves = readable_runs(expand_run_dirs(run_dirs), metric, group_by)
     groups = group_runs(run_dirs, group_by)
-    name = load_curve(run_dirs[0], metric).metric  # one series for every run: the first run's default
-    curves = {d: load_curve(d, name) for d in run_dirs}
+    name = curves[run_dirs[0]].metric
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, (label, dirs) in enumerate(groups):
         color = f"C{i % 10}"
