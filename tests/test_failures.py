@@ -1,4 +1,5 @@
 """Jobs fail loudly and quickly: a killed rank, a hung env step, an exception; checkpoints stay valid."""
+import json
 import os
 import signal
 import subprocess
@@ -7,7 +8,7 @@ import time
 import pytest
 
 from hpcrl.io.checkpoint import load_latest
-from tests.conftest import job_pids, mpirun, run_dir, small_config, write_config
+from tests.conftest import job_pids, mpirun, run_dir, run_hpcrl, small_config, write_config
 from tests.test_hard_stop import start
 from tests.test_resume import wait_for_rows
 
@@ -65,6 +66,13 @@ def test_rank_that_raises_aborts_the_whole_job(tmp_path):
     assert result.returncode != 0
     assert "simulated env failure" in result.stderr
     assert "hpcrl: rank 2 (env: stepping envs" in result.stderr or "hpcrl: rank 3 (env: stepping envs" in result.stderr
+    # the run directory says so after the job is gone (issue 46, item 6): the first rank that failed
+    ended = json.loads((run_dir(cfg) / "status.json").read_text())
+    assert ended["state"] == "failed" and ended["rank"] in (2, 3) and ended["doing"].startswith("env: stepping envs")
+    assert ended["error"] == "RuntimeError: simulated env failure"
+    report = run_hpcrl("inspect", str(run_dir(cfg)))
+    assert report.returncode == 0 and f"FAILED at {ended['time']}: rank {ended['rank']} (env: stepping envs" in \
+        report.stdout and "RuntimeError: simulated env failure" in report.stdout, report.stdout + report.stderr
 
 
 def test_a_stopped_rank_is_lost_after_peer_timeout_and_every_rank_ends_itself(tmp_path):

@@ -202,6 +202,7 @@ def test_sigusr1_checkpoints_and_exits_3_then_resume_with_more_env_ranks(tmp_pat
     assert "preempted: checkpoint of policy version" in out and "Traceback" not in err
     saved = load_checkpoint(str(run_dir(cfg) / "checkpoint.h5"))["counters"]
     assert saved["stopped_by"] == "preempted"
+    assert '"state": "preempted"' in (run_dir(cfg) / "status.json").read_text()  # io/run_status.py
     rows_before = read_metrics(metrics_path)
     assert rows_before["frames"][-1] == saved["frames"]
 

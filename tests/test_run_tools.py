@@ -44,6 +44,7 @@ def test_inspect_prints_config_progress_and_checkpoint(solved_run):
 
     info = json.loads(hpcrl("inspect", str(solved_run), "--json").stdout)
     assert info["finished"] and info["stopped_by"] == "target_return"
+    assert info["ended"]["state"] == "done"  # status.json (io/run_status.py)
     assert info["progress"]["frames"] == frames and info["config"]["env"]["id"] == "CartPole-v1"
     full = hpcrl("inspect", str(solved_run), "--config").stdout
     assert "  algo:\n    name: ppo\n" in full and "    gae_lambda: 0.8\n" in full

@@ -20,9 +20,9 @@ from hpcrl.core.policies import policy_spaces
 from hpcrl.core.say import say
 from hpcrl.core.sizing import Sizes, memory, warnings
 from hpcrl.core.startup import CLOCK, MARKS, resume_collection
-from hpcrl.core.stop import EXIT_CONFIG_ERROR, StopReason
+from hpcrl.core.stop import EXIT_CONFIG_ERROR, EXIT_DONE, EXIT_PREEMPTED, StopReason
 from hpcrl.envs import EnvSpaces
-from hpcrl.io import rundir
+from hpcrl.io import rundir, run_status
 from hpcrl.io.config_history import HISTORY_FILE
 from hpcrl.io.metrics import write_crossed_nodes, write_startup
 from hpcrl.launch.population import Alone, Population
@@ -70,8 +70,11 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
                 f"(or pass --overwrite to start it again)", label=member.label)
         member.rest(member.role(None, start.start_frames))
         return 0
+    comm.report_failures(lambda job_rank, doing, error: run_status.write(
+        start.run_dir, "failed", rank=job_rank, doing=doing, error=error))
     if rank == 0:
         _announce(s)
+        _record_status(start.run_dir, "running", ranks=layout.world_size)
     watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
     control = build_control_stream(s.world, rank, layout.learner_root, layout.node_of_rank)
     peers = start_peer_watch(s.world, rank, control.neighbours, cfg.run.peer_timeout_s,
@@ -90,10 +93,21 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     peers.close()  # after the watchdog: waiting for the neighbours' BYE is watched by the peers' clock
     # why the run stopped, the same word on every rank: the exit status
     status = StopReason.from_flags(control.stop_flags).exit_status
+    if rank == 0:
+        _record_status(start.run_dir, {EXIT_DONE: "done", EXIT_PREEMPTED: "preempted"}.get(status, "output_failed"))
     if rank == 0 and status == 0:
         say(f"done: {start.run_dir}", label=member.label)
     member.rest(member_role)  # a population member's learner root serves it until every member has stopped
     return status
+
+
+def _record_status(run_dir: str, state: str, **details) -> None:
+    """The run directory's status.json (io/run_status.py); a report, so a failed write costs it only."""
+    try:
+        run_status.write(run_dir, state, **details)
+    except OSError as exc:
+        if state != "output_failed":  # (after a full disk, failing again is expected)
+            say(f"warning: could not record the run's status in {run_dir}: {rundir.os_reason(exc)}")
 
 
 def _learner(roles: list):

@@ -127,6 +127,15 @@ def host_names(world) -> list[str]:
     return all_gather_objects(world, socket.gethostname())
 
 
+_FAILURE_REPORTS: list[Callable[[int, str, str], None]] = []
+
+
+def report_failures(report: Callable[[int, str, str], None]) -> None:
+    """Also call `report(rank, doing, error)` when this rank fails (the run directory's status),
+    before the abort; a report that fails itself never keeps the job from ending."""
+    _FAILURE_REPORTS.append(report)
+
+
 def install_abort_hook(describe: Callable[[], str]) -> None:
     """An uncaught exception on any rank prints its rank and error, then aborts the whole job.
 
@@ -134,10 +143,15 @@ def install_abort_hook(describe: Callable[[], str]) -> None:
     """
     def hook(exc_type, exc, tb):
         text = "".join(traceback.format_exception(exc_type, exc, tb))
-        sys.stderr.write(f"{text}\nhpcrl: rank {JOB.Get_rank()} ({describe()}) failed: "
-                         f"{exc_type.__name__}: {exc}\nhpcrl: aborting the job\n")
+        doing, error = describe(), f"{exc_type.__name__}: {exc}"
+        sys.stderr.write(f"{text}\nhpcrl: rank {JOB.Get_rank()} ({doing}) failed: {error}\nhpcrl: aborting the job\n")
         sys.stderr.flush()
         sys.stdout.flush()
+        for report in _FAILURE_REPORTS:
+            try:
+                report(JOB.Get_rank(), doing, error)
+            except Exception:  # noqa: BLE001 (a full disk, a run directory gone: the abort matters more)
+                pass
         abort_job(1)
 
     sys.excepthook = hook

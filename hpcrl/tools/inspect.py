@@ -25,7 +25,7 @@ from hpcrl.core.config_base import ConfigError, load_bounded_yaml
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.reproducible import repeatability
 from hpcrl.core.stop import StopReason
-from hpcrl.io import env_states
+from hpcrl.io import env_states, run_status
 from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, read_counters_and_provenance
 from hpcrl.io.metrics import read_metrics
 from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE, RECOVERY_LOG
@@ -151,7 +151,7 @@ def describe(run_dir: str) -> dict:
     try:
         m = load_metrics(run_dir)
     except RunDirError as exc:
-        m, info["no_progress"] = None, str(exc)
+        m, info["no_progress"] = None, _no_rows(run_dir) or str(exc)
     if m is not None:
         last = len(m["frames"]) - 1
         info["progress"] = {
@@ -161,10 +161,25 @@ def describe(run_dir: str) -> dict:
             "episodes": _episodes(m), "rating": _last(m, "rating"), "rating_sigma": _last(m, "rating.sigma"),
             "anchors": _recent_anchor_games(m),
             "last_write_age_s": time.time() - os.path.getmtime(os.path.join(run_dir, METRICS_FILE))}
+    info["ended"] = run_status.read(run_dir)  # (None for a run from before status.json)
     stopped_by = counters.get("stopped_by", "")
     info["stopped_by"] = stopped_by
     info["finished"] = StopReason.from_text(stopped_by) in (StopReason.TOTAL_FRAMES, StopReason.TARGET_RETURN)
     return info
+
+
+SUPERBLOCK_BYTES = 96  # an HDF5 file no bigger than its superblock holds no dataset: no row was ever written
+
+
+def _no_rows(run_dir: str) -> str:
+    """Why a metrics.h5 that could not be read holds no rows, when it is only a superblock (its
+    writer was created and the run ended, or has not written its first rows yet); '' otherwise."""
+    try:
+        size = os.path.getsize(os.path.join(run_dir, METRICS_FILE))
+    except OSError:
+        return ""
+    return (f"metrics.h5 holds no rows ({size} bytes: the run ended before its first rows, or is starting)"
+            if size <= SUPERBLOCK_BYTES else "")
 
 
 def _repeatability(cfg: dict) -> tuple[bool | None, str]:
@@ -263,6 +278,9 @@ def _role_count(spec: dict) -> str:
 
 
 def _status(info: dict) -> str:
+    ended = info.get("ended")
+    if ended is not None and ended["state"] != "done":  # (a finished run: its stop reason says more)
+        return run_status.describe(ended)
     if info["stopped_by"]:
         reason = StopReason.from_text(info["stopped_by"])
         return reason.description if reason is not None else info["stopped_by"]
