@@ -63,6 +63,51 @@ def test_site_builds_in_strict_mode_without_a_warning(site):
     assert pages and all((out / page).is_file() for page in pages)
 
 
+class _Blocks(HTMLParser):
+    """The text of every paragraph and list item of a page, each block's lines apart."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks: list[str] = []
+        self.depth = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("p", "li"):
+            self.blocks.append("")
+            self.depth += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("p", "li"):
+            self.depth -= 1
+
+    def handle_data(self, data):
+        if self.depth:
+            self.blocks[-1] += data
+
+
+def test_no_numbered_list_falls_apart_into_plain_text(site):
+    """A list item's continuation indented by 3 spaces (enough for GitHub, not for MkDocs' Markdown)
+    ended the list: '2. Judgement.' was a line of plain text in a paragraph (issue 46, item 12)."""
+    out, _ = site
+    broken = []
+    for page in sorted(out.glob("*.html")):
+        blocks = _Blocks()
+        blocks.feed(page.read_text(encoding="utf-8"))
+        broken += [f"{page.name}: {line.strip()[:60]}" for block in blocks.blocks for line in block.splitlines()
+                   if re.match(r"\s*\d+\.\s+\S", line)]
+    assert not broken, broken
+
+
+def test_names_in_table_cells_do_not_break_mid_word(site):
+    """Keys such as run.total_frames wrapped inside the word in narrow columns: the site's own
+    stylesheet keeps code in table cells whole, and every page links it."""
+    out, _ = site
+    css = (out / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    rule = css[css.index(".md-typeset table:not([class]) td code"):]
+    assert "white-space: nowrap" in rule.split("}")[0]
+    assert all("stylesheets/extra.css\"" in page.read_text(encoding="utf-8") for page in out.glob("*.html"))
+
+
 class _Ids(HTMLParser):
     def __init__(self):
         super().__init__()
