@@ -128,12 +128,30 @@ def host_names(world) -> list[str]:
 
 
 _FAILURE_REPORTS: list[Callable[[int, str, str], None]] = []
+REPORT_GRACE_S = 2.0  # the longest a failing rank waits for its reports before it aborts the job
 
 
 def report_failures(report: Callable[[int, str, str], None]) -> None:
     """Also call `report(rank, doing, error)` when this rank fails (the run directory's status),
-    before the abort; a report that fails itself never keeps the job from ending."""
+    before the abort. A report that fails, or hangs (a file system gone), never keeps the job
+    from ending: each runs in a thread of its own, waited for REPORT_GRACE_S at most."""
     _FAILURE_REPORTS.append(report)
+
+
+def _report_failure(rank: int, doing: str, error: str) -> None:
+    def quietly(report) -> None:
+        try:
+            report(rank, doing, error)
+        except Exception:  # noqa: BLE001 (a full disk, a run directory gone: the abort matters more)
+            pass
+
+    threads = [threading.Thread(target=quietly, args=(r,), name="hpcrl-failure-report", daemon=True)
+               for r in _FAILURE_REPORTS]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + REPORT_GRACE_S
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def install_abort_hook(describe: Callable[[], str]) -> None:
@@ -147,11 +165,7 @@ def install_abort_hook(describe: Callable[[], str]) -> None:
         sys.stderr.write(f"{text}\nhpcrl: rank {JOB.Get_rank()} ({doing}) failed: {error}\nhpcrl: aborting the job\n")
         sys.stderr.flush()
         sys.stdout.flush()
-        for report in _FAILURE_REPORTS:
-            try:
-                report(JOB.Get_rank(), doing, error)
-            except Exception:  # noqa: BLE001 (a full disk, a run directory gone: the abort matters more)
-                pass
+        _report_failure(JOB.Get_rank(), doing, error)
         abort_job(1)
 
     sys.excepthook = hook
