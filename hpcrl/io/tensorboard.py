@@ -100,7 +100,8 @@ def _text(tag: str, text: str):
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.compat.proto.tensor_pb2 import TensorProto
     from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+    from tensorboard.compat.proto.types_pb2 import DT_STRING
     markdown = "\n".join("    " + line for line in text.splitlines())
     return Summary.Value(tag=tag, metadata=SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text")),
-                         tensor=TensorProto(dtype=7, string_val=[markdown.encode("utf-8")],  # 7: DT_STRING
+                         tensor=TensorProto(dtype=DT_STRING, string_val=[markdown.encode("utf-8")],
                                             tensor_shape=TensorShapeProto(dim=[])))
