@@ -40,11 +40,11 @@ class Curve:
     values: np.ndarray
 
 
-def load_curve(run_dir: str, metric: str | None = None) -> Curve:
+def load_curve(run_dir: str, metric: str | None = None, metrics: dict | None = None) -> Curve:
     """`metric` of one run against frames and wall time; by default its rating against anchors
     (self-play with algo.selfplay.anchors, whose zero-sum returns say nothing), else
-    return_window_mean, else return_mean."""
-    m = load_metrics(run_dir)
+    return_window_mean, else return_mean. `metrics`: the run's metrics.h5, read already."""
+    m = load_metrics(run_dir) if metrics is None else metrics
     name = metric or next((k for k in DEFAULT_METRICS if k in m), None)
     if name not in m or m[name].ndim != 1:
         valid = ", ".join(k for k, v in m.items() if v.ndim == 1)
@@ -74,28 +74,29 @@ def expand_run_dirs(paths: list[str]) -> list[str]:
 
 
 def readable_runs(run_dirs: list[str], metric: str | None, group_by: str) -> tuple[list[str], dict[str, Curve]]:
-    """The runs whose curves (and, to group by config, configs) can be read, and their curves (one
-    series for every run: `metric`, or the first readable run's default). Among several runs an
-    unreadable one (a run that crashed before its first rows, a damaged file) is left out with a
-    warning; a lone run that cannot be read, or none of several, is a RunDirError."""
+    """The runs whose files can be read, and their curves (one series for every run: `metric`, or
+    the first readable run's default). Among several runs one whose metrics.h5 (or, to group by
+    config, config.yaml) cannot be read, a run that crashed before its first rows or a damaged
+    file, is left out with a warning; a lone run that cannot be read, or none of several, is a
+    RunDirError, and so is a readable run without the series (pick one with --metric)."""
     if len(run_dirs) == 1:
         return run_dirs, {run_dirs[0]: load_curve(run_dirs[0], metric)}
-    curves: dict[str, Curve] = {}
+    read: dict[str, dict] = {}
     problems = []
     for run_dir in run_dirs:
         try:
-            curves[run_dir] = load_curve(run_dir, metric)
+            read[run_dir] = load_metrics(run_dir)
             if group_by == "config":
                 load_config_dict(run_dir)
         except RunDirError as exc:
-            curves.pop(run_dir, None)
+            read.pop(run_dir, None)
             problems.append(str(exc))
             say(f"warning: plot: left out {run_dir}: {exc}")
-            continue
-        metric = metric or curves[run_dir].metric
-    if not curves:
+    if not read:
         raise RunDirError(f"none of the {len(run_dirs)} runs can be plotted: {'; '.join(problems)}")
-    return list(curves), curves
+    first = next(iter(read))
+    name = load_curve(first, metric, read[first]).metric
+    return list(read), {d: load_curve(d, name, m) for d, m in read.items()}
 
 
 def group_runs(run_dirs: list[str], group_by: str = "config") -> list[tuple[str, list[str]]]:
