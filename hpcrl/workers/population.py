@@ -41,6 +41,9 @@ class Adoption:
     parent: int
     step_state: dict
     hyperparameters: dict[str, float]
+    # the parents of earlier copies served between the same two updates, which this one replaced
+    # before the member trained on them (each was taken, and counts as taken in the lineage)
+    replaced: tuple[int, ...] = ()
 
 
 class MemberLink:
@@ -154,8 +157,9 @@ class MemberLink:
                 self.channel.receive_step_state(peer)
             elif kind == RECEIVE:
                 receive_state(self.channel.comm, trainer.member.member_state(), peer)
+                earlier = () if adopted is None else (*adopted.replaced, adopted.parent)
                 adopted = Adoption(peer, self.channel.receive_step_state(peer),
-                                   dict(zip(self.live, (float(v) for v in order[2:]))))
+                                   dict(zip(self.live, (float(v) for v in order[2:]))), earlier)
                 self._ready_from(trainer.frames)
                 self.taken += 1
             elif kind == SNAPSHOT_RESTART:

@@ -99,6 +99,9 @@ class MemberSide:
             say(f"league: started again from main agent {adoption.parent}'s newest snapshot at {t.frames:,} "
                 f"frames, after its snapshot", label=label)
         else:
+            for parent in adoption.replaced:  # (each copy taken is said, as the lineage counts it)
+                say(f"exploit: took member {parent}'s state at {t.frames:,} frames; replaced by the next copy "
+                    f"before training on it", label=label)
             changed = [f"algo.{k} {before[k]:.4g} -> {v:.4g}" for k, v in adoption.hyperparameters.items()
                        if v != before[k]]
             say(f"exploit: took member {adoption.parent}'s state at {t.frames:,} "
