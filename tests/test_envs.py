@@ -218,5 +218,6 @@ def test_an_env_whose_observations_do_not_fit_its_space_is_refused_at_start_up(t
     path.write_text(f"env: {{id: 'tests.custom_envs:WrongShape'}}\nrun: {{output_dir: {tmp_path / 'runs'}}}\n")
     run = mpirun(1, "run", str(path))
     assert run.returncode == 2 and "Traceback" not in run.stdout + run.stderr, run.stdout + run.stderr
-    assert [line for line in run.stderr.splitlines() if line.startswith("hpcrl:")] == [f"hpcrl: config error: {message}"]
+    said = [line for line in run.stderr.splitlines() if line.startswith("hpcrl:")]
+    assert said == [f"hpcrl: config error: {message}"]
     assert not (tmp_path / "runs").exists()

@@ -175,8 +175,9 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     text = f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
     if exc.context:
         context = "in " + exc.context.removeprefix("while ").removeprefix("parsing ").removeprefix("scanning ")
-        if exc.context_mark is not None and (exc.context_mark.line, exc.context_mark.column) != (mark.line, mark.column):
-            context += f" that starts at line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1}"
+        begun = exc.context_mark
+        if begun is not None and (begun.line, begun.column) != (mark.line, mark.column):
+            context += f" that starts at line {begun.line + 1}, column {begun.column + 1}"
         text += f" ({context})"
     return text
 
