@@ -15,6 +15,8 @@ import json
 import os
 import time
 
+from hpcrl.io.rundir import replace_text
+
 STATUS_FILE = "status.json"
 MAX_BYTES = 1 << 16
 STATES = ("running", "done", "preempted", "output_failed", "failed")
@@ -26,13 +28,7 @@ def write(run_dir: str, state: str, **details) -> None:
     if state == "failed" and (read(run_dir) or {}).get("state") == "failed":
         return
     record = {"state": state, "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"), **details}
-    path = os.path.join(run_dir, STATUS_FILE)
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(record, fh)
-        fh.write("\n")
-    os.replace(tmp, path)
+    replace_text(os.path.join(run_dir, STATUS_FILE), json.dumps(record) + "\n")
 
 
 def read(run_dir: str) -> dict | None:

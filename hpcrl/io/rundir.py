@@ -139,7 +139,7 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "",
                  f"{start.start_frames:,} frames" if start.resume_file else
                  "starting from the beginning (no checkpoint)")
         _log_repairs(run_dir, [f"{relaunch}; {where}"])
-    _replace_text(os.path.join(run_dir, "config.yaml"), start.config_text)
+    replace_text(os.path.join(run_dir, "config.yaml"), start.config_text)
     return start
 
 
@@ -162,7 +162,7 @@ def prepare_population(output_dir: str, name: str, overwrite: bool, config_text:
                           f"another run.name, or pass --overwrite to replace it")
     elif existed:  # the lineage of a launch that was killed keeps SWMR's "open for writing" flags
         _log_repairs(run_dir, _repair_metrics(os.path.join(run_dir, METRICS_FILE), LINEAGE_WHOLE, 0))
-    _replace_text(os.path.join(run_dir, "config.yaml"), config_text)
+    replace_text(os.path.join(run_dir, "config.yaml"), config_text)
     return run_dir
 
 
@@ -240,7 +240,7 @@ def _empty(run_dir: str) -> None:
             os.unlink(entry.path)
 
 
-def _replace_text(path: str, text: str) -> None:
+def replace_text(path: str, text: str) -> None:
     """Write a small text file by temp-and-rename: a symbolic link at `path` is replaced, never
     written through."""
     tmp = f"{path}.tmp{os.getpid()}"
