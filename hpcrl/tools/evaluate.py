@@ -2,8 +2,8 @@
 
 The env is built as env ranks build theirs (a vector of one env) and the model as learners build
 theirs, from the config saved in the checkpoint; `--video` renders every step into an MP4. The
-policies act through the policy holders' own code (workers/policy_holder.py: a PolicySet of
-runners that play, models/runner.py), with no transport: eval never imports MPI.
+policies play as a learner root's evaluation plays them (workers/player.py: the policy holders'
+own code, with no transport): eval never imports MPI.
 Multi-agent games can be played against an opponent (`--opponent random`, a uniform player of
 valid actions; another run's latest checkpoint, such as an early snapshot or another member of a
 population; or a scripted player, `module:function`, such as a fixed anchor to rate against):
@@ -22,20 +22,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 from hpcrl.io.checkpoint import CheckpointError, check_fits, load_latest
 from hpcrl.core.config import Config, ConfigError, parse_config
-from hpcrl.envs import GAME_OVER, KNOWN_ENV_FAMILIES, RAW_REWARD, imports_of_env_id, make_vector_env, env_spaces
-from hpcrl.envs.multiagent import ENV_DONE, episode_starts
+from hpcrl.envs import KNOWN_ENV_FAMILIES, imports_of_env_id, make_vector_env, env_spaces
 from hpcrl.envs.scripted import ScriptedPlayer
 from hpcrl.io.rundir import CHECKPOINT_FILE
-from hpcrl.core.policies import policy_spaces, row_policies
-from hpcrl.models import build_policy, make_runner
 from hpcrl.tools.inspect import RunDirError, open_run_dir
-from hpcrl.workers.policy_holder import PolicySet, holder_states
+from hpcrl.workers.player import Player, build_networks, play_episodes
 
 
 @dataclass
@@ -89,40 +85,11 @@ def refuse_untrusted_env(cfg: Config, run_dir: str) -> None:
                           f"author, pass --trust-env-code")
 
 
-def _networks(cfg: Config, spaces) -> dict:
-    """The run's networks as its learners build them, untrained: one per policy (an actor-critic,
-    or a Q-network), the first one's weights being the checkpoint's 'model'."""
-    if len(cfg.policies) <= 1:
-        return {next(iter(cfg.policies), "model"): build_policy(spaces, cfg)}
-    return {name: build_policy(own, cfg) for name, own in zip(cfg.policies, policy_spaces(spaces, cfg.policies))}
-
-
-class _Player:
-    """A run's policies at the table, held as a policy holder holds them: its PolicySet acts for
-    the env's rows (with several policies, each for the rows of its agents), and a recurrent
-    policy keeps the rows' hidden state, zero at first and zeroed again where an episode ended."""
-
-    def __init__(self, policies: PolicySet, row_policy: np.ndarray | None, states: np.ndarray | None, spaces):
-        self.policies, self.row_policy = policies, row_policy
-        self.states = None if states is None else states[0]  # one env: one channel of rows
-        self.actions = np.zeros((spaces.num_agents, *spaces.action_shape), dtype=spaces.action_dtype)
-
-    def act(self, obs, mask: np.ndarray | None) -> np.ndarray:
-        """The rows' actions (a new array): `obs` numpy (Dict observations: their leaves)."""
-        self.policies.act(obs, {"actions": self.actions}, mask, self.row_policy, self.states)
-        return self.actions.copy()
-
-    def ended(self, starts: np.ndarray) -> None:
-        if self.states is not None:
-            self.states[starts.astype(bool)] = 0.0
-
-
-def _policy(cfg: Config, checkpoint: dict, found: str, spaces, play: str, generator: torch.Generator) -> _Player:
+def _policy(cfg: Config, checkpoint: dict, found: str, spaces, play: str, generator: torch.Generator) -> Player:
     """The run's network with the checkpoint's weights; with several policies, all of them, each
-    acting for its own agents. `play`: how its runners act (models/runner.py: "sample" or
-    "greedy"); `generator`: what they draw from. CheckpointError for weights that do not fit or
+    acting for its own agents (workers/player.py). CheckpointError for weights that do not fit or
     are not finite."""
-    networks = _networks(cfg, spaces)
+    networks = build_networks(cfg, spaces)
     check_fits(checkpoint, {name: {key: tuple(value.shape) for key, value in net.state_dict().items()}
                             for name, net in networks.items()}, found)
     for p, (name, net) in enumerate(networks.items()):
@@ -131,13 +98,19 @@ def _policy(cfg: Config, checkpoint: dict, found: str, spaces, play: str, genera
         except (RuntimeError, KeyError) as exc:  # what check_fits leaves: weights the network has no place for
             raise CheckpointError(f"{found}: its weights do not fit the network of its config: "
                                   f"{' '.join(str(exc).split())}") from None
-    runners = [make_runner(net, "cpu", seed=0, play=play) for net in networks.values()]
-    for runner in runners:  # every player of a game draws from one stream, in turn: a seed plays the same games
-        runner.generator = generator
-    # the holders' code (workers/policy_holder.py): no weights stream in, the checkpoint's stay
-    policies = PolicySet(runners, [])
-    return _Player(policies, row_policies(cfg.policies, spaces.agents, 1) if len(networks) > 1 else None,
-                   holder_states(policies, 1, spaces.num_agents), spaces)
+    return Player(networks, cfg, spaces, play, generator)
+
+
+class _Random:
+    """A uniform player of each row's valid actions."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+
+    def act(self, obs, mask: np.ndarray | None) -> np.ndarray:
+        if mask is None:
+            raise RunDirError("--opponent random: this env gives no action masks, so valid actions are unknown")
+        return np.array([self.rng.choice(np.flatnonzero(row)) if row.any() else 0 for row in mask], dtype=np.int64)
 
 
 class _Scripted:
@@ -158,11 +131,14 @@ class _Scripted:
             raise RunDirError(str(exc)) from None
 
 
-def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Generator, seed: int = 0):
-    """None, 'random', a scripted player (`module:function`), or the policy of another run (its
-    latest checkpoint) for the same env."""
-    if opponent is None or opponent == "random":
-        return opponent
+def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Generator, rng: np.random.Generator,
+              seed: int = 0):
+    """None, a uniform player ('random'), a scripted player (`module:function`), or the policy of
+    another run (its latest checkpoint) for the same env."""
+    if opponent is None:
+        return None
+    if opponent == "random":
+        return _Random(rng)
     if ":" in opponent and not os.path.exists(opponent):
         return _Scripted(opponent, seed)
     other, checkpoint, found, _ = load_run(opponent)
@@ -193,63 +169,29 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
         raise RunDirError(f"--opponent: {cfg.env.id} has one agent; an opponent needs a multi-agent game")
     generator = torch.Generator().manual_seed(seed)
     model = _policy(cfg, checkpoint, found, spaces, "greedy" if deterministic else "sample", generator)
-    rival = _opponent(opponent, cfg, spaces, generator, seed)
+    rival = _opponent(opponent, cfg, spaces, generator, np.random.default_rng(seed), seed)
     counters = checkpoint["counters"]
     result = EvalResult([], [], found, int(counters.get("policy_version", 0)), int(counters.get("frames", 0)),
                         deterministic, seed, video, warnings=problems, opponent=opponent)
-    rng = np.random.default_rng(seed)
-    # One env, episodes one after another: taking the first N to finish of several parallel envs
-    # would favour short episodes. SAME_STEP autoreset: a finished env comes back reset at once.
     if video:
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no display on a cluster
     envs, obs = make_vector_env(env_cfg, seed=seed)
-    space = envs.single_action_space
     writer = _video_writer(video, envs) if video else None
     try:
-        ret, length = 0.0, 0
         if writer:
             result.video_frames += _append_frame(writer, envs)
-        # PettingZoo envs: one env of several agent rows; a return is the mean over the agents, or
-        # against an opponent the return of the run's seat
-        mask = getattr(envs.unwrapped, "action_mask", None)
-        while len(result.returns) < episodes:
-            rows = obs if spaces.obs_leaves is None else spaces.obs_leaves.flatten(obs)  # Dict observations' leaves
-            actions = model.act(rows, mask)
-            seat = len(result.returns) % spaces.num_agents
-            if rival is not None:
-                others = np.arange(len(actions)) != seat
-                actions[others] = (_random_actions(mask, rng) if rival == "random" else rival.act(rows, mask))[others]
-            if isinstance(space, gym.spaces.Box):  # Gaussian policies: keep actions inside the bounds
-                actions = np.clip(actions, space.low, space.high)
-            if watch is not None:
-                watch(len(result.returns), seat, rows, mask, actions, getattr(envs.unwrapped, "active", None))
-            obs, reward, terminated, truncated, info = envs.step(actions)
-            starts = episode_starts(terminated | truncated, info)  # as training saw them (an Atari life loss too)
-            for player in (model, rival):
-                if isinstance(player, _Player):  # a recurrent policy zeroes the state of those rows
-                    player.ended(starts)
-            mask = info.get("action_mask", mask)
-            # as the metrics count them: raw rewards of whole games (Atari: all lives, unclipped)
-            reward = info.get(RAW_REWARD, reward)
-            ret, length = ret + float(reward[seat] if rival is not None else np.mean(reward)), length + 1
+
+        def after_step() -> None:
             if writer:
                 result.video_frames += _append_frame(writer, envs)
-            if info.get(ENV_DONE, info.get(GAME_OVER, terminated | truncated))[0]:
-                result.returns.append(ret)
-                result.lengths.append(length)
-                ret, length = 0.0, 0
+
+        result.returns, result.lengths = play_episodes(envs, obs, spaces, model, episodes, rival=rival, watch=watch,
+                                                       after_step=after_step)
     finally:
         envs.close()
         if writer:
             writer.close()
     return result
-
-
-def _random_actions(mask: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
-    """A uniform choice among each row's valid actions."""
-    if mask is None:
-        raise RunDirError("--opponent random: this env gives no action masks, so valid actions are unknown")
-    return np.array([rng.choice(np.flatnonzero(row)) if row.any() else 0 for row in mask], dtype=np.int64)
 
 
 def _video_writer(path: str, envs):
