@@ -3,7 +3,8 @@ left at that speed; the first update's line at once (issue 46, item 11: the firs
 about 5 s, with neither a percentage nor an ETA)."""
 import types
 
-from hpcrl.io.learner_outputs import LearnerOutputs, duration, progress_of
+from hpcrl.core.say import duration
+from hpcrl.io.learner_outputs import LearnerOutputs, progress_of
 from hpcrl.io.rundir import RunStart
 
 

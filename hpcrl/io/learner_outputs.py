@@ -12,7 +12,7 @@ from hpcrl.io.checkpoint import inspect_latest
 from hpcrl.io.metrics import MetricsWriter
 from hpcrl.core.stop import EXIT_OUTPUT_FAILED, StopReason
 from hpcrl.io.rundir import CHECKPOINT_FILE, METRICS_FILE, RunStart, free_space, os_reason
-from hpcrl.core.say import say
+from hpcrl.core.say import duration, say
 
 # Metrics rows reach metrics.h5 (and TensorBoard) within this long, and before every checkpoint:
 # written one by one, they cost small-batch async learners a large share of their core.
@@ -116,12 +116,3 @@ def progress_of(frames: int, total: int, fps: float) -> str:
     left = max(total - frames, 0)
     eta = f" | ETA {duration(left / fps)}" if fps > 0 and left else ""
     return f"{min(100 * frames / total, 100):3.0f}% | {fps:8,.0f} fps{eta}"
-
-
-def duration(seconds: float) -> str:
-    """'42s', '3m05s', '1h02m', '2d03h': two units at most."""
-    s = int(round(seconds))
-    for big, small, unit_big, unit_small in ((86400, 3600, "d", "h"), (3600, 60, "h", "m"), (60, 1, "m", "s")):
-        if s >= big:
-            return f"{s // big}{unit_big}{(s % big) // small:02d}{unit_small}"
-    return f"{s}s"

@@ -24,6 +24,7 @@ from hpcrl.core.config import parse_config
 from hpcrl.core.config_base import ConfigError, load_bounded_yaml
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.reproducible import repeatability
+from hpcrl.core.say import duration
 from hpcrl.core.stop import StopReason
 from hpcrl.io import env_states, run_status
 from hpcrl.io.checkpoint import CheckpointError, inspect_latest, previous_path, read_counters_and_provenance
@@ -285,16 +286,10 @@ def _status(info: dict) -> str:
         reason = StopReason.from_text(info["stopped_by"])
         return reason.description if reason is not None else info["stopped_by"]
     p = info["progress"]
-    age = f"; metrics.h5 last written {_duration(p['last_write_age_s'])} ago" if p else ""
+    age = f"; metrics.h5 last written {duration(p['last_write_age_s'])} ago" if p else ""
     if info["resumes_from"] is None:
         return f"not finished, no checkpoint yet{age}"
     return f"not finished: still running, or stopped without a final checkpoint{age}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def _checkpoint_line(info: dict | None, run_dir: str) -> str:
@@ -353,7 +348,7 @@ def format_report(info: dict, full_config: bool = False) -> str:
                  if isinstance(total, (int, float)) and total > 0 else "")
         ret = "n/a" if p["return_window_mean"] is None else f"{p['return_window_mean']:.1f}"
         lines += [f"progress     {p['frames']:,} frames{share}, {p['updates']:,} updates, policy version "
-                  f"{p['policy_version']}, wall time {_duration(p['wall_time'])}",
+                  f"{p['policy_version']}, wall time {duration(p['wall_time'])}",
                   f"             last return {ret} (mean of the last >= 20 episodes), {_count(p['episodes'])} episodes"]
         if p.get("rating") is not None:
             against = ", ".join(f"{name} {a['win_rate']:.2f} of {a['games']:,}" for name, a in p["anchors"].items()
