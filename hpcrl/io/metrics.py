@@ -62,8 +62,8 @@ class MetricsWriter:
         else:
             self.file = open_for_writing(path, "a", libver="latest")
             self.rows = min((self.file[key].shape[0] for key in self.file), default=0)
-            if self.rows:
-                self.file.swmr_mode = True
+        # a resumed file turns to SWMR with its first row, once that row's new series are created
+        self._resumed = bool(len(self.file))
         for key, value in (attrs or {}).items():
             self.file.attrs[key] = value
         self.tensorboard = None
@@ -76,12 +76,32 @@ class MetricsWriter:
 
     def append(self, row: dict[str, float | np.ndarray]) -> None:
         values = {key: np.asarray(value) for key, value in row.items()}
-        keys = set(self.file.keys()) or set(self._pending[0] if self._pending else values)
+        if self._resumed:  # the first row of a resumed run: its series may differ from the file's
+            keys = self._take_series_of(values)
+            self._resumed = False
+            self.file.swmr_mode = True  # (HDF5 creates no dataset in SWMR mode)
+        else:
+            keys = set(self.file.keys()) or set(self._pending[0] if self._pending else values)
         if set(values) != keys:
             raise ValueError(f"metrics row keys changed: {sorted(set(values) ^ keys)}")
         self._pending.append(values)
         if time.perf_counter() - self._last_flush >= self.flush_interval_s:
             self.flush()
+
+    def _take_series_of(self, values: dict[str, np.ndarray]) -> set[str]:
+        """A resumed run whose config adds or drops a series of floating-point values (run.eval
+        turned on, a scheduled key added): a new series is created with NaN in the earlier rows,
+        and a dropped one gets NaN in this launch's rows (in `values`), so that every row keeps
+        every key. Returns the file's series."""
+        for key, value in values.items():
+            if key not in self.file and np.issubdtype(value.dtype, np.floating):
+                with writes_fail_as_os_errors(self.path):
+                    _create_series(self.file, key, np.float64, value.shape,
+                                   np.full((self.rows, *value.shape), np.nan))
+        for key in self.file:
+            if key not in values and np.issubdtype(self.file[key].dtype, np.floating):
+                values[key] = np.full(self.file[key].shape[1:], np.nan)
+        return set(self.file.keys())
 
     def flush(self) -> None:
         """Write the rows held in memory: each series grows once, by all of them."""
