@@ -3,10 +3,12 @@ runs` shows every run), grouped as SB3 and CleanRL users know them, and the run'
 
 Tags: `episode/` (returns, lengths, episode counts), `losses/` (the losses, entropy, KL, clip
 fraction, TD error), `perf/` (speed, waits, slots, lag, memory, the replay's fill and ratio),
-`selfplay/` and `anchors/` (a self-play run's games and its rating), and `train/` for the rest
+`selfplay/` and `anchors/` (a self-play run's games and its rating), `eval/` (run.eval's
+evaluations), and `train/` for the rest
 (the learning rate and other scheduled values, the policy version, Q-values, epsilons). The step
 is `frames`; `frames` and `wall_time` are not scalars of their own (TensorBoard keeps every
-event's wall time). Records go through the tensorboard package's record format (no torch
+event's wall time). A NaN (an update in which no episode ended, or without an evaluation) is
+no point. Records go through the tensorboard package's record format (no torch
 needed), written synchronously by the learner's own thread, so a failed write (a full disk)
 raises here, naming the events file, instead of in a background thread. TensorBoard stores
 scalars as float32.
@@ -34,6 +36,8 @@ def tag_of(key: str) -> str | None:
     key that is not written as a scalar of its own."""
     if key in NOT_SCALARS:
         return None
+    if key.startswith("eval_"):
+        return f"eval/{key[len('eval_'):]}"
     if key.startswith(("selfplay.", "anchor.")):
         group, _, rest = key.partition(".")
         return f"{'selfplay' if group == 'selfplay' else 'anchors'}/{rest.replace('.', '/')}"
@@ -85,8 +89,9 @@ class TensorBoardScalars:
 
     def append(self, rows: list[dict[str, np.ndarray]]) -> None:
         for row in rows:
+            # vectors (replica digests) stay in HDF5; NaN is no value (no episode ended yet, no evaluation)
             values = [self._summary.Value(tag=tag, simple_value=float(value)) for key, value in row.items()
-                      if np.ndim(value) == 0 and (tag := tag_of(key))]  # vectors (replica digests) stay in HDF5
+                      if np.ndim(value) == 0 and not np.isnan(value) and (tag := tag_of(key))]
             self._write(self._event(step=int(row["frames"]), wall_time=time.time(),
                                     summary=self._summary(value=values)), flush=False)
         self._flush()
