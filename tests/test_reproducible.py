@@ -165,7 +165,8 @@ def layout_run(tmp_path, name: str, env_ranks: int, inference: int = 1, learners
 def test_a_sync_run_repeats_bit_for_bit_on_one_layout_and_trains_alike_on_others(tmp_path):
     """Twice on 4 ranks (1 learner, 1 policy server, 2 env ranks of 6 envs in groups of 3): the
     same weights, optimizer state and metric rows. The same 12 envs serially, on 2 env ranks with
-    inline policies, and on 4 env ranks of 3 with the learner on the last rank: the same weights."""
+    inline policies, and on 4 env ranks of 3 with the learner on the last rank (evaluating as it
+    goes): the same weights."""
     first = layout_run(tmp_path, "remote2", env_ranks=2)
     assert_same_run(first, layout_run(tmp_path, "remote2_again", env_ranks=2))
     report = run_hpcrl("inspect", str(tmp_path / "runs" / "remote2"))
@@ -175,9 +176,12 @@ def test_a_sync_run_repeats_bit_for_bit_on_one_layout_and_trains_alike_on_others
             f"(1 learner, 1 inference, 2 env; 12 envs)") in report.stdout
     for name, env_ranks, inference in (("serial", 0, 0), ("inline2", 2, 0)):
         assert_same_weights(first, layout_run(tmp_path, name, env_ranks, inference))
-    # the learner (and so the weights' root) on the last rank, world rank 0 a policy server
-    high = layout_run(tmp_path, "remote4_learner_high", env_ranks=4, roles={"learner": {"ranks": 1, "place": "high"}})
+    # the learner (and so the weights' root) on the last rank, world rank 0 a policy server; the
+    # learner root evaluates its policy (run.eval) without changing what it trains
+    high = layout_run(tmp_path, "remote4_learner_high", env_ranks=4, roles={"learner": {"ranks": 1, "place": "high"}},
+                      run={"eval": {"every_frames": 1500, "episodes": 2}})
     assert "roles: learner ranks 5; inference ranks 0; env ranks 1-4" in high["out"]
+    assert high["out"].count("] eval at ") == 2 and np.isfinite(high["metrics"]["eval_return_mean"]).sum() == 2
     assert_same_weights(first, high)
 
 

@@ -9,6 +9,7 @@ import h5py
 import imageio.v2 as imageio
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hpcrl.io.metrics import read_metrics
 from tests.conftest import REPO, mpirun
@@ -21,9 +22,38 @@ def hpcrl(*args, cwd=REPO):
 @pytest.fixture(scope="module")
 def solved_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    result = mpirun(1, "run", str(REPO / "jobs" / "cartpole_ppo.yaml"), "--set", f"run.output_dir={out}")
+    result = mpirun(1, "run", str(REPO / "jobs" / "cartpole_ppo.yaml"), "--set", f"run.output_dir={out}",
+                    "--set", f"run.eval={{every_frames: {EVERY}, episodes: 2}}")
     assert result.returncode == 0, result.stdout + result.stderr
+    (out / "cartpole_ppo" / "test.stdout").write_text(result.stdout)
     return out / "cartpole_ppo"
+
+
+EVERY = 20_000  # run.eval.every_frames of the solved run
+
+
+def test_the_run_evaluated_each_time_it_passed_a_multiple_of_every_frames(solved_run):
+    """run.eval (workers/evaluator.py): eval_* series of their own, NaN but in the rows of
+    updates that passed a multiple of run.eval.every_frames; a line for each; inspect names the
+    last; TensorBoard has them as eval/."""
+    m = read_metrics(str(solved_run / "metrics.h5"))
+    done = np.isfinite(m["eval_return_mean"])
+    passed = m["frames"] // EVERY
+    assert done.tolist() == (np.diff(passed, prepend=0) > 0).tolist() and done.sum() >= 2
+    assert (m["eval_length_mean"][done] >= 8).all() and np.isfinite(m["eval_return_std"][done]).all()
+    lines = [line for line in (solved_run / "test.stdout").read_text().splitlines() if "] eval at " in line]
+    assert len(lines) == done.sum()
+    last = int(np.flatnonzero(done)[-1])
+    assert (f"eval at {m['frames'][last]:,} frames (version {m['policy_version'][last]}): return "
+            f"{m['eval_return_mean'][last]:.1f} +- {m['eval_return_std'][last]:.1f} over 2 episodes "
+            f"(deterministic)") in lines[-1]
+    assert (f"last eval {m['eval_return_mean'][last]:.1f} +- {m['eval_return_std'][last]:.1f} at "
+            f"{m['frames'][last]:,} frames ({done.sum()} evaluations, run.eval)") in hpcrl("inspect", str(solved_run)).stdout
+    events = EventAccumulator(str(solved_run))
+    events.Reload()
+    scalars = events.Scalars("eval/return_mean")  # NaN rows are no points
+    assert [s.step for s in scalars] == m["frames"][done].tolist()
+    assert [s.value for s in scalars] == pytest.approx(m["eval_return_mean"][done].tolist())
 
 
 def test_inspect_prints_config_progress_and_checkpoint(solved_run):

@@ -46,6 +46,18 @@ ON_POLICY = ("on_policy",)  # algo keys of PPO's loss and batches (core/dataflow
 
 
 @dataclass
+class EvalConfig:
+    """As SB3's EvalCallback: the learner root plays its policy on an env of its own (metrics.h5: eval_*)."""
+
+    every_frames: int = doc("evaluate each time the run's frames pass a multiple of this; training waits meanwhile "
+                            "(0: never)", range=NON_NEGATIVE, default=0)
+    episodes: int = doc("whole episodes per evaluation, one after another on one env (seeds of their own)",
+                        range=Range(1, 100_000, words="1 to 100,000"), default=5)
+    deterministic: bool = doc("play the most likely action (a Q-network's best, a Gaussian's mean); false: sample "
+                              "as training does", default=True)
+
+
+@dataclass
 class RunConfig:
     """What the run is called, where it writes, and when it stops."""
 
@@ -93,8 +105,10 @@ class RunConfig:
                                 "stats after each update in metrics.h5 (checks that learners stay "
                                 "bit-identical)", default=False)
     tensorboard: bool = doc("also write every metrics row as TensorBoard scalars (step = frames; groups "
-                            "episode/, losses/, perf/, train/) and the config as text in event files in the "
+                            "episode/, losses/, perf/, train/, eval/) and the config as text in event files in the "
                             "run directory: tensorboard --logdir runs", default=True)
+    eval: EvalConfig = doc("evaluation during training",
+                           default_factory=EvalConfig)
 
 
 @dataclass
@@ -306,6 +320,7 @@ def validate(cfg: Config) -> None:
            lambda: f"run.name: expected one directory name such as cartpole_ppo (not '.', '..', nor a path), "
                    f"got {shown(r.name)}")
     check_ranges(r, "run")
+    check_ranges(r.eval, "run.eval")
     validate_env(e)
     per_group = e.num_envs // e.groups  # a request's envs (an inline policy's request: a multiple of them)
     check(r.inference_block is None or r.deterministic,
@@ -325,6 +340,10 @@ def validate(cfg: Config) -> None:
            f"env.global_state: the env's state is read by a centralised critic (algo.name mappo); algo.name "
            f"{a.name} has none, so use false or null")
     check_table(cfg.policies)
+    check(not r.eval.every_frames or len(cfg.policies) <= 1,
+          lambda: f"run.eval: an evaluation plays one policy, and this config trains {len(cfg.policies)} "
+                  f"({', '.join(cfg.policies)}); set run.eval.every_frames: 0, and play them against each other "
+                  f"with hpcrl eval --opponent")
     validate_selfplay(a.selfplay, algorithm.multiagent, len(cfg.policies))
     validate_population(cfg.population, algorithm.live, a.name)
     validate_schedule(a, algorithm.live, a.name)

@@ -13,7 +13,7 @@ import numpy as np
 
 PURPOSES = {"env": 1, "learner": 2, "inference": 3, "inline_policy": 4, "replay": 5, "explore": 6,
             "policy_init": 7, "selfplay": 8, "population": 9,
-            "league": 10, "action": 11}
+            "league": 10, "action": 11, "eval": 12}
 
 
 def seed_for(run_seed: int, purpose: str, index: int, group: int = 0, env: int = 0) -> int:

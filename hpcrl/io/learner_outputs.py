@@ -3,6 +3,7 @@ and checkpoints when one is due; a write that fails (a full disk, a quota, a fil
 read-only) becomes one message and a stop code instead of a traceback."""
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -42,6 +43,7 @@ class LearnerOutputs:
         self.checkpoint_path = os.path.join(run_dir, CHECKPOINT_FILE)
         self.failed = False
         self.total_frames = run.total_frames
+        self.eval = run.eval
         self._last_log = self._last_ckpt = time.perf_counter()
         self._last_log_frames = start_frames
         self._logged = False  # the first update's line comes at once, not after log_interval_s
@@ -69,6 +71,11 @@ class LearnerOutputs:
                 f"{row['return_window_mean']:7.1f}{rating} | version {row['policy_version']:5d} | "
                 f"{self.progress.format(**row)}", label=self.label)
             self._last_log, self._last_log_frames, self._logged = now, row["frames"], True
+        if not math.isnan(row.get("eval_return_mean", math.nan)):  # an evaluation's, always
+            say(f"eval at {row['frames']:,} frames (version {row['policy_version']}): return "
+                f"{row['eval_return_mean']:.1f} +- {row['eval_return_std']:.1f} over {self.eval.episodes} episodes "
+                f"({'deterministic' if self.eval.deterministic else 'sampled actions'}), length "
+                f"{row['eval_length_mean']:.1f}", label=self.label)
         self.saved = False
         if self.checkpoint_due(code) if checkpoint is None else checkpoint:
             try:  # the checkpoint's rows first: a resume keeps the rows up to its checkpoint

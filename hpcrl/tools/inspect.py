@@ -160,7 +160,7 @@ def describe(run_dir: str) -> dict:
             "policy_version": int(m["policy_version"][last]), "wall_time": float(m["wall_time"][last]),
             "return_window_mean": _last(m, "return_window_mean"), "return_mean": _last(m, "return_mean"),
             "episodes": _episodes(m), "rating": _last(m, "rating"), "rating_sigma": _last(m, "rating.sigma"),
-            "anchors": _recent_anchor_games(m),
+            "anchors": _recent_anchor_games(m), "eval": _last_evaluation(m),
             "last_write_age_s": time.time() - os.path.getmtime(os.path.join(run_dir, METRICS_FILE))}
     info["ended"] = run_status.read(run_dir)  # (None for a run from before status.json)
     stopped_by = counters.get("stopped_by", "")
@@ -228,6 +228,21 @@ def _last(metrics: dict[str, np.ndarray], key: str) -> float | None:
         return None
     value = float(series[-1])
     return value if math.isfinite(value) else None
+
+
+def _last_evaluation(metrics: dict[str, np.ndarray]) -> dict | None:
+    """The last of run.eval's evaluations (its row's frames and the eval_* values) and how many
+    there were; None without any."""
+    series = metrics.get("eval_return_mean")
+    if series is None or series.ndim != 1:
+        return None
+    done = np.flatnonzero(np.isfinite(series[:len(metrics["frames"])]))
+    if not len(done):
+        return None
+    row = int(done[-1])
+    return {"frames": int(metrics["frames"][row]), "evaluations": len(done),
+            **{key: float(metrics[f"eval_{key}"][row]) if f"eval_{key}" in metrics else None
+               for key in ("return_mean", "return_std", "length_mean")}}
 
 
 def _episodes(metrics: dict[str, np.ndarray]) -> int | None:
@@ -350,6 +365,11 @@ def format_report(info: dict, full_config: bool = False) -> str:
         lines += [f"progress     {p['frames']:,} frames{share}, {p['updates']:,} updates, policy version "
                   f"{p['policy_version']}, wall time {duration(p['wall_time'])}",
                   f"             last return {ret} (mean of the last >= 20 episodes), {_count(p['episodes'])} episodes"]
+        if p.get("eval") is not None:
+            e = p["eval"]
+            spread = "" if e["return_std"] is None else f" +- {e['return_std']:.1f}"
+            lines.append(f"             last eval {e['return_mean']:.1f}{spread} at {e['frames']:,} frames "
+                         f"({e['evaluations']} evaluation{'s' if e['evaluations'] != 1 else ''}, run.eval)")
         if p.get("rating") is not None:
             against = ", ".join(f"{name} {a['win_rate']:.2f} of {a['games']:,}" for name, a in p["anchors"].items()
                                 if a["win_rate"] is not None)

@@ -36,6 +36,7 @@ from hpcrl.models import build_optimizer, build_policy, copy_params_to, policy_d
 from hpcrl.runtime import comm
 from hpcrl.runtime.params import END
 from hpcrl.workers.averaging import start_averaging
+from hpcrl.workers.evaluator import Evaluator
 from hpcrl.workers.trainer_member import MemberSide
 from hpcrl.workers.trainer_parts import LearnerLinks, LearnerSettings, LiveValues, SerialActor
 from hpcrl.workers.trainer_stats import TrainerStats
@@ -65,8 +66,10 @@ class LearnerRole:
         files = (LearnerOutputs(w.start, cfg.run, progress=w.parts.step().progress, label=w.member_label,
                                 provenance=provenance(cfg, layout)) if root else None)
         source.resume(w.start.run_dir, w.start.start_version if w.start.resume_file else None)
+        evaluator = (Evaluator(cfg, w.spaces, w.start.start_frames, w.heartbeat)
+                     if root and cfg.run.eval.every_frames else None)
         links = LearnerLinks(w.trainer_comm, w.policy_comm, source, w.params[policy] if publishes else None, files,
-                             w.control)
+                             w.control, evaluator)
         settings = LearnerSettings(policy, sizes.batch_share, w.start.run_dir, w.start.resume_file,
                                    live=w.algorithm.live if w.member_label else (),
                                    keeps_env_state=env_states.wanted(cfg, layout.serial, w.member_label),
@@ -88,6 +91,7 @@ class LearnerRole:
         self.source = links.source
         self.publisher = links.publisher
         self.files = links.files
+        self.evaluator = links.evaluator
         self.batch_share = settings.batch_share
         self.run_dir = settings.run_dir  # where the batch source saves what it holds (replay shards) with a checkpoint
         self.preempt_requested = settings.preempt_requested
@@ -275,7 +279,8 @@ class LearnerRole:
 
     def _row(self) -> dict:
         """This update's metrics row: statistics summed over the trainers, the scheduled values in
-        effect, a member's pauses for copies, and (run.replica_digests) every learner's digest."""
+        effect, a member's pauses for copies, an evaluation's results (run.eval), and
+        (run.replica_digests) every learner's digest."""
         row = self.stats.row(self._local, self._losses, self.version, time.perf_counter() - self.start,
                              self.optimizer.param_groups[0]["lr"])
         for key in self.cfg.algo.schedule:  # the values in effect (lr is in the row already)
@@ -283,6 +288,8 @@ class LearnerRole:
                 row[f"algo.{key}"] = float(getattr(self._in_effect, key))
         if self.population is not None:  # the learner root's time in copies so far (its member's pauses)
             row["exploit_pause_s"] = self.population.pause_s
+        if self.evaluator is not None:  # (the root) its current weights played, where an evaluation is due
+            row.update(self.evaluator.after_update(row["frames"], self.model))
         if self.cfg.run.replica_digests:
             row["replica_digest"] = comm.gather_to_root(self.comm, np.array([policy_digest(self.model)],
                                                                            dtype=np.int64))

@@ -13,14 +13,15 @@ from hpcrl.envs.state import NotCapturable
 from hpcrl.io.learner_outputs import LearnerOutputs
 from hpcrl.runtime.control import ControlStream
 from hpcrl.runtime.params import ParameterPublisher
+from hpcrl.workers.evaluator import Evaluator
 
 
 @dataclass
 class LearnerLinks:
     """What a learner is connected to: the trainers' communicator (statistics, the stop decision)
     and its policy's (a run of one policy: None, the same), its batch source, the parameter
-    publisher (its policy's first learner only), the run files (the learner root only) and the
-    control stream (the root sends the stop word on it)."""
+    publisher (its policy's first learner only), the run files and the evaluator (run.eval; the
+    learner root only) and the control stream (the root sends the stop word on it)."""
 
     trainer_comm: object
     policy_comm: object
@@ -28,6 +29,7 @@ class LearnerLinks:
     publisher: ParameterPublisher | None
     files: LearnerOutputs | None
     control: ControlStream
+    evaluator: Evaluator | None = None
 
 
 @dataclass
