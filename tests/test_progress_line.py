@@ -1,8 +1,8 @@
 """The learner root's progress line: the share of run.total_frames done, the speed, and the time
 left at that speed; the first update's line at once (issue 46, item 11: the first line came after
 about 5 s, with neither a percentage nor an ETA)."""
-import types
 
+from hpcrl.core.config import RunConfig
 from hpcrl.core.say import duration
 from hpcrl.io.learner_outputs import LearnerOutputs, progress_of
 from hpcrl.io.rundir import RunStart
@@ -16,8 +16,7 @@ def test_the_progress_names_the_share_of_the_budget_and_the_time_left():
 
 
 def test_the_first_update_prints_its_line_at_once_then_every_interval(tmp_path, capsys):
-    run = types.SimpleNamespace(log_interval_s=3600.0, checkpoint_interval_s=3600.0, tensorboard=False,
-                                total_frames=1_000)
+    run = RunConfig(log_interval_s=3600.0, checkpoint_interval_s=3600.0, tensorboard=False, total_frames=1_000)
     outputs = LearnerOutputs(RunStart(run_dir=str(tmp_path), config_text="{}"), run, progress="loss {loss:.2f}")
     row = {"frames": 100, "return_window_mean": 9.5, "policy_version": 1, "loss": 0.25}
     outputs.report(dict(row), 0, save=lambda path: None, checkpoint=False)
