@@ -1,6 +1,7 @@
 """Shared helpers: real mpirun jobs of hpcrl, and small configs written to a temp dir."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -196,3 +197,17 @@ def pytest_collection_modifyitems(config, items):
         if any(_launches(fn, seen) for fn in functions if fn is not None):
             item.add_marker(pytest.mark.mpi)
 
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str, options: str = ""):
+    """A tmpfs of `size` at `path` (`options`: more of mount's, e.g. 'ro' or 'nr_inodes=8'): a file
+    system that really fills up or refuses writes (the tests run as root); unmounted however the
+    test ends."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(filter(None, [f"size={size}", options])), "tmpfs",
+                              str(path)], capture_output=True, text=True)
+    assert mounted.returncode == 0, f"mounting a tmpfs needs root: {mounted.stderr}"
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)

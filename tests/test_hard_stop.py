@@ -1,7 +1,6 @@
 """Hard stops (kill -9, the OOM killer, a dead node, a full disk) never leave a run that cannot be
 resumed: repeated kills at random moments, kills inside the metrics and checkpoint writes, and a
 disk that fills up, each followed by a resume that finishes the run with one gapless series."""
-import contextlib
 import errno
 import os
 import random
@@ -17,7 +16,7 @@ import pytest
 
 from hpcrl.io.checkpoint import inspect_latest, load_arrays, load_latest, save_arrays
 from hpcrl.io.metrics import MetricsWriter, read_metrics, rebuild_metrics
-from tests.conftest import MPIRUN, REPO, job_pids, mpirun, run_dir, small_config, write_config
+from tests.conftest import MPIRUN, REPO, job_pids, mpirun, run_dir, small_config, tmpfs, write_config
 
 EXIT_OUTPUT_FAILED = 4
 KILL_CONFIG = {"total_frames": 10**7, "checkpoint_interval_s": 0.3, "log_interval_s": 60}
@@ -166,18 +165,6 @@ def test_an_unreadable_metrics_file_is_set_aside_and_the_run_resumes(tmp_path):
     assert len(damaged) == 1 and damaged[0].read_bytes().startswith(b"\x89HDF")  # kept, not deleted
     assert read_metrics(str(metrics))["policy_version"].tolist() == list(range(11, 21))
 
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str):
-    """A tmpfs of `size` at `path`: a file system that really fills up (the tests run as root)."""
-    path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
-                             text=True)
-    assert mounted.returncode == 0, f"mounting a tmpfs needs root: {mounted.stderr}"
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 @pytest.fixture
