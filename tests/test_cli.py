@@ -333,6 +333,8 @@ def test_plan_counts_each_dqn_learners_replay_shard_and_says_what_to_lower():
                                        "several partitions comma-separated), got 'gpu; rm -rf /'"),
     (("--account", "lab\n#SBATCH --qos=top"), "--account: expected a SLURM name"),
     (("--max-relaunches", "5"), "--max-relaunches bounds the relaunches of a self-healing script; add --no-kill"),
+    (("--stage", "scratch"), "--stage: expected an absolute node-local directory such as /tmp or /dev/shm, got "
+                             "'scratch'"),
 ])
 def test_sbatch_refuses_what_it_cannot_write_faithfully_in_one_line(tmp_path, args, message):
     """Issue 46, item 7: each was a traceback, or written verbatim into an #SBATCH line, or ignored."""
@@ -358,3 +360,29 @@ def test_sbatch_plans_with_set_and_passes_it_to_the_run(tmp_path):
     assert """python -m hpcrl run "$CONFIG" --set 'run.output_dir=runs of mine' --set algo.lr=1.0e-4 "$@" &""" in text
     assert "#SBATCH --partition=gpu,debug\n" in text and "#SBATCH --time=90 " in text
     assert "--partition gpu,debug --set 'run.output_dir=runs of mine' --set algo.lr=1.0e-4" in text.splitlines()[2]
+
+
+def test_sbatch_stage_starts_every_rank_from_its_nodes_copy(tmp_path):
+    """--stage (hpcrl stage, issue 47): the script packs the environment once, unpacks it once per
+    node (one task a node) into the node-local directory, and both launchers, in the plain and the
+    self-healing script, start the staged interpreter; a relaunch runs the same lines again, which
+    reuse the copies (tests/test_stage.py)."""
+    for extra in ((), ("--no-kill",)):
+        out = tmp_path / "job.sbatch"
+        made = hpcrl("sbatch", "jobs/cartpole_ppo.yaml", "--nodes", "3", "--ntasks-per-node", "4", "--stage",
+                     "/local/scratch space", *extra, "-o", str(out))
+        assert made.returncode == 0, made.stderr
+        text = out.read_text()
+        assert "STAGE_DIR=${HPCRL_STAGE_DIR:-'/local/scratch space'}" in text
+        assert 'ARCHIVE=$(python -m hpcrl stage pack -o stage) || exit 2' in text
+        assert ('PYTHON=$(srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 \\\n    '
+                'python -m hpcrl stage unpack "$ARCHIVE" --to "$STAGE_DIR" | sort -u) || exit 2') in text
+        launch, other = [line for line in text.splitlines() if '-m hpcrl run "$CONFIG"' in line]
+        assert '"$PYTHON" -P -m hpcrl run' in launch and '"$PYTHON" -P -m hpcrl run' in other
+        assert text.index("PYTHON=$(srun") < text.index(launch)
+        assert "--stage '/local/scratch space'" in text.splitlines()[2]
+        assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
+    default = hpcrl("sbatch", "jobs/cartpole_ppo.yaml", "--nodes", "1", "--ntasks-per-node", "4", "--stage").stdout
+    assert "STAGE_DIR=${HPCRL_STAGE_DIR:-${SLURM_TMPDIR:-/tmp}}" in default
+    assert "--stage" in default.splitlines()[2] and "hpcrl stage" not in hpcrl(
+        "sbatch", "jobs/cartpole_ppo.yaml", "--nodes", "1", "--ntasks-per-node", "4").stdout

@@ -1,5 +1,5 @@
 """Command line: `hpcrl run CONFIG.yaml` (under mpirun/srun), `hpcrl plan` and `hpcrl sbatch`; for a
-run directory `hpcrl inspect`, `hpcrl plot` and `hpcrl eval`; `hpcrl config-reference`."""
+run directory `hpcrl inspect`, `hpcrl plot` and `hpcrl eval`; `hpcrl stage`; `hpcrl config-reference`."""
 from __future__ import annotations
 
 import argparse
@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                          "time overrides it)")
     sb.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value for the layout's plan; the script passes it to hpcrl run")
+    sb.add_argument("--stage", nargs="?", const="", default=None, metavar="NODE_DIR",
+                    help="stage the Python environment: pack it once, unpack it once per node into NODE_DIR "
+                         "(default $SLURM_TMPDIR, else /tmp) and start every rank from there (hpcrl stage)")
     sb.add_argument("-o", "--output", help="write the script here (default: print it)")
     ins = sub.add_parser("inspect", help="print a run directory's config, progress and checkpoints (no MPI)")
     ins.add_argument("run_dir", help="run directory (run.output_dir/run.name, e.g. runs/cartpole_ppo)")
@@ -116,6 +119,18 @@ def _parser() -> argparse.ArgumentParser:
     # its former name, hidden: users' scripts still pass it
     tu.add_argument("--no-learner-probe", dest="no_averaging_measure", action="store_true",
                     default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    st = sub.add_parser("stage", help="pack this Python environment into one archive, or unpack it once per node "
+                        "into node-local storage, so ranks import from there (no MPI needed)",
+                        description="hpcrl stage pack -o stage  (prints the archive), then once per node: "
+                                    "hpcrl stage unpack ARCHIVE --to /tmp  (prints the staged python to start "
+                                    "ranks with); see docs/clusters.md")
+    stage_sub = st.add_subparsers(dest="stage_command", required=True)
+    st_pack = stage_sub.add_parser("pack", help="write (or reuse) the archive of the venv with hpcrl in it")
+    st_pack.add_argument("-o", "--output-dir", default="stage", help="where the archive goes (default: stage)")
+    st_pack.add_argument("--venv", help="the virtual environment to pack (default: the one running this)")
+    st_unpack = stage_sub.add_parser("unpack", help="extract (or reuse) the archive on this node")
+    st_unpack.add_argument("archive", help="the archive hpcrl stage pack printed")
+    st_unpack.add_argument("--to", help="node-local directory (default: $SLURM_TMPDIR, else /tmp)")
     ref = sub.add_parser("config-reference", help="write the config reference (every key, its type, default "
                          "and meaning) as Markdown")
     ref.add_argument("-o", "--output", help="write it here, e.g. docs/config.md (default: print it)")
@@ -199,6 +214,16 @@ def _a_population(command: str, path: str) -> str | None:
             f"them all with hpcrl plot {path}")
 
 
+def _stage(args) -> int:
+    from hpcrl.tools.stage import StageError, main_pack, main_unpack
+    try:
+        if args.stage_command == "pack":
+            return main_pack(args.venv, args.output_dir)
+        return main_unpack(args.archive, args.to)
+    except StageError as exc:
+        return _user_error(f"hpcrl: stage {args.stage_command}: {exc}")
+
+
 def _inspect(args) -> int:
     import json
 
@@ -223,7 +248,7 @@ def _sbatch(args) -> int:
     request = JobRequest(args.config, args.nodes, args.ntasks_per_node, args.time, args.launcher,
                          args.partition, args.account, no_kill=args.no_kill,
                          max_relaunches=3 if args.max_relaunches is None else args.max_relaunches,
-                         overrides=tuple(args.overrides))
+                         overrides=tuple(args.overrides), stage=args.stage)
     try:
         cfg, _ = load_config(args.config, request.overrides)
         layout = check(request, cfg)
@@ -329,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         return _config_reference(args)
     if args.command == "tune":
         return _tune(args)
+    if args.command == "stage":
+        return _stage(args)
     from hpcrl.core.startup import CLOCK
     CLOCK.verbose = args.verbose
     from hpcrl.launch.run import run  # imports mpi4py, which initialises MPI

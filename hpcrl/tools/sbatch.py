@@ -40,6 +40,7 @@ class JobRequest:
     no_kill: bool = False  # self-healing: keep the allocation when a node fails, relaunch on the rest
     max_relaunches: int = 3
     overrides: tuple[str, ...] = ()  # --set KEY=VALUE: planned with, and passed to hpcrl run by the script
+    stage: str | None = None  # --stage: the node-local directory to stage into ('': $SLURM_TMPDIR or /tmp)
 
 
 def time_problem(text: str) -> str | None:
@@ -72,6 +73,9 @@ def check(request: JobRequest, cfg: Config) -> Layout:
         if name is not None and not SLURM_NAME.fullmatch(name):
             raise ConfigError(f"{option}: expected a SLURM name (letters, digits, '_', '.', '+', '-'; several "
                               f"partitions comma-separated), got {name!r}")
+    if request.stage and not os.path.isabs(request.stage):
+        raise ConfigError(f"--stage: expected an absolute node-local directory such as /tmp or /dev/shm, got "
+                          f"{request.stage!r}")
     if request.max_relaunches < 0:
         raise ConfigError(f"--max-relaunches: expected >= 0, got {request.max_relaunches}")
     world = request.nodes * request.ntasks_per_node
@@ -94,7 +98,10 @@ def _launchers(request: JobRequest) -> tuple[str, str]:
         srun_where = f'--nodes="$count" --nodelist="$nodes" --ntasks="$((count * {per_node}))" '
     else:
         mpirun_where, srun_where = '-n "${SLURM_NTASKS}"', ""
-    run = f'python -m hpcrl run "$CONFIG"{_sets(request)} "$@"'
+    # staged: each node's own copy, and -P keeps the working directory (the checkout, on the shared
+    # file system) off the front of the import path; hpcrl still finds a user's modules there (cli.py)
+    python = '"$PYTHON" -P' if request.stage is not None else "python"
+    run = f'{python} -m hpcrl run "$CONFIG"{_sets(request)} "$@"'
     mpirun = (f'mpirun {mpirun_where} --map-by "ppr:{per_node}:node" '
               f'--bind-to "${{HPCRL_BIND:-core}}" {run}')
     # --kill-on-bad-exit=0: hpcrl ends every rank itself (the same status on every rank for its
@@ -123,6 +130,23 @@ fi
 # 4: an output could not be written (a full disk): not requeued, since it would fail the same way;
 # free space, then submit again to resume from the checkpoint the message names
 exit $status"""
+
+
+def _staging(request: JobRequest) -> str:
+    """With --stage: the lines that pack the environment (once: reused while unchanged) and unpack
+    it once per node, setting PYTHON to the staged interpreter every rank starts from."""
+    if request.stage is None:
+        return ""
+    where = shlex.quote(request.stage) if request.stage else "${SLURM_TMPDIR:-/tmp}"
+    return f"""
+# Staging (--stage, docs/clusters.md): the environment is packed once into stage/ (reused while
+# nothing in it changed) and unpacked once per node into node-local storage, so that every rank
+# imports from its node's copy, not from the shared file system; a relaunch reuses the copies.
+STAGE_DIR=${{HPCRL_STAGE_DIR:-{where}}}  # edit: node-local storage (/tmp, /dev/shm, $SLURM_TMPDIR)
+ARCHIVE=$(python -m hpcrl stage pack -o stage) || exit 2
+PYTHON=$(srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 \\
+    python -m hpcrl stage unpack "$ARCHIVE" --to "$STAGE_DIR" | sort -u) || exit 2
+"""
 
 
 def _plain_body(launch: str, other: str) -> str:
@@ -217,6 +241,8 @@ def render(request: JobRequest, cfg: Config, layout: Layout) -> str:
     else:
         written_by, healing, no_kill_line = options, "", ""
         body = _plain_body(launch, other)
+    if request.stage is not None:
+        written_by += f" --stage {shlex.quote(request.stage)}" if request.stage else " --stage"
     return f"""#!/bin/bash
 # {cfg.env.id} {cfg.algo.name.upper()} on {request.nodes} node{'s' if request.nodes > 1 else ''} x {request.ntasks_per_node} MPI ranks = {world} ({counts}).
 # Written by: hpcrl sbatch {request.config_path} --nodes {request.nodes} --ntasks-per-node {request.ntasks_per_node} --time {request.time} --launcher {request.launcher}{written_by}
@@ -241,7 +267,7 @@ export OMP_NUM_THREADS=1           # one thread per rank: the ranks themselves a
 export MPICH_MAX_THREAD_SAFETY=multiple  # (Cray) MPICH: learners need MPI_THREAD_MULTIPLE for Horovod
 
 CONFIG=${{CONFIG:-{shlex.quote(request.config_path)}}}
-{body}
+{_staging(request)}{body}
 """
 
 
