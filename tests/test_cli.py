@@ -386,3 +386,24 @@ def test_sbatch_stage_starts_every_rank_from_its_nodes_copy(tmp_path):
     assert "STAGE_DIR=${HPCRL_STAGE_DIR:-${SLURM_TMPDIR:-/tmp}}" in default
     assert "--stage" in default.splitlines()[2] and "hpcrl stage" not in hpcrl(
         "sbatch", "jobs/cartpole_ppo.yaml", "--nodes", "1", "--ntasks-per-node", "4").stdout
+
+
+def test_plan_predicts_the_start_up_load_on_the_shared_file_system_unstaged_and_staged():
+    """Per role, the metadata calls bench/startup.py counted (tools/plan.py STARTUP_CALLS), times the
+    ranks of each role, over --mds-ops-per-s; staged, the node-local copies' few, plus the unpack
+    once per node. 1,000 ranks on 10 nodes: 1 learner, 1 policy server, 998 env ranks."""
+    from hpcrl.tools.plan import STARTUP_CALLS, UNPACK_CALLS_PER_NODE
+    (learner, learner_staged), (server, server_staged), (env, env_staged) = (
+        STARTUP_CALLS[role] for role in ("learner", "inference", "env"))
+    unstaged = learner + server + 998 * env
+    staged = learner_staged + server_staged + 998 * env_staged + 10 * UNPACK_CALLS_PER_NODE
+    out = hpcrl("plan", "jobs/cartpole_ppo.yaml", "--world-size", "1000", "--ranks-per-node", "100",
+                "--mds-ops-per-s", "10000").stdout
+    assert (f"start-up on the shared file system: {unstaged:,} metadata calls from the venv (about "
+            f"{unstaged / 10_000:,.0f} s at --mds-ops-per-s 10,000), {staged:,} staged (hpcrl stage: about "
+            f"{staged / 10_000:.1f} s)") in out
+    inline = hpcrl("plan", "jobs/cartpole_ppo.yaml", "--world-size", "4", "--set", "roles.inference.ranks=0").stdout
+    torch_envs = learner + 3 * server  # env ranks with an inline policy import torch as a policy server does
+    assert f"start-up on the shared file system: {torch_envs:,} metadata calls from the venv" in inline
+    refused = hpcrl("plan", "jobs/cartpole_ppo.yaml", "--world-size", "4", "--mds-ops-per-s", "0")
+    assert refused.returncode == 2 and refused.stderr == "hpcrl: plan: --mds-ops-per-s: expected a rate > 0, got 0\n"

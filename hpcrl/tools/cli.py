@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--memory-per-rank-gib", type=float, default=4.0,
                       help="memory one rank may use; roles whose buffers, batch and model need more are "
                            "warned about (default 4)")
+    plan.add_argument("--mds-ops-per-s", type=float, default=None,
+                      help="metadata calls per second the shared file system's metadata server serves, for the "
+                           "start-up estimate, unstaged and staged (hpcrl stage; default 20,000)")
     plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     sb = sub.add_parser("sbatch", help="write a SLURM job script that fits the config's layout (no MPI needed)")
     sb.add_argument("config", help="rank-role YAML config (as the job will find it, relative to the submit dir)")
@@ -282,9 +285,12 @@ def _plan(args) -> int:
     from hpcrl.core.policies import num_policies
     from hpcrl.core.sizing import Sizes, memory, traffic
     from hpcrl.core.network_shapes import policy_params
-    from hpcrl.tools.plan import format_plan
+    from hpcrl.tools.plan import DEFAULT_MDS_OPS_PER_S, format_plan, format_startup
     from hpcrl.core.members import check_members, member_config, population_problem
     from hpcrl.tools.plan import format_population
+    mds_rate = DEFAULT_MDS_OPS_PER_S if args.mds_ops_per_s is None else args.mds_ops_per_s
+    if not mds_rate > 0:
+        return _user_error(f"hpcrl: plan: --mds-ops-per-s: expected a rate > 0, got {args.mds_ops_per_s:g}")
     try:
         whole, _ = load_config(args.config, tuple(args.overrides))
         nodes = simulated_nodes(args.world_size, args.ranks_per_node or max(args.world_size, 1))
@@ -308,6 +314,7 @@ def _plan(args) -> int:
         print("\n".join(format_population(whole, args.world_size, nodes, layout, frames, n_params)))
     print(format_plan(cfg, layout, sizes, t, args.env_steps_per_s, args.per_rank or world <= 64, mem,
                       int(args.memory_per_rank_gib * 2**30), n_params))
+    print(format_startup(layout, mds_rate, population or 1))
     return 0
 
 

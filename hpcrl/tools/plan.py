@@ -125,6 +125,43 @@ def format_plan(cfg: Config, layout: Layout, sizes: Sizes, t: Traffic, steps_per
 
 
 
+# Metadata system calls (open, stat, access, readlink, directory listings) one rank's start-up
+# makes on its Python environment: the venv and the checkout, (from the venv, from hpcrl stage's
+# node-local copy), as bench/startup.py counted them here (bench/results/startup.json). An env rank
+# with an inline policy imports torch as a policy server does. The base interpreter's standard
+# library is left out: local where the venv was made from the node image's Python.
+STARTUP_CALLS = {"learner": (16_917, 45), "inference": (15_759, 35), "env": (1_610, 9)}
+UNPACK_CALLS_PER_NODE = 8  # hpcrl stage unpack: the archive's stat and open, the command itself
+DEFAULT_MDS_OPS_PER_S = 20_000.0  # a metadata server: on the order of 10^4-10^5 such calls per second
+
+
+def startup_calls(layout: Layout, members: int = 1) -> tuple[int, int]:
+    """(unstaged, staged) metadata calls on the shared file system of the whole job's start-up:
+    `members` blocks of `layout` (a population's), on the nodes of all of them."""
+    learner, inference, env = STARTUP_CALLS["learner"], STARTUP_CALLS["inference"], STARTUP_CALLS["env"]
+    if layout.serial:
+        counts = [(learner, 1)]
+    else:
+        env_kind = inference if layout.inline_inference else env
+        counts = [(learner, len(layout.learners)), (inference, len(layout.inference)), (env_kind, len(layout.envs))]
+    nodes = len(np.unique(layout.node_of_rank)) * members
+    unstaged = members * sum(calls[0] * n for calls, n in counts)
+    staged = members * sum(calls[1] * n for calls, n in counts) + UNPACK_CALLS_PER_NODE * nodes
+    return unstaged, staged
+
+
+def format_startup(layout: Layout, mds_ops_per_s: float, members: int = 1) -> str:
+    """The start-up's load on the shared file system's metadata server, unstaged and staged."""
+    unstaged, staged = startup_calls(layout, members)
+    return (f"start-up on the shared file system: {unstaged:,} metadata calls from the venv (about "
+            f"{_seconds(unstaged / mds_ops_per_s)} at --mds-ops-per-s {mds_ops_per_s:,.0f}), {staged:,} staged "
+            f"(hpcrl stage: about {_seconds(staged / mds_ops_per_s)})")
+
+
+def _seconds(s: float) -> str:
+    return f"{s:,.0f} s" if s >= 10 else f"{s:.1f} s" if s >= 0.1 else "under 0.1 s"
+
+
 MAX_PAYOFFS = 1_000_000  # win rates in a league's payoff matrix beyond which plan warns
 PAYOFF_JSON_BYTES = 40  # one win rate in league_state.json: [member, snapshot id, rate, games]
 ROOT_REPORTS_PER_S = 1_000  # a report costs the population root a receive, a ranking and a lineage row
