@@ -47,8 +47,9 @@ def test_the_run_evaluated_each_time_it_passed_a_multiple_of_every_frames(solved
     assert (f"eval at {m['frames'][last]:,} frames (version {m['policy_version'][last]}): return "
             f"{m['eval_return_mean'][last]:.1f} +- {m['eval_return_std'][last]:.1f} over 2 episodes "
             f"(deterministic)") in lines[-1]
+    report = hpcrl("inspect", str(solved_run)).stdout
     assert (f"last eval {m['eval_return_mean'][last]:.1f} +- {m['eval_return_std'][last]:.1f} at "
-            f"{m['frames'][last]:,} frames ({done.sum()} evaluations, run.eval)") in hpcrl("inspect", str(solved_run)).stdout
+            f"{m['frames'][last]:,} frames ({done.sum()} evaluations, run.eval)") in report
     events = EventAccumulator(str(solved_run))
     events.Reload()
     scalars = events.Scalars("eval/return_mean")  # NaN rows are no points
