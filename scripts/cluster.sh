@@ -8,7 +8,8 @@
 #                                              --slurm: with SLURM across them (slurmctld, a slurmd per node)
 #   bash scripts/cluster.sh run ARGS...        mpirun from node n0 across the nodes, over TCP:
 #                                              cluster.sh run -n 8 .venv/bin/python -m hpcrl run JOB.yaml
-#   bash scripts/cluster.sh exec NODE CMD...   a command on a node (its network and host name)
+#   bash scripts/cluster.sh exec NODE CMD...   a command on a node (its network, host name and local storage
+#                                              at /mnt: /var/tmp/hpcrl-cluster/NAME/NODE, its own)
 #   bash scripts/cluster.sh kill NODE          every process on the node dies (kill -9): a node that fails
 #   bash scripts/cluster.sh cut NODE           the node's link goes down: nothing crosses, no error arrives
 #   bash scripts/cluster.sh heal NODE          its link comes back
@@ -37,6 +38,10 @@ name=${HPCRL_CLUSTER:-hpcrl}
 [[ $name =~ ^[A-Za-z0-9_.-]{1,40}$ ]] || { echo "cluster.sh: HPCRL_CLUSTER must be 1-40 of [A-Za-z0-9_.-], got '$name'" >&2; exit 2; }
 hash=$(printf '%s' "$name" | sha256sum | cut -c1-6)
 state=/run/hpcrl-cluster/$name
+# each node's own storage (a disk's, not /run's memory: a staged environment is gigabytes), which
+# its commands see at /mnt, as a cluster node sees its local scratch; everything else is shared
+local_root=/var/tmp/hpcrl-cluster/$name
+NODE_LOCAL_MOUNT=/mnt
 bridge=hb$hash
 cgroup_cpu=/sys/fs/cgroup/cpu/hpcrl-$name
 cgroup_freezer=/sys/fs/cgroup/freezer/hpcrl-$name
@@ -167,8 +172,11 @@ exec_on() {  # exec NODE CMD...: in the node's network namespace, with its host 
     node_index "$node" >/dev/null
     [[ -e /run/netns/$(netns "$node") ]] || die "cluster '$name' has no node $node (bash scripts/cluster.sh up N)"
     # nsenter, not `ip netns exec`: that remounts /sys, which hides the cgroups from the node's own
-    # commands (mpirun's rsh agent runs this again from inside node n0)
-    exec nsenter --net="/run/netns/$(netns "$node")" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$node" "$@"
+    # commands (mpirun's rsh agent runs this again from inside node n0); a mount namespace of its
+    # own (private: nothing leaks out) shows the node's local storage at /mnt
+    mkdir -p "$local_root/$node"
+    exec nsenter --net="/run/netns/$(netns "$node")" unshare --uts --mount sh -c \
+        'hostname "$0" && mount --bind "$1" "$2" && shift 2 && exec "$@"' "$node" "$local_root/$node" "$NODE_LOCAL_MOUNT" "$@"
 }
 
 run() {  # mpirun on node n0 across every node, TCP between nodes
@@ -252,7 +260,8 @@ down() {
         done
         rmdir "$group" 2>/dev/null || true
     done
-    rm -rf "$state"
+    rm -rf "$state" "$local_root"
+    rmdir "${local_root%/*}" 2>/dev/null || true  # (another cluster's may still be there)
     log "down"
 }
 

@@ -60,6 +60,10 @@ class Cluster:
             raise AssertionError(f"the job did not end in {timeout} s:\n{out}")
         return proc.returncode, out
 
+    def local_dir(self, node: str) -> Path:
+        """The node's own storage, which its commands see at /mnt (scripts/cluster.sh)."""
+        return Path("/var/tmp/hpcrl-cluster") / self.name / node
+
     def pids(self, node: str) -> list[int]:
         return [int(p) for p in self.sh("pids", node).stdout.split()]
 
