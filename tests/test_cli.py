@@ -374,7 +374,7 @@ def test_sbatch_stage_starts_every_rank_from_its_nodes_copy(tmp_path):
         assert made.returncode == 0, made.stderr
         text = out.read_text()
         assert "STAGE_DIR=${HPCRL_STAGE_DIR:-'/local/scratch space'}" in text
-        assert 'ARCHIVE=$(python -m hpcrl stage pack -o stage) || exit 2' in text
+        assert 'ARCHIVE=$(python -m hpcrl stage pack -o "${HPCRL_STAGE_ARCHIVES:-stage}") || exit 2' in text
         assert ('PYTHON=$(srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 \\\n    '
                 'python -m hpcrl stage unpack "$ARCHIVE" --to "$STAGE_DIR" | sort -u) || exit 2') in text
         launch, other = [line for line in text.splitlines() if '-m hpcrl run "$CONFIG"' in line]

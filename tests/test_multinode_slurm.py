@@ -5,7 +5,9 @@ the script's mpirun line; they do not relaunch on the run's own verdicts, nor mo
 allowed."""
 import os
 import re
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -134,27 +136,64 @@ def test_srun_job_loses_a_node_and_finishes_on_the_two_left(cluster, tmp_path):
     assert versions == list(range(1, len(versions) + 1))  # one series across the relaunch, no gap, no repeat
 
 
-def test_mpirun_job_relaunches_at_most_as_often_as_allowed(cluster, tmp_path):
-    """The script's mpirun line inside the allocation (orted started by srun on each node): n2 dies,
-    the run goes on on n0 and n1; then n1 dies, and with --max-relaunches 1 the job ends, saying
-    why."""
+def staged_ranks(cluster: Cluster, node: str) -> dict[int, tuple[str, set[str]]]:
+    """{pid: (its interpreter, the packages' shared objects it mapped)} of the hpcrl ranks on
+    `node`, as the node's own mount namespace names them."""
+    ranks = {}
+    for pid in cluster.pids(node):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        if Path(argv[0].decode()).name.startswith("python") and b"hpcrl" in argv and b"run" in argv:
+            mapped = {line.split()[-1] for line in maps.splitlines() if line.split()[-1].endswith(".so")
+                      or ".so." in line.split()[-1]}
+            ranks[pid] = (argv[0].decode(), {m for m in mapped if "/site-packages/" in m})  # numpy, mpi4py, torch
+    return ranks
+
+
+def test_staged_mpirun_job_relaunches_on_its_copies_at_most_as_often_as_allowed(cluster, tmp_path):
+    """The script's mpirun line inside the allocation (orted started by srun on each node), staged
+    (--stage /mnt: each node's own storage): the environment is packed once and unpacked once per
+    node, and every rank imports hpcrl and torch from its node's copy. n2 dies, the run goes on on
+    n0 and n1 from the copies there; then n1 dies, and with --max-relaunches 1 the job ends,
+    saying why."""
     script = tmp_path / "job.sbatch"
     made = hpcrl("sbatch", "jobs/cartpole_ppo.yaml", "--nodes", "3", "--ntasks-per-node", "2", "--time", "00:20:00",
-                 "--launcher", "mpirun", "--no-kill", "--max-relaunches", "1", "-o", str(script))
+                 "--launcher", "mpirun", "--no-kill", "--max-relaunches", "1", "--stage", "/mnt", "-o", str(script))
     assert made.returncode == 0, made.stderr
-    job = submit(cluster, tmp_path, str(script), "run.target_return=null", "run.total_frames=10000000",
-                 "run.checkpoint_interval_s=1", env={"HPCRL_BIND": "none", **PROBE})
-    run_dir = tmp_path / "runs" / "cartpole_ppo"
-    lost_s = lose_a_node_and_resume(cluster, tmp_path, job, run_dir, "n2", relaunch=1)
-    print(f"a lost node cost {lost_s:.1f} s from the kill to training again (mpirun)")
-    out = tmp_path / f"{job}.out"
-    assert "[hpcrl] nodes: n0 ranks 0-1; n1 ranks 2-3" in out.read_text()
-    cluster.fault("kill", "n1")
-    assert wait_for_end(cluster, job, out) == "FAILED"
-    text = out.read_text()
-    assert lost_s < LOST_NODE_COSTS_S, text
-    assert "[hpcrl] nodes: n0 ranks 0-1; n1 ranks 2-3; n2 ranks 4-5" in text
-    assert "node(s) n2 stopped answering; going on on n0,n1" in text
-    assert ("hpcrl: node(s) n1 stopped answering; not relaunched: 1 relaunch(es) already "
-            "(HPCRL_MAX_RELAUNCHES=1)") in text
-    assert (run_dir / "recovery.log").read_text().count("relaunch ") == 1
+    archives = tmp_path / "stage"
+    try:
+        job = submit(cluster, tmp_path, str(script), "run.target_return=null", "run.total_frames=10000000",
+                     "run.checkpoint_interval_s=1",
+                     env={"HPCRL_BIND": "none", **PROBE, "HPCRL_STAGE_ARCHIVES": str(archives), "PYTHONPATH": ""})
+        run_dir = tmp_path / "runs" / "cartpole_ppo"
+        lost_s = lose_a_node_and_resume(cluster, tmp_path, job, run_dir, "n2", relaunch=1)
+        print(f"a lost node cost {lost_s:.1f} s from the kill to training again (mpirun, staged)")
+        out = tmp_path / f"{job}.out"
+        assert "[hpcrl] nodes: n0 ranks 0-1; n1 ranks 2-3" in out.read_text()
+        (archive,) = archives.glob("hpcrl-env-*.tar")
+        copy = f"/mnt/{archive.name.removesuffix('.tar')}"
+        for node in ("n0", "n1"):  # the relaunched ranks: from the copy of their node, made before the loss
+            ranks = staged_ranks(cluster, node)
+            assert len(ranks) == 2, (node, ranks)
+            for interpreter, mapped in ranks.values():
+                assert interpreter == f"{copy}/venv/bin/python" and mapped, (node, interpreter, mapped)
+                assert all(m.startswith(f"{copy}/venv/") for m in mapped), (node, mapped)
+        cluster.fault("kill", "n1")
+        assert wait_for_end(cluster, job, out) == "FAILED"
+        text = out.read_text()
+        assert lost_s < LOST_NODE_COSTS_S, text
+        assert "[hpcrl] nodes: n0 ranks 0-1; n1 ranks 2-3; n2 ranks 4-5" in text
+        assert "node(s) n2 stopped answering; going on on n0,n1" in text
+        assert ("hpcrl: node(s) n1 stopped answering; not relaunched: 1 relaunch(es) already "
+                "(HPCRL_MAX_RELAUNCHES=1)") in text
+        assert (run_dir / "recovery.log").read_text().count("relaunch ") == 1
+        # packed once, unpacked once on each node (a relaunch runs only the launch again); whole copies
+        assert text.count(f"[hpcrl] wrote {archive}") == 1 and text.count(f"[hpcrl] unpacked {copy}") == 3, text
+        for node in ("n0", "n1", "n2"):
+            assert [p.name for p in cluster.local_dir(node).iterdir()] == [archive.name.removesuffix(".tar")]
+            assert (cluster.local_dir(node) / archive.name.removesuffix(".tar") / ".hpcrl-staged").is_file()
+    finally:
+        shutil.rmtree(archives, ignore_errors=True)  # 2.5 GB

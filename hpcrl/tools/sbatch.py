@@ -142,8 +142,9 @@ def _staging(request: JobRequest) -> str:
 # Staging (--stage, docs/clusters.md): the environment is packed once into stage/ (reused while
 # nothing in it changed) and unpacked once per node into node-local storage, so that every rank
 # imports from its node's copy, not from the shared file system; a relaunch reuses the copies.
+# (PYTHONPATH still comes first on the import path: keep hpcrl out of it.)
 STAGE_DIR=${{HPCRL_STAGE_DIR:-{where}}}  # edit: node-local storage (/tmp, /dev/shm, $SLURM_TMPDIR)
-ARCHIVE=$(python -m hpcrl stage pack -o stage) || exit 2
+ARCHIVE=$(python -m hpcrl stage pack -o "${{HPCRL_STAGE_ARCHIVES:-stage}}") || exit 2  # edit: where archives are kept
 PYTHON=$(srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 \\
     python -m hpcrl stage unpack "$ARCHIVE" --to "$STAGE_DIR" | sort -u) || exit 2
 """
