@@ -175,8 +175,9 @@ exec_on() {  # exec NODE CMD...: in the node's network namespace, with its host 
     # commands (mpirun's rsh agent runs this again from inside node n0); a mount namespace of its
     # own (private: nothing leaks out) shows the node's local storage at /mnt
     mkdir -p "$local_root/$node"
-    exec nsenter --net="/run/netns/$(netns "$node")" unshare --uts --mount sh -c \
-        'hostname "$0" && mount --bind "$1" "$2" && shift 2 && exec "$@"' "$node" "$local_root/$node" "$NODE_LOCAL_MOUNT" "$@"
+    local enter='hostname "$0" && mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    exec nsenter --net="/run/netns/$(netns "$node")" unshare --uts --mount \
+        sh -c "$enter" "$node" "$local_root/$node" "$NODE_LOCAL_MOUNT" "$@"
 }
 
 run() {  # mpirun on node n0 across every node, TCP between nodes
