@@ -22,8 +22,9 @@ SELF_HEALING = "jobs/cartpole_ppo_multinode.sbatch"  # srun --mpi=pmix, --no-kil
 THREE_NODES = ("--nodes=3", "--ntasks-per-node=3")  # the committed script asks for 4 x 128 ranks
 LOST_NODE_COSTS_S = 90  # from the kill to training again on the nodes left (measured: about 45 s)
 # Under srun the ranks left notice a lost node in run.peer_timeout_s (30 s by default, the same code at any value):
-# 10 s here, as a cluster that wants its relaunch sooner sets it (beats go every second).
-PEER_TIMEOUT = "run.peer_timeout_s=10"
+# 15 s here, as a cluster that wants its relaunch sooner sets it (beats go every 1.5 s). At 10 s, a full pass 2
+# (the waits session beside this one) once left a live learner unheard for 10 s, on a relaunch training at 26 fps.
+PEER_TIMEOUT = "run.peer_timeout_s=15"
 PROBE = {"HPCRL_PROBE_S": "10"}  # a lost node's probe gives up after 10 s instead of 20: these nodes answer in 1
 
 
