@@ -28,6 +28,7 @@ import torch
 from hpcrl.io.checkpoint import CheckpointError, check_fits, load_latest
 from hpcrl.core.config import Config, ConfigError, parse_config
 from hpcrl.envs import KNOWN_ENV_FAMILIES, imports_of_env_id, make_vector_env, env_spaces
+from hpcrl.envs.anchors import uniform
 from hpcrl.envs.scripted import ScriptedPlayer
 from hpcrl.io.rundir import CHECKPOINT_FILE
 from hpcrl.tools.inspect import RunDirError, open_run_dir
@@ -110,7 +111,7 @@ class _Random:
     def act(self, obs, mask: np.ndarray | None) -> np.ndarray:
         if mask is None:
             raise RunDirError("--opponent random: this env gives no action masks, so valid actions are unknown")
-        return np.array([self.rng.choice(np.flatnonzero(row)) if row.any() else 0 for row in mask], dtype=np.int64)
+        return uniform(obs, mask, self.rng)
 
 
 class _Scripted:
@@ -131,14 +132,13 @@ class _Scripted:
             raise RunDirError(str(exc)) from None
 
 
-def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Generator, rng: np.random.Generator,
-              seed: int = 0):
+def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Generator, seed: int = 0):
     """None, a uniform player ('random'), a scripted player (`module:function`), or the policy of
     another run (its latest checkpoint) for the same env."""
     if opponent is None:
         return None
     if opponent == "random":
-        return _Random(rng)
+        return _Random(np.random.default_rng(seed))
     if ":" in opponent and not os.path.exists(opponent):
         return _Scripted(opponent, seed)
     other, checkpoint, found, _ = load_run(opponent)
@@ -169,7 +169,7 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
         raise RunDirError(f"--opponent: {cfg.env.id} has one agent; an opponent needs a multi-agent game")
     generator = torch.Generator().manual_seed(seed)
     model = _policy(cfg, checkpoint, found, spaces, "greedy" if deterministic else "sample", generator)
-    rival = _opponent(opponent, cfg, spaces, generator, np.random.default_rng(seed), seed)
+    rival = _opponent(opponent, cfg, spaces, generator, seed)
     counters = checkpoint["counters"]
     result = EvalResult([], [], found, int(counters.get("policy_version", 0)), int(counters.get("frames", 0)),
                         deterministic, seed, video, warnings=problems, opponent=opponent)
