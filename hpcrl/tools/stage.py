@@ -57,21 +57,29 @@ def _files(root: Path, skip) -> list[Path]:
 
 
 def _editable_hook(rel: Path) -> bool:
-    return len(rel.parts) >= 1 and rel.name.startswith(EDITABLE_HOOKS)
+    return rel.name.startswith(EDITABLE_HOOKS)
 
 
-def content_key(venv: Path, package: Path) -> str:
-    """16 hex digits over every file of the venv (its editable hooks of hpcrl left out) and of
-    hpcrl's package: path, size, modification time (a link: its target)."""
+def _manifest(venv: Path, package: Path) -> list[tuple[Path, str]]:
+    """(file, its name in the archive) of every file of the venv, its editable hooks of hpcrl left
+    out, and of hpcrl's package, placed in the venv's site-packages: one walk of the tree, which
+    both the key and the archive read."""
+    target_site = site_packages(venv).relative_to(venv)
+    return ([(path, f"venv/{path.relative_to(venv)}") for path in _files(venv, _editable_hook)]
+            + [(path, f"venv/{target_site}/hpcrl/{path.relative_to(package)}")
+               for path in _files(package, lambda rel: False)])
+
+
+def content_key(manifest: list[tuple[Path, str]]) -> str:
+    """16 hex digits over every file of a `_manifest`: its name in the archive, size and
+    modification time (a link: its target)."""
     digest = hashlib.sha256()
-    for root, label, skip in ((venv, "venv", _editable_hook), (package, "hpcrl", lambda rel: False)):
-        for path in _files(root, skip):
-            rel = path.relative_to(root)
-            if path.is_symlink():
-                digest.update(f"{label}/{rel} -> {os.readlink(path)}\n".encode())
-            else:
-                st = path.stat()
-                digest.update(f"{label}/{rel} {st.st_size} {st.st_mtime_ns}\n".encode())
+    for path, name in manifest:
+        if path.is_symlink():
+            digest.update(f"{name} -> {os.readlink(path)}\n".encode())
+        else:
+            st = path.stat()
+            digest.update(f"{name} {st.st_size} {st.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
 
 
@@ -79,23 +87,21 @@ def pack(venv: Path, package: Path, out_dir: Path) -> tuple[Path, bool]:
     """(the archive, whether it was written now) of `venv` with `package` (hpcrl's package
     directory) as a regular package in its site-packages, in `out_dir`."""
     venv, package = venv.resolve(), package.resolve()
-    target_site = site_packages(venv).relative_to(venv)
     if not (package / "__init__.py").is_file():
         raise StageError(f"{package}: not a Python package (no __init__.py)")
+    manifest = _manifest(venv, package)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StageError(f"cannot create the archive directory {out_dir}: {exc.strerror}") from None
-    archive = out_dir / f"{ARCHIVE_PREFIX}{content_key(venv, package)}.tar"
+    archive = out_dir / f"{ARCHIVE_PREFIX}{content_key(manifest)}.tar"
     if archive.is_file():
         return archive, False
     partial = out_dir / f".{archive.name}.partial.{os.getpid()}"
     try:
         with tarfile.open(partial, "w") as tar:
-            for path in _files(venv, _editable_hook):
-                tar.add(path, arcname=f"venv/{path.relative_to(venv)}", recursive=False)
-            for path in _files(package, lambda rel: False):
-                tar.add(path, arcname=f"venv/{target_site}/hpcrl/{path.relative_to(package)}", recursive=False)
+            for path, name in manifest:
+                tar.add(path, arcname=name, recursive=False)
         os.replace(partial, archive)
     except OSError as exc:
         partial.unlink(missing_ok=True)
