@@ -150,16 +150,17 @@ def staged_ranks(cluster: Cluster, node: str) -> dict[int, tuple[str, set[str]]]
         if Path(argv[0].decode()).name.startswith("python") and b"hpcrl" in argv and b"run" in argv:
             mapped = {line.split()[-1] for line in maps.splitlines() if line.split()[-1].endswith(".so")
                       or ".so." in line.split()[-1]}
-            ranks[pid] = (argv[0].decode(), {m for m in mapped if "/site-packages/" in m})  # numpy, mpi4py, torch
+            # numpy's, mpi4py's, torch's; libpython
+            ranks[pid] = (argv[0].decode(), {m for m in mapped if "/site-packages/" in m or "/libpython3" in m})
     return ranks
 
 
 def test_staged_mpirun_job_relaunches_on_its_copies_at_most_as_often_as_allowed(cluster, tmp_path):
     """The script's mpirun line inside the allocation (orted started by srun on each node), staged
     (--stage /mnt: each node's own storage): the environment is packed once and unpacked once per
-    node, and every rank imports hpcrl and torch from its node's copy. n2 dies, the run goes on on
-    n0 and n1 from the copies there; then n1 dies, and with --max-relaunches 1 the job ends,
-    saying why."""
+    node, and every rank imports hpcrl and torch, and loads libpython, from its node's copy. n2
+    dies, the run goes on on n0 and n1 from the copies there; then n1 dies, and with
+    --max-relaunches 1 the job ends, saying why."""
     script = tmp_path / "job.sbatch"
     made = hpcrl("sbatch", "jobs/cartpole_ppo.yaml", "--nodes", "3", "--ntasks-per-node", "2", "--time", "00:20:00",
                  "--launcher", "mpirun", "--no-kill", "--max-relaunches", "1", "--stage", "/mnt", "-o", str(script))
@@ -181,7 +182,8 @@ def test_staged_mpirun_job_relaunches_on_its_copies_at_most_as_often_as_allowed(
             assert len(ranks) == 2, (node, ranks)
             for interpreter, mapped in ranks.values():
                 assert interpreter == f"{copy}/venv/bin/python" and mapped, (node, interpreter, mapped)
-                assert all(m.startswith(f"{copy}/venv/") for m in mapped), (node, mapped)
+                assert all(m.startswith(f"{copy}/") for m in mapped), (node, mapped)
+                assert any(m.startswith(f"{copy}/python/lib/libpython3") for m in mapped), (node, mapped)
         cluster.fault("kill", "n1")
         assert wait_for_end(cluster, job, out) == "FAILED"
         text = out.read_text()

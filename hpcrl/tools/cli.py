@@ -128,9 +128,10 @@ def _parser() -> argparse.ArgumentParser:
                                     "hpcrl stage unpack ARCHIVE --to /tmp  (prints the staged python to start "
                                     "ranks with); see docs/clusters.md")
     stage_sub = st.add_subparsers(dest="stage_command", required=True)
-    st_pack = stage_sub.add_parser("pack", help="write (or reuse) the archive of the venv with hpcrl in it")
+    st_pack = stage_sub.add_parser("pack", help="write (or reuse) the archive of the environment with hpcrl in it")
     st_pack.add_argument("-o", "--output-dir", default="stage", help="where the archive goes (default: stage)")
-    st_pack.add_argument("--venv", help="the virtual environment to pack (default: the one running this)")
+    st_pack.add_argument("--env", "--venv", dest="env", help="the venv or conda environment to pack (default: "
+                         "the one running this)")
     st_unpack = stage_sub.add_parser("unpack", help="extract (or reuse) the archive on this node")
     st_unpack.add_argument("archive", help="the archive hpcrl stage pack printed")
     st_unpack.add_argument("--to", help="node-local directory (default: $SLURM_TMPDIR, else /tmp)")
@@ -221,7 +222,7 @@ def _stage(args) -> int:
     from hpcrl.tools.stage import StageError, main_pack, main_unpack
     try:
         if args.stage_command == "pack":
-            return main_pack(args.venv, args.output_dir)
+            return main_pack(args.env, args.output_dir)
         return main_unpack(args.archive, args.to)
     except StageError as exc:
         return _user_error(f"hpcrl: stage {args.stage_command}: {exc}")

@@ -2,23 +2,29 @@
 unpacked once per node into node-local storage, so that its ranks import from there and spare
 the shared file system's metadata server (docs/clusters.md, staging).
 
-`pack` writes the virtual environment, with hpcrl's package copied into its site-packages in
-place of the editable install that points back at the checkout, as one uncompressed tar named by
-a key of its content (every file's path, size and modification time): packing again with
-nothing changed finds the archive there and reuses it. `unpack` extracts it into
-DIR/hpcrl-env-KEY on a node: a copy already complete there is reused, a new one is extracted
-under a temporary name and renamed when whole, so no rank ever starts from half a copy and a
-failure (no space, a directory that cannot be written) leaves nothing behind. The staged
-interpreter is DIR/hpcrl-env-KEY/venv/bin/python: a venv finds its packages from where its
-interpreter lies, and the base interpreter it links to must be at the same path on every node
-(a system or module-provided Python, as for the venv itself).
+What is packed: the interpreter's own install (`python/`: its binary, libpython and standard
+library; the base of a venv, or a conda environment whole) and, for a venv, the venv (`venv/`),
+with hpcrl's package copied into site-packages in place of the editable install that points back
+at the checkout. The staged copy needs nothing of the original: the venv's `bin/python` links to
+the staged interpreter, the interpreter and its extension modules find libpython through
+`$ORIGIN` (tools/elf.py), and `unpack` points the venv's pyvenv.cfg at the staged base. An
+interpreter of the node image (`/usr`, on every node's own disk) is not packed: the venv's link
+keeps pointing at it.
+
+The archive is one uncompressed tar named by a key of its content (every file's path, size and
+modification time): packing again with nothing changed finds it there and reuses it. `unpack`
+extracts it into DIR/hpcrl-env-KEY on a node: a copy already complete there is reused, a new one
+is extracted under a temporary name and renamed when whole, so no rank ever starts from half a
+copy and a failure (no space, a directory that cannot be written) leaves nothing behind.
 
 Standard library only (and hpcrl's `say`): `hpcrl stage unpack` runs once per node before any
 rank, and imports nothing from the environment it is about to stage.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import io
 import os
 import shutil
 import sys
@@ -26,70 +32,198 @@ import tarfile
 from pathlib import Path
 
 from hpcrl.core.say import say
+from hpcrl.tools.elf import search_path, with_search_path
 
 ARCHIVE_PREFIX = "hpcrl-env-"
 COMPLETE = ".hpcrl-staged"  # written last into an unpacked copy: it is whole
 EDITABLE_HOOKS = ("__editable__.hpcrl-", "__editable___hpcrl_")  # setuptools' editable install of hpcrl
 ROOM_MARGIN = 1.05  # free space asked for beyond the archive's content (directories, block rounding)
+NODE_IMAGE = Path("/usr")  # the distribution's own Python: on every node's local disk, never packed
 
 
 class StageError(Exception):
     """A staging that cannot be done: one message saying what, where, and what would do."""
 
 
-def site_packages(venv: Path) -> Path:
-    """The venv's site-packages (lib/pythonX.Y/site-packages)."""
-    found = sorted(venv.glob("lib/python3*/site-packages"))
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """A Python environment to pack: `prefix` (sys.prefix: a venv, or a conda environment) and
+    the interpreter install it runs on (`base`, the prefix itself for a conda environment)."""
+    prefix: Path
+    base: Path
+    name: str  # "python3.11": the interpreter in bin/, and the standard library's directory in lib/
+    venv: bool
+    system_site: bool  # a venv that also sees the base's site-packages
+
+    @property
+    def stage_base(self) -> bool:
+        return not (self.base == NODE_IMAGE or self.base.is_relative_to(NODE_IMAGE))
+
+
+def _venv_config(prefix: Path) -> dict[str, str]:
+    config = {}
+    for line in (prefix / "pyvenv.cfg").read_text().splitlines():
+        key, equals, value = line.partition("=")
+        if equals:
+            config[key.strip().lower()] = value.strip()
+    return config
+
+
+def environment(prefix: Path) -> Environment:
+    """What `prefix` is: a venv (pyvenv.cfg, whose `home` names its interpreter) or a whole
+    interpreter install such as a conda environment. StageError: neither, or the node image's."""
+    prefix = prefix.absolute()
+    if prefix == NODE_IMAGE or prefix.is_relative_to(NODE_IMAGE):
+        raise StageError(f"{prefix}: the system's Python lies on every node's own disk already; make a venv "
+                         f"from it (python3 -m venv) and stage that")
+    found = sorted(prefix.glob("lib/python3*/site-packages"))
     if not found:
-        raise StageError(f"{venv}: not a virtual environment (no lib/python3.*/site-packages in it)")
-    return found[0]
+        raise StageError(f"{prefix}: not a Python environment (no lib/python3.*/site-packages in it); name a "
+                         f"virtual environment or a conda environment")
+    stdlib = found[0].parent.name
+    if not (prefix / "pyvenv.cfg").is_file():
+        if not (prefix / "bin" / stdlib).is_file():
+            raise StageError(f"{prefix}: no interpreter bin/{stdlib} in it; name a virtual environment or a conda "
+                             f"environment")
+        return Environment(prefix, prefix, stdlib, venv=False, system_site=True)
+    config = _venv_config(prefix)
+    home = Path(config.get("home", ""))
+    # the base install holds lib/pythonX.Y/os.py at or above the interpreter's directory (getpath's search)
+    base = next((d for d in (home, *home.parents) if (d / "lib" / stdlib / "os.py").is_file()), None)
+    if not home.is_absolute() or base is None or not (home / stdlib).exists():
+        raise StageError(f"{prefix}/pyvenv.cfg: its interpreter (home = {config.get('home', '')}) has no "
+                         f"{stdlib} with its standard library; recreate the venv from an installed Python")
+    return Environment(prefix, base.resolve(), stdlib, venv=True,
+                       system_site=config.get("include-system-site-packages", "false").lower() == "true")
 
 
 def _files(root: Path, skip) -> list[Path]:
     """Every file and link under `root` whose path relative to it `skip` does not refuse, in a
-    fixed order."""
+    fixed order; a refused directory is not entered, a link to a directory is kept as a link."""
     out = []
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if not skip(rel) and (path.is_symlink() or path.is_file()):
-            out.append(path)
-    return out
+    for directory, dirs, files in os.walk(root):
+        here = Path(directory)
+        kept = [name for name in dirs if not skip((here / name).relative_to(root))]
+        out += [here / name for name in kept if (here / name).is_symlink()]
+        dirs[:] = [name for name in kept if not (here / name).is_symlink()]
+        out += [here / name for name in files if not skip((here / name).relative_to(root))]
+    return sorted(out)
 
 
-def _editable_hook(rel: Path) -> bool:
-    return rel.name.startswith(EDITABLE_HOOKS)
+def _ours(in_site: Path) -> bool:
+    """hpcrl's package or editable-install hooks, at `in_site` in a site-packages: left out, the
+    package is copied in from where it is imported (`pack`)."""
+    return bool(in_site.parts) and (in_site.parts[0] == "hpcrl" or in_site.name.startswith(EDITABLE_HOOKS))
 
 
-def _manifest(venv: Path, package: Path) -> list[tuple[Path, str]]:
-    """(file, its name in the archive) of every file of the venv, its editable hooks of hpcrl left
-    out, and of hpcrl's package, placed in the venv's site-packages: one walk of the tree, which
-    both the key and the archive read."""
-    target_site = site_packages(venv).relative_to(venv)
-    return ([(path, f"venv/{path.relative_to(venv)}") for path in _files(venv, _editable_hook)]
-            + [(path, f"venv/{target_site}/hpcrl/{path.relative_to(package)}")
-               for path in _files(package, lambda rel: False)])
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One file of the archive: `source`, named `name` there; written as a link to `link`
+    instead, or (`elf`) with its library search path made relative (`_relocated`)."""
+    source: Path
+    name: str
+    link: str | None = None
+    elf: bool = False
 
 
-def content_key(manifest: list[tuple[Path, str]]) -> str:
+def _base_entries(env: Environment) -> list[Entry]:
+    """The interpreter install: its binary and lib/ (libpython, the standard library, and for a
+    conda environment its libraries and site-packages), under python/."""
+    site = Path("lib") / env.name / "site-packages"
+
+    def skip(rel: Path) -> bool:
+        if rel.parts[:2] == ("lib", env.name) and len(rel.parts) == 3:
+            # what a running job never reads: the test suite (123 MB here), and the static library
+            # and makefiles for building against Python
+            if rel.name == "test" or rel.name.startswith("config-"):
+                return True
+            if rel == site and not env.system_site:
+                return True
+        return rel.is_relative_to(site) and _ours(rel.relative_to(site))
+
+    entries = [Entry(env.base / "bin" / env.name, f"python/bin/{env.name}", elf=True)]
+    for path in _files(env.base / "lib", lambda rel: skip("lib" / rel)):
+        rel = path.relative_to(env.base)
+        shared_object = not path.is_symlink() and (path.name.endswith(".so") or ".so." in path.name)
+        entries.append(Entry(path, f"python/{rel}", elf=shared_object))
+    return entries
+
+
+def _venv_entries(env: Environment) -> list[Entry]:
+    """The venv, under venv/; with the base staged, its interpreter names link to the staged one."""
+    site = Path("lib") / env.name / "site-packages"
+    entries = []
+    for path in _files(env.prefix, lambda rel: rel.is_relative_to(site) and _ours(rel.relative_to(site))):
+        rel = path.relative_to(env.prefix)
+        interpreter = rel.parent == Path("bin") and rel.name in ("python", "python3", env.name)
+        link = f"../../python/bin/{env.name}" if interpreter and env.stage_base else None
+        entries.append(Entry(path, f"venv/{rel}", link))
+    return entries
+
+
+def _manifest(env: Environment, package: Path) -> list[Entry]:
+    """Every file of the archive: one walk of the trees, which both the key and the archive read."""
+    entries = (_base_entries(env) if env.stage_base else []) + (_venv_entries(env) if env.venv else [])
+    site = f"{'venv' if env.venv else 'python'}/lib/{env.name}/site-packages"
+    return entries + [Entry(path, f"{site}/hpcrl/{path.relative_to(package)}") for path in _files(package, lambda rel: False)]
+
+
+def content_key(manifest: list[Entry]) -> str:
     """16 hex digits over every file of a `_manifest`: its name in the archive, size and
     modification time (a link: its target)."""
     digest = hashlib.sha256()
-    for path, name in manifest:
-        if path.is_symlink():
-            digest.update(f"{name} -> {os.readlink(path)}\n".encode())
+    for entry in manifest:
+        if entry.link is not None or entry.source.is_symlink():
+            digest.update(f"{entry.name} -> {entry.link or os.readlink(entry.source)}\n".encode())
         else:
-            st = path.stat()
-            digest.update(f"{name} {st.st_size} {st.st_mtime_ns}\n".encode())
+            st = entry.source.stat()
+            digest.update(f"{entry.name} {st.st_size} {st.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
 
 
-def pack(venv: Path, package: Path, out_dir: Path) -> tuple[Path, bool]:
-    """(the archive, whether it was written now) of `venv` with `package` (hpcrl's package
-    directory) as a regular package in its site-packages, in `out_dir`."""
-    venv, package = venv.resolve(), package.resolve()
+def _relocated(image: bytes, where: Path, base: Path) -> bytes:
+    """An ELF file of the base install, lying in `where`, with each directory of its library
+    search path that lies inside `base` made relative to the file ($ORIGIN/...): pyenv and
+    module-built Pythons name their own lib/ by its absolute path, which would load libpython
+    (and look for every other library) on the shared file system. A path that would not fit is
+    left as it is: the libraries are then loaded from the base's own path, as unstaged."""
+    path = search_path(image)
+    if path is None:
+        return image
+    parts = []
+    for part in path.split(":"):
+        real = Path(os.path.realpath(part)) if part.startswith("/") else None
+        if real is not None and real.is_relative_to(base):
+            relative = os.path.relpath(real, where)
+            part = "$ORIGIN" if relative == "." else f"$ORIGIN/{relative}"
+        parts.append(part)
+    try:
+        return with_search_path(image, ":".join(parts))
+    except ValueError:
+        return image
+
+
+def _add(tar: tarfile.TarFile, entry: Entry, base: Path) -> None:
+    info = tar.gettarinfo(entry.source, arcname=entry.name)
+    if entry.link is not None:
+        info.type, info.linkname, info.size = tarfile.SYMTYPE, entry.link, 0
+        tar.addfile(info)
+    elif entry.elf and info.isreg():
+        image = _relocated(entry.source.read_bytes(), entry.source.parent, base)
+        info.size = len(image)
+        tar.addfile(info, io.BytesIO(image))
+    else:
+        tar.add(entry.source, arcname=entry.name, recursive=False)
+
+
+def pack(prefix: Path, package: Path, out_dir: Path) -> tuple[Path, bool]:
+    """(the archive, whether it was written now) of the environment at `prefix` (a venv or a
+    conda environment) with `package` (hpcrl's package directory) as a regular package in its
+    site-packages, in `out_dir`."""
+    env, package = environment(prefix), package.resolve()
     if not (package / "__init__.py").is_file():
         raise StageError(f"{package}: not a Python package (no __init__.py)")
-    manifest = _manifest(venv, package)
+    manifest = _manifest(env, package)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -100,13 +234,33 @@ def pack(venv: Path, package: Path, out_dir: Path) -> tuple[Path, bool]:
     partial = out_dir / f".{archive.name}.partial.{os.getpid()}"
     try:
         with tarfile.open(partial, "w") as tar:
-            for path, name in manifest:
-                tar.add(path, arcname=name, recursive=False)
+            for entry in manifest:
+                _add(tar, entry, env.base)
         os.replace(partial, archive)
     except OSError as exc:
         partial.unlink(missing_ok=True)
         raise StageError(f"cannot write the archive {archive}: {exc.strerror or exc}") from None
     return archive, True
+
+
+def _point_venv_at_staged_base(copy: Path, target: Path) -> None:
+    """A venv finds its base install through pyvenv.cfg's absolute `home`: in the copy at `copy`,
+    to be renamed `target`, make it the staged base's, when the archive holds one."""
+    config = copy / "venv" / "pyvenv.cfg"
+    binaries = sorted((copy / "python" / "bin").glob("python3*"))
+    if not config.is_file() or not binaries:
+        return
+    lines = []
+    for line in config.read_text().splitlines():
+        key = line.partition("=")[0].strip().lower()
+        if key == "home":
+            line = f"home = {target}/python/bin"
+        elif key == "executable":
+            line = f"executable = {target}/python/bin/{binaries[0].name}"
+        elif key == "command":
+            continue  # how the original was made: not true of the copy
+        lines.append(line)
+    config.write_text("\n".join(lines) + "\n")
 
 
 def unpack(archive: Path, node_dir: Path) -> tuple[Path, bool]:
@@ -115,6 +269,7 @@ def unpack(archive: Path, node_dir: Path) -> tuple[Path, bool]:
     if not (name.startswith(ARCHIVE_PREFIX) and name.endswith(".tar")) or not archive.is_file():
         raise StageError(f"{archive}: not an archive of hpcrl stage pack (expected a file named "
                          f"{ARCHIVE_PREFIX}KEY.tar)")
+    node_dir = node_dir.absolute()
     target = node_dir / name[:-len(".tar")]
     if (target / COMPLETE).is_file():
         return target, False
@@ -137,6 +292,7 @@ def unpack(archive: Path, node_dir: Path) -> tuple[Path, bool]:
             partial = node_dir / f".{target.name}.partial.{os.getpid()}"
             try:
                 tar.extractall(partial, members=members, filter="tar")  # no name outside the copy
+                _point_venv_at_staged_base(partial, target)
                 (partial / COMPLETE).write_text(f"{name}\n")
                 try:
                     os.rename(partial, target)
@@ -156,15 +312,16 @@ def unpack(archive: Path, node_dir: Path) -> tuple[Path, bool]:
 
 
 def staged_python(target: Path) -> Path:
-    return target / "venv" / "bin" / "python"
+    """The interpreter to start ranks with from the staged copy `target`: the venv's, else (a
+    conda environment) the staged install's own."""
+    if (target / "venv").is_dir():
+        return target / "venv" / "bin" / "python"
+    return sorted((target / "python" / "bin").glob("python3*"))[0]
 
 
-def main_pack(venv: str | None, out_dir: str) -> int:
-    prefix = Path(venv) if venv else Path(sys.prefix)
-    if venv is None and sys.prefix == sys.base_prefix:
-        raise StageError("this Python is not a virtual environment; name one with --venv")
+def main_pack(prefix: str | None, out_dir: str) -> int:
     import hpcrl
-    archive, written = pack(prefix, Path(hpcrl.__file__).parent, Path(out_dir))
+    archive, written = pack(Path(prefix or sys.prefix), Path(hpcrl.__file__).parent, Path(out_dir))
     say(f"{'wrote' if written else 'reusing'} {archive} ({archive.stat().st_size / 2**30:.2f} GiB)", stream=sys.stderr)
     print(archive)
     return 0
