@@ -37,12 +37,13 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$(fingerprint)" ]] && command -v mpir
 fi
 
 # --- Debian packages: Open MPI (the one MPI that mpi4py and Horovod are both built against),
-#     and the compilers and CMake that Horovod's build needs ---
+#     the compilers and CMake that Horovod's build needs, and strace (tests count system calls) ---
 missing=()
 command -v mpirun >/dev/null || missing+=(openmpi-bin)
 command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || missing+=(g++)
+command -v strace >/dev/null || missing+=(strace)
 if (( ${#missing[@]} )); then
     if [[ $(id -u) -ne 0 ]]; then
         log "missing Debian packages: ${missing[*]}; install them (needs root), then re-run."

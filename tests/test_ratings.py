@@ -8,7 +8,7 @@ from openskill.models import PlackettLuce
 
 from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.envs.scripted import ScriptedPlayer
-from hpcrl.tools.cli import find_modules_in_working_directory
+from hpcrl.core.startup import find_modules_in_working_directory
 from hpcrl.workers.ratings import ANCHOR_SIGMA, AnchorRating, spread
 from hpcrl.workers.selfplay import Seats
 from hpcrl.workers.trainer_stats import anchor_columns

@@ -10,9 +10,12 @@ rank's marks into metrics.h5 (`startup_*` attributes; io/metrics.py).
 from __future__ import annotations
 
 import gc
+import importlib.machinery
 import math
 import os
+import sys
 import time
+
 from hpcrl.core.say import say
 
 # The marks, in the order a rank passes them (a rank passes those of its roles only).
@@ -116,3 +119,44 @@ def resume_collection() -> None:
     objects it makes and drops, do not walk torch's again each time."""
     gc.freeze()
     gc.enable()
+
+
+class WorkingDirectoryFinder:
+    """The working directory as the import path's last entry, for a user's modules beside them
+    (env.id my_envs:Maze, a scripted player my_players:greedy), listed once. Python's own finder
+    for a directory stats it again on every import that reaches it, and every optional import
+    that is found nowhere else does (34 on a learner at start-up): each one a call on the shared
+    file system's metadata server, where the working directory lies. This one looks only for
+    names listed there, and lists again when import caches are invalidated."""
+
+    _LOADERS = ((importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
+                (importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES),
+                (importlib.machinery.SourcelessFileLoader, importlib.machinery.BYTECODE_SUFFIXES))
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.invalidate_caches()
+
+    def invalidate_caches(self) -> None:
+        try:
+            self._names = {entry.partition(".")[0] for entry in os.listdir(self.path)}
+        except OSError:
+            self._names = set()
+        self._finder = None
+
+    def find_spec(self, fullname: str, target=None):
+        if fullname not in self._names:  # (the import path's entries find top-level names only)
+            return None
+        if self._finder is None:
+            self._finder = importlib.machinery.FileFinder(self.path, *self._LOADERS)
+        return self._finder.find_spec(fullname, target)
+
+
+def find_modules_in_working_directory() -> None:
+    """`python -m hpcrl` has the working directory on the import path; the `hpcrl` console
+    script and `python -P` (a staged run: docs/clusters.md) would not. Appended, so it never
+    shadows an installed module, and found by a `WorkingDirectoryFinder`."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)
+        sys.path_importer_cache[cwd] = WorkingDirectoryFinder(cwd)

@@ -6,7 +6,7 @@ see them), their action masks (None where the env gives none) and a numpy genera
 one action per row. Pure numpy on hpcrl's side: env ranks that play anchors never import torch.
 
 The module is imported by name from the Python path, which holds the working directory however
-hpcrl was started (hpcrl.tools.cli.find_modules_in_working_directory): a name the user gave on the
+hpcrl was started (hpcrl.core.startup.find_modules_in_working_directory): a name the user gave on the
 command line or in the config passed to `hpcrl run`, never one read from a run directory (tools
 that read a run directory's config never play its anchors).
 """

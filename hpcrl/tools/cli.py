@@ -370,21 +370,12 @@ def main(argv: list[str] | None = None) -> int:
     return run(args.config, tuple(args.overrides), args.overwrite)
 
 
-def find_modules_in_working_directory() -> None:
-    """`python -m hpcrl` has the working directory on the Python path, and the `hpcrl` console
-    script would not: a user's module beside them (env.id my_envs:Maze, a scripted player such as
-    my_players:greedy) is found either way. Appended, so it never shadows an installed module."""
-    cwd = os.getcwd()
-    if "" not in sys.path and cwd not in sys.path:
-        sys.path.append(cwd)
-
-
 def entry() -> None:
     """`python -m hpcrl` and the `hpcrl` console script. A rank whose run is over leaves through
     comm.finish: MPI finalized, without the interpreter's teardown (0.5-0.6 s per rank here)."""
+    from hpcrl.core.startup import find_modules_in_working_directory, pause_collection
     find_modules_in_working_directory()
     if sys.argv[1:2] == ["run"]:
-        from hpcrl.core.startup import pause_collection
         pause_collection()  # until the rank's roles are built (launch/run.py)
     try:
         status = main(sys.argv[1:])
