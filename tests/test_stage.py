@@ -15,7 +15,7 @@ import pytest
 
 import hpcrl
 from hpcrl.tools.elf import search_path, with_search_path
-from hpcrl.tools.stage import COMPLETE, StageError, environment, pack, staged_python, unpack
+from hpcrl.tools.stage import COMPLETE, Places, StageError, environment, pack, staged_python, unpack
 from tests.conftest import run_hpcrl, tmpfs
 
 BASE = Path(sys.base_prefix)  # the install this test's venv was made from (pyenv's here)
@@ -145,6 +145,23 @@ def test_the_interpreters_library_path_is_read_and_rewritten_as_readelf_sees_it(
     with pytest.raises(ValueError, match="longer than"):
         with_search_path(binary, "/" + "x" * len(runpath))
     assert search_path(b"#!/bin/sh\n") is None
+
+
+def test_library_search_paths_into_the_packed_trees_become_relative_to_the_file(venv, package):
+    """The interpreter and the standard library's modules name the install's lib/ relative to
+    themselves; a module built with the interpreter (mpi4py's, hpcrl's kernels) leaves it out
+    where the relative path would not fit (only libpython lies there, loaded already); a
+    directory inside the venv (Horovod's torch/lib) becomes relative; others stay."""
+    places = Places.of(environment(venv), package)
+    lib, site = str(BASE.resolve() / "lib"), f"venv/lib/{STDLIB}/site-packages"
+    assert places.relocated(lib, f"python/bin/{STDLIB}") == "$ORIGIN/../lib"
+    assert places.relocated(lib, f"python/lib/{STDLIB}/lib-dynload/_ssl.so") == "$ORIGIN/../.."
+    relative = "$ORIGIN/../../../../../python/lib"
+    assert places.relocated(lib, f"{site}/mpi4py/MPI.so") == (relative if len(relative) <= len(lib) else "")
+    torch_lib = f"/usr/lib/x86_64-linux-gnu/openmpi/lib:{venv.resolve()}/lib/{STDLIB}/site-packages/torch/lib"
+    assert places.relocated(torch_lib, f"{site}/horovod/torch/mpi_lib.so") == \
+        "/usr/lib/x86_64-linux-gnu/openmpi/lib:$ORIGIN/../../torch/lib"
+    assert places.relocated("/opt/other/lib", f"{site}/x.so") == "/opt/other/lib"
 
 
 def test_what_is_not_an_environment_to_stage_is_refused_with_one_message(tmp_path):

@@ -14,25 +14,40 @@ PT_LOAD, PT_DYNAMIC = 1, 2
 DT_NULL, DT_STRTAB, DT_RPATH, DT_RUNPATH = 0, 5, 15, 29
 
 
-def _search_path_at(image: bytes) -> tuple[int, int] | None:
-    """(file offset, length) of the executable's RUNPATH (else RPATH) string, or None: not a
-    64-bit little-endian ELF file, or none written."""
-    if image[:4] != b"\x7fELF" or image[4] != 2 or image[5] != 1:
+def _read_from(source):
+    """read(offset, size) over bytes or a binary file."""
+    if isinstance(source, (bytes, bytearray)):
+        return lambda offset, size: bytes(source[offset:offset + size])
+
+    def read(offset: int, size: int) -> bytes:
+        source.seek(offset)
+        return source.read(size)
+    return read
+
+
+def search_path_at(source) -> tuple[int, str] | None:
+    """(file offset, value) of the RUNPATH (else RPATH) string of an ELF file (`source`: its bytes,
+    or the file opened for binary reading: only its headers, dynamic section and that string are
+    read), or None: not a 64-bit little-endian ELF file, or none written."""
+    read = _read_from(source)
+    ident = read(0, 64)
+    if len(ident) < 64 or ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
         return None
-    phoff, = struct.unpack_from("<Q", image, 0x20)
-    phentsize, phnum = struct.unpack_from("<HH", image, 0x36)
+    phoff, = struct.unpack_from("<Q", ident, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", ident, 0x36)
+    headers = read(phoff, phentsize * phnum)
     loads, dynamic = [], None
     for i in range(phnum):
-        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from("<IIQQQQ", image, phoff + i * phentsize)
+        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from("<IIQQQQ", headers, i * phentsize)
         if p_type == PT_LOAD:
             loads.append((p_vaddr, p_offset, p_filesz))
         elif p_type == PT_DYNAMIC:
-            dynamic = (p_offset, p_filesz)
+            dynamic = read(p_offset, p_filesz)
     if dynamic is None:
         return None  # statically linked
     strtab, found = None, {}
-    for offset in range(dynamic[0], dynamic[0] + dynamic[1], 16):
-        tag, value = struct.unpack_from("<qQ", image, offset)
+    for offset in range(0, len(dynamic) - 15, 16):
+        tag, value = struct.unpack_from("<qQ", dynamic, offset)
         if tag == DT_NULL:
             break
         if tag == DT_STRTAB:
@@ -47,24 +62,29 @@ def _search_path_at(image: bytes) -> tuple[int, int] | None:
                         if p_vaddr <= strtab < p_vaddr + p_filesz), None)
     if file_offset is None:
         return None
-    start = file_offset + entry
-    return start, image.index(b"\0", start) - start
+    start, value = file_offset + entry, b""
+    while b"\0" not in value:
+        chunk = read(start + len(value), 4096)
+        if not chunk:
+            return None
+        value += chunk
+    return start, value[:value.index(b"\0")].decode()
 
 
-def search_path(image: bytes) -> str | None:
-    """The executable's library search path (RUNPATH, else RPATH), or None."""
-    at = _search_path_at(image)
-    return None if at is None else image[at[0]:at[0] + at[1]].decode()
+def search_path(source) -> str | None:
+    """The library search path (RUNPATH, else RPATH) of an ELF file (its bytes or the open file), or None."""
+    at = search_path_at(source)
+    return None if at is None else at[1]
 
 
 def with_search_path(image: bytes, path: str) -> bytes:
     """`image` with its library search path replaced by `path`. ValueError: none to replace, or
     `path` longer than the one there."""
-    at = _search_path_at(image)
-    new = path.encode()
+    at = search_path_at(image)
     if at is None:
         raise ValueError("no RUNPATH or RPATH to replace")
-    start, length = at
+    start, old = at
+    new, length = path.encode(), len(old.encode())
     if len(new) > length:
         raise ValueError(f"{path!r} is longer than the {length} bytes of the search path there")
     return image[:start] + new + b"\0" * (length - len(new)) + image[start + length:]

@@ -32,7 +32,7 @@ import tarfile
 from pathlib import Path
 
 from hpcrl.core.say import say
-from hpcrl.tools.elf import search_path, with_search_path
+from hpcrl.tools.elf import search_path_at, with_search_path
 
 ARCHIVE_PREFIX = "hpcrl-env-"
 COMPLETE = ".hpcrl-staged"  # written last into an unpacked copy: it is whole
@@ -118,12 +118,10 @@ def _ours(in_site: Path) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One file of the archive: `source`, named `name` there; written as a link to `link`
-    instead, or (`elf`) with its library search path made relative (`_relocated`)."""
+    """One file of the archive: `source`, named `name` there; written as a link to `link` instead."""
     source: Path
     name: str
     link: str | None = None
-    elf: bool = False
 
 
 def _base_entries(env: Environment) -> list[Entry]:
@@ -141,12 +139,9 @@ def _base_entries(env: Environment) -> list[Entry]:
                 return True
         return rel.is_relative_to(site) and _ours(rel.relative_to(site))
 
-    entries = [Entry(env.base / "bin" / env.name, f"python/bin/{env.name}", elf=True)]
-    for path in _files(env.base / "lib", lambda rel: skip("lib" / rel)):
-        rel = path.relative_to(env.base)
-        shared_object = not path.is_symlink() and (path.name.endswith(".so") or ".so." in path.name)
-        entries.append(Entry(path, f"python/{rel}", elf=shared_object))
-    return entries
+    entries = [Entry(env.base / "bin" / env.name, f"python/bin/{env.name}")]
+    return entries + [Entry(path, f"python/{path.relative_to(env.base)}")
+                      for path in _files(env.base / "lib", lambda rel: skip("lib" / rel))]
 
 
 def _venv_entries(env: Environment) -> list[Entry]:
@@ -181,39 +176,64 @@ def content_key(manifest: list[Entry]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _relocated(image: bytes, where: Path, base: Path) -> bytes:
-    """An ELF file of the base install, lying in `where`, with each directory of its library
-    search path that lies inside `base` made relative to the file ($ORIGIN/...): pyenv and
-    module-built Pythons name their own lib/ by its absolute path, which would load libpython
-    (and look for every other library) on the shared file system. A path that would not fit is
-    left as it is: the libraries are then loaded from the base's own path, as unstaged."""
-    path = search_path(image)
-    if path is None:
-        return image
-    parts = []
-    for part in path.split(":"):
-        real = Path(os.path.realpath(part)) if part.startswith("/") else None
-        if real is not None and real.is_relative_to(base):
-            relative = os.path.relpath(real, where)
-            part = "$ORIGIN" if relative == "." else f"$ORIGIN/{relative}"
-        parts.append(part)
-    try:
-        return with_search_path(image, ":".join(parts))
-    except ValueError:
-        return image
+@dataclasses.dataclass(frozen=True)
+class Places:
+    """Where the packed trees lie, and where in the archive: an ELF file's library search path
+    names directories by their absolute paths, which `relocated` translates."""
+    trees: tuple[tuple[Path, str], ...]  # (a packed tree, its place in the archive), the deepest first
+    base_lib: Path | None  # the staged interpreter install's lib/
+    interpreter: str  # the staged interpreter's name in the archive
+
+    @classmethod
+    def of(cls, env: Environment, package: Path) -> "Places":
+        site = f"{'venv' if env.venv else 'python'}/lib/{env.name}/site-packages"
+        trees = [(package, f"{site}/hpcrl")] + ([(env.prefix.resolve(), "venv")] if env.venv else []) \
+            + ([(env.base, "python")] if env.stage_base else [])
+        return cls(tuple(sorted(trees, key=lambda tree: -len(tree[0].parts))),
+                   env.base / "lib" if env.stage_base else None, f"python/bin/{env.name}")
+
+    def relocated(self, search_path: str, name: str) -> str:
+        """`search_path` of the file named `name` in the archive, each directory inside a packed
+        tree made relative to the file ($ORIGIN/...). pyenv's and modules' Pythons name their
+        lib/ by its absolute path, in the interpreter, its extension modules and the modules
+        built with it (mpi4py, hpcrl's kernels), which would load libpython and look for every
+        other library on the shared file system. Where that does not fit in the file, a
+        directory naming the install's lib/ is left out, but in the interpreter: all that lies
+        there is libpython, which the interpreter has loaded already. Else it stays as it was."""
+        parts = []  # (the new directory, whether it names the install's lib/)
+        for part in search_path.split(":"):
+            real = Path(os.path.realpath(part)) if part.startswith("/") else None
+            tree = next(((src, at) for src, at in self.trees if real is not None and real.is_relative_to(src)), None)
+            if tree is not None:
+                relative = os.path.relpath(os.path.normpath(f"{tree[1]}/{real.relative_to(tree[0])}"),
+                                           os.path.dirname(name))
+                part = "$ORIGIN" if relative == "." else f"$ORIGIN/{relative}"
+            parts.append((part, real is not None and real == self.base_lib))
+        fits = len(search_path.encode())
+        for candidate in (parts, [] if name == self.interpreter else [p for p in parts if not p[1]]):
+            joined = ":".join(part for part, _ in candidate)
+            if len(joined.encode()) <= fits:
+                return joined
+        return search_path
 
 
-def _add(tar: tarfile.TarFile, entry: Entry, base: Path) -> None:
+def _add(tar: tarfile.TarFile, entry: Entry, places: Places) -> None:
     info = tar.gettarinfo(entry.source, arcname=entry.name)
     if entry.link is not None:
         info.type, info.linkname, info.size = tarfile.SYMTYPE, entry.link, 0
         tar.addfile(info)
-    elif entry.elf and info.isreg():
-        image = _relocated(entry.source.read_bytes(), entry.source.parent, base)
-        info.size = len(image)
-        tar.addfile(info, io.BytesIO(image))
-    else:
-        tar.add(entry.source, arcname=entry.name, recursive=False)
+        return
+    if info.isreg() and (entry.name == places.interpreter or entry.name.endswith(".so") or ".so." in entry.name):
+        with open(entry.source, "rb") as f:
+            at = search_path_at(f)  # (its headers only)
+            new = at and places.relocated(at[1], entry.name)
+            if at and new != at[1]:
+                f.seek(0)
+                image = with_search_path(f.read(), new)
+                info.size = len(image)
+                tar.addfile(info, io.BytesIO(image))
+                return
+    tar.add(entry.source, arcname=entry.name, recursive=False)
 
 
 def pack(prefix: Path, package: Path, out_dir: Path) -> tuple[Path, bool]:
@@ -223,7 +243,7 @@ def pack(prefix: Path, package: Path, out_dir: Path) -> tuple[Path, bool]:
     env, package = environment(prefix), package.resolve()
     if not (package / "__init__.py").is_file():
         raise StageError(f"{package}: not a Python package (no __init__.py)")
-    manifest = _manifest(env, package)
+    manifest, places = _manifest(env, package), Places.of(env, package)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -235,7 +255,7 @@ def pack(prefix: Path, package: Path, out_dir: Path) -> tuple[Path, bool]:
     try:
         with tarfile.open(partial, "w") as tar:
             for entry in manifest:
-                _add(tar, entry, env.base)
+                _add(tar, entry, places)
         os.replace(partial, archive)
     except OSError as exc:
         partial.unlink(missing_ok=True)
