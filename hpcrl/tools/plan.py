@@ -130,7 +130,7 @@ def format_plan(cfg: Config, layout: Layout, sizes: Sizes, t: Traffic, steps_per
 # node-local copy), as bench/startup.py counted them here (bench/results/startup.json). An env rank
 # with an inline policy imports torch as a policy server does. The base interpreter's standard
 # library is left out: local where the venv was made from the node image's Python.
-STARTUP_CALLS = {"learner": (16_917, 45), "inference": (15_759, 35), "env": (1_610, 9)}
+STARTUP_CALLS = {"learner": (19_587, 15), "inference": (18_341, 13), "env": (2_383, 3)}
 UNPACK_CALLS_PER_NODE = 8  # hpcrl stage unpack: the archive's stat and open, the command itself
 DEFAULT_MDS_OPS_PER_S = 20_000.0  # a metadata server: on the order of 10^4-10^5 such calls per second
 
@@ -153,13 +153,14 @@ def startup_calls(layout: Layout, members: int = 1) -> tuple[int, int]:
 def format_startup(layout: Layout, mds_ops_per_s: float, members: int = 1) -> str:
     """The start-up's load on the shared file system's metadata server, unstaged and staged."""
     unstaged, staged = startup_calls(layout, members)
-    return (f"start-up on the shared file system: {unstaged:,} metadata calls from the venv (about "
-            f"{_seconds(unstaged / mds_ops_per_s)} at --mds-ops-per-s {mds_ops_per_s:,.0f}), {staged:,} staged "
-            f"(hpcrl stage: about {_seconds(staged / mds_ops_per_s)})")
+    return (f"start-up on the shared file system: {unstaged:,} metadata calls from the venv "
+            f"({_about(unstaged / mds_ops_per_s)} at --mds-ops-per-s {mds_ops_per_s:,.0f}), {staged:,} staged "
+            f"(hpcrl stage: {_about(staged / mds_ops_per_s)})")
 
 
-def _seconds(s: float) -> str:
-    return f"{s:,.0f} s" if s >= 10 else f"{s:.1f} s" if s >= 0.1 else "under 0.1 s"
+def _about(s: float) -> str:
+    """'about 71 s', 'about 0.4 s', 'under 0.1 s'."""
+    return f"about {s:,.0f} s" if s >= 10 else f"about {s:.1f} s" if s >= 0.1 else "under 0.1 s"
 
 
 MAX_PAYOFFS = 1_000_000  # win rates in a league's payoff matrix beyond which plan warns
