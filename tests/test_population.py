@@ -4,6 +4,8 @@ import math
 import numpy as np
 import pytest
 
+from tests.conftest import REPO
+
 from hpcrl.core.population import ExploreRule, exploit_parent, explore, pfsp_weights, ranking
 
 
@@ -150,3 +152,48 @@ def test_a_cancelled_exploit_voids_the_latest_of_that_member_from_that_parent():
     parent = np.array([0, 0, -1, 0, 0, -1, 1])
     # rows 0 and 3 are both member 1 from member 0: the cancel (row 4) voids row 3, the later one
     assert exploits_taken(event, member, parent).tolist() == [0, 1, 6]
+
+
+def test_a_paused_member_ranks_but_is_never_drawn_as_a_parent():
+    fitness = np.array([9.0, 8.0, 1.0, 0.0])  # top half: 0 and 1; member 3 ranks last
+    assert exploit_parent(3, fitness, 0.5, Fixed(0), can_send=np.array([False, True, True, True])) == 1
+    assert exploit_parent(3, fitness, 0.5, Fixed(), can_send=np.array([False, False, True, True])) is None
+    assert exploit_parent(0, fitness, 0.5, Fixed(), can_send=np.array([False, True, True, True])) is None
+
+
+def test_standings_are_each_members_last_word_in_the_lineage():
+    """A judgement's or a stop's own fitness, an exploit's parent's (the member took its state), a
+    pause's kept one; a cancelled exploit says nothing; frames and hyperparameters of the last row."""
+    from hpcrl.core.population import CANCELLED, EXPLOIT, JUDGED, PAUSED, START, STOPPED, standings
+    lineage = {"event": np.array([START, START, START, JUDGED, EXPLOIT, CANCELLED, STOPPED, PAUSED]),
+               "member": np.array([0, 1, 2, 0, 1, 1, 0, 2]),
+               "frames": np.array([0, 0, 0, 256, 300, 512, 600, 0]),
+               "fitness": np.array([np.nan, np.nan, np.nan, 10.0, 3.0, np.nan, 12.0, np.nan]),
+               "parent_fitness": np.array([np.nan] * 4 + [10.0, 11.0, np.nan, np.nan]),
+               "algo.lr": np.array([1.0, 2.0, 3.0, 1.0, 1.5, 9.0, 1.0, 3.0])}
+    got = standings(lineage, 4, ("lr", "ent_coef"))
+    np.testing.assert_array_equal(got.fitness, [12.0, 10.0, np.nan, np.nan])
+    assert got.frames.tolist() == [600, 300, 0, 0]
+    np.testing.assert_array_equal(got.hyper[:, 0], [1.0, 1.5, 3.0, np.nan])
+    assert np.isnan(got.hyper[:, 1]).all()  # no such series in this lineage
+
+
+def test_a_launch_on_fewer_ranks_runs_the_members_of_the_best_standing_on_blocks_as_even_as_they_go():
+    from hpcrl.core.members import block_sizes, members_to_run
+    standing = np.array([1.0, np.nan, 5.0, 3.0, 5.0, 0.0, 2.0, 4.0])
+    assert members_to_run(standing, 16) == list(range(8)) and members_to_run(standing, 8) == list(range(8))
+    assert members_to_run(standing, 4) == [2, 3, 4, 7]  # ties in member order, NaN last
+    assert members_to_run(np.full(3, np.nan), 2) == [0, 1]
+    assert block_sizes(8, 8) == [1] * 8 and block_sizes(12, 8) == [2, 2, 2, 2, 1, 1, 1, 1]
+    assert block_sizes(9, 4) == [3, 2, 2, 2]
+
+
+def test_a_league_resumes_only_with_every_member_running():
+    from hpcrl.core.config import load_config
+    from hpcrl.core.members import resume_problem
+    pbt, _ = load_config(str(REPO / "jobs/cartpole_pbt.yaml"))
+    assert resume_problem(pbt, 1) is None
+    league, _ = load_config(str(REPO / "jobs/connect_four_league.yaml"))
+    assert resume_problem(league, 3) is None and resume_problem(league, 7) is None
+    assert resume_problem(league, 2) == ("population.league: a league resumes only with every member running: 3 "
+                                         "members need 3 ranks or more, got 2; run on 3 or more")

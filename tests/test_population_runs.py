@@ -13,7 +13,8 @@ import yaml
 from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.io.metrics import read_metrics
 from hpcrl.workers.ratings import AnchorRating
-from hpcrl.core.population import CANCELLED, EXPLOIT, JUDGED, START, STOPPED, exploits_taken
+from hpcrl.core.population import (CANCELLED, EXPLOIT, JUDGED, PAUSED, START, STOPPED, exploits_taken, ranking,
+                                   standings)
 from tests.conftest import MPIRUN, REPO, job_pids, mpirun, run_dir, run_hpcrl, small_config, write_config
 from tests.test_stop_signals import read_until
 
@@ -217,6 +218,54 @@ def test_a_population_in_rounds_resumes_exactly(tmp_path):
         ca = load_checkpoint(str(run_dir(whole) / f"member{m}" / "checkpoint.h5"))
         cb = load_checkpoint(str(run_dir(halves) / f"member{m}" / "checkpoint.h5"))
         assert all(np.array_equal(ca["model"][k], cb["model"][k]) for k in ca["model"]), m
+
+
+def test_a_population_resumes_on_fewer_ranks_with_members_paused_and_spreads_out_again(tmp_path):
+    """4 serial members on 4 ranks; resumed on 2 (a node lost): the 2 of the best standing in the
+    lineage train on, the other 2 are paused, their checkpoints untouched, each with a PAUSED row
+    that keeps its standing; the lineage so far is kept as it was. Relaunched on 4, every member
+    trains again from its own checkpoint."""
+    cfg = population_config(tmp_path, 4, {"learner": {"ranks": 1}, "inference": {"ranks": 0}},
+                            [1e-3, 2e-3, 3e-3, 4e-3], run={"total_frames": 1024})
+    path = str(write_config(tmp_path, cfg))
+    assert mpirun(4, "run", path).returncode == 0
+    before = lineage(cfg)
+    standing = standings(before, 4, ("lr",))
+    running = sorted(ranking(standing.fitness)[:2].tolist())
+    paused = sorted(set(range(4)) - set(running))
+
+    def checkpoint(m: int) -> dict:
+        return load_checkpoint(str(run_dir(cfg) / f"member{m}" / "checkpoint.h5"))
+
+    saved = {m: checkpoint(m) for m in range(4)}
+    fewer = mpirun(2, "run", path, "--set", "run.total_frames=2048")
+    assert fewer.returncode == 0 and "Traceback" not in fewer.stderr, fewer.stdout + fewer.stderr
+    assert (f"resumed 4 members on 2 ranks: 2 running on 1 rank each, 2 paused (members {paused[0]}, {paused[1]}: "
+            f"their checkpoints wait for a launch on 4 ranks or more)") in fewer.stdout, fewer.stdout
+    assert fewer.stdout.count("resuming from") == 2
+    table, rows = lineage(cfg), len(before["event"])
+    for key in ("event", "member", "frames", "algo.lr"):
+        np.testing.assert_array_equal(table[key][:rows], before[key], err_msg=key)
+    pauses = np.flatnonzero(table["event"] == PAUSED)
+    assert sorted(table["member"][pauses].tolist()) == paused
+    for i in pauses:
+        m = int(table["member"][i])
+        assert table["frames"][i] == standing.frames[m] and table["algo.lr"][i] == standing.hyper[m, 0]
+        np.testing.assert_array_equal(table["fitness"][i], standing.fitness[m])
+    for m in range(4):
+        now = checkpoint(m)
+        if m in paused:
+            assert now["counters"]["frames"] == saved[m]["counters"]["frames"]
+            assert all(np.array_equal(now["model"][k], saved[m]["model"][k]) for k in now["model"]), m
+        else:
+            assert now["counters"]["frames"] >= 2048, m
+
+    spread = mpirun(4, "run", path, "--set", "run.total_frames=3072")
+    assert spread.returncode == 0 and "Traceback" not in spread.stderr, spread.stdout + spread.stderr
+    assert "population of 4 members, each on 1 rank as below" in spread.stdout, spread.stdout
+    assert spread.stdout.count("resuming from") == 4
+    assert all(checkpoint(m)["counters"]["frames"] >= 3072 for m in range(4))
+    assert not (lineage(cfg)["event"][len(table["event"]):] == PAUSED).any()
 
 
 def test_dqn_members_copy_their_target_networks_too(tmp_path):

@@ -11,6 +11,7 @@ from hpcrl.core.config import MAX_SEED, Config, validate
 from hpcrl.core.config_base import ConfigError, check
 from hpcrl.core.config_population import PopulationConfig
 from hpcrl.core.league import MAIN, member_roles
+from hpcrl.core.population import ranking
 
 
 def member_seed(cfg: Config, index: int) -> int:
@@ -71,6 +72,29 @@ def member_role(cfg: Config, index: int) -> str:
     if not league.members:
         return ""
     return member_roles(league.main, league.main_exploiters, league.league_exploiters)[index]
+
+
+def members_to_run(standing: np.ndarray, world_size: int) -> list[int]:
+    """The members a launch of `world_size` ranks runs, in member order: every one when they fit
+    (a member runs on one rank at least: serial mode; a population has one policy), else those
+    of the best standing (core/population.ranking: NaN last, ties in member order)."""
+    return sorted(int(m) for m in ranking(standing)[:min(len(standing), world_size)])
+
+
+def block_sizes(world_size: int, running: int) -> list[int]:
+    """Each running member's ranks: the world cut into `running` consecutive blocks, as even as
+    they go (the first members one more where it does not divide)."""
+    return [world_size // running + (1 if i < world_size % running else 0) for i in range(running)]
+
+
+def resume_problem(cfg: Config, world_size: int) -> str | None:
+    """What keeps a population that resumes from running on `world_size` ranks: a league on
+    fewer than its members (its members' snapshots are played by the others)."""
+    n = cfg.population.members
+    if cfg.population.league.members and world_size < n:
+        return (f"population.league: a league resumes only with every member running: {n} members need {n} "
+                f"ranks or more, got {world_size}; run on {n} or more")
+    return None
 
 
 def population_problem(cfg: Config, world_size: int) -> str | None:

@@ -33,8 +33,10 @@ PFSP_WEIGHTINGS = ("hard", "variance", "uniform")
 # an exploit cancelled: ordered, but the member had stopped (its last checkpoint written) before
 # it could take it, so it never did (the row names the member and the parent of that exploit).
 # In a league, a restart: an exploiter starts again from the newest snapshot of main agent `parent`
-# (population.league.restart 'main'; ordered, taken unless the exploiter had stopped).
-START, JUDGED, EXPLOIT, STOPPED, CANCELLED, RESTART = 0, 1, 2, 3, 4, 5
+# (population.league.restart 'main'; ordered, taken unless the exploiter had stopped). A pause: a
+# launch on too few ranks for every member left this one out (its checkpoint waits; `fitness` is
+# the standing it keeps meanwhile).
+START, JUDGED, EXPLOIT, STOPPED, CANCELLED, RESTART, PAUSED = 0, 1, 2, 3, 4, 5, 6
 LINEAGE_KEYS = ("time_s", "event", "member", "parent", "frames", "fitness", "parent_fitness")
 
 
@@ -68,9 +70,11 @@ def ranking(fitness: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(len(f)), np.isnan(f), -key))
 
 
-def exploit_parent(member: int, fitness: np.ndarray, truncation: float, rng: np.random.Generator) -> int | None:
+def exploit_parent(member: int, fitness: np.ndarray, truncation: float, rng: np.random.Generator,
+                   can_send: np.ndarray | None = None) -> int | None:
     """The member whose state `member` should copy now, or None when it stays itself: None unless
-    it ranks in the bottom `truncation` fraction; else a member of the top fraction, uniformly.
+    it ranks in the bottom `truncation` fraction; else a member of the top fraction, uniformly,
+    among those that `can_send` (default all: a paused member ranks, but holds no state in memory).
     The fractions hold at least one member each and never overlap."""
     n = len(fitness)
     if not 0.0 < truncation <= 0.5:
@@ -81,8 +85,35 @@ def exploit_parent(member: int, fitness: np.ndarray, truncation: float, rng: np.
     order = ranking(fitness)
     if member not in order[n - cut:]:
         return None
-    top = order[:cut]
-    return int(top[rng.integers(len(top))])
+    top = order[:cut] if can_send is None else [m for m in order[:cut] if can_send[m]]
+    return int(top[rng.integers(len(top))]) if len(top) else None
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where each member stands in a lineage (`standings`): what a paused member keeps."""
+    fitness: np.ndarray  # its last fitness, NaN where none yet
+    frames: np.ndarray  # its frames at its last row, 0 where none
+    hyper: np.ndarray  # members x live keys: its hyperparameters after its last row, NaN where none
+
+
+def standings(lineage: dict[str, np.ndarray], members: int, live: tuple[str, ...]) -> Standing:
+    """Each member's last word in the lineage: its fitness (its own at a judgement or a stop, its
+    parent's at an exploit, since it took the parent's state, the one it kept at a pause), its
+    frames and its `live` hyperparameters ('lr' for the series 'algo.lr')."""
+    fitness, frames = np.full(members, np.nan), np.zeros(members, dtype=np.int64)
+    hyper = np.full((members, len(live)), np.nan)
+    event, member = lineage.get("event", np.array([])), lineage.get("member", np.array([]))
+    for i in range(len(event)):
+        m = int(member[i])
+        if not 0 <= m < members or event[i] == CANCELLED:
+            continue
+        frames[m] = max(frames[m], int(lineage["frames"][i]))
+        hyper[m] = [lineage[f"algo.{k}"][i] if f"algo.{k}" in lineage else np.nan for k in live]
+        value = lineage["parent_fitness"][i] if event[i] == EXPLOIT else lineage["fitness"][i]
+        if not math.isnan(value):
+            fitness[m] = value
+    return Standing(fitness, frames, hyper)
 
 
 def explore(hyperparameters: dict[str, float], rules: list[ExploreRule], rng: np.random.Generator) -> dict[str, float]:

@@ -20,7 +20,9 @@ import time
 import numpy as np
 
 from hpcrl.core.config import Config, ConfigError, to_yaml
-from hpcrl.core.members import member_config, member_name, member_role, member_seed, starting_values
+from hpcrl.core.members import (block_sizes, member_config, member_name, member_role, member_seed, members_to_run,
+                                population_problem, resume_problem, starting_values)
+from hpcrl.core.population import Standing, standings
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.layout import Layout
 from hpcrl.core.league import snapshot_rule
@@ -28,8 +30,9 @@ from hpcrl.core.say import say
 from hpcrl.core.seeds import seed_for
 from hpcrl.core.stop import EXIT_OUTPUT_FAILED
 from hpcrl.io import rundir
+from hpcrl.io.metrics import read_metrics
 from hpcrl.runtime import job
-from hpcrl.runtime.member_copy import POPULATION_ROOT, PopulationChannel
+from hpcrl.runtime.member_copy import PopulationChannel
 
 POLL_SLEEP_S = 0.01  # a stopped member's learner root, waiting for the population root's farewell
 
@@ -67,17 +70,20 @@ class Alone:
 class Population:
     """This rank's place in a population run."""
 
-    def __init__(self, whole: Config):
-        """Collective over the job: the member this rank belongs to, its config, and its block of
-        ranks as the world from now on."""
+    def __init__(self, whole: Config, running: list[int], standing: Standing | None):
+        """Collective over the job: the member this rank belongs to (of the `running` ones:
+        `population_launch`), its config, and its block of ranks as the world from now on."""
         n = whole.population.members
         self.whole = whole
         self.members = n
-        self.member = job.job_rank() // (job.job_size() // n)
+        self.running, self.standing = running, standing
+        ends = np.cumsum(block_sizes(job.job_size(), len(running)))
+        block = int(np.searchsorted(ends, job.job_rank(), side="right"))
+        self.member = running[block]
         self.cfg = member_config(whole, self.member)
         self.label = f" {member_name(self.member, n)}"
         self.run_dir = os.path.join(whole.run.output_dir, whole.run.name)
-        self.world = job.split(self.member, job.job_rank())  # this member's run lives on its block
+        self.world = job.split(block, job.job_rank())  # this member's run lives on its block
         self.section = whole.population
         self.announces_layout = job.job_rank() == 0
         self.channel: PopulationChannel | None = None
@@ -98,7 +104,7 @@ class Population:
         (rank m: member m)."""
         root = rank == layout.learner_root
         sub = job.split(0 if root else None, self.member)
-        self.channel = PopulationChannel(sub) if root else None
+        self.channel = PopulationChannel(sub, self.running, self.members) if root else None
 
     def role(self, trainer, start_frames: int):
         """On a member's learner root: its link, in a worker (with the decider on the population
@@ -116,10 +122,10 @@ class Population:
             if league is not None:
                 trainer.keep("league", league)
         decider = None
-        if self.channel.member == POPULATION_ROOT:
+        if self.channel.is_root:
             rng = np.random.default_rng(seed_for(self.whole.run.seed, "population", 0))
             decider = Decider(self.channel, live, p, rng, starting_values(self.whole, live), self.run_dir,
-                              league=self._league_root(rng) if self.league else None)
+                              league=self._league_root(rng) if self.league else None, standing=self.standing)
             link.decider = decider
         if link.waiting_round and trainer.comm.Get_size() == 1:  # preempted in a round: take it up again first
             link.resume_round(trainer, trainer.frames, trainer.stats.fitness())
@@ -154,9 +160,19 @@ class Population:
         return LeagueRoot(self.channel, league, rng, self.run_dir, restart)
 
     def headline(self, layout: Layout) -> str:
-        return (f"population of {self.members} members, each on {layout.world_size} "
-                f"rank{'s' if layout.world_size > 1 else ''} as below; lineage in "
-                f"{os.path.join(self.run_dir, rundir.METRICS_FILE)}")
+        lineage = os.path.join(self.run_dir, rundir.METRICS_FILE)
+        sizes = block_sizes(job.job_size(), len(self.running))
+        if len(self.running) == self.members and min(sizes) == max(sizes):
+            return (f"population of {self.members} members, each on {layout.world_size} "
+                    f"rank{'s' if layout.world_size > 1 else ''} as below; lineage in {lineage}")
+        each = f"{sizes[0]}" if min(sizes) == max(sizes) else f"{min(sizes)}-{max(sizes)}"
+        paused = sorted(set(range(self.members)) - set(self.running))
+        what = (f"resumed {self.members} members on {job.job_size()} rank{'s' * (job.job_size() > 1)}: "
+                f"{len(self.running)} running on {each} rank{'s' * (max(sizes) > 1)} each")
+        if paused:
+            what += (f", {len(paused)} paused (member{'s' * (len(paused) > 1)} {', '.join(map(str, paused))}: "
+                     f"their checkpoints wait for a launch on {self.members} ranks or more)")
+        return f"{what}; member {self.member}'s layout below; lineage in {lineage}"
 
     def rest(self, role) -> None:
         """After this member's run: its learner root serves the population until the farewell
@@ -181,3 +197,25 @@ def _prepare_directory(whole: Config, overwrite: bool) -> dict:
     except OSError as exc:  # a full disk or an unwritable output_dir: not a config mistake
         return {"error": f"cannot prepare the population's directory {exc.filename or ''}: {rundir.os_reason(exc)}"
                          f"; fix that, then run the same command again", "status": EXIT_OUTPUT_FAILED}
+
+
+def population_launch(whole: Config, world_size: int, overwrite: bool, config_path: str) -> dict:
+    """Rank 0: which members this launch runs ({"running": [...], "standing": Standing or None}),
+    or a refusal. A new population needs a world size that is a multiple of its members. One
+    that resumes (its lineage is there, and no --overwrite) runs on any world size: every member
+    on blocks as even as they go, and on fewer ranks than members, those of the best standing in
+    the lineage, one rank each (serial mode), the others paused. A league resumes with all."""
+    n = whole.population.members
+    lineage = os.path.join(whole.run.output_dir, whole.run.name, rundir.METRICS_FILE)
+    if overwrite or not os.path.exists(lineage):
+        if problem := population_problem(whole, world_size):
+            return {"error": f"{config_path}: {problem}"}
+        return {"running": list(range(n)), "standing": None}
+    if problem := resume_problem(whole, world_size):
+        return {"error": f"{config_path}: {problem}"}
+    try:
+        standing = standings(read_metrics(lineage), n, ALGORITHMS[whole.algo.name].live)
+    except OSError:  # (a lineage that cannot be read: the Decider says so; members in order meanwhile)
+        standing = None
+    fitness = np.full(n, np.nan) if standing is None else standing.fitness
+    return {"running": members_to_run(fitness, world_size), "standing": standing}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from hpcrl.core.config import Config, ConfigError, load_config
 from hpcrl.core.layout import Layout, plan_layout
-from hpcrl.core.members import check_members, population_problem
+from hpcrl.core.members import check_members
 from hpcrl.core.policies import num_policies, policy_names, policy_spaces
 from hpcrl.core.sizing import Sizes, memory_problem
 from hpcrl.core.startup import CLOCK
@@ -22,7 +22,7 @@ from hpcrl.core.stop import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED
 from hpcrl.envs import EnvSpaces, env_spaces
 from hpcrl.envs.scripted import anchor_players
 from hpcrl.io import rundir
-from hpcrl.launch.population import Alone, Population
+from hpcrl.launch.population import Alone, Population, population_launch
 from hpcrl.launch.wiring import holds_a_policy
 from hpcrl.runtime import comm, traffic
 
@@ -167,9 +167,9 @@ def _split_population(s: StartUp) -> None:
     """With a population section, this member's block of ranks is the run's world from here on."""
     if not s.cfg.population.members:
         return
-    if problem := population_problem(s.cfg, s.size):
-        raise Refusal(f"{s.config_path}: {problem}")
-    s.member = Population(s.cfg)  # MPI over the job
+    launch = s.settle(comm.broadcast_object(s.world, population_launch(s.cfg, s.size, s.overwrite, s.config_path)
+                                            if s.rank == 0 else None), agreed=True)
+    s.member = Population(s.cfg, launch["running"], launch["standing"])  # MPI over the job
     s.cfg = s.member.cfg
 
 

@@ -93,21 +93,29 @@ def broadcast_state(group_comm, state: MemberState, root: int = 0) -> None:
 REPORT_TAG = 302  # point-to-point: a member's learner root -> the population root (fitness, done)
 ORDER_TAG = 303  # point-to-point: the population root -> a member's learner root (send, receive, farewell)
 STEP_STATE_TAG = 304  # with a copy: the source's trainer-step state (a reward scale, a target network), pickled
-POPULATION_ROOT = 0  # the population communicator's rank 0 decides; rank m is member m's learner root
+POPULATION_ROOT = 0  # the population communicator's rank 0 decides (the first running member's learner root)
 
 
 class PopulationChannel:
-    """The small messages of a population, on a communicator of the members' learner roots
-    (rank m: member m): reports to the population root, its orders back. Every message is a
-    float64 vector sent without waiting; the sends are kept until complete (`flushed`). Between
-    one sender and one receiver MPI keeps the order, so a member serves its orders in the order
-    the root issued them."""
+    """The small messages of a population, on a communicator of the running members' learner
+    roots (rank i: member running[i]; every member, in order, unless a launch on too few ranks
+    paused some): reports to the population root, its orders back. Messages and orders name
+    members; `rank_of` gives a member's rank here. Every message is a float64 vector sent
+    without waiting; the sends are kept until complete (`flushed`). Between one sender and one
+    receiver MPI keeps the order, so a member serves its orders in the order the root issued
+    them."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, running: list[int] | None = None, members: int | None = None):
         self.comm = comm
-        self.member = comm.Get_rank()
-        self.members = comm.Get_size()
+        self.running = list(range(comm.Get_size())) if running is None else list(running)
+        self.members = len(self.running) if members is None else members  # all of them, paused too
+        self.member = self.running[comm.Get_rank()]
+        self.is_root = comm.Get_rank() == POPULATION_ROOT
+        self._rank = {m: i for i, m in enumerate(self.running)}
         self._sending: list = []
+
+    def rank_of(self, member: int) -> int:
+        return self._rank[member]
 
     def _send(self, values, dest: int, tag: int) -> None:
         buf = np.ascontiguousarray(values, dtype=np.float64)
@@ -127,10 +135,11 @@ class PopulationChannel:
 
     def next_report(self) -> tuple[int, np.ndarray] | None:
         """(member, values) of a report that has arrived at the root, or None."""
-        return self._received(REPORT_TAG)
+        got = self._received(REPORT_TAG)
+        return None if got is None else (self.running[got[0]], got[1])
 
     def order(self, member: int, values) -> None:
-        self._send(values, member, ORDER_TAG)
+        self._send(values, self._rank[member], ORDER_TAG)
 
     def next_order(self) -> np.ndarray | None:
         got = self._received(ORDER_TAG, POPULATION_ROOT)
@@ -139,11 +148,12 @@ class PopulationChannel:
     def send_step_state(self, state: dict, dest: int) -> None:
         """Small (a reward scale) or a network's worth (DQN's target); pickled, since MPI peers of
         one job are trusted (never anything read from a run directory)."""
-        self.comm.send(state, dest=dest, tag=STEP_STATE_TAG)
+        self.comm.send(state, dest=self._rank[dest], tag=STEP_STATE_TAG)
 
     def receive_step_state(self, source: int) -> dict:
-        _probe_sleeping(self.comm, source, STEP_STATE_TAG)
-        return self.comm.recv(source=source, tag=STEP_STATE_TAG)
+        """The step state member `source` sends."""
+        _probe_sleeping(self.comm, self._rank[source], STEP_STATE_TAG)
+        return self.comm.recv(source=self._rank[source], tag=STEP_STATE_TAG)
 
     def flushed(self) -> bool:
         self._sending = [(r, b) for r, b in self._sending if not r.Test()]

@@ -149,14 +149,15 @@ class MemberLink:
             kind, peer = order[0], int(order[1])
             start = time.perf_counter()
             if kind == SEND:
-                send_state(self.channel.comm, trainer.member.member_state(), peer)
+                send_state(self.channel.comm, trainer.member.member_state(), self.channel.rank_of(peer))
                 self.channel.send_step_state(trainer.step.state(), peer)
             elif kind == RECEIVE and self.stopped:
                 mine = trainer.member.member_state()
-                receive_state(self.channel.comm, MemberState([np.empty_like(a) for a in mine.arrays]), peer)
+                receive_state(self.channel.comm, MemberState([np.empty_like(a) for a in mine.arrays]),
+                              self.channel.rank_of(peer))
                 self.channel.receive_step_state(peer)
             elif kind == RECEIVE:
-                receive_state(self.channel.comm, trainer.member.member_state(), peer)
+                receive_state(self.channel.comm, trainer.member.member_state(), self.channel.rank_of(peer))
                 earlier = () if adopted is None else (*adopted.replaced, adopted.parent)
                 adopted = Adoption(peer, self.channel.receive_step_state(peer),
                                    dict(zip(self.live, (float(v) for v in order[2:]))), earlier)
@@ -180,7 +181,7 @@ class MemberLink:
         restart 'main'): its weights and normalisers, a fresh optimizer and step state, as a start
         again from its initial weights. Once stopped, received and dropped."""
         weights = np.empty_like(self.league.slot_params[0])  # (rare: once per exploiter snapshot at most)
-        receive_state(self.channel.comm, MemberState([weights]), owner)
+        receive_state(self.channel.comm, MemberState([weights]), self.channel.rank_of(owner))
         if self.stopped:
             return None
         self.league.restarted(trainer.frames)
@@ -191,10 +192,12 @@ class MemberLink:
         one of its own into a slot (workers/league.py)."""
         kind, league = order[0], self.league
         if kind == SNAPSHOT_SEND:
-            send_state(self.channel.comm, MemberState([league.snapshot(int(order[2]))]), int(order[1]))
+            send_state(self.channel.comm, MemberState([league.snapshot(int(order[2]))]),
+                       self.channel.rank_of(int(order[1])))
         elif kind == SNAPSHOT_RECEIVE:
             slot = int(order[2])
-            receive_state(self.channel.comm, MemberState([league.slot_params[slot]]), int(order[1]))
+            receive_state(self.channel.comm, MemberState([league.slot_params[slot]]),
+                          self.channel.rank_of(int(order[1])))
             league.set_slot(slot, int(order[3]))
         else:
             league.set_slot(int(order[1]), int(order[2]), league.snapshot(int(order[3])))

@@ -1,6 +1,7 @@
-"""The population root (member 0's learner root): it judges the members' reports, orders the
-copies (core/population.py decides), and writes every report and decision to the population's
-metrics.h5 (the lineage: one row per event, with the member's hyperparameters after it).
+"""The population root (member 0's learner root, or the first running member's while member 0
+is paused): it judges the members' reports, orders the copies (core/population.py decides), and
+writes every report and decision to the population's metrics.h5 (the lineage: one row per event,
+with the member's hyperparameters after it).
 
 Two ways of judging (population.synchronous):
 - as they come (the default): each report is judged when it arrives, once every member has
@@ -25,8 +26,8 @@ import time
 
 import numpy as np
 
-from hpcrl.core.population import (CANCELLED, EXPLOIT, JUDGED, LINEAGE_KEYS, RESTART, START, STOPPED,
-                                   ExploreRule, exploit_parent, explore)
+from hpcrl.core.population import (CANCELLED, EXPLOIT, JUDGED, LINEAGE_KEYS, PAUSED, RESTART, START, STOPPED,
+                                   Standing, ExploreRule, exploit_parent, explore)
 from hpcrl.core.config_population import PopulationConfig, explore_rules
 from hpcrl.io.metrics import MetricsWriter
 from hpcrl.io.rundir import METRICS_FILE
@@ -41,11 +42,15 @@ MAX_STATE_BYTES = 64 * 2**20  # the root's state is a few numbers per member; mo
 
 class Decider:
     def __init__(self, channel: PopulationChannel, live: tuple[str, ...], population: PopulationConfig,
-                 rng: np.random.Generator, hyperparameters: np.ndarray, run_dir: str, league=None):
+                 rng: np.random.Generator, hyperparameters: np.ndarray, run_dir: str, league=None,
+                 standing: Standing | None = None):
         """`population`: the config's section (its truncation, explore rules, rounds);
         `hyperparameters`: members x live keys, each member's start (its config's). A lineage the
         population's directory `run_dir` holds already (--overwrite empties it, so only this run's
-        own) goes on, and in rounds the root's state is read back."""
+        own) goes on, and in rounds the root's state is read back. Members the channel does not
+        run are paused (a launch on too few ranks): each ranks with its `standing` (its last
+        fitness and frames in the lineage: core/population.standings), as stopped, and is never a
+        parent: its state is in its checkpoint, in no rank's memory."""
         n = channel.members
         self.channel, self.live, self.truncation, self.rng = channel, live, population.truncation, rng
         self.rules = [ExploreRule(r.key.split(".", 1)[1], r.perturb, r.resample, r.low, r.high)
@@ -61,6 +66,8 @@ class Decider:
         self.round = 0  # in rounds: the last round decided
         self.aborting = False  # in rounds: a member was preempted; no round ends any more
         self.copies: list[list[int]] = [[] for _ in range(n)]  # the parents of the copies ordered to each member
+        self.running = np.zeros(n, dtype=bool)  # the others are paused
+        self.running[channel.running] = True
         self.hyper = np.array(hyperparameters, dtype=np.float64).reshape(n, len(live))
         self.farewell_sent = False
         self.write_failed = False
@@ -74,6 +81,14 @@ class Decider:
         if not resume:  # a resumed member's first report gives its values, from its checkpoint
             for m in range(n):
                 self._record(START, m, -1, 0, math.nan, math.nan)
+        for m in np.flatnonzero(~self.running):
+            fitness, frames = (math.nan, 0) if standing is None else \
+                (float(standing.fitness[m]), int(standing.frames[m]))
+            if standing is not None and np.isfinite(standing.hyper[m]).all():
+                self.hyper[m] = standing.hyper[m]  # its values as its last report left them
+            self.fitness[m], self.known[m] = fitness, not math.isnan(fitness)
+            self.seen[m] = self.stopped[m] = True
+            self._record(PAUSED, int(m), -1, frames, fitness, math.nan)
 
     # --- reports ----------------------------------------------------------------------------------
     def poll(self) -> int:
@@ -101,7 +116,7 @@ class Decider:
         if self.synchronous and not self.aborting and self.waiting.any() and (self.waiting | self.stopped).all():
             self._end_round()
         if self.stopped.all() and not self.farewell_sent:
-            for m in range(self.channel.members):
+            for m in self.channel.running:
                 self.channel.order(m, [FAREWELL, -1])
             self.farewell_sent = True
             try:
@@ -139,7 +154,8 @@ class Decider:
     def _parent(self, member: int, judged: np.ndarray) -> int | None:
         if len(judged) < 2 or self.league is not None:
             return None
-        pick = exploit_parent(int(np.searchsorted(judged, member)), self.fitness[judged], self.truncation, self.rng)
+        pick = exploit_parent(int(np.searchsorted(judged, member)), self.fitness[judged], self.truncation, self.rng,
+                              can_send=self.running[judged])
         return None if pick is None else int(judged[pick])
 
     def _decide(self, member: int, parent: int | None, frames: int, fitness: float) -> None:
@@ -186,7 +202,8 @@ class Decider:
             return
         state = {"round": self.round, "rng": self.rng.bit_generator.state,
                  "fitness": [None if math.isnan(f) else f for f in self.fitness.tolist()],
-                 "known": self.known.tolist(), "stopped": self.stopped.tolist(), "hyper": self.hyper.tolist(),
+                 "known": self.known.tolist(), "stopped": (self.stopped & self.running).tolist(),  # (not the paused)
+                 "hyper": self.hyper.tolist(),
                  "copies": self.copies}
         temporary = self.state_path + ".tmp"
         try:
