@@ -13,7 +13,7 @@ from hpcrl.core.config import ConfigError, parse_config
 from hpcrl.core.league import (LEAGUE_EXPLOITER, MAIN, MAIN_EXPLOITER, League, ema_of_games, member_roles,
                                resets_after_snapshot, snapshot_rule)
 from hpcrl.core.messages import weights_spec
-from hpcrl.core.population import EXPLOIT, RESTART
+from hpcrl.core.population import EXPLOIT, PAUSED, RESTART
 from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.io.metrics import read_metrics
 from hpcrl.workers.league import LeagueMember, LeagueRoot, SnapshotRules, parse_report_part
@@ -378,3 +378,20 @@ def test_a_league_of_three_members_on_12_ranks_plays_each_others_snapshots_and_r
     assert league_roles(str(run_dir(cfg))) == ROLES
     plotted = run_hpcrl("plot", str(run_dir(cfg)), "-o", str(tmp_path / "league.png"))
     assert plotted.returncode == 0 and (tmp_path / "league.png").stat().st_size > 0, plotted.stderr
+
+    # on 2 ranks (a node lost): the main agent and the main exploiter go on, the league exploiter is
+    # paused (its checkpoint kept, its snapshots out of the draws while it is away); then all 3 again
+    newest = state["newest"]
+    frames_2 = load_checkpoint(str(run_dir(cfg) / "member2" / "checkpoint.h5"))["counters"]["frames"]
+    cfg["run"]["total_frames"] = 10240
+    result = mpirun(2, "run", str(write_config(tmp_path, cfg)), timeout=400)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert ("resumed 3 members on 2 ranks: 2 running on 1 rank each, 1 paused (member 2: its checkpoint waits "
+            "for a launch on 3 ranks or more)") in result.stdout, result.stdout
+    table = read_metrics(str(run_dir(cfg) / "metrics.h5"))
+    assert table["member"][table["event"] == PAUSED].tolist() == [2]
+    state = json.loads((run_dir(cfg) / "league_state.json").read_text())
+    assert state["newest"][0] > newest[0] and state["newest"][1] > newest[1] and state["newest"][2] == newest[2]
+    assert load_checkpoint(str(run_dir(cfg) / "member2" / "checkpoint.h5"))["counters"]["frames"] == frames_2
+    for m in (0, 1):
+        assert load_checkpoint(str(run_dir(cfg) / f"member{m}" / "checkpoint.h5"))["counters"]["frames"] >= 10240

@@ -184,16 +184,6 @@ def test_a_launch_on_fewer_ranks_runs_the_members_of_the_best_standing_on_blocks
     assert members_to_run(standing, 16) == list(range(8)) and members_to_run(standing, 8) == list(range(8))
     assert members_to_run(standing, 4) == [2, 3, 4, 7]  # ties in member order, NaN last
     assert members_to_run(np.full(3, np.nan), 2) == [0, 1]
+    assert members_to_run(standing, 3, in_order=True) == [0, 1, 2]  # a league: main agents first
     assert block_sizes(8, 8) == [1] * 8 and block_sizes(12, 8) == [2, 2, 2, 2, 1, 1, 1, 1]
     assert block_sizes(9, 4) == [3, 2, 2, 2]
-
-
-def test_a_league_resumes_only_with_every_member_running():
-    from hpcrl.core.config import load_config
-    from hpcrl.core.members import resume_problem
-    pbt, _ = load_config(str(REPO / "jobs/cartpole_pbt.yaml"))
-    assert resume_problem(pbt, 1) is None
-    league, _ = load_config(str(REPO / "jobs/connect_four_league.yaml"))
-    assert resume_problem(league, 3) is None and resume_problem(league, 7) is None
-    assert resume_problem(league, 2) == ("population.league: a league resumes only with every member running: 3 "
-                                         "members need 3 ranks or more, got 2; run on 3 or more")

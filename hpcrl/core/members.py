@@ -74,27 +74,20 @@ def member_role(cfg: Config, index: int) -> str:
     return member_roles(league.main, league.main_exploiters, league.league_exploiters)[index]
 
 
-def members_to_run(standing: np.ndarray, world_size: int) -> list[int]:
+def members_to_run(standing: np.ndarray, world_size: int, in_order: bool = False) -> list[int]:
     """The members a launch of `world_size` ranks runs, in member order: every one when they fit
     (a member runs on one rank at least: serial mode; a population has one policy), else those
-    of the best standing (core/population.ranking: NaN last, ties in member order)."""
-    return sorted(int(m) for m in ranking(standing)[:min(len(standing), world_size)])
+    of the best standing (core/population.ranking: NaN last, ties in member order), or with
+    `in_order` (a league) the first ones: the main agents, then the main exploiters, then the
+    league exploiters."""
+    fit = min(len(standing), world_size)
+    return list(range(fit)) if in_order else sorted(int(m) for m in ranking(standing)[:fit])
 
 
 def block_sizes(world_size: int, running: int) -> list[int]:
     """Each running member's ranks: the world cut into `running` consecutive blocks, as even as
     they go (the first members one more where it does not divide)."""
     return [world_size // running + (1 if i < world_size % running else 0) for i in range(running)]
-
-
-def resume_problem(cfg: Config, world_size: int) -> str | None:
-    """What keeps a population that resumes from running on `world_size` ranks: a league on
-    fewer than its members (its members' snapshots are played by the others)."""
-    n = cfg.population.members
-    if cfg.population.league.members and world_size < n:
-        return (f"population.league: a league resumes only with every member running: {n} members need {n} "
-                f"ranks or more, got {world_size}; run on {n} or more")
-    return None
 
 
 def population_problem(cfg: Config, world_size: int) -> str | None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from hpcrl.core.config import Config, ConfigError, to_yaml
 from hpcrl.core.members import (block_sizes, member_config, member_name, member_role, member_seed, members_to_run,
-                                population_problem, resume_problem, starting_values)
+                                population_problem, starting_values)
 from hpcrl.core.population import Standing, standings
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.layout import Layout
@@ -170,8 +170,9 @@ class Population:
         what = (f"resumed {self.members} members on {job.job_size()} rank{'s' * (job.job_size() > 1)}: "
                 f"{len(self.running)} running on {each} rank{'s' * (max(sizes) > 1)} each")
         if paused:
+            waits = "their checkpoints wait" if len(paused) > 1 else "its checkpoint waits"
             what += (f", {len(paused)} paused (member{'s' * (len(paused) > 1)} {', '.join(map(str, paused))}: "
-                     f"their checkpoints wait for a launch on {self.members} ranks or more)")
+                     f"{waits} for a launch on {self.members} ranks or more)")
         return f"{what}; member {self.member}'s layout below; lineage in {lineage}"
 
     def rest(self, role) -> None:
@@ -204,18 +205,18 @@ def population_launch(whole: Config, world_size: int, overwrite: bool, config_pa
     or a refusal. A new population needs a world size that is a multiple of its members. One
     that resumes (its lineage is there, and no --overwrite) runs on any world size: every member
     on blocks as even as they go, and on fewer ranks than members, those of the best standing in
-    the lineage, one rank each (serial mode), the others paused. A league resumes with all."""
+    the lineage (a league's: the first, main agents first), one rank each (serial mode), the
+    others paused."""
     n = whole.population.members
     lineage = os.path.join(whole.run.output_dir, whole.run.name, rundir.METRICS_FILE)
     if overwrite or not os.path.exists(lineage):
         if problem := population_problem(whole, world_size):
             return {"error": f"{config_path}: {problem}"}
         return {"running": list(range(n)), "standing": None}
-    if problem := resume_problem(whole, world_size):
-        return {"error": f"{config_path}: {problem}"}
     try:
         standing = standings(read_metrics(lineage), n, ALGORITHMS[whole.algo.name].live)
     except OSError:  # (a lineage that cannot be read: the Decider says so; members in order meanwhile)
         standing = None
     fitness = np.full(n, np.nan) if standing is None else standing.fitness
-    return {"running": members_to_run(fitness, world_size), "standing": standing}
+    league = bool(whole.population.league.members)
+    return {"running": members_to_run(fitness, world_size, in_order=league), "standing": standing}
