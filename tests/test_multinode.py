@@ -10,11 +10,15 @@ cross-node counts are checked against `hpcrl plan`'s prediction."""
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import hpcrl
 from hpcrl.io.checkpoint import inspect_latest, load_checkpoint
 from hpcrl.io.metrics import read_crossed_nodes, read_metrics
 from tests.conftest import mpirun, run_dir, run_hpcrl, small_config, write_config
@@ -294,3 +298,28 @@ def test_a_population_copies_members_between_nodes(healthy, tmp_path):
     assert copies >= 1 and out.count("exploit: took member") == copies
     models = [load_checkpoint(str(run_dir(cfg) / f"member{m}" / "checkpoint.h5"))["model"] for m in range(2)]
     assert all(np.array_equal(models[0][k], models[1][k]) for k in models[0])  # the last copy made them one
+
+
+def test_staging_without_slurm_unpacks_once_per_node_and_ranks_import_from_their_nodes_copy(healthy, tmp_path):
+    """docs/clusters.md's staging without SLURM: one process per node (mpirun, one slot on each)
+    unpacks the archive into its node's own storage (/mnt), then every rank of a job, two per
+    node, imports hpcrl from its node's copy. The archive is a small venv of this interpreter with
+    hpcrl's package (the real venv's 2.5 GB are staged by tests/test_multinode_slurm.py)."""
+    from hpcrl.tools.stage import COMPLETE, pack
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    archive, _ = pack(venv, Path(hpcrl.__file__).parent, tmp_path / "stage")
+    key = archive.name.removesuffix(".tar")
+    status, out = healthy.run(2, "stage", "unpack", str(archive), "--to", "/mnt", hosts="n0:1,n1:1")
+    assert status == 0 and out.count(f"[hpcrl] unpacked /mnt/{key}") == 2, out
+    assert {line for line in out.splitlines() if line.startswith("/mnt/")} == {f"/mnt/{key}/venv/bin/python"}
+    assert all((healthy.local_dir(node) / key / COMPLETE).is_file() for node in ("n0", "n1"))
+    shown = tmp_path / "shown"  # a file a rank (mpirun's output forwarding may merge lines written at once)
+    shown.mkdir()
+    show = (f"import hpcrl, os, socket; open('{shown}/' + os.environ['OMPI_COMM_WORLD_RANK'], 'w')"
+            f".write(socket.gethostname() + ' ' + hpcrl.__file__)")
+    status, out = healthy.run(4, "-P", "-c", show, hosts="n0:2,n1:2", command=[f"/mnt/{key}/venv/bin/python"],
+                              extra_env={"PYTHONPATH": ""})
+    module = f"/mnt/{key}/venv/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages/hpcrl/__init__.py"
+    assert status == 0, out
+    assert [(shown / str(r)).read_text() for r in range(4)] == [f"n0 {module}"] * 2 + [f"n1 {module}"] * 2
