@@ -1,8 +1,8 @@
 """SLURM across the emulated cluster (scripts/cluster.sh up 3 --slurm: slurmctld on this machine,
 a slurmd in every node's namespace, TCP between nodes): the self-healing job scripts of
 `hpcrl sbatch --no-kill` lose a node and go on on the nodes left, under srun --mpi=pmix and under
-the script's mpirun line; they do not relaunch on the run's own verdicts, nor more often than
-allowed."""
+the script's mpirun line, a population too; they do not relaunch on the run's own verdicts, nor
+more often than allowed."""
 import os
 import re
 import shutil
@@ -10,7 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from hpcrl.core.population import PAUSED
+from hpcrl.io.checkpoint import load_checkpoint
 from hpcrl.io.metrics import read_metrics
 from tests.conftest import REPO, run_hpcrl as hpcrl
 from tests.emulated_cluster import Cluster
@@ -200,3 +203,37 @@ def test_staged_mpirun_job_relaunches_on_its_copies_at_most_as_often_as_allowed(
             assert (cluster.local_dir(node) / archive.name.removesuffix(".tar") / ".hpcrl-staged").is_file()
     finally:
         shutil.rmtree(archives, ignore_errors=True)  # 2.5 GB
+
+
+def test_a_population_loses_a_node_and_goes_on_with_members_paused(cluster, tmp_path):
+    """A self-healing script of a population, 6 serial members on 3 nodes x 2 ranks (the script's
+    mpirun line); n2 dies with members 4 and 5; the script relaunches on n0 and n1, where the 4
+    members of the best standing resume and finish and the other 2 are paused, and the job
+    completes (docs/populations.md, on fewer ranks)."""
+    cfg = yaml.safe_load((REPO / "jobs/cartpole_pbt.yaml").read_text())
+    cfg["run"].update(total_frames=12288, target_return=None, checkpoint_interval_s=1, log_interval_s=1)
+    cfg["population"].update(members=6, ready_frames=1024, values={"algo.lr": [1e-3, 1e-3, 3e-3, 3e-3, 3e-4, 3e-4]})
+    config = tmp_path / "pbt.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    script = tmp_path / "job.sbatch"
+    made = hpcrl("sbatch", str(config), "--nodes", "3", "--ntasks-per-node", "2", "--time", "00:20:00",
+                 "--launcher", "mpirun", "--no-kill", "-o", str(script))
+    assert made.returncode == 0, made.stderr
+    job = submit(cluster, tmp_path, str(script), env={"HPCRL_BIND": "none", **PROBE})
+    out, population = tmp_path / f"{job}.out", tmp_path / "runs" / "cartpole_pbt"
+    members = [population / f"member{m}" for m in range(6)]
+    wait_for(lambda: all(version_now(m / "metrics.h5") >= 3 and (m / "checkpoint.h5").exists() for m in members),
+             "every member's checkpoint", out)
+    cluster.fault("kill", "n2")
+    assert wait_for_end(cluster, job, out) == "COMPLETED", out.read_text()
+    text = out.read_text()
+    assert "node(s) n2 stopped answering; going on on n0,n1" in text
+    assert "resumed 6 members on 4 ranks: 4 running on 1 rank each, 2 paused (members " in text, text
+    lineage = read_metrics(str(population / "metrics.h5"))
+    paused = sorted(lineage["member"][lineage["event"] == PAUSED].astype(int).tolist())
+    assert len(paused) == 2, paused
+    for m in range(6):
+        frames = int(load_checkpoint(str(members[m] / "checkpoint.h5"))["counters"]["frames"])
+        assert (frames < 12288) if m in paused else (frames >= 12288), (m, frames, paused)
+        if m not in paused:  # resumed by the relaunch, which its recovery.log says
+            assert "relaunch 1 of at most 3" in (members[m] / "recovery.log").read_text()
