@@ -185,5 +185,10 @@ def test_a_launch_on_fewer_ranks_runs_the_members_of_the_best_standing_on_blocks
     assert members_to_run(standing, 4) == [2, 3, 4, 7]  # ties in member order, NaN last
     assert members_to_run(np.full(3, np.nan), 2) == [0, 1]
     assert members_to_run(standing, 3, in_order=True) == [0, 1, 2]  # a league: main agents first
+    complete = np.array([False, False, True, False, True, False, False, False])
+    assert members_to_run(standing, 4, complete=complete) == [0, 3, 6, 7]  # only those still training
+    assert members_to_run(standing, 7, complete=complete) == [0, 1, 3, 5, 6, 7]  # (on blocks of 2 and 1)
+    assert members_to_run(standing, 2, in_order=True, complete=complete) == [0, 1]
+    assert members_to_run(standing, 3, complete=np.ones(8, dtype=bool)) == [2, 4, 7]  # all complete: to say so
     assert block_sizes(8, 8) == [1] * 8 and block_sizes(12, 8) == [2, 2, 2, 2, 1, 1, 1, 1]
     assert block_sizes(9, 4) == [3, 2, 2, 2]

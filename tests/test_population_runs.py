@@ -223,8 +223,9 @@ def test_a_population_in_rounds_resumes_exactly(tmp_path):
 def test_a_population_resumes_on_fewer_ranks_with_members_paused_and_spreads_out_again(tmp_path):
     """4 serial members on 4 ranks; resumed on 2 (a node lost): the 2 of the best standing in the
     lineage train on, the other 2 are paused, their checkpoints untouched, each with a PAUSED row
-    that keeps its standing; the lineage so far is kept as it was. Relaunched on 4, every member
-    trains again from its own checkpoint."""
+    that keeps its standing; the lineage so far is kept as it was. Launched on 2 again, the 2 that
+    finished step aside for the paused ones. Relaunched on 4, every member trains again from its
+    own checkpoint."""
     cfg = population_config(tmp_path, 4, {"learner": {"ranks": 1}, "inference": {"ranks": 0}},
                             [1e-3, 2e-3, 3e-3, 4e-3], run={"total_frames": 1024})
     path = str(write_config(tmp_path, cfg))
@@ -259,6 +260,13 @@ def test_a_population_resumes_on_fewer_ranks_with_members_paused_and_spreads_out
             assert all(np.array_equal(now["model"][k], saved[m]["model"][k]) for k in now["model"]), m
         else:
             assert now["counters"]["frames"] >= 2048, m
+
+    # again on 2 ranks: the 2 that finished step aside, and the 2 paused ones run and finish
+    again = mpirun(2, "run", path, "--set", "run.total_frames=2048")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumed 4 members on 2 ranks: 2 running on 1 rank each, 2 complete;" in again.stdout, again.stdout
+    assert all(checkpoint(m)["counters"]["frames"] >= 2048 for m in range(4))
+    table = lineage(cfg)
 
     spread = mpirun(4, "run", path, "--set", "run.total_frames=3072")
     assert spread.returncode == 0 and "Traceback" not in spread.stderr, spread.stdout + spread.stderr

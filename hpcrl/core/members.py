@@ -74,14 +74,18 @@ def member_role(cfg: Config, index: int) -> str:
     return member_roles(league.main, league.main_exploiters, league.league_exploiters)[index]
 
 
-def members_to_run(standing: np.ndarray, world_size: int, in_order: bool = False) -> list[int]:
+def members_to_run(standing: np.ndarray, world_size: int, in_order: bool = False,
+                   complete: np.ndarray | None = None) -> list[int]:
     """The members a launch of `world_size` ranks runs, in member order: every one when they fit
-    (a member runs on one rank at least: serial mode; a population has one policy), else those
-    of the best standing (core/population.ranking: NaN last, ties in member order), or with
-    `in_order` (a league) the first ones: the main agents, then the main exploiters, then the
-    league exploiters."""
-    fit = min(len(standing), world_size)
-    return list(range(fit)) if in_order else sorted(int(m) for m in ranking(standing)[:fit])
+    (a member runs on one rank at least: serial mode; a population has one policy). On fewer
+    ranks, only members still training (`complete`: those with nothing left to do, which run
+    only when none is left), as many as there are ranks: those of the best standing
+    (core/population.ranking: NaN last, ties in member order), or with `in_order` (a league) the
+    first ones, the main agents before the main exploiters before the league exploiters."""
+    n = len(standing)
+    done = np.zeros(n, dtype=bool) if complete is None else np.asarray(complete, dtype=bool)
+    order = [int(m) for m in (np.arange(n) if in_order else ranking(standing)) if not done[m] or done.all()]
+    return sorted(order[:min(len(order), world_size)])
 
 
 def block_sizes(world_size: int, running: int) -> list[int]:

@@ -125,7 +125,7 @@ def prepare(cfg: Config, overwrite: bool, relaunch: str = "",
             start.start_version = int(counters.get("policy_version", 0))
             start.start_frames = int(counters.get("frames", 0))
             start.saved_layout = _saved_layout(provenance)
-            start.finished = _already_finished(cfg, counters)
+            start.finished = already_finished(cfg, counters)
             changed = config_history.changes(old, new)
             start.changes = config_history.describe(changed)
             config_history.keep(run_dir, start.config_text, f"policy version {start.start_version}, "
@@ -250,7 +250,7 @@ def replace_text(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _already_finished(cfg: Config, counters: dict) -> str:
+def already_finished(cfg: Config, counters: dict) -> str:
     """Why resuming would have nothing to do, or '' when the run should go on."""
     frames, stopped_by = int(counters.get("frames", 0)), counters.get("stopped_by", "")
     if frames >= cfg.run.total_frames:

@@ -30,6 +30,7 @@ from hpcrl.core.say import say
 from hpcrl.core.seeds import seed_for
 from hpcrl.core.stop import EXIT_OUTPUT_FAILED
 from hpcrl.io import rundir
+from hpcrl.io.checkpoint import inspect_latest
 from hpcrl.io.metrics import read_metrics
 from hpcrl.runtime import job
 from hpcrl.runtime.member_copy import PopulationChannel
@@ -70,13 +71,15 @@ class Alone:
 class Population:
     """This rank's place in a population run."""
 
-    def __init__(self, whole: Config, running: list[int], standing: Standing | None):
+    def __init__(self, whole: Config, running: list[int], standing: Standing | None, complete: list[int] = ()):
         """Collective over the job: the member this rank belongs to (of the `running` ones:
-        `population_launch`), its config, and its block of ranks as the world from now on."""
+        `population_launch`; of the others, those `complete` have nothing left to do, the rest are
+        paused), its config, and its block of ranks as the world from now on."""
         n = whole.population.members
         self.whole = whole
         self.members = n
         self.running, self.standing = running, standing
+        self.paused = sorted(set(range(n)) - set(running) - set(complete))
         ends = np.cumsum(block_sizes(job.job_size(), len(running)))
         block = int(np.searchsorted(ends, job.job_rank(), side="right"))
         self.member = running[block]
@@ -125,7 +128,8 @@ class Population:
         if self.channel.is_root:
             rng = np.random.default_rng(seed_for(self.whole.run.seed, "population", 0))
             decider = Decider(self.channel, live, p, rng, starting_values(self.whole, live), self.run_dir,
-                              league=self._league_root(rng) if self.league else None, standing=self.standing)
+                              league=self._league_root(rng) if self.league else None, standing=self.standing,
+                              paused=self.paused)
             link.decider = decider
         if link.waiting_round and trainer.comm.Get_size() == 1:  # preempted in a round: take it up again first
             link.resume_round(trainer, trainer.frames, trainer.stats.fitness())
@@ -166,9 +170,11 @@ class Population:
             return (f"population of {self.members} members, each on {layout.world_size} "
                     f"rank{'s' if layout.world_size > 1 else ''} as below; lineage in {lineage}")
         each = f"{sizes[0]}" if min(sizes) == max(sizes) else f"{min(sizes)}-{max(sizes)}"
-        paused = sorted(set(range(self.members)) - set(self.running))
         what = (f"resumed {self.members} members on {job.job_size()} rank{'s' * (job.job_size() > 1)}: "
                 f"{len(self.running)} running on {each} rank{'s' * (max(sizes) > 1)} each")
+        paused, done = self.paused, self.members - len(self.running) - len(self.paused)
+        if done:
+            what += f", {done} complete"
         if paused:
             waits = "their checkpoints wait" if len(paused) > 1 else "its checkpoint waits"
             what += (f", {len(paused)} paused (member{'s' * (len(paused) > 1)} {', '.join(map(str, paused))}: "
@@ -204,9 +210,9 @@ def population_launch(whole: Config, world_size: int, overwrite: bool, config_pa
     """Rank 0: which members this launch runs ({"running": [...], "standing": Standing or None}),
     or a refusal. A new population needs a world size that is a multiple of its members. One
     that resumes (its lineage is there, and no --overwrite) runs on any world size: every member
-    on blocks as even as they go, and on fewer ranks than members, those of the best standing in
-    the lineage (a league's: the first, main agents first), one rank each (serial mode), the
-    others paused."""
+    on blocks as even as they go. On fewer ranks than members, only members still training run,
+    as many as there are ranks, those of the best standing in the lineage (a league's: its
+    first, main agents first), on blocks as even as they go; those left out are paused."""
     n = whole.population.members
     lineage = os.path.join(whole.run.output_dir, whole.run.name, rundir.METRICS_FILE)
     if overwrite or not os.path.exists(lineage):
@@ -217,6 +223,17 @@ def population_launch(whole: Config, world_size: int, overwrite: bool, config_pa
         standing = standings(read_metrics(lineage), n, ALGORITHMS[whole.algo.name].live)
     except OSError:  # (a lineage that cannot be read: the Decider says so; members in order meanwhile)
         standing = None
+    if world_size >= n:
+        return {"running": list(range(n)), "standing": standing}
+    complete = [_complete(whole, m) for m in range(n)]
     fitness = np.full(n, np.nan) if standing is None else standing.fitness
-    league = bool(whole.population.league.members)
-    return {"running": members_to_run(fitness, world_size, in_order=league), "standing": standing}
+    running = members_to_run(fitness, world_size, in_order=bool(whole.population.league.members), complete=complete)
+    return {"running": running, "standing": standing, "complete": [m for m in range(n) if complete[m]]}
+
+
+def _complete(whole: Config, member: int) -> bool:
+    """Whether member `member`'s run has nothing left to do (as its own resume would find)."""
+    cfg = member_config(whole, member)
+    checkpoint = os.path.join(cfg.run.output_dir, cfg.run.name, rundir.CHECKPOINT_FILE)
+    found, _, counters, _ = inspect_latest(checkpoint)
+    return found is not None and bool(rundir.already_finished(cfg, counters))

@@ -169,7 +169,7 @@ def _split_population(s: StartUp) -> None:
         return
     launch = s.settle(comm.broadcast_object(s.world, population_launch(s.cfg, s.size, s.overwrite, s.config_path)
                                             if s.rank == 0 else None), agreed=True)
-    s.member = Population(s.cfg, launch["running"], launch["standing"])  # MPI over the job
+    s.member = Population(s.cfg, launch["running"], launch["standing"], launch.get("complete", ()))  # MPI: the job
     s.cfg = s.member.cfg
 
 

@@ -43,14 +43,15 @@ MAX_STATE_BYTES = 64 * 2**20  # the root's state is a few numbers per member; mo
 class Decider:
     def __init__(self, channel: PopulationChannel, live: tuple[str, ...], population: PopulationConfig,
                  rng: np.random.Generator, hyperparameters: np.ndarray, run_dir: str, league=None,
-                 standing: Standing | None = None):
+                 standing: Standing | None = None, paused: list[int] = ()):
         """`population`: the config's section (its truncation, explore rules, rounds);
         `hyperparameters`: members x live keys, each member's start (its config's). A lineage the
         population's directory `run_dir` holds already (--overwrite empties it, so only this run's
         own) goes on, and in rounds the root's state is read back. Members the channel does not
-        run are paused (a launch on too few ranks): each ranks with its `standing` (its last
-        fitness and frames in the lineage: core/population.standings), as stopped, and is never a
-        parent: its state is in its checkpoint, in no rank's memory."""
+        run are stopped: complete before this launch, or `paused` (a launch on too few ranks). A
+        paused one ranks with its `standing` (its last fitness and frames in the lineage:
+        core/population.standings) and is never a parent: its state is in its checkpoint, in no
+        rank's memory."""
         n = channel.members
         self.channel, self.live, self.truncation, self.rng = channel, live, population.truncation, rng
         self.rules = [ExploreRule(r.key.split(".", 1)[1], r.perturb, r.resample, r.low, r.high)
@@ -81,13 +82,14 @@ class Decider:
         if not resume:  # a resumed member's first report gives its values, from its checkpoint
             for m in range(n):
                 self._record(START, m, -1, 0, math.nan, math.nan)
-        for m in np.flatnonzero(~self.running):
+        self.seen[~self.running] = self.stopped[~self.running] = True
+        self.known[~self.running] = False  # a complete one holds no state to send (a paused one: below)
+        for m in paused:
             fitness, frames = (math.nan, 0) if standing is None else \
                 (float(standing.fitness[m]), int(standing.frames[m]))
             if standing is not None and np.isfinite(standing.hyper[m]).all():
                 self.hyper[m] = standing.hyper[m]  # its values as its last report left them
             self.fitness[m], self.known[m] = fitness, not math.isnan(fitness)
-            self.seen[m] = self.stopped[m] = True
             self._record(PAUSED, int(m), -1, frames, fitness, math.nan)
 
     # --- reports ----------------------------------------------------------------------------------
