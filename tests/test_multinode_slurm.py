@@ -205,21 +205,26 @@ def test_staged_mpirun_job_relaunches_on_its_copies_at_most_as_often_as_allowed(
         shutil.rmtree(archives, ignore_errors=True)  # 2.5 GB
 
 
-def test_a_population_loses_a_node_and_goes_on_with_members_paused(cluster, tmp_path):
-    """A self-healing script of a population, 6 serial members on 3 nodes x 2 ranks (the script's
-    mpirun line); n2 dies with members 4 and 5; the script relaunches on n0 and n1, where the 4
-    members of the best standing resume and finish and the other 2 are paused, and the job
-    completes (docs/populations.md, on fewer ranks)."""
+@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
+def test_a_population_loses_a_node_and_every_member_finishes_or_is_paused(cluster, tmp_path, launcher):
+    """A self-healing script of a population, 6 serial members on 3 nodes x 2 ranks; n2 dies with
+    members 4 and 5; the script relaunches on n0 and n1 and the job completes. There the members
+    still training run (with 4 ranks for 6 members, the best standing first) and finish, and the
+    others are paused with their checkpoints short of the frames (docs/populations.md, on fewer
+    ranks). mpirun ends the job at once, so all 6 are still training and 2 are paused; srun ends
+    it once SLURM has seen the node fail, by when n0's and n1's members may have finished, and
+    those step aside for n2's."""
     cfg = yaml.safe_load((REPO / "jobs/cartpole_pbt.yaml").read_text())
-    cfg["run"].update(total_frames=12288, target_return=None, checkpoint_interval_s=1, log_interval_s=1)
+    cfg["run"].update(total_frames=12288, target_return=None, checkpoint_interval_s=1, log_interval_s=1,
+                      peer_timeout_s=15)
     cfg["population"].update(members=6, ready_frames=1024, values={"algo.lr": [1e-3, 1e-3, 3e-3, 3e-3, 3e-4, 3e-4]})
     config = tmp_path / "pbt.yaml"
     config.write_text(yaml.safe_dump(cfg))
     script = tmp_path / "job.sbatch"
     made = hpcrl("sbatch", str(config), "--nodes", "3", "--ntasks-per-node", "2", "--time", "00:20:00",
-                 "--launcher", "mpirun", "--no-kill", "-o", str(script))
+                 "--launcher", launcher, "--no-kill", "-o", str(script))
     assert made.returncode == 0, made.stderr
-    job = submit(cluster, tmp_path, str(script), env={"HPCRL_BIND": "none", **PROBE})
+    job = submit(cluster, tmp_path, str(script), env={"HPCRL_BIND": "none", "HPCRL_CPU_BIND": "none", **PROBE})
     out, population = tmp_path / f"{job}.out", tmp_path / "runs" / "cartpole_pbt"
     members = [population / f"member{m}" for m in range(6)]
     wait_for(lambda: all(version_now(m / "metrics.h5") >= 3 and (m / "checkpoint.h5").exists() for m in members),
@@ -228,12 +233,12 @@ def test_a_population_loses_a_node_and_goes_on_with_members_paused(cluster, tmp_
     assert wait_for_end(cluster, job, out) == "COMPLETED", out.read_text()
     text = out.read_text()
     assert "node(s) n2 stopped answering; going on on n0,n1" in text
-    assert "resumed 6 members on 4 ranks: 4 running on 1 rank each, 2 paused (members " in text, text
+    assert "resumed 6 members on 4 ranks: " in text, text
     lineage = read_metrics(str(population / "metrics.h5"))
     paused = sorted(lineage["member"][lineage["event"] == PAUSED].astype(int).tolist())
-    assert len(paused) == 2, paused
+    assert len(paused) <= 2 and (launcher == "srun" or len(paused) == 2), (paused, text)
     for m in range(6):
         frames = int(load_checkpoint(str(members[m] / "checkpoint.h5"))["counters"]["frames"])
         assert (frames < 12288) if m in paused else (frames >= 12288), (m, frames, paused)
-        if m not in paused:  # resumed by the relaunch, which its recovery.log says
-            assert "relaunch 1 of at most 3" in (members[m] / "recovery.log").read_text()
+    for m in (4, 5):  # n2's: killed short of the frames, so resumed by the relaunch unless paused
+        assert m in paused or "relaunch 1 of at most 3" in (members[m] / "recovery.log").read_text()
