@@ -97,6 +97,14 @@ class Standing:
     hyper: np.ndarray  # members x live keys: its hyperparameters after its last row, NaN where none
 
 
+@dataclass(frozen=True)
+class Paused:
+    """The members a launch on too few ranks left out, and where the lineage left each one
+    (`standing`; None: not read)."""
+    members: tuple[int, ...]
+    standing: Standing | None
+
+
 def standings(lineage: dict[str, np.ndarray], members: int, live: tuple[str, ...]) -> Standing:
     """Each member's last word in the lineage: its fitness (its own at a judgement or a stop, its
     parent's at an exploit, since it took the parent's state, the one it kept at a pause), its

@@ -22,7 +22,7 @@ import numpy as np
 from hpcrl.core.config import Config, ConfigError, to_yaml
 from hpcrl.core.members import (block_sizes, member_config, member_name, member_role, member_seed, members_to_run,
                                 population_problem, starting_values)
-from hpcrl.core.population import Standing, standings
+from hpcrl.core.population import Paused, Standing, standings
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.layout import Layout
 from hpcrl.core.league import snapshot_rule
@@ -128,8 +128,8 @@ class Population:
         if self.channel.is_root:
             rng = np.random.default_rng(seed_for(self.whole.run.seed, "population", 0))
             decider = Decider(self.channel, live, p, rng, starting_values(self.whole, live), self.run_dir,
-                              league=self._league_root(rng) if self.league else None, standing=self.standing,
-                              paused=self.paused)
+                              league=self._league_root(rng) if self.league else None,
+                              paused=Paused(tuple(self.paused), self.standing))
             link.decider = decider
         if link.waiting_round and trainer.comm.Get_size() == 1:  # preempted in a round: take it up again first
             link.resume_round(trainer, trainer.frames, trainer.stats.fitness())

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from hpcrl.core.population import (CANCELLED, EXPLOIT, JUDGED, LINEAGE_KEYS, PAUSED, RESTART, START, STOPPED,
-                                   Standing, ExploreRule, exploit_parent, explore)
+                                   ExploreRule, Paused, exploit_parent, explore)
 from hpcrl.core.config_population import PopulationConfig, explore_rules
 from hpcrl.io.metrics import MetricsWriter
 from hpcrl.io.rundir import METRICS_FILE
@@ -43,13 +43,13 @@ MAX_STATE_BYTES = 64 * 2**20  # the root's state is a few numbers per member; mo
 class Decider:
     def __init__(self, channel: PopulationChannel, live: tuple[str, ...], population: PopulationConfig,
                  rng: np.random.Generator, hyperparameters: np.ndarray, run_dir: str, league=None,
-                 standing: Standing | None = None, paused: list[int] = ()):
+                 paused: Paused | None = None):
         """`population`: the config's section (its truncation, explore rules, rounds);
         `hyperparameters`: members x live keys, each member's start (its config's). A lineage the
         population's directory `run_dir` holds already (--overwrite empties it, so only this run's
         own) goes on, and in rounds the root's state is read back. Members the channel does not
         run are stopped: complete before this launch, or `paused` (a launch on too few ranks). A
-        paused one ranks with its `standing` (its last fitness and frames in the lineage:
+        paused one ranks with its standing (its last fitness and frames in the lineage:
         core/population.standings) and is never a parent: its state is in its checkpoint, in no
         rank's memory."""
         n = channel.members
@@ -84,7 +84,8 @@ class Decider:
                 self._record(START, m, -1, 0, math.nan, math.nan)
         self.seen[~self.running] = self.stopped[~self.running] = True
         self.known[~self.running] = False  # a complete one holds no state to send (a paused one: below)
-        for m in paused:
+        standing = None if paused is None else paused.standing
+        for m in () if paused is None else paused.members:
             fitness, frames = (math.nan, 0) if standing is None else \
                 (float(standing.fitness[m]), int(standing.frames[m]))
             if standing is not None and np.isfinite(standing.hyper[m]).all():
