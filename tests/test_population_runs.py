@@ -279,14 +279,16 @@ def test_a_population_resumes_on_fewer_ranks_with_members_paused_and_spreads_out
 def test_dqn_members_copy_their_target_networks_too(tmp_path):
     """2 serial DQN members (replay in the learner, a replay ratio of 4): a copy carries the trainer
     step's state (the target network and its step count) besides the weights and Adam's state;
-    training goes on."""
+    training goes on. In rounds, so that a copy is ordered at every round (the worse of the two
+    copies the other): as they come, under load one member once finished before the other's
+    first report, and no copy was ordered."""
     cfg = small_config(tmp_path, name="pbt", roles={"learner": {"ranks": 1}, "inference": {"ranks": 0}},
                        run={"total_frames": 3000},
                        algo={"name": "dqn", "rollout_length": 8, "lr": 0.001,
                              "dqn": {"batch_size": 32, "target_update_interval": 10, "eps_schedule": "linear",
                                      "eps_decay_frames": 1000},
                              "replay": {"capacity": 20000, "warmup": 256, "replay_ratio": 4}})
-    cfg["population"] = {"members": 2, "ready_frames": 400, "truncation": 0.5,
+    cfg["population"] = {"members": 2, "ready_frames": 400, "truncation": 0.5, "synchronous": True,
                          "explore": {"algo.lr": {"perturb": [0.5, 2.0]}}}
     result = mpirun(2, "run", str(write_config(tmp_path, cfg)))
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stdout + result.stderr
