@@ -320,6 +320,7 @@ def test_staging_without_slurm_unpacks_once_per_node_and_ranks_import_from_their
             f".write(socket.gethostname() + ' ' + hpcrl.__file__)")
     status, out = healthy.run(4, "-P", "-c", show, hosts="n0:2,n1:2", command=[f"/mnt/{key}/venv/bin/python"],
                               extra_env={"PYTHONPATH": ""})
-    module = f"/mnt/{key}/venv/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages/hpcrl/__init__.py"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    module = f"/mnt/{key}/venv/lib/python{version}/site-packages/hpcrl/__init__.py"
     assert status == 0, out
     assert [(shown / str(r)).read_text() for r in range(4)] == [f"n0 {module}"] * 2 + [f"n1 {module}"] * 2

@@ -160,7 +160,8 @@ def _manifest(env: Environment, package: Path) -> list[Entry]:
     """Every file of the archive: one walk of the trees, which both the key and the archive read."""
     entries = (_base_entries(env) if env.stage_base else []) + (_venv_entries(env) if env.venv else [])
     site = f"{'venv' if env.venv else 'python'}/lib/{env.name}/site-packages"
-    return entries + [Entry(path, f"{site}/hpcrl/{path.relative_to(package)}") for path in _files(package, lambda rel: False)]
+    return entries + [Entry(path, f"{site}/hpcrl/{path.relative_to(package)}")
+                      for path in _files(package, lambda rel: False)]
 
 
 def content_key(manifest: list[Entry]) -> str:
