@@ -78,8 +78,8 @@ class Population:
         n = whole.population.members
         self.whole = whole
         self.members = n
-        self.running, self.standing = running, standing
-        self.paused = sorted(set(range(n)) - set(running) - set(complete))
+        self.running = running
+        self.paused = Paused(tuple(sorted(set(range(n)) - set(running) - set(complete))), standing)
         ends = np.cumsum(block_sizes(job.job_size(), len(running)))
         block = int(np.searchsorted(ends, job.job_rank(), side="right"))
         self.member = running[block]
@@ -129,7 +129,7 @@ class Population:
             rng = np.random.default_rng(seed_for(self.whole.run.seed, "population", 0))
             decider = Decider(self.channel, live, p, rng, starting_values(self.whole, live), self.run_dir,
                               league=self._league_root(rng) if self.league else None,
-                              paused=Paused(tuple(self.paused), self.standing))
+                              paused=self.paused)
             link.decider = decider
         if link.waiting_round and trainer.comm.Get_size() == 1:  # preempted in a round: take it up again first
             link.resume_round(trainer, trainer.frames, trainer.stats.fitness())
@@ -172,7 +172,8 @@ class Population:
         each = f"{sizes[0]}" if min(sizes) == max(sizes) else f"{min(sizes)}-{max(sizes)}"
         what = (f"resumed {self.members} members on {job.job_size()} rank{'s' * (job.job_size() > 1)}: "
                 f"{len(self.running)} running on {each} rank{'s' * (max(sizes) > 1)} each")
-        paused, done = self.paused, self.members - len(self.running) - len(self.paused)
+        paused = self.paused.members
+        done = self.members - len(self.running) - len(paused)
         if done:
             what += f", {done} complete"
         if paused:

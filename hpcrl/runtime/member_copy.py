@@ -100,10 +100,10 @@ class PopulationChannel:
     """The small messages of a population, on a communicator of the running members' learner
     roots (rank i: member running[i]; every member, in order, unless a launch on too few ranks
     paused some): reports to the population root, its orders back. Messages and orders name
-    members; `rank_of` gives a member's rank here. Every message is a float64 vector sent
-    without waiting; the sends are kept until complete (`flushed`). Between one sender and one
-    receiver MPI keeps the order, so a member serves its orders in the order the root issued
-    them."""
+    members, and so do the copies' `send_state` and `receive_state` here. Every message is a
+    float64 vector sent without waiting; the sends are kept until complete (`flushed`). Between
+    one sender and one receiver MPI keeps the order, so a member serves its orders in the order
+    the root issued them."""
 
     def __init__(self, comm, running: list[int] | None = None, members: int | None = None):
         self.comm = comm
@@ -114,8 +114,13 @@ class PopulationChannel:
         self._rank = {m: i for i, m in enumerate(self.running)}
         self._sending: list = []
 
-    def rank_of(self, member: int) -> int:
-        return self._rank[member]
+    def send_state(self, state: MemberState, member: int) -> None:
+        """`send_state` to member `member`'s learner root."""
+        send_state(self.comm, state, self._rank[member])
+
+    def receive_state(self, state: MemberState, member: int) -> None:
+        """`receive_state` from member `member`'s learner root."""
+        receive_state(self.comm, state, self._rank[member])
 
     def _send(self, values, dest: int, tag: int) -> None:
         buf = np.ascontiguousarray(values, dtype=np.float64)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcrl.core.stop import StopReason
-from hpcrl.runtime.member_copy import MemberState, PopulationChannel, receive_state, send_state
+from hpcrl.runtime.member_copy import MemberState, PopulationChannel
 from hpcrl.workers.league import SNAPSHOT_ORDERS, SNAPSHOT_RECEIVE, SNAPSHOT_RESTART, SNAPSHOT_SEND, LeagueMember
 from hpcrl.workers.population_root import ABORT, DONE, END_ROUND, READY, RECEIVE, SEND, Decider
 
@@ -149,15 +149,14 @@ class MemberLink:
             kind, peer = order[0], int(order[1])
             start = time.perf_counter()
             if kind == SEND:
-                send_state(self.channel.comm, trainer.member.member_state(), self.channel.rank_of(peer))
+                self.channel.send_state(trainer.member.member_state(), peer)
                 self.channel.send_step_state(trainer.step.state(), peer)
             elif kind == RECEIVE and self.stopped:
                 mine = trainer.member.member_state()
-                receive_state(self.channel.comm, MemberState([np.empty_like(a) for a in mine.arrays]),
-                              self.channel.rank_of(peer))
+                self.channel.receive_state(MemberState([np.empty_like(a) for a in mine.arrays]), peer)
                 self.channel.receive_step_state(peer)
             elif kind == RECEIVE:
-                receive_state(self.channel.comm, trainer.member.member_state(), self.channel.rank_of(peer))
+                self.channel.receive_state(trainer.member.member_state(), peer)
                 earlier = () if adopted is None else (*adopted.replaced, adopted.parent)
                 adopted = Adoption(peer, self.channel.receive_step_state(peer),
                                    dict(zip(self.live, (float(v) for v in order[2:]))), earlier)
@@ -181,7 +180,7 @@ class MemberLink:
         restart 'main'): its weights and normalisers, a fresh optimizer and step state, as a start
         again from its initial weights. Once stopped, received and dropped."""
         weights = np.empty_like(self.league.slot_params[0])  # (rare: once per exploiter snapshot at most)
-        receive_state(self.channel.comm, MemberState([weights]), self.channel.rank_of(owner))
+        self.channel.receive_state(MemberState([weights]), owner)
         if self.stopped:
             return None
         self.league.restarted(trainer.frames)
@@ -192,12 +191,10 @@ class MemberLink:
         one of its own into a slot (workers/league.py)."""
         kind, league = order[0], self.league
         if kind == SNAPSHOT_SEND:
-            send_state(self.channel.comm, MemberState([league.snapshot(int(order[2]))]),
-                       self.channel.rank_of(int(order[1])))
+            self.channel.send_state(MemberState([league.snapshot(int(order[2]))]), int(order[1]))
         elif kind == SNAPSHOT_RECEIVE:
             slot = int(order[2])
-            receive_state(self.channel.comm, MemberState([league.slot_params[slot]]),
-                          self.channel.rank_of(int(order[1])))
+            self.channel.receive_state(MemberState([league.slot_params[slot]]), int(order[1]))
             league.set_slot(slot, int(order[3]))
         else:
             league.set_slot(int(order[1]), int(order[2]), league.snapshot(int(order[3])))
