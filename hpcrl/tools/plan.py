@@ -126,10 +126,10 @@ def format_plan(cfg: Config, layout: Layout, sizes: Sizes, t: Traffic, steps_per
 
 
 # Metadata system calls (open, stat, access, readlink, directory listings) one rank's start-up
-# makes on its Python environment: the venv and the checkout, (from the venv, from hpcrl stage's
-# node-local copy), as bench/startup.py counted them here (bench/results/startup.json). An env rank
-# with an inline policy imports torch as a policy server does. The base interpreter's standard
-# library is left out: local where the venv was made from the node image's Python.
+# makes on the shared file system: the venv, the interpreter's install and the checkout (from the
+# venv, from hpcrl stage's node-local copy), as bench/startup.py counted them here
+# (bench/results/startup.json). An env rank with an inline policy imports torch as a policy server
+# does. A venv made from the node image's Python (/usr) costs less unstaged: its interpreter is local.
 STARTUP_CALLS = {"learner": (19_587, 15), "inference": (18_341, 13), "env": (2_383, 3)}
 UNPACK_CALLS_PER_NODE = 8  # hpcrl stage unpack: the archive's stat and open, the command itself
 DEFAULT_MDS_OPS_PER_S = 20_000.0  # a metadata server: on the order of 10^4-10^5 such calls per second

@@ -56,6 +56,16 @@ class Environment:
     system_site: bool  # a venv that also sees the base's site-packages
 
     @property
+    def site(self) -> Path:
+        """site-packages, relative to the prefix (and to the base)."""
+        return Path("lib") / self.name / "site-packages"
+
+    @property
+    def package_dir(self) -> str:
+        """Where hpcrl's package goes in the archive: the venv's site-packages, else the install's."""
+        return f"{'venv' if self.venv else 'python'}/{self.site}/hpcrl"
+
+    @property
     def stage_base(self) -> bool:
         return not (self.base == NODE_IMAGE or self.base.is_relative_to(NODE_IMAGE))
 
@@ -127,7 +137,7 @@ class Entry:
 def _base_entries(env: Environment) -> list[Entry]:
     """The interpreter install: its binary and lib/ (libpython, the standard library, and for a
     conda environment its libraries and site-packages), under python/."""
-    site = Path("lib") / env.name / "site-packages"
+    site = env.site
 
     def skip(rel: Path) -> bool:
         if rel.parts[:2] == ("lib", env.name) and len(rel.parts) == 3:
@@ -146,7 +156,7 @@ def _base_entries(env: Environment) -> list[Entry]:
 
 def _venv_entries(env: Environment) -> list[Entry]:
     """The venv, under venv/; with the base staged, its interpreter names link to the staged one."""
-    site = Path("lib") / env.name / "site-packages"
+    site = env.site
     entries = []
     for path in _files(env.prefix, lambda rel: rel.is_relative_to(site) and _ours(rel.relative_to(site))):
         rel = path.relative_to(env.prefix)
@@ -159,8 +169,7 @@ def _venv_entries(env: Environment) -> list[Entry]:
 def _manifest(env: Environment, package: Path) -> list[Entry]:
     """Every file of the archive: one walk of the trees, which both the key and the archive read."""
     entries = (_base_entries(env) if env.stage_base else []) + (_venv_entries(env) if env.venv else [])
-    site = f"{'venv' if env.venv else 'python'}/lib/{env.name}/site-packages"
-    return entries + [Entry(path, f"{site}/hpcrl/{path.relative_to(package)}")
+    return entries + [Entry(path, f"{env.package_dir}/{path.relative_to(package)}")
                       for path in _files(package, lambda rel: False)]
 
 
@@ -187,8 +196,7 @@ class Places:
 
     @classmethod
     def of(cls, env: Environment, package: Path) -> "Places":
-        site = f"{'venv' if env.venv else 'python'}/lib/{env.name}/site-packages"
-        trees = [(package, f"{site}/hpcrl")] + ([(env.prefix.resolve(), "venv")] if env.venv else []) \
+        trees = [(package, env.package_dir)] + ([(env.prefix.resolve(), "venv")] if env.venv else []) \
             + ([(env.base, "python")] if env.stage_base else [])
         return cls(tuple(sorted(trees, key=lambda tree: -len(tree[0].parts))),
                    env.base / "lib" if env.stage_base else None, f"python/bin/{env.name}")
