@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.io.checkpoint import (CheckpointError, _digest, _write_tree, load_checkpoint, load_latest,
+from hpcrl.io.checkpoint import (CheckpointError, _digest, _write_tree, adopt_into, load_checkpoint, load_latest,
                                  restore_rng_states, save_checkpoint)
 from hpcrl.core.config import ModelConfig
 from hpcrl.envs import EnvSpaces
@@ -151,6 +151,36 @@ def test_each_part_round_trips_under_its_own_group(tmp_path):
     assert loaded["stats"]["return_window"].tolist() == [[1, 1], [1, 1]]
     with h5py.File(path) as f:
         assert set(f["parts"]) == {"0000", "0001", "0002"} and "extra" not in f
+
+
+def test_a_copy_through_the_checkpoints_takes_the_parents_state_and_keeps_the_members_own(tmp_path):
+    """A packed population's exploit (io/checkpoint.adopt_into): the member's checkpoint takes the
+    parent's weights, Adam state and step state, and the new hyperparameters; it keeps its own
+    counters, random streams, env state and config; its fitness window starts again, no round is
+    left marked, and the checkpoint it replaced is its previous one."""
+    parent_model, parent_opt = trained()
+    torch.manual_seed(1)
+    model = build_model(EnvSpaces((4,), "float32", 2), ModelConfig(hidden_sizes=[8]))
+    opt = Adam(model.parameters(), lr=1e-3)
+    parent, child = str(tmp_path / "parent.h5"), str(tmp_path / "child.h5")
+    save_checkpoint(parent, parent_model, parent_opt, {"frames": 512}, np.random.default_rng(1), "parent",
+                    parts={"step": {"scale": np.array([2.0])}, "hyperparameters": {"lr": 0.01, "ent_coef": 0.1}})
+    own = {"step": {"scale": np.array([5.0])}, "hyperparameters": {"lr": 0.5, "ent_coef": 0.3},
+           "stats": {"return_window": np.ones((2, 2))}, "env": np.arange(3, dtype=np.uint8),
+           "population": {"waiting_round": 0, "turn_round": 4, "turn_fitness": 1.5}}
+    save_checkpoint(child, model, opt, {"frames": 520}, np.random.default_rng(2), "child", parts=own)
+    before = load_checkpoint(child)
+    adopt_into(child, parent, {"lr": 0.0125})
+    after, source = load_checkpoint(child), load_checkpoint(parent)
+    assert all(torch.equal(after["model"][k], source["model"][k]) for k in source["model"])
+    state, parents = after["optimizer"]["state"], source["optimizer"]["state"]
+    assert all(torch.equal(state[i][k], parents[i][k]) for i in parents for k in parents[i])
+    assert after["counters"] == before["counters"] and after["config"] == "child"
+    assert after["rng"]["numpy"] == before["rng"]["numpy"]
+    parts = after["parts"]
+    assert parts["step"]["scale"].tolist() == [2.0] and parts["hyperparameters"] == {"lr": 0.0125, "ent_coef": 0.3}
+    assert parts["env"].tolist() == [0, 1, 2] and parts["stats"] == {} and parts["population"] == {"waiting_round": 0}
+    assert load_checkpoint(child.replace(".h5", ".prev.h5"))["counters"] == before["counters"]
 
 
 def test_a_checkpoint_of_a_flat_extra_group_resumes_with_its_parts_sorted_out(tmp_path):

@@ -166,20 +166,44 @@ def save_checkpoint(path: str, model, optimizer,
     under /policies/NAME with its 'model', 'optimizer' and 'step' state; `model` and `optimizer`
     are the first policy's. `provenance`: the package versions and layout shape the run's bits
     depend on (core/reproducible.py), as JSON in an attribute."""
+    _save_tree(path, {"model": dict(model.state_dict()), "optimizer": optimizer.state_dict(),
+                      "counters": dict(counters), "rng": rng_states(np_rng), "parts": dict(parts or {}),
+                      "policies": policies or {}, "config": config_text, "provenance": provenance or {}})
+
+
+def _save_tree(path: str, checkpoint: dict) -> None:
+    """A checkpoint as `load_checkpoint` reads it back, written whole (`_write_whole`)."""
     def fill(f: h5py.File) -> None:
         f.attrs["format_version"] = FORMAT_VERSION
-        f.attrs["config"] = config_text
-        f.attrs["provenance"] = json.dumps(provenance or {})
-        _write_tree(f.create_group("model"), dict(model.state_dict()))
+        f.attrs["config"] = checkpoint["config"]
+        f.attrs["provenance"] = json.dumps(checkpoint["provenance"])
+        _write_tree(f.create_group("model"), checkpoint["model"])
         pause_point("checkpoint")  # tests: a kill here leaves half a file
-        _write_tree(f.create_group("optimizer"), optimizer.state_dict())
-        _write_tree(f.create_group("counters"), dict(counters))
-        _write_tree(f.create_group("rng"), rng_states(np_rng))
-        _write_tree(f.create_group("parts"), dict(parts or {}))
-        if policies:
-            _write_tree(f.create_group("policies"), policies)
+        for name in ("optimizer", "counters", "rng", "parts"):
+            _write_tree(f.create_group(name), checkpoint[name])
+        if checkpoint["policies"]:
+            _write_tree(f.create_group("policies"), checkpoint["policies"])
 
     _write_whole(path, fill, install=_install)
+
+
+def adopt_into(path: str, parent_path: str, hyperparameters: dict[str, float]) -> None:
+    """Population-based training's copy, through the members' checkpoints (a population packed
+    several members to a rank, whose parent is in no rank's memory): the checkpoint at `path`
+    takes the weights, normalisers, Adam state and trainer-step state of the one at
+    `parent_path`, and the `hyperparameters` explore gave it; it keeps its own counters, random
+    streams, env state and config. Its fitness window starts again, and no round is left waiting
+    (the copy ends it). As a copy in memory leaves a member (workers/trainer_member.py `adopt`)."""
+    own, parent = load_latest(path)[0], load_latest(parent_path)[0]
+    if own is None or parent is None:
+        raise CheckpointError(f"no usable checkpoint at {path if own is None else parent_path} to copy "
+                              f"{'into' if own is None else 'from'}")
+    parts = dict(own["parts"])
+    parts["step"] = parent["parts"].get("step", {})
+    parts["hyperparameters"] = {**parts.get("hyperparameters", {}), **hyperparameters}
+    parts["stats"] = {k: v for k, v in parts.get("stats", {}).items() if k not in ("return_window", "rating")}
+    parts["population"] = {"waiting_round": 0}  # (its turn's mark of a round too: the round is judged)
+    _save_tree(path, {**own, "model": parent["model"], "optimizer": parent["optimizer"], "parts": parts})
 
 
 def save_arrays(path: str, arrays: dict[str, np.ndarray], attrs: dict[str, int | float | str]) -> None:
