@@ -234,7 +234,10 @@ class Decider:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise RuntimeError(f"cannot resume the population's rounds from {self.state_path}: "
                                f"{type(exc).__name__}: {exc}; move it aside to start the rounds afresh") from None
-        self.hyper, self.fitness, self.known, self.stopped, self.copies = hyper, fitness, known, stopped, copies
+        # (the copies ordered in earlier launches were taken or cancelled there: a member's count of
+        # those it took starts again with each launch, and so does this list)
+        del copies
+        self.hyper, self.fitness, self.known, self.stopped = hyper, fitness, known, stopped
 
     # --- the lineage --------------------------------------------------------------------------------
     def _record(self, event: int, member: int, parent: int, frames: int, fitness: float,
