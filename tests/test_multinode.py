@@ -280,6 +280,57 @@ def test_sync_ppo_across_nodes_averages_over_tcp_and_waits_out_a_stopped_node(he
     assert "[hpcrl] crossed nodes (messages): requests 0, replies 0, records 0, credits 0, weights" in out
 
 
+@WAITS
+def test_a_population_of_8_loses_a_node_trains_on_packed_on_the_4_ranks_left_and_spreads_out_again(healthy,
+                                                                                                   tmp_path):
+    """8 serial PBT members on n0:4 and n1:4; n1 dies. Resumed on n0's 4 ranks, every member
+    trains on, 2 to a rank in turns (population.fewer_ranks: pack, the default), each from its own
+    checkpoint: the lineage keeps every row it had and goes on for all 8, none paused. Relaunched
+    on both nodes, each member has its own rank again."""
+    from hpcrl.core.population import EXPLOIT, JUDGED, PAUSED
+    cfg = small_config(tmp_path, name="pbt", roles={"inference": {"ranks": 0}},
+                       run={"total_frames": 10_000_000, "target_return": None, "checkpoint_interval_s": 1})
+    cfg["population"] = {"members": 8, "ready_frames": 256, "truncation": 0.25,
+                         "explore": {"algo.lr": {"perturb": [0.8, 1.25]}}}
+    config, population = str(write_config(tmp_path, cfg)), run_dir(cfg)
+    members = [population / f"member{m}" for m in range(8)]
+
+    def lineage() -> dict:
+        return read_metrics(str(population / "metrics.h5"))
+
+    def frames(m: int) -> int:
+        return int(inspect_latest(str(members[m] / "checkpoint.h5"))[2]["frames"])
+
+    proc = healthy.start(RANKS, "run", config, hosts=f"n0:{PER_NODE},n1:{PER_NODE}")
+    deadline = time.monotonic() + 180
+    while not all((m / "checkpoint.h5").exists() for m in members) or rows(str(population / "metrics.h5")) < 24:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0] if proc.poll() else ""
+        time.sleep(0.2)
+    before = lineage()
+    healthy.fault("kill", "n1")
+    out, _ = proc.communicate(timeout=ENDS_AFTER_KILL_S)
+    assert proc.returncode != 0, out
+    healthy.wait_empty("n0", 10)
+    at_loss = [frames(m) for m in range(8)]
+
+    goal = max(at_loss) + 1024
+    status, out = healthy.run(PER_NODE, "run", config, "--set", f"run.total_frames={goal}", hosts=f"n0:{PER_NODE}")
+    assert status == 0 and "Traceback" not in out, out
+    assert "resumed 8 members on 4 ranks: 2 per rank, taking turns of 256 frames" in out, out
+    table = lineage()
+    for key in ("event", "member", "parent", "frames"):  # every row it had, as it was
+        np.testing.assert_array_equal(table[key][:len(before["event"])], before[key], err_msg=key)
+    assert not (table["event"] == PAUSED).any()
+    for m in range(8):  # each judged again after the loss, and trained to the goal
+        judged = np.isin(table["event"], (JUDGED, EXPLOIT)) & (table["member"] == m)
+        assert (table["frames"][judged] > at_loss[m]).any() and frames(m) >= goal, m
+
+    status, out = healthy.run(RANKS, "run", config, "--set", f"run.total_frames={goal + 512}",
+                              hosts=f"n0:{PER_NODE},n1:{PER_NODE}")
+    assert status == 0 and "population of 8 members, each on 1 rank as below" in out, out
+    assert out.count("resuming from") == 8 and all(frames(m) >= goal + 512 for m in range(8))
+
+
 def test_a_population_copies_members_between_nodes(healthy, tmp_path):
     """Two members of 2 ranks, member 0 on n0 and member 1 on n1: reports, orders and every copy
     cross TCP. Neither trains (algo.train: false), so each keeps its seeded weights until it copies

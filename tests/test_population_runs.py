@@ -175,13 +175,16 @@ def test_inspect_and_eval_of_a_population_point_to_its_members(tmp_path):
                f"{population / 'member0'}, or draw them all with hpcrl plot" in result.stderr
 
 
-def test_a_population_in_rounds_resumes_exactly(tmp_path):
+def test_a_population_in_rounds_resumes_exactly_on_as_many_ranks_or_packed_on_fewer(tmp_path):
     """population.synchronous with 4 serial members: an uninterrupted run, and one preempted once
     copies have happened then resumed, end with every member's weights bit-identical, the same
     metrics row for row, and the same judgements and copies in the lineage. Only member 3 is
     signalled: it stops part-way through a round, the root aborts the round, and the others stop
     where they wait for it, at the round, which they take up again when they resume (the root
-    saved its state after each round)."""
+    saved its state after each round). Resumed on 2 ranks instead (a node lost), the members take
+    turns, 2 to a rank (population.fewer_ranks: pack): the 3 that waited report again without
+    training, member 3 trains to the round's end, and every copy goes through the checkpoints;
+    they end bit-identical all the same."""
 
     def config(name: str) -> dict:
         cfg = population_config(tmp_path, 4, {"learner": {"ranks": 1}, "inference": {"ranks": 0}},
@@ -190,33 +193,45 @@ def test_a_population_in_rounds_resumes_exactly(tmp_path):
         cfg["population"]["synchronous"] = True
         return cfg
 
-    whole, halves = config("whole"), config("halves")
+    whole = config("whole")
     assert mpirun(4, "run", str(write_config(tmp_path, whole, "whole.yaml"))).returncode == 0
-    path = str(write_config(tmp_path, halves, "halves.yaml"))
-    proc = start_until_a_copy(path)
-    for pid in job_pids("halves.yaml", rank=3):
-        os.kill(pid, signal.SIGUSR1)  # (what SLURM's --signal, forwarded by mpirun, gives every rank)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 3 and "Traceback" not in err, out + err
-    saved = [load_checkpoint(str(run_dir(halves) / f"member{m}" / "checkpoint.h5")) for m in range(4)]
-    assert max(int(c["counters"]["frames"]) for c in saved) < 3072  # stopped part-way
-    waiting = [int(c["parts"]["population"]["waiting_round"]) for c in saved]
-    assert waiting[3] == 0 and min(waiting[:3]) > 0, waiting
-    resumed = mpirun(4, "run", path)
-    assert resumed.returncode == 0 and resumed.stdout.count("resuming from") == 4, resumed.stdout + resumed.stderr
+    for name, ranks in (("halves", 4), ("packed", 2)):
+        halves = config(name)
+        path = str(write_config(tmp_path, halves, f"{name}.yaml"))
+        proc = start_until_a_copy(path)
+        for pid in job_pids(f"{name}.yaml", rank=3):
+            os.kill(pid, signal.SIGUSR1)  # (what SLURM's --signal, forwarded by mpirun, gives every rank)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 3 and "Traceback" not in err, out + err
+        saved = [load_checkpoint(str(run_dir(halves) / f"member{m}" / "checkpoint.h5")) for m in range(4)]
+        assert max(int(c["counters"]["frames"]) for c in saved) < 3072  # stopped part-way
+        waiting = [int(c["parts"]["population"]["waiting_round"]) for c in saved]
+        assert waiting[3] == 0 and min(waiting[:3]) > 0, waiting
+        resumed = mpirun(ranks, "run", path)
+        assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stdout + resumed.stderr
+        if ranks == 2:
+            assert ("resumed 4 members on 2 ranks: 2 per rank, taking turns of 256 frames (population.fewer_ranks: "
+                    "pack)") in resumed.stdout, resumed.stdout
+            assert "through its checkpoint" in resumed.stdout
+        assert_same_population(whole, halves)
+        b = lineage(halves)
+        assert not (b["event"] == CANCELLED).any() and (b["event"] == STOPPED).sum() == 8, b["event"]  # 4 a launch
 
-    a, b = lineage(whole), lineage(halves)
+
+def assert_same_population(whole: dict, other: dict) -> None:
+    """The same judgements and copies in both lineages; every member's weights and metrics rows equal."""
+    a, b = lineage(whole), lineage(other)
     decided_a, decided_b = np.isin(a["event"], (JUDGED, EXPLOIT)), np.isin(b["event"], (JUDGED, EXPLOIT))
     assert (a["event"] == EXPLOIT).sum() >= 1
     for key in ("event", "member", "parent", "frames", "fitness", "algo.lr"):
         np.testing.assert_array_equal(a[key][decided_a], b[key][decided_b], err_msg=key)
     for m in range(4):
         ma = read_metrics(str(run_dir(whole) / f"member{m}" / "metrics.h5"))
-        mb = read_metrics(str(run_dir(halves) / f"member{m}" / "metrics.h5"))
+        mb = read_metrics(str(run_dir(other) / f"member{m}" / "metrics.h5"))
         for key in ("frames", "return_window_mean", "loss_policy", "loss_value", "lr"):
             np.testing.assert_array_equal(ma[key], mb[key], err_msg=f"member {m}: {key}")
         ca = load_checkpoint(str(run_dir(whole) / f"member{m}" / "checkpoint.h5"))
-        cb = load_checkpoint(str(run_dir(halves) / f"member{m}" / "checkpoint.h5"))
+        cb = load_checkpoint(str(run_dir(other) / f"member{m}" / "checkpoint.h5"))
         assert all(np.array_equal(ca["model"][k], cb["model"][k]) for k in ca["model"]), m
 
 
@@ -228,6 +243,7 @@ def test_a_population_resumes_on_fewer_ranks_with_members_paused_and_spreads_out
     own checkpoint."""
     cfg = population_config(tmp_path, 4, {"learner": {"ranks": 1}, "inference": {"ranks": 0}},
                             [1e-3, 2e-3, 3e-3, 4e-3], run={"total_frames": 1024})
+    cfg["population"]["fewer_ranks"] = "pause"
     path = str(write_config(tmp_path, cfg))
     assert mpirun(4, "run", path).returncode == 0
     before = lineage(cfg)

@@ -25,6 +25,7 @@ MAX_KEEP = 256  # snapshots an owner keeps: each a whole copy of the policy on i
 MAX_MEMBERS = 100_000
 EXPLORE_KEYS = ("perturb", "resample", "low", "high")
 RESTARTS = ("initial", "main")  # population.league.restart
+FEWER_RANKS = ("pack", "pause")  # population.fewer_ranks
 
 
 @dataclass
@@ -100,6 +101,13 @@ class PopulationConfig:
     values: dict = doc("each member's own start: hyperparameter -> a list of one value per member (e.g. "
                        "algo.lr: [0.001, 0.03, ...]); keys not listed take the algo section's value",
                        default_factory=dict)
+    fewer_ranks: str = doc("a population resumed on fewer ranks than members (a node lost): 'pack' runs every "
+                           "member, several to a rank, each taking turns of ready_frames frames in serial mode, "
+                           "judged in rounds at the turns' ends, copies going through the members' checkpoints; "
+                           "'pause' runs as many members as there are ranks, those of the best standing, and "
+                           "keeps the others' checkpoints until a launch on more ranks. A league always pauses "
+                           "(its snapshots move between members in memory)", range=OneOf(FEWER_RANKS),
+                           default="pack")
     league: LeagueConfig = doc("league self-play for multi-agent games: the members' roles and snapshots (its "
                                "members are not copied onto each other)", default_factory=LeagueConfig)
 

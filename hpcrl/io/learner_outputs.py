@@ -22,16 +22,17 @@ METRICS_FLUSH_S = 1.0
 
 class LearnerOutputs:
     def __init__(self, start: RunStart, run, progress: str = "loss {loss:.3f}", label: str = "",
-                 provenance: dict | None = None):
+                 provenance: dict | None = None, turns: bool = False):
         """`start`: the run directory as rundir.prepare left it (a resume continues metrics.h5,
         already cut back to the checkpoint, from the checkpoint's frames); `run`: the config's run
         section (its log and checkpoint intervals, TensorBoard). `progress`: the algorithm's part of
         the progress line, a format string over the row (its step's `progress`). `label`: after
         '[hpcrl' on its lines (' member03' in a population). `provenance`: what checkpoints record
-        of the packages and the layout (core/reproducible.py)."""
+        of the packages and the layout (core/reproducible.py). `turns`: a packed member's turn
+        (launch/packed.py), whose stop at its turn's end is no preemption to say (its launch says one)."""
         run_dir, config_text, start_frames = start.run_dir, start.config_text, start.start_frames
         self.provenance = provenance or {}
-        self.progress, self.label = progress, label
+        self.progress, self.label, self.turns = progress, label, turns
         self.saved = False  # whether the last report wrote a checkpoint
         self.run_dir = run_dir
         self.config_text = config_text
@@ -46,7 +47,7 @@ class LearnerOutputs:
         self.eval = run.eval
         self._last_log = self._last_ckpt = time.perf_counter()
         self._last_log_frames = start_frames
-        self._logged = False  # the first update's line comes at once, not after log_interval_s
+        self._logged = turns  # the first update's line comes at once, not after log_interval_s (a turn: at its end)
 
     def checkpoint_due(self, code: int) -> bool:
         """A checkpoint is written with this update: the run stops, or the interval has passed."""
@@ -88,7 +89,7 @@ class LearnerOutputs:
                 return self.output_failed("the checkpoint", self.checkpoint_path, exc)
             self._last_ckpt = now
             self.saved = True  # the trainers save what they hold beside it (replay shards)
-        if code == StopReason.PREEMPTED:
+        if code == StopReason.PREEMPTED and not self.turns:
             say(f"preempted: checkpoint of policy version {row['policy_version']} at "
                 f"{row['frames']:,} frames written; run the same command again to resume", label=self.label)
         return code

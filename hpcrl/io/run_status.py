@@ -19,7 +19,7 @@ from hpcrl.io.rundir import replace_text
 
 STATUS_FILE = "status.json"
 MAX_BYTES = 1 << 16
-STATES = ("running", "done", "preempted", "output_failed", "failed")
+STATES = ("running", "done", "preempted", "output_failed", "failed", "waiting")  # waiting: a packed member between turns
 
 
 def write(run_dir: str, state: str, **details) -> None:
@@ -58,4 +58,6 @@ def describe(record: dict) -> str:
         return (f"running since {when}, or stopped without a word (kill -9, the OOM killer, a lost node: "
                 f"then run the same command again to resume)")
     return {"done": f"ended at {when}: done", "preempted": f"ended at {when}: preempted, with a checkpoint",
-            "output_failed": f"ended at {when}: an output could not be written"}[state]
+            "output_failed": f"ended at {when}: an output could not be written",
+            "waiting": f"a packed population's member, waiting for its next turn since {when} (or its job stopped "
+                       f"without a word: then run the population's command again to resume)"}[state]

@@ -28,11 +28,11 @@ from hpcrl.core.layout import Layout
 from hpcrl.core.league import snapshot_rule
 from hpcrl.core.say import say
 from hpcrl.core.seeds import seed_for
-from hpcrl.core.stop import EXIT_OUTPUT_FAILED
+from hpcrl.core.stop import EXIT_DONE, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
 from hpcrl.io import rundir
 from hpcrl.io.checkpoint import inspect_latest
 from hpcrl.io.metrics import read_metrics
-from hpcrl.runtime import job
+from hpcrl.runtime import job, signals
 from hpcrl.runtime.member_copy import PopulationChannel
 
 POLL_SLEEP_S = 0.01  # a stopped member's learner root, waiting for the population root's farewell
@@ -67,8 +67,23 @@ class Alone:
     def rest(self, role) -> None:
         pass
 
+    takes_turns = False  # a packed member's turn (launch/packed.py): it says less, and its stops are its turn's end
 
-class Population:
+    def stop_requested(self) -> bool:
+        """Whether the run stops at its next chance, with a checkpoint: a signal asked."""
+        return signals.requested()
+
+    def relaunch(self) -> str:
+        """Why a self-healing job script started this launch (HPCRL_RELAUNCH), for the run
+        directory's recovery.log; '' when it did not."""
+        return os.environ.get("HPCRL_RELAUNCH", "")
+
+    def ended_as(self, status: int) -> str:
+        """The run directory's status once the run has stopped with exit status `status`."""
+        return {EXIT_DONE: "done", EXIT_PREEMPTED: "preempted"}.get(status, "output_failed")
+
+
+class Population(Alone):
     """This rank's place in a population run."""
 
     def __init__(self, whole: Config, running: list[int], standing: Standing | None, complete: list[int] = ()):
@@ -100,7 +115,7 @@ class Population:
 
     def prepare(self, overwrite: bool) -> dict:
         """Collective over the job: the population's directory, by the job's rank 0."""
-        return job.broadcast(_prepare_directory(self.whole, overwrite) if job.job_rank() == 0 else None)
+        return job.broadcast(prepare_directory(self.whole, overwrite) if job.job_rank() == 0 else None)
 
     def connect(self, layout: Layout, rank: int) -> None:
         """Collective over the job: the members' learner roots on a communicator of their own
@@ -194,7 +209,7 @@ class Population:
             say(f"population done: {self.run_dir}")
 
 
-def _prepare_directory(whole: Config, overwrite: bool) -> dict:
+def prepare_directory(whole: Config, overwrite: bool) -> dict:
     """The population's directory: locked by the job's rank 0, emptied with --overwrite, its
     config.yaml the population's config."""
     try:
@@ -211,9 +226,11 @@ def population_launch(whole: Config, world_size: int, overwrite: bool, config_pa
     """Rank 0: which members this launch runs ({"running": [...], "standing": Standing or None}),
     or a refusal. A new population needs a world size that is a multiple of its members. One
     that resumes (its lineage is there, and no --overwrite) runs on any world size: every member
-    on blocks as even as they go. On fewer ranks than members, only members still training run,
-    as many as there are ranks, those of the best standing in the lineage (a league's: its
-    first, main agents first), on blocks as even as they go; those left out are paused."""
+    on blocks as even as they go. On fewer ranks than members still training, population.
+    fewer_ranks 'pack' runs them all, several to a rank, in turns ({"packed": [...], "complete":
+    [...]}: launch/packed.py); otherwise, and always in a league, only as many as there are
+    ranks run, those of the best standing in the lineage (a league's: its first, main agents
+    first), on blocks as even as they go, and those left out are paused."""
     n = whole.population.members
     lineage = os.path.join(whole.run.output_dir, whole.run.name, rundir.METRICS_FILE)
     if overwrite or not os.path.exists(lineage):
@@ -227,6 +244,10 @@ def population_launch(whole: Config, world_size: int, overwrite: bool, config_pa
     if world_size >= n:
         return {"running": list(range(n)), "standing": standing}
     complete = [_complete(whole, m) for m in range(n)]
+    unfinished = [m for m in range(n) if not complete[m]]
+    if whole.population.fewer_ranks == "pack" and not whole.population.league.members \
+            and len(unfinished) > world_size:  # every member still training runs, several to a rank
+        return {"packed": unfinished, "complete": [m for m in range(n) if complete[m]]}
     fitness = np.full(n, np.nan) if standing is None else standing.fitness
     running = members_to_run(fitness, world_size, in_order=bool(whole.population.league.members), complete=complete)
     return {"running": running, "standing": standing, "complete": [m for m in range(n) if complete[m]]}

@@ -25,8 +25,9 @@ from hpcrl.envs import EnvSpaces
 from hpcrl.io import rundir, run_status
 from hpcrl.io.config_history import HISTORY_FILE
 from hpcrl.io.metrics import write_crossed_nodes, write_startup
+from hpcrl.launch.packed import Packed
 from hpcrl.launch.population import Alone, Population
-from hpcrl.launch.startup import PHASES, Refusal, StartUp
+from hpcrl.launch.startup import MEMBER_PHASES, PHASES, Refusal, StartUp
 from hpcrl.launch.wiring import Hooks, build_workers
 from hpcrl.runtime import comm, job, signals, traffic
 from hpcrl.runtime.control import ControlStream, build_control_stream
@@ -50,19 +51,38 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     CLOCK.mark("imports")
     roles_here: list = []
 
-    def describe() -> str:  # what this rank is doing, for the abort hook and the watchdog
-        if roles_here and all(r.done for r in roles_here):
-            return "its roles are finished; waiting for the stop word on the control stream (from the learner root)"
-        return ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up"
-
-    comm.install_abort_hook(describe)
+    comm.install_abort_hook(lambda: _describe(roles_here))
     s = StartUp(config_path, overrides, overwrite, Alone(comm.JOB))
     try:
         for phase in PHASES:
             phase(s)
     except Refusal as refusal:
         return _refuse(refusal.message, refusal.status)
+    if isinstance(s.member, Packed):  # members taking turns on this rank, each a run of its own
+        if s.rank == 0 and s.member.announces_layout:
+            _announce_layout(s.cfg, s.layout, s.sizes, s.spaces, s.num_params, s.hosts, s.member)
+        return s.member.take_turns(lambda turn, cfg: _turn(s, turn, cfg, roles_here))
+    return _train(s, roles_here)
+
+
+def _turn(s: StartUp, turn, cfg: Config, roles_here: list) -> int:
+    """A packed member's turn (launch/packed.py): the start-up phases of its own run, on this rank
+    alone, then its training; its exit status."""
+    t = StartUp(s.config_path, (), False, turn, cfg=cfg)
+    try:
+        for phase in MEMBER_PHASES:
+            phase(t)
+    except Refusal as refusal:  # (checked at the launch's start-up already: a disk that filled since)
+        print(f"hpcrl: error:{turn.label}: {refusal.message}", file=sys.stderr, flush=True)
+        return refusal.status
+    return _train(t, roles_here)
+
+
+def _train(s: StartUp, roles_here: list) -> int:
+    """The run the start-up phases prepared: its workers built and polled until the stop word;
+    its exit status."""
     cfg, rank, layout, start, member = s.cfg, s.rank, s.layout, s.start, s.member
+    roles_here.clear()
     member.connect(layout, rank)  # a population's: MPI over the job, its members' learner roots
     if start.finished:
         if rank == 0:
@@ -73,13 +93,15 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     comm.report_failures(lambda job_rank, doing, error: run_status.write(
         start.run_dir, "failed", rank=job_rank, doing=doing, error=error))
     if rank == 0:
-        _announce(s)
+        if not member.takes_turns:
+            _announce(s)
         _record_status(start.run_dir, "running", ranks=layout.world_size)
-    watchdog = Watchdog(cfg.run.hang_timeout_s, describe, comm.abort_job, rank).start()
+    watchdog = Watchdog(cfg.run.hang_timeout_s, lambda: _describe(roles_here), comm.abort_job, rank).start()
     control = build_control_stream(s.world, rank, layout.learner_root, layout.node_of_rank)
     peers = start_peer_watch(s.world, rank, control.neighbours, cfg.run.peer_timeout_s,
                              _rank_names(layout, s.hosts), comm.leave_cut_off_job)
-    roles_here.extend(build_workers(s, control, Hooks(signals.requested, heartbeat=lambda: watchdog.tick(True))))
+    roles_here.extend(build_workers(s, control, Hooks(member.stop_requested,
+                                                      heartbeat=lambda: watchdog.tick(True))))
     member_role = member.role(_learner(roles_here), start.start_frames)
     if member_role is not None:
         roles_here.append(member_role)
@@ -88,17 +110,25 @@ def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
     resume_collection()  # paused by `hpcrl run` from its first import (core/startup.py)
     poll_until_done(roles_here, control, watchdog)
     control.close()
-    _report_launch(s.world, start, control.stop_flags, len(set(s.nodes.tolist())))
+    if not member.takes_turns:  # (a turn of a packed member: its launch's totals are not a launch's)
+        _report_launch(s.world, start, control.stop_flags, len(set(s.nodes.tolist())))
     watchdog.stop()
     peers.close()  # after the watchdog: waiting for the neighbours' BYE is watched by the peers' clock
     # why the run stopped, the same word on every rank: the exit status
     status = StopReason.from_flags(control.stop_flags).exit_status
     if rank == 0:
-        _record_status(start.run_dir, {EXIT_DONE: "done", EXIT_PREEMPTED: "preempted"}.get(status, "output_failed"))
+        _record_status(start.run_dir, member.ended_as(status))
     if rank == 0 and status == 0:
         say(f"done: {start.run_dir}", label=member.label)
     member.rest(member_role)  # a population member's learner root serves it until every member has stopped
     return status
+
+
+def _describe(roles_here: list) -> str:
+    """What this rank is doing, for the watchdog."""
+    if roles_here and all(r.done for r in roles_here):
+        return "its roles are finished; waiting for the stop word on the control stream (from the learner root)"
+    return ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up"
 
 
 def _record_status(run_dir: str, state: str, **details) -> None:

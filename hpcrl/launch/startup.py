@@ -22,6 +22,7 @@ from hpcrl.core.stop import EXIT_CONFIG_ERROR, EXIT_OUTPUT_FAILED
 from hpcrl.envs import EnvSpaces, env_spaces
 from hpcrl.envs.scripted import anchor_players
 from hpcrl.io import rundir
+from hpcrl.launch.packed import Packed
 from hpcrl.launch.population import Alone, Population, population_launch
 from hpcrl.launch.wiring import holds_a_policy
 from hpcrl.runtime import comm, traffic
@@ -90,14 +91,14 @@ def _check_anchors(cfg: Config) -> None:
                           "pip install 'hpcrl[multiagent]' (or openskill), or remove the anchors")
 
 
-def _prepare(cfg: Config, overwrite: bool, shapes: dict) -> dict:
+def _prepare(cfg: Config, overwrite: bool, shapes: dict, relaunch: str) -> dict:
     """Rank 0, once every rank's checks have passed: lock, create or resume the run directory."""
     def fits(path: str) -> None:
         from hpcrl.io.checkpoint import check_fits, load_checkpoint
         check_fits(load_checkpoint(path), shapes, path)
 
     try:
-        return {"start": rundir.prepare(cfg, overwrite, os.environ.get("HPCRL_RELAUNCH", ""), check_checkpoint=fits)}
+        return {"start": rundir.prepare(cfg, overwrite, relaunch, check_checkpoint=fits)}
     except ConfigError as exc:
         return {"error": str(exc)}
     except OSError as exc:  # a full disk or an unwritable output_dir: not a config mistake
@@ -123,7 +124,7 @@ class StartUp:
     config_path: str
     overrides: tuple[str, ...]
     overwrite: bool
-    member: Alone | Population  # what a population member does around its run (Alone: nothing), and its world
+    member: Alone  # what a population member does around its run (Alone: nothing), and its world
     cfg: Config | None = None
     nodes: object = None  # rank -> node index
     hosts: list = field(default_factory=list)
@@ -169,7 +170,10 @@ def _split_population(s: StartUp) -> None:
         return
     launch = s.settle(comm.broadcast_object(s.world, population_launch(s.cfg, s.size, s.overwrite, s.config_path)
                                             if s.rank == 0 else None), agreed=True)
-    s.member = Population(s.cfg, launch["running"], launch["standing"], launch.get("complete", ()))  # MPI: the job
+    if "packed" in launch:  # more members still training than ranks: they take turns (launch/packed.py)
+        s.member = Packed(s.cfg, launch["packed"], launch["complete"])  # MPI: the job
+    else:
+        s.member = Population(s.cfg, launch["running"], launch["standing"], launch.get("complete", ()))  # the job
     s.cfg = s.member.cfg
 
 
@@ -208,7 +212,7 @@ def _prepare_run_dir(s: StartUp) -> None:
     """Only now is anything written: rank 0 locks and prepares the run directory (a population's
     directory first)."""
     s.settle(s.member.prepare(s.overwrite), agreed=True)  # a population's directory: one verdict for the job
-    prepared = _prepare(s.cfg, s.overwrite, s.shapes) if s.rank == 0 else None
+    prepared = _prepare(s.cfg, s.overwrite, s.shapes, s.member.relaunch()) if s.rank == 0 else None
     s.start = s.settle(comm.broadcast_object(s.world, prepared))["start"]
     CLOCK.mark("run_dir")
 
@@ -216,7 +220,8 @@ def _prepare_run_dir(s: StartUp) -> None:
 # Nothing is written until every check has passed on every rank: the config (rank 0), every rank's
 # layout, rank 0's env, memory and model checks, then every rank's devices; only then does rank 0
 # prepare the run directory.
-PHASES = (_read_config, _split_population, _plan, _check_env_and_model, _check_every_rank, _prepare_run_dir)
+MEMBER_PHASES = (_plan, _check_env_and_model, _check_every_rank, _prepare_run_dir)  # a run whose config is read
+PHASES = (_read_config, _split_population, *MEMBER_PHASES)
 
 
 def visible_gpus() -> int:

@@ -87,6 +87,7 @@ class Wiring:
     preempt_requested: Callable[[], bool] = lambda: False
     heartbeat: Callable[[], None] = lambda: None
     member_label: str = ""  # a population member's name (' member03'; launch/population.py), for its lines
+    member_takes_turns: bool = False  # a packed member's turn (launch/packed.py): its stop is no preemption to say
     league: bool = False  # a league member: its pool's slots come from the population root (workers/league.py)
 
     @property
@@ -113,7 +114,7 @@ def build_workers(s, control: ControlStream, hooks: Hooks) -> list:
     w = Wiring(cfg, s.spaces, layout, s.sizes, s.world, rank, s.start, algorithm, parts_of(cfg), control,
                [weights_spec(n, league) for n in s.num_params], policy_spaces=policy_spaces(s.spaces, cfg.policies),
                preempt_requested=hooks.preempt_requested, heartbeat=hooks.heartbeat, member_label=s.member.label,
-               league=league)
+               member_takes_turns=s.member.takes_turns, league=league)
     # MPI: the trainers' communicator (Horovod among them), then each declared stream's own communicator
     learner = rank in set(layout.learners.tolist())
     w.trainer_comm = comm.sub_communicator(w.world, learner)

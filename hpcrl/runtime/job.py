@@ -46,6 +46,20 @@ def broadcast(obj, root: int = 0):
     return JOB.bcast(obj, root=root)
 
 
+def gather(obj, root: int = 0) -> list | None:
+    """Collective over the job: every rank's object in a list on `root`, None elsewhere (after a
+    sleeping barrier)."""
+    wait_sleeping(JOB.Ibarrier())
+    return JOB.gather(obj, root=root)
+
+
+def any_of(flag: bool) -> bool:
+    """Collective over the job: whether `flag` holds on any rank (after a sleeping barrier, so
+    also a barrier that sleeps)."""
+    wait_sleeping(JOB.Ibarrier())
+    return any(JOB.allgather(bool(flag)))
+
+
 def wait_for_every_member() -> None:
     """Collective over the job: a sleeping barrier, so no finished member polls in MPI_Finalize."""
     wait_sleeping(JOB.Ibarrier(), FINISH_SLEEP_S)

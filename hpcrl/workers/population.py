@@ -56,6 +56,7 @@ class MemberLink:
         self.channel, self.live, self.ready_frames = channel, live, ready_frames
         self.league = league
         self.synchronous, self.waiting_round = synchronous, waiting_round
+        self.waiting_fitness = math.nan  # its fitness at the report it waits after
         self._ready_from(start_frames)
         self.stopped = False  # DONE was sent
         self.farewell = False
@@ -64,13 +65,17 @@ class MemberLink:
         self._round_over = self._aborted = False
         self.decider = None  # on the population root: polled while this member waits in a round
 
-    def state(self) -> dict[str, int]:
+    def state(self) -> dict[str, float]:
         """What its learner root's checkpoint keeps (the part 'population'): the round it was
-        waiting in when it stopped (0: none)."""
-        return {"waiting_round": self.waiting_round}
+        waiting in when it stopped (0: none), and its fitness there (which a packed launch reports
+        for it: launch/packed.py)."""
+        if not self.waiting_round:
+            return {"waiting_round": 0}
+        return {"waiting_round": self.waiting_round, "fitness": self.waiting_fitness}
 
     def restore(self, state: dict) -> None:
-        self.waiting_round = int(state.get("waiting_round", 0))
+        # (a packed member's turn marks its round as turn_round: that launch's own count, not read here)
+        self.waiting_round = int(state.get("waiting_round", 0)) if self.synchronous else 0
 
     def _ready_from(self, frames: int) -> None:
         """The next judgement: after `ready_frames` more; synchronous, at the next multiple of it.
@@ -133,7 +138,7 @@ class MemberLink:
                 return adopted, False
             if self._aborted or trainer.preempt_requested():
                 self.report(DONE, trainer, frames, fitness, round_, preempted=True)
-                self.stopped, self.waiting_round = True, round_
+                self.stopped, self.waiting_round, self.waiting_fitness = True, round_, fitness
                 return None, True
             trainer.heartbeat()  # waiting for the other members is not a hang
             time.sleep(HOLD_SLEEP_S)

@@ -64,7 +64,7 @@ class LearnerRole:
         root = w.rank == layout.learner_root
         publishes = w.rank == int(layout.learners_of_policy(policy)[0])  # its policy's first learner
         files = (LearnerOutputs(w.start, cfg.run, progress=w.parts.step().progress, label=w.member_label,
-                                provenance=provenance(cfg, layout)) if root else None)
+                                provenance=provenance(cfg, layout), turns=w.member_takes_turns) if root else None)
         source.resume(w.start.run_dir, w.start.start_version if w.start.resume_file else None)
         evaluator = (Evaluator(cfg, w.spaces, w.start.start_frames, w.heartbeat)
                      if root and cfg.run.eval.every_frames else None)
