@@ -74,7 +74,8 @@ class Packed(Alone):
                 f"of {self.whole.population.ready_frames:,} frames (population.fewer_ranks: pack)")
         if self.complete:
             what += f", {len(self.complete)} complete"
-        return f"{what}; each member in serial mode as below; lineage in {os.path.join(self.run_dir, rundir.METRICS_FILE)}"
+        lineage = os.path.join(self.run_dir, rundir.METRICS_FILE)
+        return f"{what}; each member in serial mode as below; lineage in {lineage}"
 
     def take_turns(self, take_turn) -> int:
         """Every round: each member hosted here takes its turn (`take_turn(hooks, config)`: its
@@ -127,7 +128,8 @@ class Packed(Alone):
                 continue
             path = member_checkpoint(self.whole, child)
             try:
-                adopt_into(path, member_checkpoint(self.whole, parent), {k.split(".", 1)[1]: v for k, v in hyper.items()})
+                adopt_into(path, member_checkpoint(self.whole, parent),
+                           {k.split(".", 1)[1]: v for k, v in hyper.items()})
             except (CheckpointError, OSError) as exc:
                 say(f"error: cannot write member {parent}'s state into {path}: {exc}; the copy is lost, and the "
                     f"population stops here (status 4): free space, then run the same command again")
