@@ -208,7 +208,7 @@ def test_eval_plays_a_multiagent_run_under_its_masks(tmp_path):
                        run={"total_frames": 48})
     assert mpirun(1, "run", str(write_config(tmp_path, cfg))).returncode == 0
     from hpcrl.tools.evaluate import evaluate
-    result = evaluate(str(run_dir(cfg)), episodes=3, trust_env_code=True)  # tests.ma_envs: our own code
+    result = evaluate(str(run_dir(cfg)), episodes=3, trust_code=True)  # tests.ma_envs: our own code
     assert result.lengths == [6, 6, 6]
     assert all(0 <= r <= 14 / 3 + 1e-9 for r in result.returns)
 

@@ -104,7 +104,7 @@ def test_a_dict_env_trains_and_plays_through_every_path(tmp_path, ranks, mode, c
     assert "observation keys mission are text" in result.stderr
     metrics = read_metrics(str(run_dir(cfg) / "metrics.h5"))
     assert metrics["frames"][-1] >= 1024 and metrics["episodes"].sum() > 0
-    played = mpirun(1, "eval", str(run_dir(cfg)), "--episodes", "2", "--trust-env-code")
+    played = mpirun(1, "eval", str(run_dir(cfg)), "--episodes", "2", "--trust-code")
     assert played.returncode == 0 and "2 episodes" in played.stdout, played.stdout + played.stderr
 
 
@@ -125,7 +125,7 @@ def test_a_dict_env_trains_with_dqn_and_r2d2(tmp_path, ranks, core):
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(str(run_dir(cfg) / "metrics.h5"))
     assert metrics["frames"][-1] >= 2048 and metrics["policy_version"][-1] > 5 and metrics["replay_size"][-1] >= 64
-    played = mpirun(1, "eval", str(run_dir(cfg)), "--episodes", "2", "--trust-env-code")
+    played = mpirun(1, "eval", str(run_dir(cfg)), "--episodes", "2", "--trust-code")
     assert played.returncode == 0 and "2 episodes" in played.stdout, played.stdout + played.stderr
 
 

@@ -76,7 +76,7 @@ def test_eval_refuses_an_env_id_that_imports_a_module_and_nothing_runs(tmp_path,
     assert status == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert (f"env.id {env_id!r} would import module {module!r} and make the env from its "
             f"{env_id.split(':', 1)[1]!r} with env.kwargs {{'command': '{command}'}}") in err
-    assert "If you trust the run's author, pass --trust-env-code" in err
+    assert "If you trust the run's author, pass --trust-code" in err
     assert not payload.exists() and not (tmp_path / "command_ran").exists()
 
 

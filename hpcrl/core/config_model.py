@@ -4,12 +4,15 @@ Pure Python, like the rest of the config (core/config.py assembles it).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from hpcrl.core.config_base import OneOf, Range, check, check_ranges, doc, shown
 
 ENCODERS = ("auto", "mlp", "cnn", "grid")
+# the user's own encoder: 'package.module:Class', a torch nn.Module (models/custom.py, docs/custom-models.md)
+IMPORT_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 GRID_POLICIES = ("mlp", "columns", "landing", "cells")
 CORES = ("none", "lstm", "gru")
 MAX_LAYERS, MAX_WIDTH = 64, 65_536  # model.hidden_sizes, model.core_size
@@ -27,8 +30,12 @@ class ModelConfig:
                        "of Mnih et al. 2015 over channel-first [C, H, W] frame stacks, one trunk for both heads; "
                        "uint8 frames are scaled by 1/255), 'grid' (small boards as channel-last [H, W, C] planes, "
                        "as PettingZoo's classic games give: the convolutions of grid_convs, then an MLP of "
-                       "hidden_sizes; one trunk for both heads) or 'auto' (cnn for 3-D observations, mlp otherwise)",
-                       range=OneOf(ENCODERS), default="auto")
+                       "hidden_sizes; one trunk for both heads), 'auto' (cnn for 3-D observations, mlp otherwise), "
+                       "or your own: 'package.module:Class', a torch nn.Module built as Class(input_shape, "
+                       "**encoder_kwargs) with an out_features attribute, one trunk for both heads "
+                       "(docs/custom-models.md)", default="auto")
+    encoder_kwargs: dict = doc("keyword arguments of your own model.encoder class (plain YAML values)",
+                               default_factory=dict)
     grid_convs: list = doc("the grid encoder's convolutions, in order: [channels, kernel] keeps the board's size "
                            "('same' padding: a piece's neighbours are what matter, and a small board has no room to "
                            "stride); [channels, kernel, valid] leaves the padding out, so each output reads one "
@@ -62,6 +69,17 @@ def validate_model(m: ModelConfig, algo_name: str, trains: str) -> None:
     """Range and choice checks of the model section; `trains`: what algo.name trains (its
     dataflow's policy: 'q', 'sac', 'td3' or an actor-critic's)."""
     check_ranges(m, "model")
+    check(isinstance(m.encoder, str) and (m.encoder in ENCODERS or IMPORT_PATH.fullmatch(m.encoder)),
+          lambda: f"model.encoder: expected one of {', '.join(ENCODERS)}, or the import path of your own torch "
+                  f"module as 'package.module:Class', got {shown(m.encoder)}")
+    check(isinstance(m.encoder_kwargs, dict) and all(isinstance(k, str) for k in m.encoder_kwargs),
+          lambda: f"model.encoder_kwargs: expected a mapping of keyword arguments, got {shown(m.encoder_kwargs)}")
+    check(not m.encoder_kwargs or is_custom(m.encoder),
+          f"model.encoder_kwargs: {m.encoder} is a built-in encoder, which takes no keyword arguments; name your own "
+          f"class in model.encoder ('package.module:Class'), or remove encoder_kwargs")
+    check(not is_custom(m.encoder) or trains not in ("sac", "td3"),
+          f"model.encoder: {algo_name} reads its observations with MLPs (its critics take the action beside them); "
+          f"your own encoder works with the actor-critic algorithms and DQN; use encoder: mlp")
     check(1 <= len(m.hidden_sizes) <= MAX_LAYERS
           and all(_whole(h, MAX_WIDTH) for h in m.hidden_sizes),
           lambda: f"model.hidden_sizes: expected a list of 1 to {MAX_LAYERS} widths, each 1 to {MAX_WIDTH:,}, "
@@ -76,6 +94,11 @@ def validate_model(m: ModelConfig, algo_name: str, trains: str) -> None:
     check(m.grid_policy == "mlp" or trains not in ("q", "sac", "td3"),
           f"model.grid_policy: {m.grid_policy} is an actor-critic's policy head, and {algo_name} trains a "
           f"{'Q-network' if trains == 'q' else 'continuous actor'}; use grid_policy: mlp")
+
+
+def is_custom(encoder: str) -> bool:
+    """Whether model.encoder names the user's own class ('package.module:Class')."""
+    return isinstance(encoder, str) and ":" in encoder
 
 
 def _whole(x: Any, top: int) -> bool:

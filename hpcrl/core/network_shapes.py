@@ -18,6 +18,8 @@ model section), not imported: core stays below envs.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -55,8 +57,14 @@ def grid_shape(obs_shape: tuple, convs: list) -> tuple[int, int, int]:
 
 
 def encoder_for(spaces, model) -> str:
-    """'mlp', 'cnn' or 'grid' for these observations; a ConfigError if model.encoder cannot take them."""
+    """'mlp', 'cnn', 'grid' or 'custom' (the user's own class) for these observations; a
+    ConfigError if model.encoder cannot take them."""
     shape = tuple(spaces.obs_shape)
+    if ":" in model.encoder:
+        if spaces.state_dim:
+            raise ConfigError(f"model.encoder: {model.encoder} reads each agent's observation, and env.global_state "
+                              f"appends the env's state to every row; turn global_state off, or use encoder: mlp")
+        return "custom"
     if spaces.obs_leaves is not None:
         if model.encoder in ("cnn", "grid"):
             what = "image" if model.encoder == "cnn" else "board"
@@ -91,6 +99,15 @@ def leaf_code(leaf) -> tuple[str, int]:
     if leaf.dtype == "uint8" and len(leaf.shape) == 3 and min(leaf.shape[1:]) >= CNN_MIN_SIZE:
         return "image", NATURE_CNN_FEATURES
     return "numbers", math.prod(leaf.shape)
+
+
+def custom_input_shape(spaces) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
+    """What the user's own encoder reads of a row: the observation's shape as the env gives it
+    (uint8 frames scaled to [0, 1], normalised with model.obs_norm), or of a Dict or Tuple
+    observation each leaf's, by its key (a Discrete leaf's is (): its id, an int64)."""
+    if spaces.obs_leaves is None:
+        return tuple(spaces.obs_shape)
+    return {leaf.key: () if leaf.categories else tuple(leaf.shape) for leaf in spaces.obs_leaves.leaves}
 
 
 def input_width(spaces) -> int:
@@ -147,6 +164,9 @@ def check_env_kind(cfg, spaces) -> None:
 
 def check_central_critic(spaces, model) -> None:
     """A centralised critic reads flat observations."""
+    if encoder_for(spaces, model) == "custom":
+        raise ConfigError(f"model.encoder: mappo's centralised critic reads every agent's flat observation, not "
+                          f"{model.encoder}'s features: use encoder: mlp, or algo.name: ippo with your own encoder")
     if encoder_for(spaces, model) != "mlp":
         raise ConfigError("algo.name: mappo's centralised critic reads flat observations (model.encoder: mlp); "
                           f"these are images or boards of shape {tuple(spaces.obs_shape)}: use algo.name: ippo")
@@ -216,24 +236,43 @@ def _grid_convs(obs_shape: tuple, convs: list) -> list[Shape]:
 
 
 def _observation_input(spaces, model) -> list[Shape]:
-    """What ObservationInput holds: each Dict leaf's encoder and normaliser, or the normaliser."""
+    """What ObservationInput holds: each Dict leaf's encoder (none before the user's own encoder,
+    which reads the leaves) and normaliser, or the normaliser."""
     if spaces.obs_leaves is None:
         return _norm(spaces.obs_shape) if model.obs_norm else []
-    shapes = []
+    shapes, encodes = [], ":" not in model.encoder
     for leaf in spaces.obs_leaves.leaves:
         kind, _ = leaf_code(leaf)
-        if kind == "discrete":
+        if kind == "discrete" and encodes:
             shapes.append((leaf.categories, EMBEDDING_WIDTH))
-        elif kind == "image":
+        elif kind == "image" and encodes:
             shapes += _nature_cnn(leaf.shape)
         if model.obs_norm and kind != "discrete":
             shapes += _norm(leaf.shape)
     return shapes
 
 
-def _feature_trunk(spaces, model, width: int | None = None) -> tuple[list[Shape], int]:
+@dataclass(frozen=True)
+class CustomTrunk:
+    """The user's own encoder (model.encoder 'package.module:Class') as built: the shapes of its
+    tensors (parameters, then buffers) and its out_features. Only building it tells (models/
+    custom.py `custom_trunk`, on the meta device), so the counts here take it from the caller."""
+    shapes: tuple[Shape, ...]
+    width: int
+
+
+CustomTrunks = Callable[[object], CustomTrunk]  # custom_input_shape -> the user's encoder built for it
+
+
+def _feature_trunk(spaces, model, width: int | None = None,
+                   custom: CustomTrunks | None = None) -> tuple[list[Shape], int]:
     """ObservationInput.feature_trunk's tensors and output width."""
     kind, hidden = encoder_for(spaces, model), list(model.hidden_sizes)
+    if kind == "custom":
+        if custom is None:
+            raise ValueError(f"counting the tensors of {model.encoder} needs it built (models/custom.py custom_trunk)")
+        built = custom(custom_input_shape(spaces))
+        return list(built.shapes), built.width
     if kind == "cnn":
         return _nature_cnn(tuple(spaces.obs_shape)), NATURE_CNN_FEATURES
     if kind == "grid":
@@ -249,14 +288,15 @@ def _core(model, width: int) -> list[Shape]:
     return [(gates, width), (gates, model.core_size), (gates,), (gates,)]
 
 
-def _actor_critic(spaces, model, central_critic: bool, value_norm: bool) -> list[Shape]:
+def _actor_critic(spaces, model, central_critic: bool, value_norm: bool,
+                  custom: CustomTrunks | None = None) -> list[Shape]:
     """models/networks.py ActorCritic, or models/recurrent.py RecurrentActorCritic with model.core."""
     shapes = _observation_input(spaces, model)
     out, hidden = policy_outputs(spaces), list(model.hidden_sizes)
     if central_critic:
         check_central_critic(spaces, model)
     if model.core != "none":
-        trunk, width = _feature_trunk(spaces, model, input_width(spaces) - spaces.state_dim)
+        trunk, width = _feature_trunk(spaces, model, input_width(spaces) - spaces.state_dim, custom)
         critic = (_mlp([critic_input(spaces, True, model.core_size), *hidden, 1]) if central_critic
                   else _linear(model.core_size, 1))
         shapes += trunk + _core(model, width) + _linear(model.core_size, out) + critic
@@ -266,7 +306,7 @@ def _actor_critic(spaces, model, central_critic: bool, value_norm: bool) -> list
         shapes += (_grid_convs(tuple(spaces.obs_shape), model.grid_convs) + _conv(channels, 1, 1)
                    + _mlp([critic_channels * h * w, *hidden, 1]))
     elif kind != "mlp":
-        trunk, features = _feature_trunk(spaces, model)
+        trunk, features = _feature_trunk(spaces, model, custom=custom)
         shapes += trunk + _linear(features, out) + _linear(features, 1)
     else:
         own = input_width(spaces) - spaces.state_dim  # the agent's own view
@@ -276,11 +316,11 @@ def _actor_critic(spaces, model, central_critic: bool, value_norm: bool) -> list
     return shapes + (_norm(()) if value_norm else [])
 
 
-def _q_network(spaces, model, dueling: bool, env_id: str) -> list[Shape]:
+def _q_network(spaces, model, dueling: bool, env_id: str, custom: CustomTrunks | None = None) -> list[Shape]:
     """models/q.py QNetwork, or RecurrentQNetwork with model.core."""
     shapes = _observation_input(spaces, model)
     check_q(spaces, env_id)
-    trunk, width = _feature_trunk(spaces, model)
+    trunk, width = _feature_trunk(spaces, model, custom=custom)
     shapes += trunk
     if model.core != "none":
         shapes += _core(model, width)
@@ -299,22 +339,23 @@ def _continuous(spaces, model, stochastic: bool, algo_name: str, env_id: str) ->
     return shapes + 2 * _mlp([width + actions, *hidden, 1])
 
 
-def network_shapes(cfg, spaces) -> list[Shape]:
+def network_shapes(cfg, spaces, custom: CustomTrunks | None = None) -> list[Shape]:
     """The shape of every tensor of the network cfg's algorithm trains on `spaces` (one policy's
     view of the env), parameters and buffers, as hpcrl.models.build_policy builds it; its
-    ConfigError where it cannot be built."""
+    ConfigError where it cannot be built. `custom`: the user's own encoder's facts, where the
+    config names one."""
     algorithm, model = ALGORITHMS[cfg.algo.name], cfg.model
     if algorithm.policy == "q":
-        return _q_network(spaces, model, cfg.algo.dqn.dueling, cfg.env.id)
+        return _q_network(spaces, model, cfg.algo.dqn.dueling, cfg.env.id, custom)
     if algorithm.continuous:
         return _continuous(spaces, model, not algorithm.action_noise, cfg.algo.name, cfg.env.id)
     check_env_kind(cfg, spaces)
-    return _actor_critic(spaces, model, algorithm.policy == "central_critic", bool(cfg.algo.value_norm))
+    return _actor_critic(spaces, model, algorithm.policy == "central_critic", bool(cfg.algo.value_norm), custom)
 
 
-def policy_params(cfg, spaces) -> int:
+def policy_params(cfg, spaces, custom: CustomTrunks | None = None) -> int:
     """The weights message's length (parameters and normaliser buffers) of the largest policy of
     the policies table; a ConfigError if model.encoder cannot take the observations, or the
-    algorithm's network cannot take the env."""
-    return max(sum(math.prod(s) for s in network_shapes(cfg, view))
+    algorithm's network cannot take the env. `custom`: as `network_shapes`."""
+    return max(sum(math.prod(s) for s in network_shapes(cfg, view, custom))
                for view in policy_spaces(spaces, cfg.policies))

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 
 from hpcrl.core.config import Config, ConfigError, load_config
+from hpcrl.core.config_model import is_custom
 from hpcrl.core.layout import Layout, plan_layout
 from hpcrl.core.members import check_members
 from hpcrl.core.policies import num_policies, policy_names, policy_spaces
@@ -66,7 +67,11 @@ def _check(cfg: Config, layout: Layout, sizes: Sizes, config_path: str) -> dict:
         spaces = env_spaces(cfg.env)
         _check_anchors(cfg)
         from hpcrl.core.network_shapes import policy_params  # counted, nothing allocated
-        problem = memory_problem(cfg, layout, sizes, spaces, policy_params(cfg, spaces))  # before any allocation
+        custom = None
+        if is_custom(cfg.model.encoder):  # the user's own encoder: only building it tells its size (on meta)
+            from hpcrl.models.custom import custom_trunk
+            custom = custom_trunk(cfg.model)
+        problem = memory_problem(cfg, layout, sizes, spaces, policy_params(cfg, spaces, custom))  # before allocating
         if problem:
             raise ConfigError(f"{config_path}: {problem}")
         from hpcrl.models import build_policy, num_params  # torch, on rank 0 only

@@ -4,7 +4,8 @@ their building blocks (layers.py), and the runners that run them for policy hold
 their weights (runner.py); the trainers' optimizer (adam.py) and a population member's state as
 contiguous arrays (arena.py, member.py). The modules import one another only downward (layers <-
 structured <- networks <- recurrent <- q; networks <- sac; runner; arena <- adam <- member), and
-this package's builders sit above them all."""
+this package's builders sit above them all. The user's own encoder (custom.py) is built where an
+encoder is, below networks."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from hpcrl.core.config import ModelConfig
-from hpcrl.core.network_shapes import (NATURE_CNN_FEATURES, check_central_critic, critic_input, encoder_for,
-                                       input_width, policy_outputs, spatial_map)
+from hpcrl.core.network_shapes import (NATURE_CNN_FEATURES, check_central_critic, critic_input, custom_input_shape,
+                                       encoder_for, input_width, policy_outputs, spatial_map)
+from hpcrl.models.custom import build_encoder
 from hpcrl.models.layers import (ACTIVATIONS, HALF_LOG_2PI, LandingMap, RunningNorm, SpatialPolicy, _linear,
                                  _grid_cnn, _grid_convs, _masked_log_softmax, _mlp, _nature_cnn)
 
@@ -38,7 +39,7 @@ class ObservationInput(nn.Module):
         super().__init__()
         if spaces.obs_leaves is not None:  # a Dict or Tuple observation: each leaf its own way
             from hpcrl.models.structured import StructuredInput
-            self.structured = StructuredInput(spaces.obs_leaves, cfg.obs_norm)
+            self.structured = StructuredInput(spaces.obs_leaves, cfg.obs_norm, encode=":" not in cfg.encoder)
             self.obs_scale, self.obs_norm = None, None
             return
         self.structured = None
@@ -47,9 +48,11 @@ class ObservationInput(nn.Module):
 
     def feature_trunk(self, spaces: EnvSpaces, cfg: ModelConfig, width: int | None = None) -> tuple[nn.Module, int]:
         """One trunk for every head (Q-networks, recurrent cores) and its output width: the Nature
-        CNN over frames, or an MLP of model.hidden_sizes that ends in its activation, reading
-        `width` numbers per row (default: the whole input row)."""
+        CNN over frames, the user's own encoder (models/custom.py), or an MLP of model.hidden_sizes
+        that ends in its activation, reading `width` numbers per row (default: the whole input row)."""
         kind, act, hidden = encoder_for(spaces, cfg), ACTIVATIONS[cfg.activation], list(cfg.hidden_sizes)
+        if kind == "custom":
+            return build_encoder(cfg, custom_input_shape(spaces))
         if kind == "cnn":
             return _nature_cnn(tuple(spaces.obs_shape)), NATURE_CNN_FEATURES
         if kind == "grid":
@@ -64,8 +67,8 @@ class ObservationInput(nn.Module):
     def inputs(self, obs) -> torch.Tensor:
         """What the trunk reads: scaled, normalised observations (Dict and Tuple observations, a
         dict of leaf tensors, each encoded its own way and concatenated)."""
-        if self.structured is not None:
-            return self.structured(obs)
+        if self.structured is not None:  # (the user's own encoder reads the leaves themselves)
+            return self.structured(obs) if self.structured.encodes else self.structured.leaves(obs)
         x = self._scaled(obs)
         return self.obs_norm(x) if self.obs_norm is not None else x
 

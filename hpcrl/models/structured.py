@@ -23,15 +23,20 @@ from hpcrl.core.observations import ObsLeaves
 class StructuredInput(nn.Module):
     """Observations as a dict of leaf tensors -> [B, width] features."""
 
-    def __init__(self, obs: ObsLeaves, obs_norm: bool):
+    def __init__(self, obs: ObsLeaves, obs_norm: bool, encode: bool = True):
+        """`encode` False: no encoder of its own (the user's own model.encoder reads the leaves:
+        `leaves`)."""
         from hpcrl.models.layers import RunningNorm, _nature_cnn
         super().__init__()
+        self.encodes = encode
         self.keys = [leaf.key for leaf in obs.leaves]
         self.names = [f"leaf{i}" for i in range(len(obs.leaves))]  # module names cannot hold '.'
         self.kinds, encoders, norms, self.width = [], {}, {}, 0
         for name, leaf in zip(self.names, obs.leaves):
             kind, width = leaf_code(leaf)
-            if kind == "discrete":
+            if not encode:
+                pass
+            elif kind == "discrete":
                 encoders[name] = nn.Embedding(leaf.categories, EMBEDDING_WIDTH)
             elif kind == "image":
                 encoders[name] = _nature_cnn(leaf.shape)
@@ -52,6 +57,12 @@ class StructuredInput(nn.Module):
             x = obs[key]
             out[name] = x.long() if kind == "discrete" else x.float() * (1.0 / 255.0) if kind == "image" else x.float()
         return out
+
+    def leaves(self, obs: dict) -> dict:
+        """Each leaf by its key as the user's own encoder reads it: `scaled`, then normalised
+        (model.obs_norm)."""
+        return {key: self.norms[name](x) if name in self.norms else x
+                for key, (name, x) in zip(self.keys, self.scaled(obs).items())}
 
     def forward(self, obs: dict) -> torch.Tensor:
         codes = []

@@ -82,10 +82,11 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="seed of the env and of action sampling (default 0)")
     ev.add_argument("--video", metavar="OUT.mp4", help="render every step of every episode into this video")
     ev.add_argument("--json", action="store_true", help="print the result as JSON (every episode's return too)")
-    ev.add_argument("--trust-env-code", action="store_true",
-                    help="make the run's env even where its env.id names a module outside the env families hpcrl "
-                         "supports (mypackage:MyEnv): that module is imported and what the id names in it called "
-                         "with env.kwargs. A run directory is data: pass this only for runs whose author you trust")
+    ev.add_argument("--trust-code", "--trust-env-code", dest="trust_code", action="store_true",
+                    help="import the modules the run's config names: its env where env.id names a module outside "
+                         "the env families hpcrl supports (mypackage:MyEnv), called with env.kwargs, and its own "
+                         "model.encoder (mypackage.nets:Encoder), built with model.encoder_kwargs. A run directory "
+                         "is data: pass this only for runs whose author you trust (--trust-env-code: the same)")
     ev.add_argument("--opponent", metavar="random|RUN_DIR|MODULE:FUNCTION",
                     help="multi-agent games: play one seat (each in turn) against a uniform player of valid "
                          "actions, another run's latest checkpoint (another member of a population), or a "
@@ -175,7 +176,7 @@ def _eval(args) -> int:
         return _user_error(refusal)
     try:
         result = evaluate(args.run_dir, args.episodes, args.deterministic, args.seed, args.video, args.opponent,
-                          args.trust_env_code)
+                          args.trust_code)
     except (RunDirError, ConfigError, CheckpointError) as exc:
         return _user_error(f"hpcrl: eval: {exc}")
     print(json.dumps(result.summary(), indent=2) if args.json else format_result(result, args.run_dir))
@@ -277,6 +278,15 @@ def _missing_directory(path: str) -> str:
         if not os.path.isdir(parent) else ""
 
 
+def _custom_trunk(cfg):
+    """The user's own encoder, built on the meta device to be counted (torch, only for such a config)."""
+    from hpcrl.core.config_model import is_custom
+    if not is_custom(cfg.model.encoder):
+        return None
+    from hpcrl.models.custom import custom_trunk
+    return custom_trunk(cfg.model)
+
+
 def _plan(args) -> int:
     import numpy as np
 
@@ -304,7 +314,7 @@ def _plan(args) -> int:
         gpus = None if args.gpus_per_node is None else np.full(world, args.gpus_per_node)
         layout = plan_layout(cfg.roles, world, nodes[:world], gpus, num_policies(cfg.policies))
         spaces = env_spaces(cfg.env)
-        n_params = policy_params(cfg, spaces)  # counted, not allocated; ConfigError: model.encoder unfit
+        n_params = policy_params(cfg, spaces, _custom_trunk(cfg))  # counted, not allocated; ConfigError: unfit
         sizes = Sizes.of(cfg, layout)  # ConfigError: a batch that does not fit, slots that cannot hold one
         mem = memory(cfg, layout, sizes, spaces, n_params, whole.population if population else None)
     except ConfigError as exc:

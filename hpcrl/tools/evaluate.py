@@ -10,8 +10,9 @@ population; or a scripted player, `module:function`, such as a fixed anchor to r
 the run's policy takes one seat, in turn every seat from game to game, the opponent all the
 others, and the result counts the run's wins, draws and losses.
 
-A run directory is data: eval imports no module its config names outside the env
-families hpcrl supports (`imports_of_env_id`) unless the caller trusts it (`--trust-env-code`),
+A run directory is data: eval imports no module its config names (an env outside the env
+families hpcrl supports, `imports_of_env_id`; the user's own model.encoder) unless the caller
+trusts it (`--trust-code`),
 refuses weights that do not fit the network or are not finite (`check_fits`), and writes nothing
 but the video it was asked for.
 """
@@ -27,6 +28,7 @@ import torch
 
 from hpcrl.io.checkpoint import CheckpointError, check_fits, load_latest
 from hpcrl.core.config import Config, ConfigError, parse_config
+from hpcrl.core.config_model import is_custom
 from hpcrl.envs import KNOWN_ENV_FAMILIES, imports_of_env_id, make_vector_env, env_spaces
 from hpcrl.envs.anchors import uniform
 from hpcrl.envs.scripted import ScriptedPlayer
@@ -74,16 +76,23 @@ def load_run(run_dir: str) -> tuple[Config, dict, str, list[str]]:
     return cfg, checkpoint, found, problems
 
 
-def refuse_untrusted_env(cfg: Config, run_dir: str) -> None:
-    """RunDirError if making the run's env would import a module its config names outside the env
-    families hpcrl supports, and call what the config names in it with the config's kwargs."""
+def refuse_untrusted_code(cfg: Config, run_dir: str) -> None:
+    """RunDirError if playing the run would import a module its config names: making its env (an
+    env.id outside the env families hpcrl supports, whose named callable gets the config's kwargs),
+    or building its network (the user's own model.encoder, called with model.encoder_kwargs)."""
     module = imports_of_env_id(cfg.env.id)
     if module is not None:
         name = cfg.env.id.split(":", 1)[1]
         raise RunDirError(f"{run_dir}: env.id {cfg.env.id!r} would import module {module!r} and make the env from "
                           f"its {name!r} with env.kwargs {cfg.env.kwargs}; a run directory is data, so eval "
                           f"imports no module it names beyond {KNOWN_ENV_FAMILIES}. If you trust the run's "
-                          f"author, pass --trust-env-code")
+                          f"author, pass --trust-code")
+    if is_custom(cfg.model.encoder):
+        module_name, name = cfg.model.encoder.split(":", 1)
+        raise RunDirError(f"{run_dir}: model.encoder {cfg.model.encoder!r} would import module {module_name!r} and "
+                          f"build the network with its {name!r} and model.encoder_kwargs {cfg.model.encoder_kwargs}; "
+                          f"a run directory is data, so eval imports no module it names. If you trust the run's "
+                          f"author, pass --trust-code")
 
 
 def _policy(cfg: Config, checkpoint: dict, found: str, spaces, play: str, generator: torch.Generator) -> Player:
@@ -132,9 +141,11 @@ class _Scripted:
             raise RunDirError(str(exc)) from None
 
 
-def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Generator, seed: int = 0):
+def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Generator, seed: int = 0,
+              trust_code: bool = False):
     """None, a uniform player ('random'), a scripted player (`module:function`), or the policy of
-    another run (its latest checkpoint) for the same env."""
+    another run (its latest checkpoint) for the same env (its own model.encoder only with
+    `trust_code`)."""
     if opponent is None:
         return None
     if opponent == "random":
@@ -142,17 +153,20 @@ def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Genera
     if ":" in opponent and not os.path.exists(opponent):
         return _Scripted(opponent, seed)
     other, checkpoint, found, _ = load_run(opponent)
+    if not trust_code and is_custom(other.model.encoder):
+        refuse_untrusted_code(other, opponent)
     if other.env.id != cfg.env.id:
         raise RunDirError(f"--opponent {opponent}: its env is {other.env.id}, this run's is {cfg.env.id}")
     return _policy(other, checkpoint, found, spaces, "sample", generator)  # an opponent samples, as it trained
 
 
 def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int = 0,
-             video: str | None = None, opponent: str | None = None, trust_env_code: bool = False,
+             video: str | None = None, opponent: str | None = None, trust_code: bool = False,
              watch: Callable | None = None) -> EvalResult:
-    """Play the run's latest checkpoint. `trust_env_code`: make its env even where env.id names a
+    """Play the run's latest checkpoint. `trust_code`: make its env even where env.id names a
     module outside the env families hpcrl supports (tests.ma_envs:Relay, mypackage:MyEnv), which is
-    imported and called with env.kwargs; without it such a run is refused (RunDirError).
+    imported and called with env.kwargs, and build its network even where model.encoder names the
+    user's own class (mypackage.nets:Encoder); without it such a run is refused (RunDirError).
     `watch(game, seat, rows, mask, actions, active)`, if given, sees every step before it is taken:
     the game's number (its index in the result's returns), the run's seat, the rows' observations,
     action masks and actions, and which rows move (None: all); bench/league.py counts a connect
@@ -160,8 +174,8 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
     if video and not os.path.isdir(os.path.dirname(os.path.abspath(video))):
         raise RunDirError(f"--video {video}: directory {os.path.dirname(video)!r} does not exist")
     cfg, checkpoint, found, problems = load_run(run_dir)
-    if not trust_env_code:
-        refuse_untrusted_env(cfg, run_dir)
+    if not trust_code:
+        refuse_untrusted_code(cfg, run_dir)
     env_cfg = dataclasses.replace(cfg.env, num_envs=1,
                                   kwargs={**cfg.env.kwargs, **({"render_mode": "rgb_array"} if video else {})})
     spaces = env_spaces(cfg.env)
@@ -169,7 +183,7 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
         raise RunDirError(f"--opponent: {cfg.env.id} has one agent; an opponent needs a multi-agent game")
     generator = torch.Generator().manual_seed(seed)
     model = _policy(cfg, checkpoint, found, spaces, "greedy" if deterministic else "sample", generator)
-    rival = _opponent(opponent, cfg, spaces, generator, seed)
+    rival = _opponent(opponent, cfg, spaces, generator, seed, trust_code)
     counters = checkpoint["counters"]
     result = EvalResult([], [], found, int(counters.get("policy_version", 0)), int(counters.get("frames", 0)),
                         deterministic, seed, video, warnings=problems, opponent=opponent)
