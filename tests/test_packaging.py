@@ -56,6 +56,7 @@ def test_env_family_and_bench_extras_are_declared():
     assert extras["mujoco"] == {"mujoco", "imageio"}
     assert extras["box2d"] == {"box2d", "pygame-ce"}  # the pygame mpe2 needs: one distribution of the module
     assert extras["envpool"] == {"envpool"}
+    assert extras["wandb"] == {"wandb"}  # run.wandb, imported only by io/wandb_log.py where a project is named
     assert extras["multiagent"] == {"pettingzoo", "mpe2", "openskill"}  # openskill: ratings against anchors
     assert project()["optional-dependencies"]["bench"] == ["stable-baselines3==2.9.2"]
 

@@ -28,6 +28,7 @@ from hpcrl.core.config_env import (ENV_BACKENDS, ENV_PRESETS, MAX_FRAME_SIZE, MA
                                    MAX_NUM_ENVS, AtariConfig, EnvConfig, validate_env)
 from hpcrl.core.config_roles import (DEFAULT_MAX_ENV_RANKS, DEFAULT_RANKS, DEVICES, REST,  # noqa: F401
                                      ROLE_NAMES, RoleSpec, RolesConfig, validate_roles)
+from hpcrl.core.config_wandb import WandbConfig, validate_wandb
 from hpcrl.core.config_model import ModelConfig, validate_model
 from hpcrl.core.config_population import PopulationConfig, validate_population
 from hpcrl.core.config_schedule import validate_schedule
@@ -109,6 +110,7 @@ class RunConfig:
                             "run directory: tensorboard --logdir runs", default=True)
     eval: EvalConfig = doc("evaluation during training",
                            default_factory=EvalConfig)
+    wandb: WandbConfig = doc("Weights & Biases logging (off unless a project is named)", default_factory=WandbConfig)
 
 
 @dataclass
@@ -321,6 +323,7 @@ def validate(cfg: Config) -> None:
                    f"got {shown(r.name)}")
     check_ranges(r, "run")
     check_ranges(r.eval, "run.eval")
+    validate_wandb(r.wandb)
     validate_env(e)
     per_group = e.num_envs // e.groups  # a request's envs (an inline policy's request: a multiple of them)
     check(r.inference_block is None or r.deterministic,

@@ -40,7 +40,7 @@ class LearnerOutputs:
         self.metrics = MetricsWriter(os.path.join(run_dir, METRICS_FILE), attrs={"config": config_text},
                                      resume=start.resume_file is not None,
                                      tensorboard_dir=run_dir if run.tensorboard else None,
-                                     flush_interval_s=METRICS_FLUSH_S)
+                                     flush_interval_s=METRICS_FLUSH_S, mirrors=_wandb(run, run_dir, config_text, label))
         self.checkpoint_path = os.path.join(run_dir, CHECKPOINT_FILE)
         self.failed = False
         self.total_frames = run.total_frames
@@ -124,3 +124,14 @@ def progress_of(frames: int, total: int, fps: float) -> str:
     left = max(total - frames, 0)
     eta = f" | ETA {duration(left / fps)}" if fps > 0 and left else ""
     return f"{min(100 * frames / total, 100):3.0f}% | {fps:8,.0f} fps{eta}"
+
+
+def _wandb(run, run_dir: str, config_text: str, label: str) -> tuple:
+    """Weights & Biases, where run.wandb names a project: (its sink,) or ()."""
+    if run.wandb.project is None or run.wandb.mode == "disabled":
+        return ()
+    import yaml
+    from hpcrl.io.wandb_log import WandbScalars
+    # a population's members (a label): grouped under the population's name, their output_dir's
+    group = os.path.basename(os.path.normpath(run.output_dir)) if label else None
+    return (WandbScalars(run_dir, run.wandb, run.name, yaml.safe_load(config_text), group=group, label=label),)

@@ -45,12 +45,13 @@ class MetricsWriter:
     """Appends rows of named scalars (and fixed-width vectors); every row has the same keys."""
 
     def __init__(self, path: str, attrs: dict[str, str] | None = None, resume: bool = False,
-                 tensorboard_dir: str | None = None, flush_interval_s: float = 0.0):
+                 tensorboard_dir: str | None = None, flush_interval_s: float = 0.0, mirrors: tuple = ()):
         """A new file; or, with `resume`, the existing one continued (a resumed run first cuts it
         back to its checkpoint with `rebuild_metrics`). `tensorboard_dir`: also write every row
         there as TensorBoard scalars (step = frames). `flush_interval_s`: hold rows in memory and
         write them together once this long has passed since the last write (0: every row at once);
-        `flush()` and `close()` write what is held."""
+        `flush()` and `close()` write what is held. `mirrors`: more sinks every written row goes to
+        (`append(rows)`, `close()`: Weights & Biases, io/wandb_log.py)."""
         self.path = path
         self.flush_interval_s = flush_interval_s
         self._pending: list[dict[str, np.ndarray]] = []
@@ -66,6 +67,7 @@ class MetricsWriter:
         self._resumed = bool(len(self.file))
         for key, value in (attrs or {}).items():
             self.file.attrs[key] = value
+        self.mirrors = list(mirrors)
         self.tensorboard = None
         if tensorboard_dir is not None:
             # TensorBoard drops what an earlier session wrote from this step on: the rows cut above
@@ -129,6 +131,8 @@ class MetricsWriter:
         self.rows = end
         if self.tensorboard is not None:
             self.tensorboard.append(rows)
+        for mirror in self.mirrors:
+            mirror.append(rows)
 
     def close(self) -> None:
         try:
@@ -138,6 +142,8 @@ class MetricsWriter:
                 self.file.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
+        for mirror in self.mirrors:
+            mirror.close()
 
 
 CROSSED_NODES = "crossed_nodes"  # attributes: what the run's last launch sent across nodes, per stream

@@ -19,7 +19,7 @@ from hpcrl.tools.inspect import RunDirError, load_config_dict, load_metrics, ope
 GROUP_BY = ("config", "name", "none")
 # Keys that name a run or say how it is run, not what it learns: runs differing only here are seeds.
 NOT_LEARNING = ("name", "output_dir", "seed", "log_interval_s", "checkpoint_interval_s", "hang_timeout_s",
-                "peer_timeout_s", "torch_threads", "replica_digests", "tensorboard")
+                "peer_timeout_s", "torch_threads", "replica_digests", "tensorboard", "wandb")
 SEED_SUFFIX = re.compile(r"[-_.]?(seed|s)?\d+$")
 GRID_POINTS = 200
 DEFAULT_METRICS = ("rating", "return_window_mean", "return_mean")  # the first a run has
