@@ -10,6 +10,8 @@ sections, and loads it.
 """
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 import difflib
 import sys
@@ -200,6 +202,21 @@ class Config:
         default_factory=dict)
     population: PopulationConfig = doc("population-based training: members side by side, the worst copying "
                                        "the best", default_factory=PopulationConfig)
+
+    @classmethod
+    def from_yaml(cls, path: str, overrides: tuple[str, ...] = ()) -> Config:
+        """A config file, read and checked as `hpcrl run` reads it, with `KEY=VALUE` overrides as
+        --set gives them; a ConfigError says what is wrong and where."""
+        return load_config(path, tuple(overrides))[0]
+
+    @classmethod
+    def from_dict(cls, data: dict, overrides: tuple[str, ...] = (), source: str = "<dict>") -> Config:
+        """A config from a mapping of sections (as the YAML file would hold), checked as a file is."""
+        return _config_of(copy.deepcopy(data), source, tuple(overrides))
+
+    def to_dict(self) -> dict:
+        """Every key, defaults filled in: what `from_dict` takes back (and config.yaml holds)."""
+        return to_dict(self)
 
 
 # --- building dataclasses from plain YAML data, with errors that name the key --------------------

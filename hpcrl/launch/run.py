@@ -38,21 +38,25 @@ CONTROL_POLL_EVERY = 64  # passes of the poll loop between control-stream polls 
 CONTROL_POLL_IDLE_EVERY = 16  # idle passes between control-stream polls on a waiting rank
 
 
-def run(config_path: str, overrides: tuple[str, ...] = (), overwrite: bool = False) -> int:
-    """This rank's part of the run; its exit status (README, "Exit statuses")."""
+def run(config: str | Config, overrides: tuple[str, ...] = (), overwrite: bool = False) -> int:
+    """This rank's part of the run of `config` (a file's path, or a Config built in Python); its
+    exit status (README, "Exit statuses")."""
     signals.install()  # (done already by `python -m hpcrl run`, before the imports)
     try:
-        return _run(config_path, overrides, overwrite)
+        return _run(config, overrides, overwrite)
     finally:
         signals.ignore()  # the status is decided: a late signal cannot turn it into a death
 
 
-def _run(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> int:
+def _run(config: str | Config, overrides: tuple[str, ...], overwrite: bool) -> int:
     CLOCK.mark("imports")
     roles_here: list = []
 
     comm.install_abort_hook(lambda: _describe(roles_here))
-    s = StartUp(config_path, overrides, overwrite, Alone(comm.JOB))
+    if isinstance(config, Config):
+        s = StartUp(f"config of run {config.run.name!r}", overrides, overwrite, Alone(comm.JOB), given=config)
+    else:
+        s = StartUp(config, overrides, overwrite, Alone(comm.JOB))
     try:
         for phase in PHASES:
             phase(s)

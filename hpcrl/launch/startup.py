@@ -29,11 +29,14 @@ from hpcrl.launch.wiring import holds_a_policy
 from hpcrl.runtime import comm, traffic
 
 
-def _load(config_path: str, overrides: tuple[str, ...]) -> dict:
+def _load(config_path: str, overrides: tuple[str, ...], given: Config | None = None) -> dict:
     """Rank 0 reads the config, which every rank needs to know its roles (whether the role counts
-    fit the world size, every rank then finds from the layout). The config, or an error."""
+    fit the world size, every rank then finds from the layout). The config, or an error. `given`:
+    a Config built in Python (hpcrl.run), checked again as a file is (its attributes may have
+    been set since it was built)."""
     try:
-        cfg = load_config(config_path, overrides)[0]
+        cfg = (load_config(config_path, overrides)[0] if given is None
+               else Config.from_dict(given.to_dict(), overrides, source=config_path))
         try:
             check_members(cfg)
         except ConfigError as exc:
@@ -131,6 +134,7 @@ class StartUp:
     overwrite: bool
     member: Alone  # what a population member does around its run (Alone: nothing), and its world
     cfg: Config | None = None
+    given: Config | None = None  # a config built in Python (hpcrl.run), instead of config_path's file
     nodes: object = None  # rank -> node index
     hosts: list = field(default_factory=list)
     layout: Layout | None = None
@@ -166,7 +170,8 @@ class StartUp:
 
 def _read_config(s: StartUp) -> None:
     """MPI: rank 0 reads the config and its verdict reaches every rank."""
-    s.cfg = s.settle(comm.broadcast_object(s.world, _load(s.config_path, s.overrides) if s.rank == 0 else None))["cfg"]
+    s.cfg = s.settle(comm.broadcast_object(s.world, _load(s.config_path, s.overrides, s.given)
+                                           if s.rank == 0 else None))["cfg"]
 
 
 def _split_population(s: StartUp) -> None:

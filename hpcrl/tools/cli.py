@@ -170,7 +170,8 @@ def _eval(args) -> int:
     if args.episodes < 1:
         return _user_error(f"hpcrl: eval: --episodes: expected at least 1, got {args.episodes}")
     from hpcrl.io.checkpoint import CheckpointError
-    from hpcrl.tools.evaluate import evaluate, format_result
+    from hpcrl.tools.api import evaluate
+    from hpcrl.tools.evaluate import format_result
     from hpcrl.tools.inspect import RunDirError
     if refusal := _a_population("eval", args.run_dir):
         return _user_error(refusal)
@@ -376,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         return _stage(args)
     from hpcrl.core.startup import CLOCK
     CLOCK.verbose = args.verbose
-    from hpcrl.launch.run import run  # imports mpi4py, which initialises MPI
+    from hpcrl.tools.api import run
     return run(args.config, tuple(args.overrides), args.overwrite)
 
 

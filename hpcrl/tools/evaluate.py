@@ -95,7 +95,7 @@ def refuse_untrusted_code(cfg: Config, run_dir: str) -> None:
                           f"author, pass --trust-code")
 
 
-def _policy(cfg: Config, checkpoint: dict, found: str, spaces, play: str, generator: torch.Generator) -> Player:
+def policy_of(cfg: Config, checkpoint: dict, found: str, spaces, play: str, generator: torch.Generator) -> Player:
     """The run's network with the checkpoint's weights; with several policies, all of them, each
     acting for its own agents (workers/player.py). CheckpointError for weights that do not fit or
     are not finite."""
@@ -157,7 +157,7 @@ def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Genera
         refuse_untrusted_code(other, opponent)
     if other.env.id != cfg.env.id:
         raise RunDirError(f"--opponent {opponent}: its env is {other.env.id}, this run's is {cfg.env.id}")
-    return _policy(other, checkpoint, found, spaces, "sample", generator)  # an opponent samples, as it trained
+    return policy_of(other, checkpoint, found, spaces, "sample", generator)  # an opponent samples, as it trained
 
 
 def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int = 0,
@@ -182,7 +182,7 @@ def evaluate(run_dir: str, episodes: int, deterministic: bool = False, seed: int
     if opponent is not None and not spaces.multiagent:
         raise RunDirError(f"--opponent: {cfg.env.id} has one agent; an opponent needs a multi-agent game")
     generator = torch.Generator().manual_seed(seed)
-    model = _policy(cfg, checkpoint, found, spaces, "greedy" if deterministic else "sample", generator)
+    model = policy_of(cfg, checkpoint, found, spaces, "greedy" if deterministic else "sample", generator)
     rival = _opponent(opponent, cfg, spaces, generator, seed, trust_code)
     counters = checkpoint["counters"]
     result = EvalResult([], [], found, int(counters.get("policy_version", 0)), int(counters.get("frames", 0)),
