@@ -300,7 +300,8 @@ def test_encoder_and_obs_norm_config_keys():
     cfg = parse_config("model: {encoder: cnn, obs_norm: true}")
     assert (cfg.model.encoder, cfg.model.obs_norm) == ("cnn", True)
     assert (parse_config("").model.encoder, parse_config("").model.obs_norm) == ("auto", False)
-    with pytest.raises(ConfigError, match=r"model.encoder: expected one of auto, mlp, cnn, grid, got 'resnet'"):
+    with pytest.raises(ConfigError, match=r"model.encoder: expected one of auto, mlp, cnn, grid, or the import path "
+                                          r"of your own torch module as 'package.module:Class', got 'resnet'"):
         parse_config("model: {encoder: resnet}")
     with pytest.raises(ConfigError, match=r"model.obs_norm: expected true/false"):
         parse_config("model: {obs_norm: 3}")
