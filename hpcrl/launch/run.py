@@ -63,6 +63,7 @@ def _run(config: str | Config, overrides: tuple[str, ...], overwrite: bool) -> i
     except Refusal as refusal:
         return _refuse(refusal.message, refusal.status)
     if isinstance(s.member, Packed):  # members taking turns on this rank, each a run of its own
+        resume_collection()  # (start-up's objects frozen now, none of a turn's)
         if s.rank == 0 and s.member.announces_layout:
             _announce_layout(s.cfg, s.layout, s.sizes, s.spaces, s.num_params, s.hosts, s.member)
         return s.member.take_turns(lambda turn, cfg: _turn(s, turn, cfg, roles_here))
