@@ -283,6 +283,8 @@ def _config_summary(cfg: dict) -> list[str]:
     net = "Nature CNN" if cnn else f"{model.get('hidden_sizes')} {model.get('activation')}"
     if model.get("encoder") == "grid":
         net = f"grid convolutions, then {net}"
+    if ":" in str(model.get("encoder")):  # the author's own class: named, never imported here
+        net = f"{model.get('encoder')} {model.get('encoder_kwargs') or ''}".rstrip()
     return [f"{env.get('id')} x {env.get('num_envs')} per env rank; {algo.get('name')} {algo.get('mode')}, rollout "
             f"{algo.get('rollout_length')}, lr {algo.get('lr')} {algo.get('lr_schedule')}, {step}, model {net}",
             f"roles: {role_counts}; seed {run.get('seed')}; total_frames {_count(run.get('total_frames', 0))}"
