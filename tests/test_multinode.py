@@ -339,7 +339,9 @@ def test_a_population_copies_members_between_nodes(healthy, tmp_path):
     from hpcrl.io.checkpoint import load_checkpoint
     cfg = small_config(tmp_path, name="pbt", roles={"inference": {"ranks": 0}}, algo={"train": False},
                        run={"total_frames": 2048})
-    cfg["population"] = {"members": 2, "ready_frames": 256, "truncation": 0.5,
+    # in rounds: judged together, so the worse copies the better at the first round, however the nodes'
+    # speeds differ (judged as reports come, a member that finished first could never be copied onto)
+    cfg["population"] = {"members": 2, "ready_frames": 256, "truncation": 0.5, "synchronous": True,
                          "explore": {"algo.lr": {"perturb": [0.5, 2.0]}}}
     status, out = healthy.run(4, "run", str(write_config(tmp_path, cfg)), hosts="n0:2,n1:2")
     assert status == 0, out

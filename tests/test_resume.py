@@ -151,7 +151,10 @@ def test_a_sync_run_resumes_exactly_after_a_preemption_and_a_kill_9_on_other_num
     assert {s[:9] for s in kept} == {f"env-0000{r}" for r in range(4)} and len(kept) <= 8  # write cut short)
     last = mpirun(4, "run", path)
     assert last.returncode == 0 and "resuming from" in last.stdout, last.stdout + last.stderr
-    assert "warning" not in last.stdout + last.stderr, last.stdout + last.stderr
+    # (the kill may cut a checkpoint's write short: its temporary is removed, the one before it used)
+    warnings = [line for line in (last.stdout + last.stderr).splitlines()
+                if "warning" in line and "a checkpoint a stopped run had not finished writing" not in line]
+    assert not warnings, last.stdout + last.stderr
     assert not list((run_dir(broken) / "env-state").glob("*.tmp.*"))  # the killed writers' temporaries are gone
     report = run_hpcrl("inspect", str(run_dir(broken)))
     assert ("env states   kept by all 2 env ranks at policy version 30, env by env: a resume on any number of env "
