@@ -32,11 +32,11 @@ from hpcrl.core.seeds import seed_for
 from hpcrl.core.stop import EXIT_CONFIG_ERROR, EXIT_DONE, EXIT_OUTPUT_FAILED, EXIT_PREEMPTED
 from hpcrl.io import rundir
 from hpcrl.io.checkpoint import CheckpointError, adopt_into, load_latest
-from hpcrl.launch.population import Alone, prepare_directory
+from hpcrl.launch.population import Alone, InPopulation, member_checkpoint
 from hpcrl.runtime import job, signals
 
 
-class Packed(Alone):
+class Packed(InPopulation):
     """This rank's place in a packed population: the members it hosts (a block of those still
     training), each run in turns on this rank alone. The start-up phases check the first one."""
 
@@ -55,13 +55,6 @@ class Packed(Alone):
         self.world = job.split(job.job_rank(), 0)  # this rank alone: every member runs here in serial mode
         self.section = whole.population
         self.announces_layout = job.job_rank() == 0
-
-    def agree(self, verdict: dict) -> dict:
-        return job.agree(verdict)
-
-    def prepare(self, overwrite: bool) -> dict:
-        """Collective over the job: the population's directory, by the job's rank 0."""
-        return job.broadcast(prepare_directory(self.whole, overwrite) if job.job_rank() == 0 else None)
 
     def relaunch(self) -> str:
         return ""  # (the start-up's check of the first member: its first turn logs the relaunch)
@@ -128,25 +121,17 @@ class Packed(Alone):
                 continue
             path = member_checkpoint(self.whole, child)
             try:
-                adopt_into(path, member_checkpoint(self.whole, parent),
-                           {k.split(".", 1)[1]: v for k, v in hyper.items()})
+                adopt_into(path, member_checkpoint(self.whole, parent), hyper)
             except (CheckpointError, OSError) as exc:
                 say(f"error: cannot write member {parent}'s state into {path}: {exc}; the copy is lost, and the "
                     f"population stops here (status 4): free space, then run the same command again")
                 failed = True
                 continue
-            before, states[child].turn_round = states[child].hyper, 0
-            states[child].hyper = {k.split(".", 1)[1]: v for k, v in hyper.items()}
-            changed = ", ".join(f"{k} {before[k.split('.', 1)[1]]:.4g} -> {v:.4g}" for k, v in hyper.items()
-                                if v != before[k.split(".", 1)[1]])
+            before, states[child].hyper, states[child].turn_round = states[child].hyper, hyper, 0
+            changed = ", ".join(f"algo.{k} {before[k]:.4g} -> {v:.4g}" for k, v in hyper.items() if v != before[k])
             say(f"exploit: took member {parent}'s state at {states[child].frames:,} frames, through its checkpoint"
                 f"{'; ' + changed if changed else ''}", label=f" {member_name(child, self.members)}")
         return failed
-
-
-def member_checkpoint(whole: Config, member: int) -> str:
-    cfg = member_config(whole, member)
-    return os.path.join(cfg.run.output_dir, cfg.run.name, rundir.CHECKPOINT_FILE)
 
 
 @dataclasses.dataclass
@@ -166,9 +151,8 @@ class MemberStart:
         """From the member's checkpoint (none yet: a fresh start): its frames, values, and whether it
         waits at its report point (a turn's end, or a round a preempted spread member waited in)."""
         live = ALGORITHMS[whole.algo.name].live
-        cfg = member_config(whole, member)
         checkpoint = load_latest(member_checkpoint(whole, member))[0]
-        hyper = {k: float(getattr(cfg.algo, k)) for k in live}
+        hyper = dict(zip(live, starting_values(whole, live)[member].tolist()))  # (member_config's values)
         if checkpoint is None:
             return cls(member, 0, hyper)
         parts = checkpoint["parts"]
@@ -285,7 +269,7 @@ class Rounds:
                 v[3] = len(d.copies[member])
             self.channel.reports.append((member, np.asarray(v, dtype=np.float64)))
         d.poll()
-        copies = [(m, int(v[1]), {f"algo.{k}": float(x) for k, x in zip(self.live, v[2:])})
+        copies = [(m, int(v[1]), {k: float(x) for k, x in zip(self.live, v[2:])})
                   for m, v in self.channel.orders if v[0] == RECEIVE]
         self.channel.orders.clear()
         return {"copies": copies, "round": d.round, "status": status,

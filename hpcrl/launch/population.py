@@ -83,7 +83,22 @@ class Alone:
         return {EXIT_DONE: "done", EXIT_PREEMPTED: "preempted"}.get(status, "output_failed")
 
 
-class Population(Alone):
+class InPopulation(Alone):
+    """A rank of a population's job, spread (`Population`) or packed (launch/packed.py): its
+    start-up verdicts agreed over the job, and the population's directory prepared by the job's
+    rank 0. `whole`: the population's config."""
+
+    whole: Config
+
+    def agree(self, verdict: dict) -> dict:
+        return job.agree(verdict)
+
+    def prepare(self, overwrite: bool) -> dict:
+        """Collective over the job: the population's directory, by the job's rank 0."""
+        return job.broadcast(prepare_directory(self.whole, overwrite) if job.job_rank() == 0 else None)
+
+
+class Population(InPopulation):
     """This rank's place in a population run."""
 
     def __init__(self, whole: Config, running: list[int], standing: Standing | None, complete: list[int] = ()):
@@ -109,13 +124,6 @@ class Population(Alone):
         self.role_name = member_role(whole, self.member)  # in a league: main, main_exploiter or league_exploiter
         if self.league:
             self.label = f" {member_name(self.member, n)} ({self.role_name})"
-
-    def agree(self, verdict: dict) -> dict:
-        return job.agree(verdict)
-
-    def prepare(self, overwrite: bool) -> dict:
-        """Collective over the job: the population's directory, by the job's rank 0."""
-        return job.broadcast(prepare_directory(self.whole, overwrite) if job.job_rank() == 0 else None)
 
     def connect(self, layout: Layout, rank: int) -> None:
         """Collective over the job: the members' learner roots on a communicator of their own
@@ -255,7 +263,11 @@ def population_launch(whole: Config, world_size: int, overwrite: bool, config_pa
 
 def _complete(whole: Config, member: int) -> bool:
     """Whether member `member`'s run has nothing left to do (as its own resume would find)."""
-    cfg = member_config(whole, member)
-    checkpoint = os.path.join(cfg.run.output_dir, cfg.run.name, rundir.CHECKPOINT_FILE)
-    found, _, counters, _ = inspect_latest(checkpoint)
-    return found is not None and bool(rundir.already_finished(cfg, counters))
+    found, _, counters, _ = inspect_latest(member_checkpoint(whole, member))
+    return found is not None and bool(rundir.already_finished(member_config(whole, member), counters))
+
+
+def member_checkpoint(whole: Config, member: int) -> str:
+    """Member `member`'s checkpoint: in its run directory inside the population's (member_config's)."""
+    return os.path.join(whole.run.output_dir, whole.run.name, member_name(member, whole.population.members),
+                        rundir.CHECKPOINT_FILE)
