@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from hpcrl.core.config_base import ConfigError
+from hpcrl.core.config_model import is_custom
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.policies import policy_spaces
 
@@ -60,7 +61,7 @@ def encoder_for(spaces, model) -> str:
     """'mlp', 'cnn', 'grid' or 'custom' (the user's own class) for these observations; a
     ConfigError if model.encoder cannot take them."""
     shape = tuple(spaces.obs_shape)
-    if ":" in model.encoder:
+    if is_custom(model.encoder):
         if spaces.state_dim:
             raise ConfigError(f"model.encoder: {model.encoder} reads each agent's observation, and env.global_state "
                               f"appends the env's state to every row; turn global_state off, or use encoder: mlp")
@@ -240,7 +241,7 @@ def _observation_input(spaces, model) -> list[Shape]:
     which reads the leaves) and normaliser, or the normaliser."""
     if spaces.obs_leaves is None:
         return _norm(spaces.obs_shape) if model.obs_norm else []
-    shapes, encodes = [], ":" not in model.encoder
+    shapes, encodes = [], not is_custom(model.encoder)
     for leaf in spaces.obs_leaves.leaves:
         kind, _ = leaf_code(leaf)
         if kind == "discrete" and encodes:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from hpcrl.core.config import ModelConfig
+from hpcrl.core.config_model import is_custom
 from hpcrl.core.network_shapes import (NATURE_CNN_FEATURES, check_central_critic, critic_input, custom_input_shape,
                                        encoder_for, input_width, policy_outputs, spatial_map)
 from hpcrl.models.custom import build_encoder
@@ -39,7 +40,7 @@ class ObservationInput(nn.Module):
         super().__init__()
         if spaces.obs_leaves is not None:  # a Dict or Tuple observation: each leaf its own way
             from hpcrl.models.structured import StructuredInput
-            self.structured = StructuredInput(spaces.obs_leaves, cfg.obs_norm, encode=":" not in cfg.encoder)
+            self.structured = StructuredInput(spaces.obs_leaves, cfg.obs_norm, encode=not is_custom(cfg.encoder))
             self.obs_scale, self.obs_norm = None, None
             return
         self.structured = None

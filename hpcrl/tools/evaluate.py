@@ -153,7 +153,7 @@ def _opponent(opponent: str | None, cfg: Config, spaces, generator: torch.Genera
     if ":" in opponent and not os.path.exists(opponent):
         return _Scripted(opponent, seed)
     other, checkpoint, found, _ = load_run(opponent)
-    if not trust_code and is_custom(other.model.encoder):
+    if not trust_code and is_custom(other.model.encoder):  # (only its network is built: the env is this run's)
         refuse_untrusted_code(other, opponent)
     if other.env.id != cfg.env.id:
         raise RunDirError(f"--opponent {opponent}: its env is {other.env.id}, this run's is {cfg.env.id}")

@@ -22,6 +22,7 @@ import yaml
 
 from hpcrl.core.config import parse_config
 from hpcrl.core.config_base import ConfigError, load_bounded_yaml
+from hpcrl.core.config_model import is_custom
 from hpcrl.core.dataflow import ALGORITHMS
 from hpcrl.core.reproducible import repeatability
 from hpcrl.core.say import duration
@@ -283,7 +284,7 @@ def _config_summary(cfg: dict) -> list[str]:
     net = "Nature CNN" if cnn else f"{model.get('hidden_sizes')} {model.get('activation')}"
     if model.get("encoder") == "grid":
         net = f"grid convolutions, then {net}"
-    if ":" in str(model.get("encoder")):  # the author's own class: named, never imported here
+    if is_custom(model.get("encoder")):  # the author's own class: named, never imported here
         net = f"{model.get('encoder')} {model.get('encoder_kwargs') or ''}".rstrip()
     return [f"{env.get('id')} x {env.get('num_envs')} per env rank; {algo.get('name')} {algo.get('mode')}, rollout "
             f"{algo.get('rollout_length')}, lr {algo.get('lr')} {algo.get('lr_schedule')}, {step}, model {net}",
