@@ -14,8 +14,6 @@ config names is imported without `trust_code=True`, and weights that do not fit 
 """
 from __future__ import annotations
 
-import dataclasses
-
 from hpcrl.core.config import Config, ConfigError  # noqa: F401 (the API's: no torch, no MPI)
 
 
@@ -42,8 +40,7 @@ def load_policy(run_dir: str, deterministic: bool = False, seed: int = 0, trust_
     cfg, checkpoint, found, _ = load_run(run_dir)
     if not trust_code:
         refuse_untrusted_code(cfg, run_dir)
-    spaces = env_spaces(dataclasses.replace(cfg.env, num_envs=1))
-    return policy_of(cfg, checkpoint, found, spaces, "greedy" if deterministic else "sample",
+    return policy_of(cfg, checkpoint, found, env_spaces(cfg.env), "greedy" if deterministic else "sample",
                      torch.Generator().manual_seed(seed))
 
 
