@@ -130,7 +130,7 @@ def _train(s: StartUp, roles_here: list) -> int:
 
 
 def _describe(roles_here: list) -> str:
-    """What this rank is doing, for the watchdog."""
+    """What this rank is doing, for the abort hook and the watchdog."""
     if roles_here and all(r.done for r in roles_here):
         return "its roles are finished; waiting for the stop word on the control stream (from the learner root)"
     return ", ".join(f"{r.name}: {r.status}" for r in roles_here) or "starting up"
