@@ -176,6 +176,13 @@ def test_standings_are_each_members_last_word_in_the_lineage():
     assert got.frames.tolist() == [600, 300, 0, 0]
     np.testing.assert_array_equal(got.hyper[:, 0], [1.0, 1.5, 3.0, np.nan])
     assert np.isnan(got.hyper[:, 1]).all()  # no such series in this lineage
+    # a kill inside an append: some series a row longer, that half row not read
+    torn = {key: np.append(value, 99.0) if key in ("event", "member") else value for key, value in lineage.items()}
+    torn["event"][-1], torn["member"][-1] = JUDGED, 3
+    again = standings(torn, 4, ("lr", "ent_coef"))
+    np.testing.assert_array_equal(again.fitness, got.fitness)
+    assert again.frames.tolist() == got.frames.tolist()
+    assert np.isnan(standings({"event": lineage["event"]}, 4, ("lr",)).fitness).all()  # no standing to give
 
 
 def test_a_launch_on_fewer_ranks_runs_the_members_of_the_best_standing_on_blocks_as_even_as_they_go():

@@ -108,11 +108,16 @@ class Paused:
 def standings(lineage: dict[str, np.ndarray], members: int, live: tuple[str, ...]) -> Standing:
     """Each member's last word in the lineage: its fitness (its own at a judgement or a stop, its
     parent's at an exploit, since it took the parent's state, the one it kept at a pause), its
-    frames and its `live` hyperparameters ('lr' for the series 'algo.lr')."""
+    frames and its `live` hyperparameters ('lr' for the series 'algo.lr'). Only whole rows: a kill
+    inside an append leaves some series a row longer (io/metrics.read_metrics), and the lineage
+    is read before its resume cuts it back; a lineage without a series read here has no standing
+    to give."""
     fitness, frames = np.full(members, np.nan), np.zeros(members, dtype=np.int64)
     hyper = np.full((members, len(live)), np.nan)
+    read = ["event", "member", "frames", "fitness", "parent_fitness", *(f"algo.{k}" for k in live)]
+    rows = min(len(lineage[key]) for key in read if key in lineage) if all(key in lineage for key in read[:5]) else 0
     event, member = lineage.get("event", np.array([])), lineage.get("member", np.array([]))
-    for i in range(len(event)):
+    for i in range(rows):
         m = int(member[i])
         if not 0 <= m < members or event[i] == CANCELLED:
             continue
