@@ -3,7 +3,7 @@
 #   Open MPI from Debian -> .venv with torch (CPU), mpi4py built against that MPI,
 #   numpy/gymnasium/h5py/pyyaml/pytest -> Horovod 0.28.1 (PyTorch + MPI) from a wheel cache
 #   -> hpcrl itself (editable) with every extra of pyproject.toml (test, atari, mujoco, box2d,
-#   envpool, multiagent, bench, docs). A second run only checks and returns in seconds.
+#   envpool, multiagent, marl, bench, docs, wandb). A second run only checks and returns in seconds.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -101,7 +101,7 @@ if ! "$py" -c "import horovod.torch" 2>/dev/null; then
 fi
 
 # --- hpcrl itself (editable; builds the C kernels of src_ext/ in place) with every extra of
-#     pyproject.toml: tests, env families (atari, mujoco, box2d, envpool, multiagent), the benchmarks'
+#     pyproject.toml: tests, env families (atari, mujoco, box2d, envpool, multiagent, marl), the benchmarks'
 #     baseline and the documentation site's MkDocs (pinned there).
 #     The constraint keeps torch at its pin: no extra may swap it for another build. ---
 extras=$("$py" -c 'import sys, tomllib; print(",".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]))' \

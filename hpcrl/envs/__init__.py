@@ -1,5 +1,7 @@
 """Gymnasium (and PettingZoo, a row per agent: envs/multiagent.py) environments: the vector an env
-rank steps, and the spaces every role sizes buffers by.
+rank steps, and the spaces every role sizes buffers by. Gymnasium envs of a whole team
+(`lbforaging:Foraging-8x8-2p-3f-v3`, `rware:rware-tiny-2ag-v2`: envs/gym_teams.py) are rows per
+agent too, as PettingZoo envs are.
 
 No MPI and no torch here: env ranks that use remote inference import only this and numpy.
 The vector's step contract (SAME_STEP autoreset, raw episode rewards) is described in
@@ -22,6 +24,7 @@ import numpy as np
 from hpcrl.core.config import ConfigError, EnvConfig
 from hpcrl.core.observations import ObsLeaves
 from hpcrl.envs.obs_leaves import leaves_of
+from hpcrl.envs.gym_teams import TEAM_ENV_MODULES
 from hpcrl.envs.multiagent import pettingzoo_vector
 from hpcrl.envs.pomdp import register as _register_pomdp
 from hpcrl.envs.vector import (GAME_OVER, RAW_REWARD, ClipActions, LiftEpisodeInfo, DiscountedReturns, SyncVector,
@@ -82,9 +85,11 @@ _KNOWN_ENV_MODULES = {
     **{f"pettingzoo.{family}": re.compile(_ENV_MODULE)
        for family in ("atari", "butterfly", "classic", "mpe", "sisl")},  # pettingzoo.classic:connect_four_v3
     "mpe2": re.compile(_ENV_MODULE),
+    # gymnasium team envs, a row per agent (envs/gym_teams.py): lbforaging:Foraging-8x8-2p-3f-v3
+    **{module: re.compile(_REGISTERED_ID) for module in TEAM_ENV_MODULES},
 }
 KNOWN_ENV_FAMILIES = ("gymnasium ids (CartPole-v1, ALE/Breakout-v5, hpcrl/...), minigrid:<id>, "
-                      "pettingzoo:<family>/<env>, pettingzoo.<family>:<env>, mpe2:<env>")
+                      "pettingzoo:<family>/<env>, pettingzoo.<family>:<env>, mpe2:<env>, lbforaging:<id>, rware:<id>")
 
 
 def imports_of_env_id(env_id: str) -> str | None:

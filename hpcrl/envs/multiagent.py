@@ -37,6 +37,7 @@ import numpy as np
 
 from hpcrl.core.config import ConfigError
 from hpcrl.core.observations import apply, assign, leaves, zeros
+from hpcrl.envs.gym_teams import team_factory
 from hpcrl.envs.obs_leaves import leaves_of
 
 ACTIVE = "active"  # info key: the rows whose agent acts on the returned observations
@@ -83,12 +84,14 @@ def pettingzoo_factory(env_id: str, kind: str = "parallel"):
 
 def pettingzoo_vector(env_id: str):
     """What makes the vector of rows for a PettingZoo env id, called with (kwargs, num_envs): a
-    ParallelVector, or a TurnVector for a turn-based env. None when env_id names no PettingZoo env."""
+    ParallelVector, or a TurnVector for a turn-based env; a ParallelVector too for a gymnasium team
+    env (envs/gym_teams.py: lbforaging:Foraging-8x8-2p-3f-v3). None when env_id names neither."""
     for cls in (ParallelVector, TurnVector):
         factory = pettingzoo_factory(env_id, cls.kind)
         if factory is not None:
             return functools.partial(cls, env_id, factory)
-    return None
+    factory = team_factory(env_id)
+    return None if factory is None else functools.partial(ParallelVector, env_id, factory)
 
 
 def _make(factory, env_id: str, kwargs: dict):
