@@ -169,10 +169,12 @@ def test_resolved_config_round_trips():
                                           "mappo, ippo); remove it, or set algo.name to one of those", "ppo"),
     ("algo: {name: ppo, dqn: {n_step: 5}}", "algo.dqn: set, but algo.name ppo does not read it (only dqn)", "dqn"),
     ("env: {id: Pendulum-v1}\nalgo: {name: td3, max_grad_norm: 1.0}", "algo.max_grad_norm: set to 1.0, but algo.name "
-                                                                        "td3 does not read it (only ppo, mappo, ippo, dqn)",
+                                                                        "td3 does not read it (only ppo, mappo, ippo, dqn, vdn, qmix)",
      None),
     ("algo: {name: ppo, replay: {capacity: 100000}}", "algo.replay: set, but algo.name ppo does not read it (only dqn, "
-                                                      "sac, td3)", "dqn"),
+                                                      "sac, td3, vdn, qmix)", "dqn"),
+    ("algo: {name: dqn, team: {shared: false}}", "algo.team: set, but algo.name dqn does not read it (only vdn, qmix)",
+     "qmix"),
 ])
 def test_a_key_the_algorithm_does_not_read_is_refused_with_one_message(text, said, read_by):
     with pytest.raises(ConfigError) as caught:

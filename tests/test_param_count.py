@@ -61,10 +61,12 @@ POLICIES = {"lead": "agent_0", "rest": ".*"}  # two policies of 1 and 2 agents
 
 def algo_variants(name: str) -> list[tuple[dict, dict]]:
     """The algo keys (and policies tables) that change a network: value normalisation, the dueling
-    head, a policies table of a multi-agent algorithm."""
+    head, the agents' sharing of a network, a policies table of a multi-agent algorithm."""
     algorithm = ALGORITHMS[name]
     if algorithm.policy == "q":
         return [({"dqn": {"dueling": d}}, {}) for d in (True, False)]
+    if algorithm.mixer:  # one network shared by the agents (reading their index, or not), or one each
+        return [({"team": {"shared": s, "agent_id": i}}, {}) for s, i in ((True, True), (True, False), (False, True))]
     if algorithm.replay:
         return [({}, {})]
     tables = [({"value_norm": True}, POLICIES)] if algorithm.multiagent else []

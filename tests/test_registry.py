@@ -107,5 +107,5 @@ def test_the_contract_check_finds_what_a_class_lacks():
 
 def test_an_algorithm_outside_the_registry_is_refused_with_the_valid_names():
     with pytest.raises(ConfigError, match=r"algo.name: expected one of 'ppo', 'mappo', 'ippo', 'dqn', 'sac', 'td3', "
-                                          r"got 'a2c'"):
+                                          r"'vdn', 'qmix', got 'a2c'"):
         parse_config("algo: {name: a2c}")

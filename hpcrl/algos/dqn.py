@@ -82,12 +82,17 @@ class DQNStep:
     def __init__(self, cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
                  rng: np.random.Generator, obs_dtype: str, action_dtype: str):
         self.cfg, self.model, self.optimizer, self.device = cfg, model, optimizer, device
-        self.d = cfg.algo.dqn
+        self.d = self.settings(cfg)
         self.target: nn.Module | None = None  # copied from the model at the first update (or restored)
         self.gradient_steps = 0
         self.sequences = model.recurrent  # R2D2: the replay's rows are sequences
         self.metric_keys = LOSS_KEYS + ("replay_size", "replay_ratio", "priority_mean", "beta",
                                         "eps_min", "eps_max")
+
+    @staticmethod
+    def settings(cfg: Config):
+        """The algo section this step reads: algo.dqn."""
+        return cfg.algo.dqn
 
     def _td_errors(self, data: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """TD errors and Q(s, a) of a sample: n-step transitions, or R2D2's sequences."""
@@ -96,6 +101,13 @@ class DQNStep:
         return td_errors(self.model, self.target, grouped(data, "obs"), data["actions"], data["returns"].float(),
                          data["discounts"].float(), grouped(data, "next_obs"), double=self.d.double,
                          value_rescale=self.d.value_rescale)
+
+    def _loss(self, data: dict[str, torch.Tensor], td: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return dqn_loss(td, weights)
+
+    def _priorities(self, data: dict[str, torch.Tensor], abs_td: np.ndarray) -> np.ndarray:
+        """The sampled rows' new priorities: their |TD errors| (a sequence's from its steps')."""
+        return sequence_priorities(abs_td, self.d.priority_eta) if self.sequences else abs_td
 
     def _copy_target(self) -> None:
         if self.target is None:
@@ -120,17 +132,16 @@ class DQNStep:
         n = source.steps_due(reduce_moments)  # (sync mode: what the replay ratio owes; 0 while warming up)
         for _ in range(n):
             indices, weights, data = source.sample()
-            td, q = self._td_errors({name: self._tensor(values) for name, values in data.items()})
-            loss = dqn_loss(td, self._tensor(weights, torch.float32))
+            data = {name: self._tensor(values) for name, values in data.items()}
+            td, q = self._td_errors(data)
+            loss = self._loss(data, td, self._tensor(weights, torch.float32))
             self.optimizer.zero_grad()
             (loss * loss_scale).backward()
             average_gradients()
             nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)
             apply_step()
             abs_td = td.detach().abs().cpu().numpy()
-            # a sequence's priority from its steps' errors
-            source.update_priorities(indices, sequence_priorities(abs_td, self.d.priority_eta) if self.sequences
-                                     else abs_td)
+            source.update_priorities(indices, self._priorities(data, abs_td))
             self.gradient_steps += 1
             if self.gradient_steps % self.d.target_update_interval == 0:
                 self._copy_target()

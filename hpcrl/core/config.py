@@ -24,6 +24,7 @@ from hpcrl.core.config_base import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITI
                                     check_ranges, doc, load_yaml, number_as_text_hint, shown)
 from hpcrl.core.config_dqn import DQN_ALPHA, DQN_WARMUP, DQNConfig, ReplayConfig, validate_dqn
 from hpcrl.core.config_sac import SACConfig, replay_settings, resolve_sac_replay, validate_sac
+from hpcrl.core.config_team import TeamConfig, resolve_team_replay, validate_team
 # the env and roles sections have modules of their own; every name they had here is re-exported,
 # so callers still import any config name from hpcrl.core.config
 from hpcrl.core.config_env import (ENV_BACKENDS, ENV_PRESETS, MAX_FRAME_SIZE, MAX_FRAME_STACK,  # noqa: F401
@@ -121,8 +122,9 @@ class AlgoConfig:
 
     name: str = doc("algorithm, from the registry (hpcrl/core/dataflow.py): 'ppo' (PPO in mode sync, APPO in "
                     "mode async), 'mappo' (PettingZoo envs: PPO with a centralised critic on every agent's "
-                    "observations of the env), 'ippo' (PettingZoo envs: PPO with each agent's own critic input) "
-                    "or 'dqn' (Ape-X DQN, mode async)", default="ppo")
+                    "observations of the env), 'ippo' (PettingZoo envs: PPO with each agent's own critic input), "
+                    "'dqn' (Ape-X DQN; R2D2 with model.core), 'sac', 'td3', or 'vdn' and 'qmix' (PettingZoo envs: "
+                    "the agents' Q-values summed, or mixed by the env's state, into the team's)", default="ppo")
     mode: Union[str, None] = doc(
         "'sync' (PPO): every sample in an update comes from the current policy, and env ranks wait for each new "
         "version; 'async' (APPO/IMPALA, DQN): inference answers with the newest weights it has, env ranks never "
@@ -167,7 +169,7 @@ class AlgoConfig:
     ent_coef: float = doc("entropy bonus coefficient", reads=ON_POLICY, range=NON_NEGATIVE, default=0.0)
     epochs: int = doc("passes over each batch", reads=ON_POLICY, range=AT_LEAST_ONE, default=4)
     num_minibatches: int = doc("minibatches per epoch on every learner", reads=ON_POLICY, range=AT_LEAST_ONE, default=4)
-    max_grad_norm: float = doc("global gradient-norm clip (after Horovod averaging)", reads=("on_policy", "dqn"),
+    max_grad_norm: float = doc("global gradient-norm clip (after Horovod averaging)", reads=("on_policy", "dqn", "team"),
                                range=POSITIVE, default=0.5)
     norm_adv: bool = doc("normalise advantages per minibatch", reads=ON_POLICY, default=True)
     value_norm: Union[bool, None] = doc(
@@ -180,7 +182,9 @@ class AlgoConfig:
     dqn: DQNConfig = doc("DQN only: the Q-learning step and exploration", reads=("dqn",), default_factory=DQNConfig)
     sac: SACConfig = doc("SAC and TD3 only: the continuous-control step and its exploration",
                          reads=("sac",), default_factory=SACConfig)
-    replay: ReplayConfig = doc("DQN, SAC and TD3: the prioritized replay shards", reads=("replay",),
+    team: TeamConfig = doc("VDN and QMIX only: the agents' networks, their mixing, exploration and episodes",
+                           reads=("team",), default_factory=TeamConfig)
+    replay: ReplayConfig = doc("DQN, SAC, TD3, VDN and QMIX: the prioritized replay shards", reads=("replay",),
                                default_factory=ReplayConfig)
     selfplay: SelfPlayConfig = doc("multi-agent games: self-play against a pool of frozen past versions",
                                    default_factory=SelfPlayConfig)
@@ -319,14 +323,16 @@ def resolve(cfg: Config) -> None:
     if a.mode is None:
         a.mode = algorithm.modes[0]
     if a.value_norm is None:
-        a.value_norm = algorithm.multiagent
+        a.value_norm = algorithm.multiagent and not algorithm.replay
     if e.global_state is None:
-        e.global_state = algorithm.policy == "central_critic"
+        e.global_state = algorithm.global_state
     if algorithm.replay_section == "dqn":
         a.replay.warmup = DQN_WARMUP if a.replay.warmup is None else a.replay.warmup
         a.replay.alpha = DQN_ALPHA if a.replay.alpha is None else a.replay.alpha
     elif algorithm.replay_section == "sac":
         resolve_sac_replay(a.sac, a.replay)
+    elif algorithm.replay_section == "team":
+        resolve_team_replay(a.replay)
 
 
 def validate(cfg: Config) -> None:
@@ -355,10 +361,9 @@ def validate(cfg: Config) -> None:
     modes = algorithm.modes
     check(a.mode in modes, f"algo.mode: expected {' or '.join(map(repr, modes))} (the modes of algo.name "
                             f"{a.name}), got {a.mode!r}")
-    central = algorithm.policy == "central_critic"
-    check(central or not e.global_state,
-           f"env.global_state: the env's state is read by a centralised critic (algo.name mappo); algo.name "
-           f"{a.name} has none, so use false or null")
+    check(algorithm.reads_state or not e.global_state,
+           f"env.global_state: the env's state is read by a centralised critic (algo.name mappo) or QMIX's mixer "
+           f"(algo.name qmix); algo.name {a.name} has neither, so use false or null")
     check_table(cfg.policies)
     check(not r.eval.every_frames or len(cfg.policies) <= 1,
           lambda: f"run.eval: an evaluation plays one policy, and this config trains {len(cfg.policies)} "
@@ -382,12 +387,16 @@ def validate(cfg: Config) -> None:
            f"({', '.join(multiagent)}); algo.name {a.name} trains one policy, so remove the policies table")
     if algorithm.replay_section == "dqn":
         validate_dqn(a.dqn, a.replay, recurrent=m.core != "none")
+    if algorithm.replay_section == "team":
+        validate_team(a.team, a.replay)
+        check(not cfg.policies, f"policies: algo.name {a.name} trains one team, its agents' networks mixed into "
+                                f"one; set algo.team.shared: false for a network per agent, and remove the table")
     if algorithm.replay_section == "sac":
         validate_sac(a.sac, a.replay)
         check(m.core == "none", f"model.core: algo.name {a.name} has no recurrent version; use none")
     if algorithm.replay:
         settings, section = replay_settings(a)
-        n_step = settings.n_step
+        n_step = getattr(settings, "n_step", 0)  # (algo.team's episodes are whole: no n-step windows)
         check(a.mode == "async" or a.replay.replay_ratio is not None,
                f"algo.mode: sync {a.name} trains the gradient steps algo.replay.replay_ratio owes after each round of "
                f"records; set algo.replay.replay_ratio (e.g. 8: each transition sampled 8 times), or use algo.mode "

@@ -15,7 +15,24 @@ EPS_SCHEDULES = ("apex", "linear")
 
 
 @dataclass
-class DQNConfig:
+class EpsilonGreedy:
+    """Epsilon-greedy exploration on the actors' Q-values (workers/replay_writer.py): DQN's and
+    the value-decomposition algorithms' (algo.team)."""
+
+    eps_schedule: str = doc("exploration: 'apex' (a fixed epsilon per env, eps_i = eps ^ (1 + eps_alpha * i / "
+                            "(N - 1)) over the N env rows of every env rank, Horgan et al. 2018) or 'linear' (one "
+                            "epsilon, from eps_start to eps_final over eps_decay_frames; for small runs)",
+                            default="apex")
+    eps: float = doc("apex: the largest epsilon (env 0's)", range=FRACTION, default=0.4)
+    eps_alpha: float = doc("apex: how fast epsilon falls over the envs", range=NON_NEGATIVE, default=7.0)
+    eps_start: float = doc("linear: epsilon at the start", range=FRACTION, default=1.0)
+    eps_final: float = doc("linear: epsilon after eps_decay_frames", range=FRACTION, default=0.05)
+    eps_decay_frames: int = doc("linear: frames (all env ranks together) over which epsilon falls",
+                                range=AT_LEAST_ONE, default=10_000)
+
+
+@dataclass
+class DQNConfig(EpsilonGreedy):
     """Double DQN with a dueling head, n-step returns computed on the actors, Ape-X exploration."""
 
     n_step: int = doc("steps in each return: r_t + g r_t+1 + ... + g^(n-1) r_t+n-1, bootstrapped from step "
@@ -33,16 +50,6 @@ class DQNConfig:
                               range=AT_LEAST_ONE, default=16)
     target_update_interval: int = doc("gradient steps between copies of the online network into the target "
                                       "network", range=Range(1, words=">= 1 gradient steps"), default=500)
-    eps_schedule: str = doc("exploration: 'apex' (a fixed epsilon per env, eps_i = eps ^ (1 + eps_alpha * i / "
-                            "(N - 1)) over the N envs of every env rank, Horgan et al. 2018) or 'linear' (one "
-                            "epsilon, from eps_start to eps_final over eps_decay_frames; for small runs)",
-                            default="apex")
-    eps: float = doc("apex: the largest epsilon (env 0's)", range=FRACTION, default=0.4)
-    eps_alpha: float = doc("apex: how fast epsilon falls over the envs", range=NON_NEGATIVE, default=7.0)
-    eps_start: float = doc("linear: epsilon at the start", range=FRACTION, default=1.0)
-    eps_final: float = doc("linear: epsilon after eps_decay_frames", range=FRACTION, default=0.05)
-    eps_decay_frames: int = doc("linear: frames (all env ranks together) over which epsilon falls",
-                                range=AT_LEAST_ONE, default=10_000)
     value_rescale: bool = doc("learn h(Q) with R2D2's h(x) = sign(x)(sqrt(|x| + 1) - 1) + 0.001 x (Pohlen et al. "
                               "2018): targets h(G + g^k h^-1(Q')), for returns of very different sizes (R2D2 uses it)",
                               default=False)

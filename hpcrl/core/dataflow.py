@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hpcrl.core.messages import (MessageSpec, action_reply_spec, fragment_spec, q_reply_spec, reply_spec,
-                                 request_spec, sequence_spec, transition_spec)
+                                 request_spec, sequence_spec, team_spec, transition_spec)
 from hpcrl.core.policies import rows_carry_policy
 
 # The four stream kinds (runtime/): each has its own duplicated communicator.
@@ -28,9 +28,9 @@ PARAMETER = "parameter"  # newest-only, hierarchical weights (runtime/params.py)
 CONTROL = "control"      # the run's stop word, independent of the weights (runtime/control.py)
 STREAM_KINDS = (INFERENCE, SAMPLE, PARAMETER, CONTROL)
 # The groups of algo keys an algorithm may read (Algorithm.reads; a config field's `reads`)
-READ_GROUPS = ("on_policy", "replay", "dqn", "sac")
+READ_GROUPS = ("on_policy", "replay", "dqn", "sac", "team")
 # The networks an algorithm may ask for (hpcrl.models.build_policy builds them)
-POLICY_KINDS = ("actor_critic", "central_critic", "q", "sac", "td3")
+POLICY_KINDS = ("actor_critic", "central_critic", "q", "team_q", "sac", "td3")
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,10 @@ class Algorithm:
     continuous: bool = False  # Box actions, squashed into [-1, 1] by the policy (SAC, TD3)
     # a deterministic actor: the env ranks add Gaussian exploration noise to its actions (TD3)
     action_noise: bool = False
+    # value decomposition (VDN, QMIX): how the agents' Q-values make the team's, 'sum' or 'qmix'
+    mixer: str = ""
+    # each row ends with the env's state by default (env.global_state; MAPPO's central critic reads it)
+    global_state: bool = False
 
     @property
     def replay(self) -> bool:
@@ -83,10 +87,17 @@ class Algorithm:
     def reads(self, group: str) -> bool:
         """Whether this algorithm reads the algo keys of `group` (a config field's `reads`):
         'on_policy' (PPO's loss and batches), 'replay' (algo.replay), or a replay section's own
-        keys, 'dqn' (algo.dqn) or 'sac' (algo.sac)."""
+        keys, 'dqn' (algo.dqn), 'sac' (algo.sac) or 'team' (algo.team)."""
         if group not in READ_GROUPS:
             raise ValueError(f"no group of algo keys {group!r}; expected one of {READ_GROUPS}")
         return {"on_policy": not self.replay, "replay": self.replay}.get(group, self.replay_section == group)
+
+    @property
+    def reads_state(self) -> bool:
+        """Whether something reads the env's state where env.global_state puts it on every row: a
+        central critic, or QMIX's mixer (which reads every agent's observation without it, as EPyMARL's
+        mixer does for envs with no state of their own)."""
+        return self.global_state or self.mixer == "qmix"
 
     def stream(self, kind: str) -> Stream | None:
         return next((s for s in self.streams if s.kind == kind), None)
@@ -189,6 +200,22 @@ def q_reply(cfg, spaces, n: int) -> MessageSpec:
     return q_reply_spec(n, spaces.num_actions, state_size(cfg.model))
 
 
+def team_record(cfg, spaces) -> MessageSpec:
+    """VDN's and QMIX's record: episodes of whole teams (core/messages.py team_spec), as many as the
+    envs can end in a record's steps: one per env and rollout_length steps in sync mode (episodes
+    may last one step), one per env and episode_length steps (at least one) in async mode, where a
+    record ships once another step might not fit."""
+    t, T = cfg.algo.team, cfg.algo.rollout_length
+    per_env = T if cfg.algo.mode == "sync" else max(1, -(-T // t.episode_length))
+    return team_spec(per_env * cfg.env.num_envs, t.episode_length, spaces.num_agents, spaces.observation, None,
+                     spaces.action_shape, spaces.action_dtype, state_size(cfg.model))
+
+
+def team_writer(cfg) -> str:
+    """VDN's and QMIX's record writer: episodes of whole teams."""
+    return "teams"
+
+
 # The streams of an actor -> policy server -> trainer dataflow (PPO and DQN alike).
 ACTOR_LEARNER_STREAMS = (
     # actors ask a policy server (or, with inference ranks: 0, their inline policy) for actions
@@ -226,7 +253,7 @@ PPO = Algorithm(
 MAPPO = Algorithm(
     name="mappo", modes=PPO.modes, streams=ACTOR_LEARNER_STREAMS, record=fragment_record,
     reply=policy_reply, writer=fragment_writer, policy="central_critic", batch_source=PPO.batch_source, step=PPO.step,
-    multiagent=True, live=PPO_LIVE,
+    multiagent=True, live=PPO_LIVE, global_state=True,
     doc="MAPPO: PPO whose critic reads the observations of every agent of the env (and the agent's index), "
         "with value normalisation; one policy shared by all agents, or one per entry of the policies table")
 
@@ -262,9 +289,25 @@ SAC = Algorithm(
     doc="SAC: a squashed Gaussian actor, twin Q critics with Polyak-averaged targets, the entropy coefficient "
         "tuned towards a target entropy; n-step transitions from the actors into the learners' replay shards")
 
+# Value decomposition on DQN's dataflow: the actors act per agent row on their agents' Q-values
+# (a shared network that reads each agent's one-hot index, or one per agent), store episodes of
+# the whole team, and the learners train the agents through a mixer of their Q-values.
+VDN = Algorithm(
+    name="vdn", modes=DQN.modes, streams=ACTOR_LEARNER_STREAMS, record=team_record, reply=q_reply,
+    writer=team_writer, policy="team_q", batch_source=DQN.batch_source, step="team", replay_section="team",
+    multiagent=True, mixer="sum",
+    doc="VDN: every agent's Q-network (shared, or one per agent; feed-forward or recurrent), the team's Q the sum "
+        "of its agents' (Sunehag et al. 2018), trained on whole episodes of the team with a target network and "
+        "double-Q targets")
+
+QMIX = dataclasses.replace(
+    VDN, name="qmix", mixer="qmix",
+    doc="QMIX: VDN's agents, the team's Q a monotonic mix of its agents' by a network whose non-negative weights "
+        "hypernetworks make from the env's state (Rashid et al. 2018)")
+
 TD3 = dataclasses.replace(
     SAC, name="td3", policy="td3", step="td3", action_noise=True,
     doc="TD3: a deterministic actor with Gaussian exploration noise per env, twin Q critics, target policy "
         "smoothing and delayed actor and target updates")
 
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (PPO, MAPPO, IPPO, DQN, SAC, TD3)}
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (PPO, MAPPO, IPPO, DQN, SAC, TD3, VDN, QMIX)}

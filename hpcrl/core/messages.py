@@ -235,6 +235,30 @@ def sequence_spec(rows: int, length: int, obs_shape, obs_dtype, action_shape: tu
                 ("episode_stats", np.float64, (len(EPISODE_STATS),))])
 
 
+def team_spec(rows: int, length: int, agents: int, obs_shape, obs_dtype, action_shape: tuple, action_dtype,
+              state_size: int) -> MessageSpec:
+    """env -> learner (VDN, QMIX): `rows` episodes of a team of `agents`, each stored whole up to
+    `length` (L) steps, of which the first `count` are filled: every agent's observations 0..L (the
+    one after an episode's last step is its final observation, the one after step L-1 of a longer
+    episode's chunk the next chunk's first), every agent's actions, the team's reward, whether the
+    episode terminated at each step, which steps the episode filled (the rest is padding), every
+    agent's recurrent state before step 0 (`state_size` floats each, side by side; none for a
+    feed-forward network), and the actor's initial priority (-1: the shard's largest, since
+    only the learner's mixer can value a team). The header is a transition record's."""
+    k, L = rows, length
+    state = [("state0", np.float32, (k, agents * state_size))] if state_size else []
+    return MessageSpec(
+        header=(*RECORD_HEADER, "count"),
+        fields=[*obs_fields("obs", (k, L + 1, agents), obs_shape, obs_dtype),
+                ("actions", action_dtype, (k, L, agents, *action_shape)),
+                ("rewards", np.float32, (k, L)),
+                ("terminated", np.uint8, (k, L)),
+                ("filled", np.uint8, (k, L)),
+                *state,
+                ("priorities", np.float32, (k,)),
+                ("episode_stats", np.float64, (len(EPISODE_STATS),))])
+
+
 def fragment_spec(length: int, num_envs: int, obs_shape: tuple, obs_dtype,
                   action_shape: tuple, action_dtype, active: bool = False, mask_actions: int = 0,
                   selfplay_opponents: int = 0, state_size: int = 0) -> MessageSpec:

@@ -183,6 +183,31 @@ def check_q(spaces, env_id: str) -> None:
                           f"{spaces.num_agents} agents; use algo.name: mappo or ippo")
 
 
+def check_team(spaces, cfg) -> None:
+    """VDN's and QMIX's agents need Discrete actions without masks, several agents and flat observations."""
+    name, env_id = cfg.algo.name, cfg.env.id
+    if spaces.continuous:
+        raise ConfigError(f"algo.name: {name} needs a Discrete action space, and {env_id} has Box actions of "
+                          f"shape {tuple(spaces.action_shape)}; use algo.name: mappo for continuous control")
+    if not spaces.multiagent:
+        raise ConfigError(f"algo.name: {name} mixes the Q-values of a team's agents, and {env_id} is a single-agent "
+                          f"env; use a PettingZoo env, or algo.name: dqn")
+    if spaces.action_mask:
+        raise ConfigError(f"algo.name: {name} chooses from every action, and the agents of {env_id} have action masks "
+                          f"(or differ in their action counts); use algo.name: mappo or ippo")
+    if spaces.obs_leaves is not None or len(spaces.obs_shape) != 1 or encoder_for(spaces, cfg.model) != "mlp":
+        given = ("Dict or Tuple observations" if spaces.obs_leaves is not None
+                 else f"observations of shape {tuple(spaces.obs_shape)}")
+        raise ConfigError(f"model.encoder: algo.name {name} reads flat observations with MLPs, and {env_id} gives "
+                          f"{given} to encoder {cfg.model.encoder!r}; use a flat Box observation and encoder: mlp "
+                          f"or auto")
+
+
+def mixer_state_width(spaces) -> int:
+    """What QMIX's mixer reads per env: the env's state (env.global_state), or every agent's observation."""
+    return spaces.state_dim or spaces.num_agents * (input_width(spaces) - spaces.state_dim)
+
+
 def check_continuous(spaces, model, algo_name: str, env_id: str) -> None:
     """SAC's and TD3's networks need bounded Box actions, one agent and the MLP encoder."""
     if not spaces.continuous:
@@ -329,6 +354,24 @@ def _q_network(spaces, model, dueling: bool, env_id: str, custom: CustomTrunks |
     return shapes + _linear(width, spaces.num_actions) + (_linear(width, 1) if dueling else [])
 
 
+def _team_q(spaces, cfg) -> list[Shape]:
+    """models/team.py TeamQNetwork: the agents' networks (one shared, or one each) and QMIX's mixer."""
+    check_team(spaces, cfg)
+    model, t, a = cfg.model, cfg.algo.team, spaces.num_agents
+    layers = list(model.hidden_sizes) if model.core == "none" else list(model.hidden_sizes[:1])
+    width = input_width(spaces) - spaces.state_dim + (a if t.shared and t.agent_id else 0)
+    agent = _mlp([width, *layers])
+    if model.core != "none":
+        agent += _core(model, layers[-1])
+    agent += _linear(model.core_size if model.core != "none" else layers[-1], spaces.num_actions)
+    shapes = _observation_input(spaces, model) + agent * (1 if t.shared else a)
+    if ALGORITHMS[cfg.algo.name].mixer != "qmix":
+        return shapes
+    state, hidden, embed = mixer_state_width(spaces), t.hypernet_hidden, t.mixing_embed
+    return shapes + (_mlp([state, hidden, a * embed]) + _linear(state, embed) + _mlp([state, hidden, embed])
+                     + _mlp([state, embed, 1]))
+
+
 def _continuous(spaces, model, stochastic: bool, algo_name: str, env_id: str) -> list[Shape]:
     """models/sac.py ContinuousActorCritics: the actor, its heads, twin critics and SAC's log alpha."""
     shapes = _observation_input(spaces, model)
@@ -348,6 +391,8 @@ def network_shapes(cfg, spaces, custom: CustomTrunks | None = None) -> list[Shap
     algorithm, model = ALGORITHMS[cfg.algo.name], cfg.model
     if algorithm.policy == "q":
         return _q_network(spaces, model, cfg.algo.dqn.dueling, cfg.env.id, custom)
+    if algorithm.policy == "team_q":
+        return _team_q(spaces, cfg)
     if algorithm.continuous:
         return _continuous(spaces, model, not algorithm.action_noise, cfg.algo.name, cfg.env.id)
     check_env_kind(cfg, spaces)

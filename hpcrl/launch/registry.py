@@ -26,6 +26,7 @@ RECORD_WRITERS = {
     "transitions": "hpcrl.workers.transition_writer:TransitionWriter",  # Ape-X DQN
     "sequences": "hpcrl.workers.sequence_writer:SequenceWriter",  # R2D2 (DQN with model.core)
     "actions": "hpcrl.workers.action_writer:ActionWriter",  # SAC, TD3
+    "teams": "hpcrl.workers.team_writer:TeamWriter",  # VDN, QMIX
 }
 # The learners' batch sources, by the records they take.
 BATCH_SOURCES = {
@@ -38,6 +39,7 @@ STEPS = {
     "dqn": "hpcrl.algos.dqn:DQNStep",
     "sac": "hpcrl.algos.sac:SACStep",
     "td3": "hpcrl.algos.sac:TD3Step",
+    "team": "hpcrl.algos.team:TeamStep",
 }
 
 

@@ -48,6 +48,9 @@ def build_policy(spaces: EnvSpaces, cfg: Config) -> ObservationInput:
     if algorithm.policy == "q":
         from hpcrl.models.q import build_q_network
         return build_q_network(spaces, cfg)
+    if algorithm.policy == "team_q":
+        from hpcrl.models.team import TeamQNetwork
+        return TeamQNetwork(spaces, cfg)
     if algorithm.continuous:
         from hpcrl.models.sac import build_continuous
         return build_continuous(spaces, cfg)
@@ -63,6 +66,7 @@ def make_runner(model: ObservationInput, device: str, seed: int, play: str | Non
     (models/runner.py)."""
     from hpcrl.models.q import QNetwork, QRunner
     from hpcrl.models.sac import ContinuousActorCritics, ContinuousRunner
-    cls = (QRunner if isinstance(model, QNetwork) else ContinuousRunner if isinstance(model, ContinuousActorCritics)
+    from hpcrl.models.team import TeamQNetwork
+    cls = (QRunner if isinstance(model, (QNetwork, TeamQNetwork)) else ContinuousRunner if isinstance(model, ContinuousActorCritics)
            else PolicyRunner)
     return cls(model, device, seed, play=play, draw_key=draw_key)

@@ -56,11 +56,12 @@ class ReplayWriter:
 
     record_name = "transitions"
     rows_class = RecordRows  # what appends rows to a record
+    exploration = "dqn"  # the algo section of its epsilon keys (core/config_dqn.py EpsilonGreedy)
 
     def __init__(self, cfg: Config, env_ranks: int = 1, frames: int = 0):
         """`env_ranks`: the run's, over which Ape-X spreads its epsilons. `frames`: this rank's env
         steps so far (a resume's share of the run's frames), where linear epsilon continues from."""
-        self.cfg, self.dqn = cfg, cfg.algo.dqn
+        self.cfg, self.dqn = cfg, getattr(cfg.algo, self.exploration)
         self.env_ranks = env_ranks
         self.frames = frames  # env steps of this rank
         self.record_frames = 0  # env steps since the last record shipped
@@ -83,6 +84,7 @@ class ReplayWriter:
         self.env_rank, self.groups, self.tally = env_rank, env_rank.groups, env_rank.tally
         self.sender = env_rank.senders[0]
         self.per_group = count_rows(self.groups[0].request["obs"])
+        self.frames_per_step = self.per_group  # env steps of a group step (a team's rows step as one env)
         n = self.per_group * len(self.groups)  # the rank's envs
         self.rng = np.random.default_rng(seed_for(self.cfg.run.seed, "explore", env_rank.index))
         # apex: this rank's envs are numbers index*n .. index*n+n-1 of every env rank's envs
@@ -120,8 +122,8 @@ class ReplayWriter:
         if self.record_version < 0:
             self.record_version = reply.get("version")
         self.step(group, reply)
-        self.frames += self.per_group
-        self.record_frames += self.per_group
+        self.frames += self.frames_per_step
+        self.record_frames += self.frames_per_step
         self.taken[group.index] += 1
         if self.sync and self.taken[group.index] == self.T:
             group.phase = Phase.AT_END  # its next step is the next record's, with the next version
