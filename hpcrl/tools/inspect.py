@@ -275,7 +275,9 @@ def _config_summary(cfg: dict) -> list[str]:
     declared = ALGORITHMS.get(name) if isinstance(name, str) else None
     if declared is not None and declared.replay:  # its step's own settings, not PPO's epochs
         dqn, replay = _section(algo, declared.replay_section), _section(algo, "replay")
-        step = (f"{dqn.get('n_step')}-step, batch {dqn.get('batch_size')}, replay {_count(replay.get('capacity', 0))} "
+        # (a team's replay holds whole episodes: one-step targets, batches of episodes)
+        steps = f"{dqn.get('n_step')}-step" if "n_step" in dqn else f"episodes of {dqn.get('episode_length')} steps"
+        step = (f"{steps}, batch {dqn.get('batch_size')}, replay {_count(replay.get('capacity', 0))} "
                 f"ratio {replay.get('replay_ratio') or 'null'}")
     else:
         step = f"epochs {algo.get('epochs')}"
