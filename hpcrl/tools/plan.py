@@ -50,7 +50,9 @@ def _batch_line(cfg: Config, sizes: Sizes) -> str:
         shard = sizes.busiest.replay
         capacity, warmup, batch = shard.capacity, shard.warmup, shard.batch
         ratio = f"replay ratio {r.replay_ratio:g}" if r.replay_ratio else "no replay ratio (as fast as they can)"
-        unit = "sequences" if cfg.model.core != "none" else "transitions"  # R2D2's rows are sequences
+        # a replay row: a team's episode (VDN, QMIX), R2D2's sequence, or a transition
+        unit = ("episodes" if algorithm_of(cfg).mixer else "sequences" if cfg.model.core != "none"
+                else "transitions")
         steps = (f"{d.gradient_steps} gradient steps per update" if cfg.algo.mode == "async" else
                  "sync rounds: after each record of every env rank, the gradient steps the ratio owes")
         return (f"batch: {d.batch_size:,} {unit} per gradient step ({batch:,} per learner), {steps}, {ratio}; "
