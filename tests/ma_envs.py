@@ -17,10 +17,12 @@ class Relay(ParallelEnv):
 
     def __init__(self, num_agents: int = 3, length: int = 6, leaver: int = 2, leave_at: int = 2,
                  report_dir: str | None = None, wide_agent: int | None = None, rich_agent: int | None = None,
-                 box_agent: int | None = None):
+                 box_agent: int | None = None, terminal_end: bool = False):
         """`wide_agent`: that agent observes 4 numbers instead of 3; `rich_agent`: that agent has 3
         actions instead of 2 (and is rewarded for action 2); `box_agent`: continuous actions for that
-        agent (agents whose spaces differ)."""
+        agent (agents whose spaces differ); `terminal_end`: the episode terminates at `length` instead
+        of being truncated (its values are then the discounted rewards still to come)."""
+        self.terminal_end = terminal_end
         self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
         self.length, self.leaver, self.leave_at, self.report_dir = length, leaver, leave_at, report_dir
         self.wide_agent, self.rich_agent, self.box_agent = wide_agent, rich_agent, box_agent
@@ -56,8 +58,9 @@ class Relay(ParallelEnv):
                 raise ValueError(f"{agent} took action {action}, outside its space {self.action_space(agent)}")
         rewards = {a: float(actions[a] == self._goal(a)) for a in actions}
         leaving = f"agent_{self.leaver}"
-        terminated = {a: a == leaving and self.t >= self.leave_at for a in actions}
-        truncated = {a: self.t >= self.length for a in actions}
+        end = self.t >= self.length
+        terminated = {a: (a == leaving and self.t >= self.leave_at) or (end and self.terminal_end) for a in actions}
+        truncated = {a: end and not self.terminal_end for a in actions}
         observations = {a: self._obs(a) for a in actions}
         self.agents = [a for a in self.agents if not (terminated[a] or truncated[a])]
         return observations, rewards, terminated, truncated, {a: {} for a in actions}

@@ -126,10 +126,11 @@ def test_episodes_go_into_replay_whole_with_their_masks_and_chunks():
 
 
 def team_run(tmp_path, algo: str, name: str, **sections) -> dict:
-    """A sync VDN or QMIX run on Relay (3 agents, 6 steps), recurrent agents: learnable in a few
-    thousand frames (a perfect team earns 6 per agent)."""
-    cfg = small_config(tmp_path, name=name, env={"id": RELAY, "kwargs": {"length": 6, "leave_at": 100},
-                                                 "num_envs": 4},
+    """A sync VDN or QMIX run on Relay (3 agents, 6 steps, which end the episode: its values are
+    the discounted rewards to come), recurrent agents: learnable in a few thousand frames (a
+    perfect team earns 6 per agent)."""
+    cfg = small_config(tmp_path, name=name, env={"id": RELAY, "num_envs": 4,
+                                                 "kwargs": {"length": 6, "leave_at": 100, "terminal_end": True}},
                        algo={"name": algo, "mode": "sync", "rollout_length": 6, "lr": 0.001, "max_grad_norm": 10.0,
                              "team": {"episode_length": 6, "batch_size": 16, "eps_decay_frames": 1500,
                                       "target_update_interval": 50},
@@ -147,6 +148,7 @@ def test_qmix_on_5_ranks_keeps_actors_torch_free_and_two_learners_bit_identical(
     report.mkdir()
     cfg = team_run(tmp_path, "qmix", "ranks5", run={"total_frames": 4800, "replica_digests": True},
                    roles={"learner": {"ranks": 2}, "inference": {"ranks": 1}, "env": {"ranks": "rest"}})
+    cfg["algo"]["team"]["standardize_rewards"] = False  # Q_tot in reward units
     cfg["env"]["kwargs"]["report_dir"] = str(report)
     result = mpirun(5, "run", str(write_config(tmp_path, cfg)))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -160,12 +162,15 @@ def test_qmix_on_5_ranks_keeps_actors_torch_free_and_two_learners_bit_identical(
     assert m["frames"].tolist() == [48 * k for k in range(1, len(m["frames"]) + 1)]
     assert m["replay_size"].tolist() == [min(8 * k, 500) for k in range(1, len(m["frames"]) + 1)]
     assert m["return_mean"][-1] >= 5.0 > m["return_mean"][0]  # random play earns 3 per agent
+    # a near-perfect team's mean Q_tot over an episode's steps: 3 a step to come, discounted (about 10.2)
+    true = np.mean([sum(3 * 0.99 ** k for k in range(6 - t)) for t in range(6)])
+    assert abs(m["q_mean"][-1] - true) < 0.15 * true, (m["q_mean"][-1], true)
 
 
 def test_serial_vdn_resumes_exactly_and_learns(tmp_path):
     """A serial VDN run of 2,400 frames, and one stopped at 1,200 and resumed (the checkpoint holds
-    the replay, the episodes in progress and the target network): the same metrics rows and
-    weights, and the team near the most it can earn."""
+    the replay, the episodes in progress, the target network and the rewards' running moments):
+    the same metrics rows and weights, and the team near the most it can earn."""
     def config(name: str, run: dict) -> dict:
         cfg = team_run(tmp_path, "vdn", name, run={**run, "checkpoint_interval_s": 0.3},
                        roles={"inference": {"ranks": 0}})
@@ -176,4 +181,6 @@ def test_serial_vdn_resumes_exactly_and_learns(tmp_path):
     for key in set(ma) - {"wall_time", "fps", "learner_rss_mib"}:
         np.testing.assert_array_equal(ma[key], mb[key], err_msg=key)  # bit-identical, row for row
     assert_same_models(a["checkpoint"], b["checkpoint"])
+    moments = b["checkpoint"]["parts"]["step"]["reward_moments"]  # (mean, var, count) of the rewards trained on
+    assert moments[2] > 1000 and 0 < moments[0] < 3
     assert ma["return_mean"][-1] >= 5.0

@@ -11,7 +11,9 @@ they took. The step after an episode's last is its final observation (a time lim
 it, a termination does not); the step after a chunk's last is the next chunk's first. Padding
 steps (past the episode's end) are masked out of the loss, which is the mean squared TD error over
 the filled steps, each episode's steps weighted by its importance weight; an episode's new
-priority is the mean |TD error| of its filled steps.
+priority is the mean |TD error| of its filled steps. With algo.team.standardize_rewards the
+rewards r are (r - mean) / std by the running moments of every sampled batch's filled steps
+(EPyMARL's standardise_rewards), summed over the learners so all hold the same.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 
 from hpcrl.algos.dqn import DQNStep
 from hpcrl.core.config import Config
+from hpcrl.core.moments import ReturnScaler
 
 
 def team_td_errors(model, target, data: dict[str, torch.Tensor], gamma: float,
@@ -39,9 +42,30 @@ def team_td_errors(model, target, data: dict[str, torch.Tensor], gamma: float,
     return (y - q_tot) * filled, q_tot * filled
 
 
+class RewardMoments(ReturnScaler):
+    """The running moments of the team's rewards, for algo.team.standardize_rewards: folded in from
+    every sampled batch on every learner (ReturnScaler's merge), applied as (r - mean) / std."""
+
+    def standardized(self, rewards: torch.Tensor, filled: torch.Tensor, reduce) -> torch.Tensor:
+        """`rewards` [B, L] standardised, after folding in those of the filled steps."""
+        seen = rewards[filled.bool()].double().cpu().numpy()
+        if len(seen):
+            self.fold([len(seen), seen.mean(), ((seen - seen.mean()) ** 2).sum()], reduce)
+        return (rewards - self.mean) / float(np.sqrt(self.var + self.EPS))
+
+
 class TeamStep(DQNStep):
     """One update of VDN or QMIX: algo.team.gradient_steps gradient steps, each on its own sample of
     episodes (the model is models/team.py's TeamQNetwork: agents and mixer, one module)."""
+
+    def __init__(self, cfg: Config, *args, **kwargs):
+        super().__init__(cfg, *args, **kwargs)
+        self.reward_moments = RewardMoments() if self.d.standardize_rewards else None
+        self.reduce_moments = lambda sums: sums  # the update's allreduce over learners (set by each call)
+
+    def __call__(self, source, reduce_moments=lambda m: m, *args, **kwargs) -> dict[str, float]:
+        self.reduce_moments = reduce_moments
+        return super().__call__(source, reduce_moments, *args, **kwargs)
 
     progress = "loss {loss:.3f} td {td_error:.3f} q_tot {q_mean:.2f} | replay {replay_size:,.0f} eps {eps_min:.3f}"
 
@@ -51,6 +75,9 @@ class TeamStep(DQNStep):
         return cfg.algo.team
 
     def _td_errors(self, data: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.reward_moments is not None:
+            data = {**data, "rewards": self.reward_moments.standardized(data["rewards"].float(), data["filled"],
+                                                                        self.reduce_moments)}
         td, q_tot = team_td_errors(self.model, self.target, data, self.cfg.algo.gamma, self.d.double)
         return td, q_tot[data["filled"].bool()]
 
@@ -62,3 +89,15 @@ class TeamStep(DQNStep):
         """Each episode's mean |TD error| over its filled steps."""
         steps = data["filled"].sum(1).clamp(min=1).cpu().numpy()
         return (abs_td.sum(1) / steps).astype(np.float32)
+
+    def state(self) -> dict:
+        """DQN's (the target network, the step count) and the rewards' running moments."""
+        state = super().state()
+        if self.reward_moments is not None:
+            state["reward_moments"] = self.reward_moments.state()["reward_return_moments"]
+        return state
+
+    def restore(self, state: dict) -> None:
+        super().restore(state)
+        if state and self.reward_moments is not None and "reward_moments" in state:
+            self.reward_moments.restore({"reward_return_moments": state["reward_moments"]})

@@ -3,9 +3,9 @@
 Their replay (algo.replay) holds episodes of a whole team, each stored whole up to
 episode_length steps: its capacity, warm-up and batch count episodes. The defaults are PyMARL's
 and EPyMARL's (Rashid et al. 2018; Papoudakis et al. 2021): batches of 32 episodes, a target
-network copied every 200 gradient steps, epsilon from 1 to 0.05 over 50,000 env steps, agents
-sharing one network that also reads their one-hot index, QMIX's mixing embedding of 32 from
-hypernetworks of one hidden layer of 64.
+network copied every 200 gradient steps, epsilon from 1 to 0.05 over 50,000 env steps, rewards
+standardised, agents sharing one network that also reads their one-hot index, QMIX's mixing
+embedding of 32 from hypernetworks of one hidden layer of 64.
 """
 from __future__ import annotations
 
@@ -49,6 +49,10 @@ class TeamConfig(EpsilonGreedy):
                          "has its own network, so this changes nothing)", default=True)
     reward: str = doc("the team's reward from its agents' rewards at each step: their 'sum' (EPyMARL's) or 'mean'",
                       range=OneOf(TEAM_REWARDS), default="sum")
+    standardize_rewards: bool = doc("train on the team's rewards standardised by the running mean and standard "
+                                    "deviation of every sampled batch's (all learners together), as EPyMARL's "
+                                    "standardise_rewards: a sparse reward of any scale then weighs as a dense one",
+                                    default=True)
     mixing_embed: int = doc("qmix: the mixing network's hidden width", range=AT_LEAST_ONE, default=32)
     hypernet_hidden: int = doc("qmix: the hidden width of the hypernetworks that make the mixing weights from "
                                "the state", range=AT_LEAST_ONE, default=64)
