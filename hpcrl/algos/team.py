@@ -8,7 +8,8 @@ For step t of a stored episode (core/messages.py team_spec):
 with each agent's choice made by the online network under double Q (algo.team.double), else by
 the target network; Q_tot is the mixer's (models/team.py) of the agents' Q-values of the actions
 they took. The step after an episode's last is its final observation (a time limit bootstraps from
-it, a termination does not); the step after a chunk's last is the next chunk's first. Padding
+it where algo.team.time_limit_bootstraps; a termination does not); the step after a chunk's last
+is the next chunk's first. Padding
 steps (past the episode's end) are masked out of the loss, which is the mean squared TD error over
 the filled steps, each episode's steps weighted by its importance weight; an episode's new
 priority is the mean |TD error| of its filled steps. With algo.team.standardize_rewards the

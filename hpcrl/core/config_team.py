@@ -49,6 +49,11 @@ class TeamConfig(EpsilonGreedy):
                          "has its own network, so this changes nothing)", default=True)
     reward: str = doc("the team's reward from its agents' rewards at each step: their 'sum' (EPyMARL's) or 'mean'",
                       range=OneOf(TEAM_REWARDS), default="sum")
+    time_limit_bootstraps: bool = doc("an episode cut off by its env's time limit (truncated) bootstraps from the "
+                                      "team's value of its final observation; false: it ends there as a "
+                                      "termination does, as in EPyMARL's benchmark, whose wrapper of MPE and "
+                                      "Level-Based Foraging ended episodes at the limit (the values then stay within "
+                                      "an episode's horizon)", default=False)
     standardize_rewards: bool = doc("train on the team's rewards standardised by the running mean and standard "
                                     "deviation of every sampled batch's (all learners together), as EPyMARL's "
                                     "standardise_rewards: a sparse reward of any scale then weighs as a dense one",

@@ -5,7 +5,8 @@ episode buffer) for the trainers' replay shards. Exploration and shipping are ev
 Each env of a group keeps its episode in progress: every agent's observations, actions and
 recurrent states, and the team's reward per step (the sum, or the mean, of its agents'). An
 episode is emitted as one row of the record when it ends, its final observation after its last
-step (a time limit bootstraps from it; a termination does not), or after algo.team.episode_length
+step (a time limit bootstraps from it with algo.team.time_limit_bootstraps, else it is stored as
+a termination, which does not), or after algo.team.episode_length
 steps, with the next observation after them: the episode goes on in a new chunk, which starts
 from the agents' states at that step. A chunk's steps past its episode's end are padding
 (`filled` says which are not).
@@ -38,6 +39,7 @@ class TeamEpisodes:
         """`obs`: one step's observations (a request's rows), for their shapes and dtypes."""
         team = cfg.algo.team
         self.L, self.agents, self.mean = team.episode_length, agents, team.reward == "mean"
+        self.time_limit_ends = not team.time_limit_bootstraps  # a truncated episode counts as terminated
         L = self.L
         self.obs = apply(lambda leaf: np.zeros((envs, L + 1, agents, *leaf.shape[1:]), dtype=leaf.dtype), obs)
         self.actions = np.zeros((envs, L, agents), dtype=action_dtype)
@@ -70,7 +72,7 @@ class TeamEpisodes:
         ended = info[ENV_DONE]
         team = rewards.reshape(E, a)
         self.rewards[self.envs, self.t] = team.mean(1) if self.mean else team.sum(1)
-        self.terminated[self.envs, self.t] = ended & terminated.reshape(E, a).any(1)
+        self.terminated[self.envs, self.t] = ended & (terminated.reshape(E, a).any(1) | self.time_limit_ends)
         self.filled[self.envs, self.t] = 1
         self.t += 1
         done = np.flatnonzero(ended | (self.t == self.L))
