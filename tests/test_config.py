@@ -168,8 +168,8 @@ def test_resolved_config_round_trips():
     ("algo: {name: dqn, clip_coef: 0.1}", "algo.clip_coef: set to 0.1, but algo.name dqn does not read it (only ppo, "
                                           "mappo, ippo); remove it, or set algo.name to one of those", "ppo"),
     ("algo: {name: ppo, dqn: {n_step: 5}}", "algo.dqn: set, but algo.name ppo does not read it (only dqn)", "dqn"),
-    ("env: {id: Pendulum-v1}\nalgo: {name: td3, max_grad_norm: 1.0}", "algo.max_grad_norm: set to 1.0, but algo.name "
-                                                                        "td3 does not read it (only ppo, mappo, ippo, dqn, vdn, qmix)",
+    ("env: {id: Pendulum-v1}\nalgo: {name: td3, max_grad_norm: 1.0}",
+     "algo.max_grad_norm: set to 1.0, but algo.name td3 does not read it (only ppo, mappo, ippo, dqn, vdn, qmix)",
      None),
     ("algo: {name: ppo, replay: {capacity: 100000}}", "algo.replay: set, but algo.name ppo does not read it (only dqn, "
                                                       "sac, td3, vdn, qmix)", "dqn"),

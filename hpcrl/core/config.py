@@ -169,7 +169,8 @@ class AlgoConfig:
     ent_coef: float = doc("entropy bonus coefficient", reads=ON_POLICY, range=NON_NEGATIVE, default=0.0)
     epochs: int = doc("passes over each batch", reads=ON_POLICY, range=AT_LEAST_ONE, default=4)
     num_minibatches: int = doc("minibatches per epoch on every learner", reads=ON_POLICY, range=AT_LEAST_ONE, default=4)
-    max_grad_norm: float = doc("global gradient-norm clip (after Horovod averaging)", reads=("on_policy", "dqn", "team"),
+    max_grad_norm: float = doc("global gradient-norm clip (after Horovod averaging)",
+                               reads=("on_policy", "dqn", "team"),
                                range=POSITIVE, default=0.5)
     norm_adv: bool = doc("normalise advantages per minibatch", reads=ON_POLICY, default=True)
     value_norm: Union[bool, None] = doc(

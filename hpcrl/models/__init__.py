@@ -67,6 +67,7 @@ def make_runner(model: ObservationInput, device: str, seed: int, play: str | Non
     from hpcrl.models.q import QNetwork, QRunner
     from hpcrl.models.sac import ContinuousActorCritics, ContinuousRunner
     from hpcrl.models.team import TeamQNetwork
-    cls = (QRunner if isinstance(model, (QNetwork, TeamQNetwork)) else ContinuousRunner if isinstance(model, ContinuousActorCritics)
+    cls = (QRunner if isinstance(model, (QNetwork, TeamQNetwork))
+           else ContinuousRunner if isinstance(model, ContinuousActorCritics)
            else PolicyRunner)
     return cls(model, device, seed, play=play, draw_key=draw_key)
