@@ -64,7 +64,7 @@ class TeamEpisodes:
 
     def stepped(self, rewards: np.ndarray, terminated: np.ndarray, info: dict, obs: np.ndarray,
                 out: RecordRows) -> None:
-        """Step t's rewards and terminations of every row, then the chunks that ends into `out`: those
+        """Step t's rewards and terminations of every row, then the chunks this step ends into `out`: those
         of the envs that ended (restarted, info[ENV_DONE]) with their agents' final observations, and
         those that reached L steps with `obs`, the envs' next observations (rows [E * A, ...]; flat:
         models/team.py reads no others)."""
