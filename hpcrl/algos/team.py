@@ -9,12 +9,12 @@ with each agent's choice made by the online network under double Q (algo.team.do
 the target network; Q_tot is the mixer's (models/team.py) of the agents' Q-values of the actions
 they took. The step after an episode's last is its final observation (a time limit bootstraps from
 it where algo.team.time_limit_bootstraps; a termination does not); the step after a chunk's last
-is the next chunk's first. Padding
-steps (past the episode's end) are masked out of the loss, which is the mean squared TD error over
-the filled steps, each episode's steps weighted by its importance weight; an episode's new
-priority is the mean |TD error| of its filled steps. With algo.team.standardize_rewards the
-rewards r are (r - mean) / std by the running moments of every sampled batch's filled steps
-(EPyMARL's standardise_rewards), summed over the learners so all hold the same.
+is the next chunk's first. Padding steps (past the episode's end) are masked out of the loss,
+which is the mean squared TD error over the filled steps, each episode's steps weighted by its
+importance weight; an episode's new priority is the mean |TD error| of its filled steps. With
+algo.team.standardize_rewards the rewards r are (r - mean) / std by the running moments of every
+sampled batch's filled steps (EPyMARL's standardise_rewards), summed over the learners so all hold
+the same.
 """
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ class TeamStep(DQNStep):
     """One update of VDN or QMIX: algo.team.gradient_steps gradient steps, each on its own sample of
     episodes (the model is models/team.py's TeamQNetwork: agents and mixer, one module)."""
 
+    progress = "loss {loss:.3f} td {td_error:.3f} q_tot {q_mean:.2f} | replay {replay_size:,.0f} eps {eps_min:.3f}"
+
     def __init__(self, cfg: Config, *args, **kwargs):
         super().__init__(cfg, *args, **kwargs)
         self.reward_moments = RewardMoments() if self.d.standardize_rewards else None
@@ -67,8 +69,6 @@ class TeamStep(DQNStep):
     def __call__(self, source, reduce_moments=lambda m: m, *args, **kwargs) -> dict[str, float]:
         self.reduce_moments = reduce_moments
         return super().__call__(source, reduce_moments, *args, **kwargs)
-
-    progress = "loss {loss:.3f} td {td_error:.3f} q_tot {q_mean:.2f} | replay {replay_size:,.0f} eps {eps_min:.3f}"
 
     @staticmethod
     def settings(cfg: Config):

@@ -19,29 +19,24 @@ from __future__ import annotations
 import numpy as np
 
 from hpcrl.core.messages import Message
-from hpcrl.core.observations import apply, assign, fit, leaves
+from hpcrl.core.observations import assign, fit
 from hpcrl.envs.multiagent import ENV_DONE
 from hpcrl.workers.action_writer import UNKNOWN_PRIORITY
 from hpcrl.workers.env_group import EnvGroup
 from hpcrl.workers.replay_writer import RecordRows, ReplayWriter
 
 
-def _by_env(rows, agents: int):
-    """Rows [E * A, ...] (of every leaf) as [E, A, ...]: an env's agents side by side."""
-    return apply(lambda leaf: leaf.reshape(-1, agents, *leaf.shape[1:]), rows)
-
-
 class TeamEpisodes:
     """The episode in progress of each of a group's E envs (A agents each), up to L steps: `t[e]`
-    is env e's next step in it."""
+    is env e's next step in it. Observations are flat rows (models/team.py reads no others)."""
 
-    def __init__(self, cfg, envs: int, agents: int, obs, action_dtype, state_size: int):
-        """`obs`: one step's observations (a request's rows), for their shapes and dtypes."""
+    def __init__(self, cfg, envs: int, agents: int, obs: np.ndarray, action_dtype, state_size: int):
+        """`obs`: one step's observations (a request's rows [E * A, W]), for their shape and dtype."""
         team = cfg.algo.team
         self.L, self.agents, self.mean = team.episode_length, agents, team.reward == "mean"
         self.time_limit_ends = not team.time_limit_bootstraps  # a truncated episode counts as terminated
         L = self.L
-        self.obs = apply(lambda leaf: np.zeros((envs, L + 1, agents, *leaf.shape[1:]), dtype=leaf.dtype), obs)
+        self.obs = np.zeros((envs, L + 1, agents, *obs.shape[1:]), dtype=obs.dtype)
         self.actions = np.zeros((envs, L, agents), dtype=action_dtype)
         self.rewards = np.zeros((envs, L), dtype=np.float32)
         self.terminated = np.zeros((envs, L), dtype=np.uint8)
@@ -51,10 +46,9 @@ class TeamEpisodes:
         self.envs = np.arange(envs)
         self.emitted = 0  # episodes (and chunks) so far
 
-    def observe(self, obs, state: np.ndarray | None) -> None:
+    def observe(self, obs: np.ndarray, state: np.ndarray | None) -> None:
         """Every env's observations at its step t, and where a chunk begins, the states its agents start from."""
-        for mine, rows in zip(leaves(self.obs), leaves(_by_env(obs, self.agents))):
-            mine[self.envs, self.t] = rows
+        self.obs[self.envs, self.t] = obs.reshape(len(self.envs), self.agents, *obs.shape[1:])
         first = self.t == 0
         if state is not None and first.any():
             self.state0[first] = state.reshape(len(self.envs), -1)[first]
@@ -66,8 +60,7 @@ class TeamEpisodes:
                 out: RecordRows) -> None:
         """Step t's rewards and terminations of every row, then the chunks this step ends into `out`: those
         of the envs that ended (restarted, info[ENV_DONE]) with their agents' final observations, and
-        those that reached L steps with `obs`, the envs' next observations (rows [E * A, ...]; flat:
-        models/team.py reads no others)."""
+        those that reached L steps with `obs`, the envs' next observations (rows [E * A, W])."""
         E, a = len(self.envs), self.agents
         ended = info[ENV_DONE]
         team = rewards.reshape(E, a)
@@ -78,9 +71,8 @@ class TeamEpisodes:
         done = np.flatnonzero(ended | (self.t == self.L))
         for e in done:
             rows = np.arange(e * a, (e + 1) * a)
-            last = obs[rows]  # the next chunk's first observation; or, if the episode ended, its final one
+            last = obs[rows]  # (a copy) the next chunk's first observation; or, if the episode ended, its final one
             if ended[e]:
-                last = last.copy()
                 for i, r in enumerate(rows):
                     if info["_final_obs"][r]:  # (an agent that left before the end keeps its last observation)
                         last[i] = info["final_obs"][r]
@@ -90,14 +82,12 @@ class TeamEpisodes:
 
     def emit(self, envs: np.ndarray, out: RecordRows) -> None:
         """The chunks of `envs` into the record, then empty for their next ones."""
-        a = out.rows
-        assign(out.record["obs"], apply(lambda x: x[envs], self.obs), slice(a, a + len(envs)))
-        fields = dict(actions=self.actions[envs], rewards=self.rewards[envs], terminated=self.terminated[envs],
-                      filled=self.filled[envs])
+        fields = dict(obs=self.obs[envs], actions=self.actions[envs], rewards=self.rewards[envs],
+                      terminated=self.terminated[envs], filled=self.filled[envs])
         if "state0" in out.record.arrays:
             fields["state0"] = self.state0[envs]
         out.write_fields(np.full(len(envs), UNKNOWN_PRIORITY, dtype=np.float32), **fields)
-        for steps in (*leaves(self.obs), self.actions, self.rewards, self.terminated, self.filled):
+        for steps in (self.obs, self.actions, self.rewards, self.terminated, self.filled):
             steps[envs] = 0
         self.t[envs] = 0
         self.emitted += len(envs)
